@@ -1,0 +1,3 @@
+from quarry.cli import main
+
+main()

@@ -1,0 +1,286 @@
+"""The ``quarry`` command."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from quarry.errors import ClusterError, QuarryError
+
+app = typer.Typer(help="quarry: computational storage. Devices that compute; queries go to the data.",
+                  no_args_is_help=True, pretty_exceptions_enable=False, add_completion=False)
+device_app = typer.Typer(help="Run and drive device processes.", no_args_is_help=True)
+app.add_typer(device_app, name="device")
+
+console = Console()
+errors = Console(stderr=True)
+
+DEFAULT_DATA = ".quarry"
+ClusterOption = Annotated[Path | None, typer.Option(
+    "--cluster", help="cluster file (default: $QUARRY_CLUSTER or .quarry/cluster.json)")]
+JsonOption = Annotated[bool, typer.Option("--json", help="print JSON")]
+
+
+def cluster_file(path: Path | None) -> Path:
+    if path is not None:
+        return path
+    return Path(os.environ.get("QUARRY_CLUSTER", f"{DEFAULT_DATA}/cluster.json"))
+
+
+def open_cluster(path: Path | None):
+    from quarry.coordinator.cluster import connect
+
+    return connect(cluster_file(path))
+
+
+def human_bytes(value: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(value) < 1024 or unit == "TiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{value}"
+
+
+def print_json(value: Any) -> None:
+    sys.stdout.write(json.dumps(value, indent=2, default=str) + "\n")
+
+
+# ---- cluster lifecycle -------------------------------------------------------------------------
+
+
+@app.command()
+def up(
+    devices: Annotated[int, typer.Option(help="number of device processes")] = 3,
+    profile: Annotated[str, typer.Option(help="device profile (host, kinetic, newport, ...)")] = "host",
+    data: Annotated[Path, typer.Option(help="folder for the devices' data")] = Path(DEFAULT_DATA),
+    detach: Annotated[bool, typer.Option(help="start in the background and return")] = False,
+    profiles: Annotated[str | None, typer.Option(help="TOML file of user-defined profiles")] = None,
+) -> None:
+    """Start an embedded cluster of device processes on localhost."""
+    from quarry.coordinator.cluster import Cluster, write_cluster_file
+    from quarry.coordinator.local import CLUSTER_FILE, start_local, stop_pid
+
+    file = data / CLUSTER_FILE
+    if file.exists():
+        try:
+            running = open_cluster(file)
+            alive = [n for n in running.devices if n not in running.down]
+            running.close()
+        except QuarryError:
+            alive = []
+        if alive:
+            raise ClusterError(
+                f"a cluster is already running from {file} ({len(alive)} devices): "
+                "`quarry down` first, or use another --data folder"
+            )
+    started, _root, _ = start_local(devices, profile, data, detach=detach, profiles_file=profiles)
+    processes = [d.pop("_process") for d in started]
+    write_cluster_file(file, started)
+    cluster = Cluster(started, source=str(file))
+    _print_status(cluster.status())
+    cluster.close()
+    console.print(f"cluster file: {file}  (export QUARRY_CLUSTER={file} to use it from elsewhere)")
+    if detach:
+        return
+    console.print("running; press Ctrl-C to stop")
+    stopping = False
+
+    def stop(*_: Any) -> None:
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGTERM, stop)
+    try:
+        while not stopping and all(p.poll() is None for p in processes):
+            time.sleep(0.5)
+    except KeyboardInterrupt:
+        pass
+    for process in processes:
+        stop_pid(process.pid)
+    file.unlink(missing_ok=True)
+    console.print("stopped")
+
+
+@app.command()
+def down(cluster: ClusterOption = None) -> None:
+    """Stop the devices of a cluster started with `quarry up`."""
+    from quarry.coordinator.cluster import read_cluster_file
+    from quarry.coordinator.local import stop_pid
+
+    file = cluster_file(cluster)
+    devices = read_cluster_file(file)
+    for device in devices:
+        if "pid" in device:
+            stop_pid(int(device["pid"]))
+            console.print(f"stopped {device['name']} (pid {device['pid']})")
+    file.unlink(missing_ok=True)
+
+
+@app.command()
+def status(cluster: ClusterOption = None, as_json: JsonOption = False) -> None:
+    """Show every device: up or down, profile, keys and partitions held."""
+    c = open_cluster(cluster)
+    rows = c.status()
+    c.close()
+    if as_json:
+        print_json(rows)
+    else:
+        _print_status(rows)
+
+
+def _print_status(rows: list[dict[str, Any]]) -> None:
+    table = Table(title="devices")
+    for column in ("device", "address", "up", "profile", "partitions", "keys", "file"):
+        table.add_column(column)
+    for row in rows:
+        table.add_row(row["device"], row["address"], "yes" if row["up"] else "[red]no[/red]",
+                      row.get("profile", "-"), str(row.get("partitions", "-")),
+                      str(row.get("keys", "-")),
+                      human_bytes(row["file_bytes"]) if "file_bytes" in row else "-")
+    console.print(table)
+
+
+# ---- datasets ------------------------------------------------------------------------------------
+
+
+@app.command()
+def ingest(
+    path: Annotated[Path, typer.Argument(help="file to ingest (Parquet, CSV/TSV, Arrow IPC)")],
+    dataset: Annotated[str, typer.Option(help="DOMAIN/NAME")],
+    replicas: Annotated[int, typer.Option(help="copies of each partition")] = 1,
+    compression: Annotated[str, typer.Option(help="zstd, lz4 or none")] = "none",
+    partitions: Annotated[int | None, typer.Option(help="number of partitions")] = None,
+    append: Annotated[bool, typer.Option(help="add the rows to an existing dataset")] = False,
+    format: Annotated[str | None, typer.Option(help="parquet, csv, arrow (default: by suffix)")] = None,
+    cluster: ClusterOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Store a file as a dataset, atomically: all of it or none of it becomes visible."""
+    c = open_cluster(cluster)
+    started = time.perf_counter()
+    entry = c.ingest(path, dataset, replicas=replicas, compression=compression,
+                     partitions=partitions, mode="append" if append else "create", format=format)
+    elapsed = time.perf_counter() - started
+    c.close()
+    if as_json:
+        print_json({**entry.to_json(), "seconds": elapsed})
+        return
+    console.print(f"ingested {entry.qualified}: {entry.rows:,} rows in {len(entry.partitions)} "
+                  f"partitions, {human_bytes(entry.bytes_stored)} stored, {elapsed:.2f} s")
+
+
+@app.command()
+def datasets(cluster: ClusterOption = None, as_json: JsonOption = False) -> None:
+    """List the datasets the devices hold."""
+    c = open_cluster(cluster)
+    rows = c.datasets()
+    c.close()
+    if as_json:
+        print_json(rows)
+        return
+    table = Table(title="datasets")
+    for column in ("dataset", "rows", "partitions", "stored", "compression", "devices"):
+        table.add_column(column)
+    for row in rows:
+        spread = ", ".join(f"{d}: {v['partitions']} p / {v['rows']:,} rows"
+                           for d, v in row["devices"].items())
+        table.add_row(row["dataset"], f"{row['rows']:,}", str(row["partitions"]),
+                      human_bytes(row["bytes_stored"]), row["compression"], spread)
+    console.print(table)
+
+
+@app.command()
+def describe(dataset: str, cluster: ClusterOption = None, as_json: JsonOption = False) -> None:
+    """Schema, partitions, slices and placement of one dataset."""
+    c = open_cluster(cluster)
+    body = c.describe(dataset)
+    c.close()
+    if as_json:
+        print_json(body)
+        return
+    console.print(f"[bold]{body['dataset']}[/bold]: {body['rows']:,} rows, {body['partitions']} "
+                  f"partitions, {body['slices']} slices, {human_bytes(body['bytes_stored'])}")
+    for column in body["columns"]:
+        console.print(f"  {column['name']}: {column['type']}")
+    table = Table()
+    for column in ("partition", "rows", "slices", "stored", "devices"):
+        table.add_column(column)
+    for p in body["partitions_detail"]:
+        table.add_row(str(p["partition"]), f"{p['rows']:,}", str(p["slices"]),
+                      human_bytes(p["bytes_stored"]), ", ".join(p["devices"]))
+    console.print(table)
+
+
+@app.command()
+def drop(dataset: str, cluster: ClusterOption = None) -> None:
+    """Delete a dataset from every device."""
+    c = open_cluster(cluster)
+    deleted = c.drop(dataset)
+    c.close()
+    console.print(f"dropped {dataset} ({deleted} key-values)")
+
+
+@app.command()
+def demo(
+    rows: Annotated[int, typer.Option(help="particles to generate")] = 4_000_000,
+    devices: Annotated[int, typer.Option(help="device processes")] = 4,
+    profile: Annotated[str, typer.Option(help="device profile")] = "host",
+) -> None:
+    """Start a local cluster, store a particle-simulation table, show where it went."""
+    from quarry.demo import run_demo
+
+    run_demo(console, rows=rows, devices=devices, profile=profile)
+
+
+# ---- device --------------------------------------------------------------------------------------
+
+
+@device_app.command("serve")
+def device_serve(
+    data: Annotated[Path, typer.Option(help="folder for this device's key-value store")],
+    port: Annotated[int, typer.Option(help="port to listen on (0: any free port)")] = 0,
+    profile: Annotated[str, typer.Option(help="resource profile")] = "host",
+    host: Annotated[str, typer.Option(help="address to listen on")] = "127.0.0.1",
+    name: Annotated[str | None, typer.Option(help="device name (default: data folder name)")] = None,
+    ready_file: Annotated[Path | None, typer.Option(help="write address here once listening")] = None,
+    profiles: Annotated[str | None, typer.Option(help="TOML file of user-defined profiles")] = None,
+) -> None:
+    """Run one device: an Arrow Flight server over an LMDB key-value store."""
+    import logging
+
+    from quarry.device.profile import get_profile
+    from quarry.device.server import serve
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    serve(data, get_profile(profile, profiles), host, port, name, ready_file)
+
+
+def _mount_optional() -> None:
+    """Sub-commands that live with their feature."""
+    try:
+        from quarry.capacity.cli import app as capacity_app
+    except ImportError:
+        return
+    app.add_typer(capacity_app, name="capacity", help="Capacity planning for computational storage.")
+
+
+_mount_optional()
+
+
+def main() -> None:
+    try:
+        app()
+    except QuarryError as error:
+        errors.print(f"[red]error:[/red] {error}", highlight=False)
+        raise SystemExit(2) from None
+    except KeyboardInterrupt:
+        raise SystemExit(130) from None

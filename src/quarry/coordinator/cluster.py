@@ -1,0 +1,250 @@
+"""``Cluster``: what a user holds after ``quarry.local(...)`` or ``quarry.connect(file)``."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, Self
+
+import pyarrow as pa
+
+from quarry.coordinator import catalog as catalog_module
+from quarry.coordinator.catalog import DatasetEntry
+from quarry.coordinator.client import DeviceClient
+from quarry.errors import ClusterError, DatasetNotFound, DeviceUnavailable
+from quarry.store import naming
+
+CLUSTER_FILE_FORMAT = 1
+
+
+class Cluster:
+    def __init__(self, devices: list[dict[str, Any]], source: str | None = None):
+        if not devices:
+            raise ClusterError("a cluster needs at least one device")
+        names = [d["name"] for d in devices]
+        if len(set(names)) != len(names):
+            raise ClusterError(f"device names must be unique, got {names}")
+        self.spec = devices
+        self.source = source
+        self.devices = {d["name"]: DeviceClient(d["name"], d["address"]) for d in devices}
+        self.down: dict[str, str] = {}
+        self.info: dict[str, dict[str, Any]] = {}
+        self.catalog: dict[str, DatasetEntry] = {}
+        self.refresh()
+
+    def __repr__(self) -> str:
+        return f"Cluster({len(self.devices)} devices, {len(self.catalog)} datasets)"
+
+    def close(self) -> None:
+        for client in self.devices.values():
+            client.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ---- membership and catalog ------------------------------------------------------------
+
+    def _each(self, call: Any) -> dict[str, Any]:
+        """Call every device in parallel; a device that does not answer is recorded as down."""
+        results: dict[str, Any] = {}
+
+        def run(name: str) -> tuple[str, Any]:
+            try:
+                return name, call(self.devices[name])
+            except DeviceUnavailable as error:
+                return name, error
+
+        with ThreadPoolExecutor(max_workers=min(16, len(self.devices))) as pool:
+            for name, result in pool.map(run, sorted(self.devices)):
+                results[name] = result
+        return results
+
+    def refresh(self) -> None:
+        """Rebuild the catalog from the devices' own metadata (no central metadata server)."""
+        def probe(client: DeviceClient) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+            return client.hello(), client.inventory()
+
+        inventories: dict[str, list[dict[str, Any]]] = {}
+        self.down = {}
+        for name, result in self._each(probe).items():
+            if isinstance(result, Exception):
+                self.down[name] = str(result)
+                continue
+            self.info[name], inventories[name] = result
+        self.catalog = catalog_module.build(inventories, frozenset(self.down))
+
+    def live_devices(self) -> list[DeviceClient]:
+        return [c for n, c in sorted(self.devices.items()) if n not in self.down]
+
+    def device(self, name: str) -> DeviceClient:
+        if name not in self.devices:
+            raise ClusterError(f"no device named {name!r}; devices are {sorted(self.devices)}")
+        return self.devices[name]
+
+    def status(self) -> list[dict[str, Any]]:
+        rows = []
+        stats = self._each(lambda c: c.stats())
+        for name in sorted(self.devices):
+            client = self.devices[name]
+            entry: dict[str, Any] = {"device": name, "address": client.address}
+            result = stats[name]
+            if isinstance(result, Exception) or name in self.down:
+                entry.update({"up": False, "error": str(result if isinstance(result, Exception)
+                                                        else self.down[name])})
+            else:
+                info = self.info[name]
+                entry.update({"up": True, "profile": info["profile"]["name"],
+                              "pid": info["pid"], **result})
+            rows.append(entry)
+        return rows
+
+    # ---- datasets -----------------------------------------------------------------------------
+
+    def ingest(self, source: Any, dataset: str, **options: Any) -> DatasetEntry:
+        """Store a file, table or DataFrame as ``domain/name``; all or nothing."""
+        from quarry.coordinator.ingest import ingest
+
+        return ingest(self, source, dataset, **options)
+
+    def datasets(self) -> list[dict[str, Any]]:
+        return [entry.to_json() for entry in self.catalog.values()]
+
+    def entry(self, dataset: str) -> DatasetEntry:
+        domain, name = naming.split_dataset(dataset)
+        entry = self.catalog.get(f"{domain}/{name}")
+        if entry is None:
+            self.refresh()
+            entry = self.catalog.get(f"{domain}/{name}")
+        if entry is None:
+            known = ", ".join(self.catalog) or "none"
+            raise DatasetNotFound(f"no dataset {domain}/{name}; datasets are: {known}")
+        return entry
+
+    def describe(self, dataset: str) -> dict[str, Any]:
+        entry = self.entry(dataset)
+        body = entry.to_json()
+        body["partitions_detail"] = [
+            {"partition": p.partition, "rows": p.rows, "slices": p.slices,
+             "bytes_stored": p.bytes_stored, "devices": p.devices}
+            for p in entry.partitions
+        ]
+        body["ingests"] = [{k: v for k, v in i.items() if k != "placement"}
+                           for i in entry.ingests]
+        body["hints"] = entry.hints
+        return body
+
+    def drop(self, dataset: str) -> int:
+        entry = self.entry(dataset)
+        holders = sorted({d for p in entry.partitions for d in p.devices}
+                         | {d for ds in entry.unavailable.values() for d in ds})
+        deleted = 0
+        for name in holders:
+            if name in self.down:
+                raise DeviceUnavailable(
+                    f"cannot drop {dataset}: device {name} holding part of it does not answer; "
+                    "start it and try again"
+                )
+            deleted += self.devices[name].drop(entry.domain, entry.name)
+        self.refresh()
+        return deleted
+
+    def scan(self, dataset: str, columns: list[str] | None = None) -> pa.RecordBatchReader:
+        """Every row of a dataset, streamed partition by partition from a replica that answers."""
+        entry = self.entry(dataset)
+        if entry.unavailable:
+            raise DeviceUnavailable(_unavailable_message(entry))
+        schema = entry.schema if columns is None else pa.schema(
+            [entry.schema.field(c) for c in columns])
+        return pa.RecordBatchReader.from_batches(schema, self._scan_batches(entry, columns))
+
+    def _scan_batches(self, entry: DatasetEntry, columns: list[str] | None
+                      ) -> Iterator[pa.RecordBatch]:
+        for p in entry.partitions:
+            yield from self._scan_partition(entry, p.partition, p.devices, columns)
+
+    def _scan_partition(self, entry: DatasetEntry, partition: int, devices: list[str],
+                        columns: list[str] | None) -> Iterator[pa.RecordBatch]:
+        """Stream one partition; fail over to another replica only before the first batch."""
+        errors: list[str] = []
+        for device in devices:
+            if device in self.down:
+                errors.append(f"{device} is down")
+                continue
+            client = self.devices[device]
+            yielded = False
+            try:
+                reader = client.scan(entry.domain, entry.name, partition, columns=columns)
+                while True:
+                    chunk = client.guard(lambda r=reader: _next_chunk(r))
+                    if chunk is None:
+                        break
+                    yielded = True
+                    yield chunk.data
+                return
+            except DeviceUnavailable as error:
+                if yielded:
+                    raise DeviceUnavailable(
+                        f"device {device} stopped answering while streaming partition "
+                        f"{partition} of {entry.qualified}: the scan is incomplete. {error}"
+                    ) from None
+                errors.append(str(error))
+        raise DeviceUnavailable(
+            f"no replica of partition {partition} of {entry.qualified} answers: "
+            + "; ".join(errors)
+        )
+
+    # ---- cluster file -------------------------------------------------------------------------
+
+    def to_json(self) -> dict[str, Any]:
+        return {"format": CLUSTER_FILE_FORMAT, "devices": self.spec}
+
+
+def _next_chunk(reader: Any) -> Any:
+    try:
+        return reader.read_chunk()
+    except StopIteration:
+        return None
+
+
+def _unavailable_message(entry: DatasetEntry) -> str:
+    devices = sorted({d for ds in entry.unavailable.values() for d in ds})
+    return (f"dataset {entry.qualified} is unavailable: partitions "
+            f"{sorted(entry.unavailable)} are only on device(s) {', '.join(devices)}, which do "
+            "not answer. Start them (quarry status shows which) and try again.")
+
+
+def write_cluster_file(path: str | Path, devices: list[dict[str, Any]]) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"format": CLUSTER_FILE_FORMAT, "devices": devices}, indent=2))
+    tmp.replace(path)
+    return path
+
+
+def read_cluster_file(path: str | Path) -> list[dict[str, Any]]:
+    path = Path(path)
+    try:
+        body = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ClusterError(
+            f"no cluster file at {path}: start a cluster with `quarry up` or pass --cluster FILE"
+        ) from None
+    except (OSError, json.JSONDecodeError) as error:
+        raise ClusterError(f"cannot read cluster file {path}: {error}") from None
+    if body.get("format") != CLUSTER_FILE_FORMAT or not isinstance(body.get("devices"), list):
+        raise ClusterError(f"{path} is not a quarry cluster file (format {CLUSTER_FILE_FORMAT})")
+    for device in body["devices"]:
+        if "name" not in device or "address" not in device:
+            raise ClusterError(f"{path}: every device needs a name and an address: {device}")
+    return body["devices"]
+
+
+def connect(cluster_file: str | Path) -> Cluster:
+    """A Cluster over the devices a cluster file lists (written by ``quarry up`` or by hand)."""
+    return Cluster(read_cluster_file(cluster_file), source=str(cluster_file))

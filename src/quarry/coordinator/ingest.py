@@ -1,0 +1,195 @@
+"""Atomic ingest: rows -> row groups -> partitions on devices (pending) -> commit everywhere.
+
+Phase one streams each partition to each of its replicas; a device stores it pending and makes
+it durable before answering. Phase two commits the ingest on every device. Any failure before
+every device has committed aborts the ingest everywhere, so a dataset is listed only when every
+partition is durable on every replica; a device that dies mid-ingest deletes its pending
+partitions when it starts again (``quarry.store.partition.collect_debris``).
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+
+from quarry.coordinator.catalog import DatasetEntry
+from quarry.coordinator.client import DeviceClient, finish_put
+from quarry.coordinator.placement import place_all
+from quarry.coordinator.sources import GuardedReader, open_source
+from quarry.errors import (
+    DatasetExists,
+    DatasetNotFound,
+    IngestFailed,
+    QuarryError,
+    SchemaMismatch,
+    SourceError,
+)
+from quarry.progress import Bar
+from quarry.protocol import Put
+from quarry.store import naming
+from quarry.store.codec import check_compression
+
+if TYPE_CHECKING:
+    from quarry.coordinator.cluster import Cluster
+
+ROW_GROUP_BYTES = 1 << 20  # rows travel to a partition in groups of whole rows, about this big
+PARTITIONS_PER_DEVICE = 4  # enough partitions that rendezvous hashing spreads them evenly
+MODES = ("create", "append")
+
+
+def ingest(cluster: Cluster, source: Any, dataset: str, *, replicas: int = 1,
+           compression: str = "none", partitions: int | None = None, mode: str = "create",
+           metadata: dict[str, str] | None = None, hints: dict[str, Any] | None = None,
+           format: str | None = None, progress: bool | None = None) -> DatasetEntry:
+    domain, name = naming.split_dataset(dataset)
+    check_compression(compression)
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    cluster.refresh()
+    existing = cluster.catalog.get(f"{domain}/{name}")
+    if mode == "create" and existing is not None:
+        raise DatasetExists(
+            f"dataset {domain}/{name} already exists ({existing.rows} rows): drop it first "
+            f"(quarry drop {domain}/{name}), append to it (--append), or choose another name"
+        )
+    if mode == "append" and existing is None:
+        raise DatasetNotFound(f"cannot append to {domain}/{name}: it does not exist")
+
+    opened = open_source(source, format)
+    schema = opened.reader.schema
+    if existing is not None and not schema.equals(existing.schema):
+        raise SchemaMismatch(_schema_difference(f"{domain}/{name}", existing.schema, schema,
+                                                opened.name))
+    devices = cluster.live_devices()
+    if not devices:
+        raise IngestFailed("no device answers: start the cluster first (quarry up)")
+    if not 1 <= replicas <= len(devices):
+        raise IngestFailed(
+            f"asked for {replicas} replicas but {len(devices)} devices answer: use 1 to "
+            f"{len(devices)}"
+        )
+
+    partition_count = partitions or PARTITIONS_PER_DEVICE * len(devices)
+    first = 0 if existing is None else max(p.partition for p in existing.partitions) + 1
+    if first + partition_count > naming.PARTITIONS_MAX:
+        raise IngestFailed(f"{domain}/{name} would exceed {naming.PARTITIONS_MAX} partitions")
+    ingest_id = uuid.uuid4().hex
+    by_id = {d.name: d for d in devices}
+    placement = {
+        str(p): devices_of_p for p, devices_of_p in place_all(
+            f"{domain}/{name}", range(first, first + partition_count), sorted(by_id), replicas
+        ).items()
+    }
+    record = {
+        "id": ingest_id, "first_partition": first, "partitions": partition_count,
+        "replicas": replicas, "mode": mode, "created_at": time.time(), "placement": placement,
+        "source": opened.name,
+    }
+    header_base = {"domain": domain, "dataset": name, "ingest": record,
+                   "compression": compression, "metadata": metadata or {}, "hints": hints or {}}
+    streams: dict[tuple[int, str], tuple[Any, Any]] = {}
+
+    def stream(partition: int, device: str) -> tuple[Any, Any]:
+        key = (partition, device)
+        if key not in streams:
+            header = {**header_base, "partition": partition}
+            streams[key] = by_id[device].open_put(Put.PARTITION, header, schema)
+        return streams[key]
+
+    involved = sorted({d for names in placement.values() for d in names})
+    try:
+        _send(opened, schema, first, partition_count, placement, by_id, stream, progress)
+        for partition in range(first, first + partition_count):
+            for device in placement[str(partition)]:
+                writer, reader = stream(partition, device)
+                by_id[device].guard(lambda w=writer, r=reader: finish_put(w, r))
+        for device in involved:
+            by_id[device].commit(ingest_id)
+    except BaseException as error:
+        _abort(by_id, involved, ingest_id, streams)
+        if isinstance(error, (SourceError, SchemaMismatch, DatasetExists)):
+            raise
+        if isinstance(error, QuarryError):
+            raise IngestFailed(
+                f"ingest of {domain}/{name} failed and was rolled back, nothing is visible: "
+                f"{error}"
+            ) from error
+        raise
+    cluster.refresh()
+    entry = cluster.catalog.get(f"{domain}/{name}")
+    assert entry is not None, "a committed ingest must be listed"
+    return entry
+
+
+def _send(opened: Any, schema: pa.Schema, first: int, partition_count: int,
+          placement: dict[str, list[str]], by_id: dict[str, DeviceClient], stream: Any,
+          progress: bool | None) -> None:
+    """Cut the source into row groups of whole rows and deal them round-robin to partitions."""
+    group_rows = 0
+    pending: list[pa.RecordBatch] = []
+    pending_rows = 0
+    group = 0
+    with Bar("ingest", opened.rows_total, "rows", progress) as bar:
+        for batch in GuardedReader(opened):
+            if not batch.num_rows:
+                continue
+            if group_rows == 0:
+                group_rows = max(1, int(ROW_GROUP_BYTES / max(1.0, batch.nbytes / batch.num_rows)))
+            pending.append(batch)
+            pending_rows += batch.num_rows
+            while pending_rows >= group_rows:
+                table = pa.Table.from_batches(pending, schema=schema)
+                _deliver(table.slice(0, group_rows), first + group % partition_count,
+                         placement, by_id, stream)
+                rest = table.slice(group_rows)
+                pending, pending_rows = rest.to_batches(), rest.num_rows
+                group += 1
+            bar.advance(batch.num_rows)
+        if pending_rows:
+            table = pa.Table.from_batches(pending, schema=schema)
+            _deliver(table, first + group % partition_count, placement, by_id, stream)
+
+
+def _deliver(rows: pa.Table, partition: int, placement: dict[str, list[str]],
+             by_id: dict[str, DeviceClient], stream: Any) -> None:
+    for device in placement[str(partition)]:
+        writer, _ = stream(partition, device)
+        for batch in rows.to_batches():
+            by_id[device].guard(lambda w=writer, b=batch: w.write_batch(b))
+
+
+def _abort(by_id: dict[str, DeviceClient], devices: list[str], ingest_id: str,
+           streams: dict[tuple[int, str], tuple[Any, Any]]) -> None:
+    for writer, _ in streams.values():
+        try:
+            writer.close()
+        except Exception:  # noqa: BLE001, S110 - a broken stream; the abort below cleans up
+            pass
+    for device in devices:
+        try:
+            by_id[device].abort(ingest_id)
+        except QuarryError:
+            pass  # a dead device collects its pending partitions when it starts again
+
+
+def _schema_difference(dataset: str, expected: pa.Schema, got: pa.Schema, source: str) -> str:
+    lines = [f"{source} does not match the schema of {dataset}:"]
+    expected_fields = {f.name: f for f in expected}
+    got_fields = {f.name: f for f in got}
+    for missing in expected_fields.keys() - got_fields.keys():
+        lines.append(f"  missing column {missing} ({expected_fields[missing].type})")
+    for extra in got_fields.keys() - expected_fields.keys():
+        lines.append(f"  unexpected column {extra} ({got_fields[extra].type})")
+    for both in expected_fields.keys() & got_fields.keys():
+        if not expected_fields[both].type.equals(got_fields[both].type):
+            lines.append(f"  column {both}: {got_fields[both].type}, expected "
+                         f"{expected_fields[both].type}")
+    if len(lines) == 1:
+        lines.append("  same columns in another order")
+    lines.append("Convert the file to the dataset's schema, or ingest it as a new dataset.")
+    return "\n".join(lines)
+
+

@@ -1,0 +1,176 @@
+"""The embedded default: N device processes on localhost, data under one folder."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from quarry.coordinator.client import DeviceClient
+from quarry.coordinator.cluster import Cluster, write_cluster_file
+from quarry.device.profile import get_profile
+from quarry.errors import ClusterError
+
+DEVICES_MAX = 64
+START_TIMEOUT_S = 60.0
+STOP_TIMEOUT_S = 10.0
+CLUSTER_FILE = "cluster.json"
+
+
+def device_command(data: Path, name: str, profile: str, port: int = 0,
+                   ready_file: Path | None = None, profiles_file: str | None = None) -> list[str]:
+    command = [sys.executable, "-m", "quarry", "device", "serve", "--data", str(data),
+               "--port", str(port), "--profile", profile, "--name", name]
+    if ready_file is not None:
+        command += ["--ready-file", str(ready_file)]
+    if profiles_file is not None:
+        command += ["--profiles", profiles_file]
+    return command
+
+
+def start_device(data: Path, name: str, profile: str, port: int = 0, detach: bool = False,
+                 profiles_file: str | None = None) -> dict[str, Any]:
+    """Start one device process and wait until it listens; returns its cluster-file entry."""
+    data.mkdir(parents=True, exist_ok=True)
+    ready = data / "ready.json"
+    ready.unlink(missing_ok=True)
+    with open(data / "device.log", "ab") as log:
+        process = subprocess.Popen(
+            device_command(data, name, profile, port, ready, profiles_file),
+            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            start_new_session=detach,
+        )
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while not ready.exists():
+        if process.poll() is not None:
+            tail = (data / "device.log").read_text(errors="replace")[-2000:]
+            raise ClusterError(f"device {name} exited with code {process.returncode}:\n{tail}")
+        if time.monotonic() > deadline:
+            process.kill()
+            raise ClusterError(f"device {name} did not start within {START_TIMEOUT_S:.0f} s")
+        time.sleep(0.05)
+    info = json.loads(ready.read_text())
+    return {"name": name, "address": info["address"], "pid": process.pid, "data": str(data),
+            "profile": profile, "_process": process}
+
+
+def stop_pid(pid: int, timeout_s: float = STOP_TIMEOUT_S) -> None:
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        try:  # reap our own child so it does not linger as a zombie
+            if os.waitpid(pid, os.WNOHANG)[0] == pid:
+                return
+        except ChildProcessError:
+            pass
+        time.sleep(0.05)
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+class LocalCluster(Cluster):
+    """A Cluster whose device processes this process started (and stops on close)."""
+
+    def __init__(self, devices: list[dict[str, Any]], data: Path, owns_data: bool,
+                 profiles_file: str | None = None):
+        self.processes = {d["name"]: d.pop("_process") for d in devices}
+        self.data = data
+        self.owns_data = owns_data
+        self.profiles_file = profiles_file
+        self.cluster_file = write_cluster_file(data / CLUSTER_FILE, devices)
+        super().__init__(devices, source=str(self.cluster_file))
+
+    def kill_device(self, name: str) -> None:
+        """Stop a device abruptly (SIGKILL), as a crash would."""
+        process = self.processes[name]
+        process.kill()
+        process.wait(timeout=STOP_TIMEOUT_S)
+
+    def restart_device(self, name: str) -> None:
+        """Start a stopped device again on the same data and port."""
+        spec = next(d for d in self.spec if d["name"] == name)
+        port = int(spec["address"].rsplit(":", 1)[1])
+        started = start_device(Path(spec["data"]), name, spec["profile"], port,
+                               profiles_file=self.profiles_file)
+        self.processes[name] = started.pop("_process")
+        spec["pid"] = started["pid"]
+        # A gRPC channel to a dead server backs off before reconnecting: start a fresh one.
+        self.devices[name].close()
+        self.devices[name] = DeviceClient(name, spec["address"])
+        write_cluster_file(self.cluster_file, self.spec)
+        self.refresh()
+
+    def close(self) -> None:
+        super().close()
+        for process in self.processes.values():
+            if process.poll() is None:
+                process.terminate()
+        for process in self.processes.values():
+            try:
+                process.wait(timeout=STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        if self.owns_data:
+            shutil.rmtree(self.data, ignore_errors=True)
+
+
+def start_local(devices: int = 3, profile: str | list[str] = "host",
+                data: str | Path | None = None, detach: bool = False,
+                profiles_file: str | None = None) -> tuple[list[dict[str, Any]], Path, bool]:
+    if not 1 <= devices <= DEVICES_MAX:
+        raise ClusterError(f"devices must be between 1 and {DEVICES_MAX}, got {devices}")
+    profiles = [profile] * devices if isinstance(profile, str) else list(profile)
+    if len(profiles) != devices:
+        raise ClusterError(f"{len(profiles)} profiles given for {devices} devices")
+    for name in set(profiles):
+        get_profile(name, profiles_file)  # fail fast, before any process starts
+    owns = data is None
+    root = Path(tempfile.mkdtemp(prefix="quarry-")) if data is None else Path(data)
+    root.mkdir(parents=True, exist_ok=True)
+    started: list[dict[str, Any]] = []
+    try:
+        for index, device_profile in enumerate(profiles):
+            name = f"dev{index}"
+            started.append(start_device(root / name, name, device_profile, 0, detach,
+                                        profiles_file))
+    except BaseException:
+        for device in started:
+            device["_process"].kill()
+        if owns:
+            shutil.rmtree(root, ignore_errors=True)
+        raise
+    return started, root, owns
+
+
+@contextmanager
+def local(devices: int = 3, profile: str | list[str] = "host", data: str | Path | None = None,
+          profiles_file: str | None = None) -> Iterator[LocalCluster]:
+    """Start ``devices`` device processes on localhost; stop them (and clean up) on exit.
+
+    ``data`` defaults to a temporary folder that is removed afterwards; give a folder to keep it.
+    """
+    started, root, owns = start_local(devices, profile, data, profiles_file=profiles_file)
+    cluster = LocalCluster(started, root, owns, profiles_file)
+    try:
+        yield cluster
+    finally:
+        cluster.close()

@@ -1,0 +1,99 @@
+"""Errors users can act on: each says what was wrong and what to do.
+
+Errors cross the Flight wire as ``QUARRY|<code>|<message>`` so a client can rebuild the same
+typed exception that the device raised (see ``quarry.protocol.encode_error``).
+"""
+
+from __future__ import annotations
+
+
+class QuarryError(Exception):
+    """Base of every error quarry raises on purpose. ``code`` names it on the wire."""
+
+    code = "error"
+
+
+class InvalidName(QuarryError, ValueError):
+    code = "invalid_name"
+
+
+class DatasetExists(QuarryError):
+    code = "dataset_exists"
+
+
+class DatasetNotFound(QuarryError, KeyError):
+    code = "dataset_not_found"
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0]) if self.args else ""
+
+
+class SchemaMismatch(QuarryError, ValueError):
+    code = "schema_mismatch"
+
+
+class SourceError(QuarryError, ValueError):
+    """A file to ingest is missing, unreadable or malformed."""
+
+    code = "source_error"
+
+
+class ValueTooLarge(QuarryError, ValueError):
+    code = "value_too_large"
+
+
+class VersionConflict(QuarryError):
+    """A compare-and-swap lost: another writer changed the key first; nothing was written."""
+
+    code = "version_conflict"
+
+
+class KeyNotFound(QuarryError, KeyError):
+    code = "key_not_found"
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+class UnknownProfile(QuarryError, ValueError):
+    code = "unknown_profile"
+
+
+class DeviceUnavailable(QuarryError, ConnectionError):
+    """A device does not answer (down, wrong address, or died mid-request)."""
+
+    code = "device_unavailable"
+
+
+class ProtocolMismatch(QuarryError):
+    code = "protocol_mismatch"
+
+
+class IngestFailed(QuarryError):
+    code = "ingest_failed"
+
+
+class ClusterError(QuarryError):
+    code = "cluster_error"
+
+
+class QueryError(QuarryError, ValueError):
+    """SQL that cannot be planned: syntax, unknown table or column, type error."""
+
+    code = "query_error"
+
+
+class PlanNotSupported(QuarryError):
+    """A device cannot decode or run a sub-plan; the host runs that part itself."""
+
+    code = "plan_not_supported"
+
+
+ERRORS_BY_CODE: dict[str, type[QuarryError]] = {
+    cls.code: cls
+    for cls in (
+        QuarryError, InvalidName, DatasetExists, DatasetNotFound, SchemaMismatch, SourceError,
+        ValueTooLarge, VersionConflict, KeyNotFound, UnknownProfile, DeviceUnavailable,
+        ProtocolMismatch, IngestFailed, ClusterError, QueryError, PlanNotSupported,
+    )
+}

@@ -1,0 +1,1 @@
+"""Sample data quarry generates for demos, tests and benchmarks."""

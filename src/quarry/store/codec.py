@@ -1,0 +1,64 @@
+"""Slice values: one Arrow IPC stream per slice, optionally compressed, striped when too big.
+
+Compression uses Arrow's own IPC buffer compression (zstd, lz4 frame), so the device that reads a
+slice decompresses it on its own CPU (POLARDB §3.2) and the host only ever sees plain Arrow.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+COMPRESSIONS = ("none", "zstd", "lz4")
+_ARROW_CODEC = {"none": None, "zstd": "zstd", "lz4": "lz4"}
+
+
+def check_compression(name: str) -> str:
+    if name not in COMPRESSIONS:
+        raise ValueError(f"unknown compression {name!r}: choose one of {', '.join(COMPRESSIONS)}")
+    return name
+
+
+def encode_slice(batch: pa.RecordBatch, compression: str = "none") -> bytes:
+    options = pa.ipc.IpcWriteOptions(compression=_ARROW_CODEC[check_compression(compression)])
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, batch.schema, options=options) as writer:
+        writer.write_batch(batch)
+    return sink.getvalue().to_pybytes()
+
+
+def decode_slice(value: bytes | pa.Buffer, schema: pa.Schema | None = None,
+                 rows: int | None = None) -> pa.RecordBatch:
+    """Decode one slice, and check it against what the metadata slice says it holds."""
+    reader = pa.ipc.open_stream(pa.py_buffer(value) if isinstance(value, bytes) else value)
+    batches = list(reader)
+    assert len(batches) == 1, f"a slice holds one record batch, found {len(batches)}"
+    batch = batches[0]
+    if schema is not None:
+        assert batch.schema.equals(schema), "slice schema differs from its partition's schema"
+    if rows is not None:
+        assert batch.num_rows == rows, f"slice holds {batch.num_rows} rows, metadata says {rows}"
+    return batch
+
+
+def stripe(value: bytes, kv_bytes_max: int) -> list[bytes]:
+    """Cut an encoded slice into key-value sized stripes (one stripe when it fits)."""
+    assert kv_bytes_max > 0
+    if len(value) <= kv_bytes_max:
+        return [value]
+    view = memoryview(value)
+    return [bytes(view[i:i + kv_bytes_max]) for i in range(0, len(value), kv_bytes_max)]
+
+
+def unstripe(values: list[bytes]) -> bytes:
+    return values[0] if len(values) == 1 else b"".join(values)
+
+
+def batch_bytes(batch: pa.RecordBatch | pa.Table) -> int:
+    """Bytes of Arrow buffers a batch references (its in-memory size)."""
+    return batch.nbytes
+
+
+def rows_per_slice(schema_bytes_per_row: float, kv_bytes_max: int, fill: float = 0.9) -> int:
+    """Whole rows that fill one key-value: slices are sized from the value limit (Skytether §5.1)."""
+    assert kv_bytes_max > 0 and 0 < fill <= 1
+    return max(1, int(kv_bytes_max * fill / max(schema_bytes_per_row, 1.0)))

@@ -1,0 +1,181 @@
+"""A device-local key-value namespace on LMDB, Kinetic-style.
+
+Every key carries a version (a counter that starts at 1 and grows with each put). Writes may name
+the version they expect (compare-and-swap, 0 = "must not exist"); a transaction that loses any of
+its checks writes nothing. LMDB serialises write transactions and makes each one durable on
+commit, which gives exactly-one-wins for two writers racing on the same slice.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import lmdb
+
+from quarry.errors import KeyNotFound, ValueTooLarge, VersionConflict
+
+MAP_BYTES_DEFAULT = 1 << 40  # virtual size only: LMDB grows the file as data arrives
+KEY_BYTES_MAX = 480  # LMDB's compiled limit is 511; leave room
+LIST_KEYS_MAX = 10_000_000
+
+_VERSION = struct.Struct(">Q")
+
+
+class Transaction:
+    """Operations inside one LMDB write transaction; all or nothing."""
+
+    def __init__(self, txn: lmdb.Transaction, data: object, versions: object, kv_bytes_max: int):
+        self._txn = txn
+        self._data = data
+        self._versions = versions
+        self._kv_bytes_max = kv_bytes_max
+
+    def version(self, key: str) -> int:
+        raw = self._txn.get(_encode_key(key), db=self._versions)
+        return 0 if raw is None else _VERSION.unpack(raw)[0]
+
+    def get(self, key: str) -> tuple[bytes, int]:
+        value = self._txn.get(_encode_key(key), db=self._data)
+        if value is None:
+            raise KeyNotFound(f"no key {key!r} on this device")
+        return bytes(value), self.version(key)
+
+    def check(self, key: str, expected_version: int | None) -> int:
+        current = self.version(key)
+        if expected_version is not None and current != expected_version:
+            raise VersionConflict(
+                f"key {key!r} is at version {current}, not {expected_version}: another writer "
+                "changed it first; nothing was written. Read it again and retry."
+            )
+        return current
+
+    def put(self, key: str, value: bytes | memoryview, expected_version: int | None = None) -> int:
+        size = len(value)
+        if size > self._kv_bytes_max:
+            raise ValueTooLarge(
+                f"value for {key!r} is {size} bytes, over this device's limit of "
+                f"{self._kv_bytes_max} bytes (kv_bytes_max): stripe it over several keys or use "
+                "a profile with a larger limit"
+            )
+        current = self.check(key, expected_version)
+        encoded = _encode_key(key)
+        self._txn.put(encoded, value, db=self._data)
+        self._txn.put(encoded, _VERSION.pack(current + 1), db=self._versions)
+        return current + 1
+
+    def delete(self, key: str, expected_version: int | None = None) -> bool:
+        current = self.check(key, expected_version)
+        if current == 0:
+            return False
+        encoded = _encode_key(key)
+        self._txn.delete(encoded, db=self._data)
+        self._txn.delete(encoded, db=self._versions)
+        return True
+
+    def list(self, prefix: str, limit: int = LIST_KEYS_MAX) -> list[str]:
+        return _list(self._txn, self._data, prefix, limit)
+
+
+class KeyValueStore:
+    """One LMDB environment per device: a ``data`` and a ``versions`` table."""
+
+    def __init__(self, path: str | Path, kv_bytes_max: int, map_bytes: int = MAP_BYTES_DEFAULT):
+        assert kv_bytes_max > 0
+        Path(path).mkdir(parents=True, exist_ok=True)
+        self.path = Path(path)
+        self.kv_bytes_max = kv_bytes_max
+        self._env = lmdb.open(
+            str(path), map_size=map_bytes, max_dbs=4, subdir=True, sync=True, metasync=True,
+            readahead=False, max_readers=512,
+        )
+        self._data = self._env.open_db(b"data")
+        self._versions = self._env.open_db(b"versions")
+
+    def close(self) -> None:
+        self._env.close()
+
+    @contextmanager
+    def transaction(self) -> Iterator[Transaction]:
+        """A write transaction: commits on normal exit, writes nothing if anything raises."""
+        with self._env.begin(write=True) as txn:
+            yield Transaction(txn, self._data, self._versions, self.kv_bytes_max)
+
+    def get(self, key: str) -> tuple[bytes, int]:
+        with self._env.begin() as txn:
+            value = txn.get(_encode_key(key), db=self._data)
+            if value is None:
+                raise KeyNotFound(f"no key {key!r} on this device")
+            raw = txn.get(_encode_key(key), db=self._versions)
+            return bytes(value), _VERSION.unpack(raw)[0]
+
+    def get_many(self, keys: list[str]) -> list[bytes]:
+        """Values of several keys read in one snapshot (the stripes of a slice)."""
+        with self._env.begin() as txn:
+            values = []
+            for key in keys:
+                value = txn.get(_encode_key(key), db=self._data)
+                if value is None:
+                    raise KeyNotFound(f"no key {key!r} on this device")
+                values.append(bytes(value))
+            return values
+
+    def version(self, key: str) -> int:
+        with self._env.begin() as txn:
+            raw = txn.get(_encode_key(key), db=self._versions)
+            return 0 if raw is None else _VERSION.unpack(raw)[0]
+
+    def put(self, key: str, value: bytes, expected_version: int | None = None) -> int:
+        with self.transaction() as txn:
+            return txn.put(key, value, expected_version)
+
+    def delete(self, key: str, expected_version: int | None = None) -> bool:
+        with self.transaction() as txn:
+            return txn.delete(key, expected_version)
+
+    def list(self, prefix: str = "", limit: int = LIST_KEYS_MAX) -> list[str]:
+        with self._env.begin() as txn:
+            return _list(txn, self._data, prefix, limit)
+
+    def delete_prefix(self, prefix: str) -> int:
+        """Delete every key under ``prefix`` in one transaction; returns how many."""
+        assert prefix, "refusing to delete the whole namespace"
+        with self.transaction() as txn:
+            keys = txn.list(prefix)
+            for key in keys:
+                txn.delete(key)
+            return len(keys)
+
+    def stats(self) -> dict[str, int]:
+        with self._env.begin() as txn:
+            entries = txn.stat(self._data)["entries"]
+        # Summing value sizes would read every value; the file size is what the disk sees.
+        info = self._env.info()
+        return {"keys": entries, "file_bytes": info["last_pgno"] * self._env.stat()["psize"]}
+
+    def count(self, prefix: str = "") -> int:
+        return len(self.list(prefix))
+
+
+def _encode_key(key: str) -> bytes:
+    encoded = key.encode()
+    if not 0 < len(encoded) <= KEY_BYTES_MAX:
+        raise ValueError(f"key {key[:60]!r} must be 1..{KEY_BYTES_MAX} bytes")
+    return encoded
+
+
+def _list(txn: lmdb.Transaction, db: object, prefix: str, limit: int) -> list[str]:
+    encoded = prefix.encode()
+    keys: list[str] = []
+    cursor = txn.cursor(db=db)
+    if not cursor.set_range(encoded):
+        return keys
+    for key in cursor.iternext(keys=True, values=False):
+        if not key.startswith(encoded):
+            break
+        keys.append(key.decode())
+        if len(keys) >= limit:
+            break
+    return keys

@@ -1,0 +1,361 @@
+"""Partitions on one device: writing slices (pending), committing, reading, updating.
+
+A partition is written in two phases so that a dataset appears whole or not at all:
+1. ``PartitionWriter`` marks the partition pending (``~pending/...``), cuts the incoming rows into
+   slices of whole rows sized from ``kv_bytes_max``, and stores them under their final names.
+2. ``commit`` writes the metadata slice and a catalog entry and removes the pending mark, in one
+   transaction. Until then no reader sees the partition; a pending partition found when a device
+   starts is debris of a failed ingest and is deleted (``collect_debris``).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import pyarrow as pa
+
+from quarry.errors import (
+    DatasetExists,
+    DatasetNotFound,
+    IngestFailed,
+    KeyNotFound,
+    SchemaMismatch,
+    VersionConflict,
+)
+from quarry.store import codec, naming
+from quarry.store.kv import KeyValueStore
+from quarry.store.zonemap import zone_map, zone_map_from_json, zone_map_to_json
+
+META_FORMAT = 1
+CATALOG_PREFIX = "~catalog/"
+
+
+def schema_to_text(schema: pa.Schema) -> str:
+    return base64.b64encode(schema.serialize().to_pybytes()).decode()
+
+
+def schema_from_text(text: str) -> pa.Schema:
+    return pa.ipc.read_schema(pa.py_buffer(base64.b64decode(text)))
+
+
+@dataclass
+class SliceInfo:
+    rows: int
+    bytes_stored: int
+    bytes_arrow: int
+    stripes: int
+    zone_map: dict[str, dict[str, Any]]
+    version: int = 1
+
+
+@dataclass
+class PartitionMeta:
+    """The metadata slice: everything a device needs to serve and describe a partition."""
+
+    domain: str
+    dataset: str
+    partition: int
+    ingest: dict[str, Any]  # id, first_partition, partitions, replicas, mode, created_at
+    schema: pa.Schema
+    compression: str
+    metadata: dict[str, str] = field(default_factory=dict)
+    hints: dict[str, Any] = field(default_factory=dict)
+    slices: list[SliceInfo] = field(default_factory=list)
+    device: str = ""
+
+    @property
+    def rows(self) -> int:
+        return sum(s.rows for s in self.slices)
+
+    @property
+    def bytes_stored(self) -> int:
+        return sum(s.bytes_stored for s in self.slices)
+
+    @property
+    def bytes_arrow(self) -> int:
+        return sum(s.bytes_arrow for s in self.slices)
+
+    def summary(self) -> dict[str, Any]:
+        """Inventory entry: everything but the zone maps."""
+        return {
+            "domain": self.domain, "dataset": self.dataset, "partition": self.partition,
+            "ingest": self.ingest, "schema": schema_to_text(self.schema),
+            "compression": self.compression, "metadata": self.metadata, "hints": self.hints,
+            "rows": self.rows, "slices": len(self.slices), "bytes_stored": self.bytes_stored,
+            "bytes_arrow": self.bytes_arrow, "device": self.device,
+        }
+
+    def to_json(self) -> dict[str, Any]:
+        body = self.summary()
+        body["format"] = META_FORMAT
+        body["slices"] = [
+            {**asdict(s), "zone_map": zone_map_to_json(s.zone_map)} for s in self.slices
+        ]
+        return body
+
+    @classmethod
+    def from_json(cls, body: dict[str, Any]) -> PartitionMeta:
+        assert body.get("format") == META_FORMAT, f"unknown metadata slice format {body.get('format')}"
+        slices = [
+            SliceInfo(s["rows"], s["bytes_stored"], s["bytes_arrow"], s["stripes"],
+                      zone_map_from_json(s["zone_map"]), s.get("version", 1))
+            for s in body["slices"]
+        ]
+        return cls(
+            domain=body["domain"], dataset=body["dataset"], partition=body["partition"],
+            ingest=body["ingest"], schema=schema_from_text(body["schema"]),
+            compression=body["compression"], metadata=body.get("metadata", {}),
+            hints=body.get("hints", {}), slices=slices, device=body.get("device", ""),
+        )
+
+
+def _json_bytes(value: Any) -> bytes:
+    return json.dumps(value, separators=(",", ":")).encode()
+
+
+def _put_striped(txn: Any, key: str, value: bytes, kv_bytes_max: int) -> int:
+    stripes = codec.stripe(value, kv_bytes_max)
+    for value_key, part in zip(naming.slice_value_keys(key, len(stripes)), stripes, strict=True):
+        txn.put(value_key, part)
+    return len(stripes)
+
+
+def _read_striped_meta(store: KeyValueStore, key: str) -> bytes:
+    keys = store.list(key)  # "meta" or "meta.000", "meta.001", ...
+    keys = [k for k in keys if k == key or k.startswith(key + ".")]
+    if not keys:
+        raise KeyNotFound(key)
+    return codec.unstripe(store.get_many(keys))
+
+
+class PartitionWriter:
+    """Receives a partition's rows in any batch sizes and stores them as slices, pending."""
+
+    def __init__(self, store: KeyValueStore, meta: PartitionMeta, slice_rows: int | None = None):
+        self.store = store
+        self.meta = meta
+        self._pending_rows: list[pa.RecordBatch] = []
+        self._pending_count = 0
+        bytes_per_row = max(1.0, _bytes_per_row_estimate(meta.schema))
+        self.slice_rows = slice_rows or codec.rows_per_slice(bytes_per_row, store.kv_bytes_max)
+        self._started = False
+
+    def _start(self) -> None:
+        d, n, p = self.meta.domain, self.meta.dataset, self.meta.partition
+        with self.store.transaction() as txn:
+            if txn.list(naming.meta_key(d, n, p)):
+                raise DatasetExists(
+                    f"dataset {d}/{n} already has partition {p} on this device: drop it first "
+                    "(quarry drop) or ingest under another name"
+                )
+            pending = naming.pending_key(d, n, p)
+            if txn.version(pending):
+                raise DatasetExists(
+                    f"another ingest of {d}/{n} partition {p} is in progress on this device"
+                )
+            txn.put(pending, _json_bytes({"ingest": self.meta.ingest, "started_at": time.time()}))
+        self._started = True
+
+    def write(self, batch: pa.RecordBatch) -> None:
+        if not self._started:
+            self._start()
+        if not batch.schema.equals(self.meta.schema):
+            raise SchemaMismatch(
+                f"rows for {self.meta.domain}/{self.meta.dataset} do not match the partition "
+                f"schema: got {batch.schema}, expected {self.meta.schema}"
+            )
+        if self.meta.slices == [] and self._pending_count == 0 and batch.num_rows:
+            # Size slices from the real data rather than the schema's fixed-width guess.
+            row_bytes = batch.nbytes / batch.num_rows
+            self.slice_rows = codec.rows_per_slice(row_bytes, self.store.kv_bytes_max)
+        self._pending_rows.append(batch)
+        self._pending_count += batch.num_rows
+        while self._pending_count >= self.slice_rows:
+            self._cut(self.slice_rows)
+
+    def _cut(self, rows: int) -> None:
+        table = pa.Table.from_batches(self._pending_rows, schema=self.meta.schema)
+        head = table.slice(0, rows).combine_chunks()
+        rest = table.slice(rows)
+        self._pending_rows = rest.to_batches()
+        self._pending_count = rest.num_rows
+        batch = head.to_batches()[0] if head.num_rows else pa.RecordBatch.from_pylist([], schema=self.meta.schema)
+        self._store_slice(batch)
+
+    def _store_slice(self, batch: pa.RecordBatch) -> None:
+        number = len(self.meta.slices)
+        if number >= naming.SLICES_MAX:
+            raise IngestFailed("partition has too many slices; use more partitions")
+        value = codec.encode_slice(batch, self.meta.compression)
+        key = naming.slice_key(self.meta.domain, self.meta.dataset, self.meta.partition, number)
+        with self.store.transaction() as txn:
+            stripes = _put_striped(txn, key, value, self.store.kv_bytes_max)
+        self.meta.slices.append(
+            SliceInfo(batch.num_rows, len(value), batch.nbytes, stripes, zone_map(batch))
+        )
+
+    def finish(self) -> PartitionMeta:
+        """Store the last rows and the pending metadata; durable when this returns."""
+        if not self._started:
+            self._start()
+        if self._pending_count:
+            self._cut(self._pending_count)
+        m = self.meta
+        with self.store.transaction() as txn:
+            txn.put(naming.pending_key(m.domain, m.dataset, m.partition) + "/meta-ready", b"1")
+            _put_striped(txn, naming.pending_key(m.domain, m.dataset, m.partition) + "/meta",
+                         _json_bytes(m.to_json()), self.store.kv_bytes_max)
+        return m
+
+
+def _bytes_per_row_estimate(schema: pa.Schema) -> float:
+    total = 0.0
+    for f in schema:
+        try:
+            total += f.type.bit_width / 8
+        except ValueError:  # variable width (strings, lists): a guess, replaced by real data
+            total += 16.0
+    return total
+
+
+def commit(store: KeyValueStore, ingest_id: str, device: str) -> list[int]:
+    """Make every pending partition of an ingest visible; one transaction for all of them."""
+    committed: list[int] = []
+    with store.transaction() as txn:
+        for pending in txn.list(naming.PENDING_PREFIX):
+            if pending.count("/") != 3:
+                continue  # a sub-key such as ".../meta"
+            body = _load_json(txn.get(pending)[0])
+            if body["ingest"]["id"] != ingest_id:
+                continue
+            if not txn.version(pending + "/meta-ready"):
+                raise IngestFailed(f"partition {pending} of ingest {ingest_id} was not finished")
+            meta_keys = [k for k in txn.list(pending + "/meta") if k != pending + "/meta-ready"]
+            body = _load_json(codec.unstripe([txn.get(k)[0] for k in meta_keys]))
+            meta = PartitionMeta.from_json(body)
+            meta.device = device
+            _put_striped(txn, naming.meta_key(meta.domain, meta.dataset, meta.partition),
+                         _json_bytes(meta.to_json()), store.kv_bytes_max)
+            txn.put(_catalog_key(meta.domain, meta.dataset, meta.partition),
+                    _json_bytes(meta.summary()))
+            for key in [pending, pending + "/meta-ready", *meta_keys]:
+                txn.delete(key)
+            committed.append(meta.partition)
+    return committed
+
+
+def _load_json(raw: bytes) -> Any:
+    return json.loads(raw)
+
+
+def _catalog_key(domain: str, dataset: str, partition: int) -> str:
+    return f"{CATALOG_PREFIX}{domain}/{dataset}/{partition:0{naming.PARTITION_DIGITS}d}"
+
+
+def abort(store: KeyValueStore, ingest_id: str | None = None) -> int:
+    """Delete pending partitions (of one ingest, or all): their slices and their marks."""
+    deleted = 0
+    for pending in store.list(naming.PENDING_PREFIX):
+        if pending.count("/") != 3:
+            continue
+        try:
+            body = _load_json(store.get(pending)[0])
+        except KeyNotFound:
+            continue
+        if ingest_id is not None and body["ingest"]["id"] != ingest_id:
+            continue
+        domain, dataset, partition = pending[len(naming.PENDING_PREFIX):].split("/")
+        deleted += store.delete_prefix(naming.partition_prefix(domain, dataset, int(partition)))
+        deleted += store.delete_prefix(pending)
+    return deleted
+
+
+def collect_debris(store: KeyValueStore) -> int:
+    """On start: a pending partition can only be a failed ingest's leftover (see module doc)."""
+    return abort(store, None)
+
+
+def inventory(store: KeyValueStore) -> list[dict[str, Any]]:
+    return [_load_json(store.get(key)[0]) for key in store.list(CATALOG_PREFIX)]
+
+
+def read_meta(store: KeyValueStore, domain: str, dataset: str, partition: int) -> PartitionMeta:
+    try:
+        raw = _read_striped_meta(store, naming.meta_key(domain, dataset, partition))
+    except KeyNotFound:
+        raise DatasetNotFound(
+            f"partition {partition} of {domain}/{dataset} is not on this device"
+        ) from None
+    return PartitionMeta.from_json(_load_json(raw))
+
+
+def read_slice(store: KeyValueStore, meta: PartitionMeta, number: int,
+               columns: list[str] | None = None) -> pa.RecordBatch:
+    info = meta.slices[number]
+    key = naming.slice_key(meta.domain, meta.dataset, meta.partition, number)
+    value = codec.unstripe(store.get_many(naming.slice_value_keys(key, info.stripes)))
+    batch = codec.decode_slice(value, meta.schema, info.rows)
+    return batch.select(columns) if columns is not None else batch
+
+
+def read_slices(store: KeyValueStore, meta: PartitionMeta, first: int = 0, end: int | None = None,
+                columns: list[str] | None = None) -> Iterator[pa.RecordBatch]:
+    end = len(meta.slices) if end is None else min(end, len(meta.slices))
+    for number in range(first, end):
+        yield read_slice(store, meta, number, columns)
+
+
+def drop(store: KeyValueStore, domain: str, dataset: str) -> int:
+    deleted = store.delete_prefix(naming.dataset_prefix(domain, dataset))
+    deleted += store.delete_prefix(f"{CATALOG_PREFIX}{domain}/{dataset}/")
+    deleted += store.delete_prefix(f"{naming.CACHE_PREFIX}{domain}/{dataset}/")
+    return deleted
+
+
+def update_slice(store: KeyValueStore, domain: str, dataset: str, partition: int, number: int,
+                 batch: pa.RecordBatch, expected_version: int) -> int:
+    """Replace one slice atomically if its version is still ``expected_version``.
+
+    Each slice's version lives in the metadata slice and grows with every update. The check, the
+    new stripes and the new metadata are one LMDB transaction: the loser of a race raises
+    ``VersionConflict`` and none of its key-values change.
+    """
+    if not batch.schema.equals(read_meta(store, domain, dataset, partition).schema):
+        raise SchemaMismatch(f"new slice schema {batch.schema} differs from {domain}/{dataset}'s")
+    meta_key = naming.meta_key(domain, dataset, partition)
+    key = naming.slice_key(domain, dataset, partition, number)
+    with store.transaction() as txn:
+        meta = PartitionMeta.from_json(
+            _load_json(codec.unstripe([txn.get(k)[0] for k in _meta_keys(txn, meta_key)]))
+        )
+        if not 0 <= number < len(meta.slices):
+            raise KeyNotFound(
+                f"slice {number} of {domain}/{dataset} partition {partition} does not exist"
+            )
+        old = meta.slices[number]
+        if old.version != expected_version:
+            raise VersionConflict(
+                f"slice {number} of {domain}/{dataset} partition {partition} is at version "
+                f"{old.version}, not {expected_version}: another writer updated it first; "
+                "nothing was written. Read it again and retry."
+            )
+        value = codec.encode_slice(batch, meta.compression)
+        for old_key in naming.slice_value_keys(key, old.stripes):
+            txn.delete(old_key)
+        stripes = _put_striped(txn, key, value, store.kv_bytes_max)
+        meta.slices[number] = SliceInfo(batch.num_rows, len(value), batch.nbytes, stripes,
+                                        zone_map(batch), old.version + 1)
+        for old_meta in _meta_keys(txn, meta_key):
+            txn.delete(old_meta)
+        _put_striped(txn, meta_key, _json_bytes(meta.to_json()), store.kv_bytes_max)
+        txn.put(_catalog_key(domain, dataset, partition), _json_bytes(meta.summary()))
+    return old.version + 1
+
+
+def _meta_keys(txn: Any, meta_key: str) -> list[str]:
+    return [k for k in txn.list(meta_key) if k == meta_key or k.startswith(meta_key + ".")]

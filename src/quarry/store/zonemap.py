@@ -1,0 +1,84 @@
+"""Zone maps: per slice, per column min / max / null count, for pruning slices on the device."""
+
+from __future__ import annotations
+
+import datetime
+import decimal
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+# A dataset with many columns (a wide expression matrix) gets zone maps for the first columns only:
+# the metadata slice must stay small enough to read on every query.
+ZONE_MAP_COLUMNS_MAX = 256
+
+
+def _orderable(type_: pa.DataType) -> bool:
+    return (
+        pa.types.is_integer(type_) or pa.types.is_floating(type_) or pa.types.is_decimal(type_)
+        or pa.types.is_string(type_) or pa.types.is_large_string(type_)
+        or pa.types.is_date(type_) or pa.types.is_timestamp(type_) or pa.types.is_boolean(type_)
+    )
+
+
+def zone_map(batch: pa.RecordBatch) -> dict[str, dict[str, Any]]:
+    entries: dict[str, dict[str, Any]] = {}
+    for index, field in enumerate(batch.schema):
+        if index >= ZONE_MAP_COLUMNS_MAX:
+            break
+        column = batch.column(index)
+        entry: dict[str, Any] = {"null_count": column.null_count, "rows": len(column)}
+        if _orderable(field.type) and column.null_count < len(column):
+            bounds = pc.min_max(column)
+            entry["min"] = bounds["min"].as_py()
+            entry["max"] = bounds["max"].as_py()
+            if isinstance(entry["min"], float) and entry["min"] != entry["min"]:
+                del entry["min"], entry["max"]  # NaN bounds prune nothing safely
+        entries[field.name] = entry
+    return entries
+
+
+def to_json_value(value: Any) -> Any:
+    """Tag the scalars JSON cannot carry, so the device reads back the same Python type."""
+    if isinstance(value, datetime.datetime):
+        return {"$datetime": value.isoformat()}
+    if isinstance(value, datetime.date):
+        return {"$date": value.isoformat()}
+    if isinstance(value, decimal.Decimal):
+        return {"$decimal": str(value)}
+    if isinstance(value, bytes):
+        return {"$bytes": value.hex()}
+    if isinstance(value, float) and value in (float("inf"), float("-inf")):
+        return {"$float": repr(value)}
+    return value
+
+
+def from_json_value(value: Any) -> Any:
+    if isinstance(value, dict) and len(value) == 1:
+        (tag, raw), = value.items()
+        if tag == "$datetime":
+            return datetime.datetime.fromisoformat(raw)
+        if tag == "$date":
+            return datetime.date.fromisoformat(raw)
+        if tag == "$decimal":
+            return decimal.Decimal(raw)
+        if tag == "$bytes":
+            return bytes.fromhex(raw)
+        if tag == "$float":
+            return float(raw)
+    return value
+
+
+def zone_map_to_json(entries: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    return {
+        column: {key: to_json_value(value) for key, value in entry.items()}
+        for column, entry in entries.items()
+    }
+
+
+def zone_map_from_json(entries: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    return {
+        column: {key: from_json_value(value) for key, value in entry.items()}
+        for column, entry in entries.items()
+    }

@@ -1,0 +1,137 @@
+"""Ingest from every source kind and scan it back, through real device processes."""
+
+import pyarrow as pa
+import pyarrow.csv as pacsv
+import pyarrow.feather as feather
+import pyarrow.parquet as pq
+import pytest
+
+from quarry.errors import DatasetExists, DatasetNotFound, SchemaMismatch, SourceError
+
+
+def _sorted(table: pa.Table) -> pa.Table:
+    return table.sort_by([(table.column_names[0], "ascending")])
+
+
+def test_parquet_ingest_scan_and_listing(cluster, particle_table, tmp_path):
+    path = tmp_path / "p.parquet"
+    pq.write_table(particle_table, path)
+    entry = cluster.ingest(path, "physics/parquet_particles", compression="zstd")
+    assert entry.rows == particle_table.num_rows
+    listed = {d["dataset"]: d for d in cluster.datasets()}["physics/parquet_particles"]
+    assert listed["rows"] == particle_table.num_rows
+    assert sum(v["rows"] for v in listed["devices"].values()) == particle_table.num_rows
+    assert len(listed["devices"]) == 3  # spread over every device
+    back = cluster.scan("physics/parquet_particles").read_all()
+    assert _sorted(back).equals(_sorted(particle_table))
+    cluster.drop("physics/parquet_particles")
+    assert "physics/parquet_particles" not in {d["dataset"] for d in cluster.datasets()}
+
+
+@pytest.mark.parametrize("kind", ["csv", "arrow", "table", "pandas"])
+def test_other_sources(cluster, kind, tmp_path):
+    table = pa.table({"k": pa.array(range(5000), pa.int64()),
+                      "name": [f"n{i}" for i in range(5000)],
+                      "v": [i * 0.5 for i in range(5000)]})
+    if kind == "csv":
+        source = tmp_path / "t.csv"
+        pacsv.write_csv(table, source)
+    elif kind == "arrow":
+        source = tmp_path / "t.arrow"
+        feather.write_feather(table, source)
+    elif kind == "table":
+        source = table
+    else:
+        source = table.to_pandas()
+    dataset = f"src/{kind}_table"
+    cluster.ingest(source, dataset)
+    back = cluster.scan(dataset).read_all()
+    assert _sorted(back).equals(_sorted(table))
+    cluster.drop(dataset)
+
+
+def test_replicas_place_each_partition_on_distinct_devices(cluster, particle_table):
+    entry = cluster.ingest(particle_table.slice(0, 50_000), "physics/replicated", replicas=2)
+    assert all(len(set(p.devices)) == 2 for p in entry.partitions)
+    assert cluster.scan("physics/replicated").read_all().num_rows == 50_000
+    cluster.drop("physics/replicated")
+
+
+def test_catalog_is_rebuilt_from_devices(cluster, particle_table):
+    import quarry
+
+    cluster.ingest(particle_table.slice(0, 1000), "physics/rebuild")
+    other = quarry.connect(cluster.cluster_file)  # a fresh coordinator: no state but the file
+    try:
+        assert other.describe("physics/rebuild")["rows"] == 1000
+        assert other.describe("physics/rebuild")["version"] == \
+            cluster.describe("physics/rebuild")["version"]
+    finally:
+        other.close()
+    cluster.drop("physics/rebuild")
+
+
+def test_custom_metadata_travels_with_the_dataset(cluster):
+    table = pa.table({"a": [1, 2, 3]})
+    cluster.ingest(table, "lab/meta", metadata={"lab": "Stuart", "assay": "10x"})
+    assert cluster.describe("lab/meta")["metadata"] == {"lab": "Stuart", "assay": "10x"}
+    cluster.drop("lab/meta")
+
+
+# ---- bad input -----------------------------------------------------------------------------------
+
+
+def test_missing_file(cluster, tmp_path):
+    with pytest.raises(SourceError, match="no file .*missing.parquet"):
+        cluster.ingest(tmp_path / "missing.parquet", "bad/missing")
+
+
+def test_unreadable_file(cluster, tmp_path):
+    import os
+
+    path = tmp_path / "secret.csv"
+    path.write_text("a,b\n1,2\n")
+    path.chmod(0)
+    try:
+        if os.access(path, os.R_OK):  # running as root: permission bits do not stop us
+            pytest.skip("root reads files regardless of permissions")
+        with pytest.raises(SourceError, match="permission denied"):
+            cluster.ingest(path, "bad/secret")
+    finally:
+        path.chmod(0o600)
+
+
+def test_malformed_file_leaves_nothing(cluster, tmp_path):
+    path = tmp_path / "broken.csv"
+    good = "".join(f"{i},{i * 2}\n" for i in range(200_000))
+    path.write_text("a,b\n" + good + "1,2,3,4\n" + good)
+    before = {n: c.stats()["keys"] for n, c in cluster.devices.items()}
+    with pytest.raises(SourceError, match="broken.csv"):
+        cluster.ingest(path, "bad/broken")
+    assert "bad/broken" not in {d["dataset"] for d in cluster.datasets()}
+    assert {n: c.stats()["keys"] for n, c in cluster.devices.items()} == before
+
+
+def test_not_parquet(cluster, tmp_path):
+    path = tmp_path / "fake.parquet"
+    path.write_text("this is not parquet")
+    with pytest.raises(SourceError, match="fake.parquet"):
+        cluster.ingest(path, "bad/fake")
+
+
+def test_existing_name_and_schema_mismatch(cluster):
+    cluster.ingest(pa.table({"a": [1, 2], "b": ["x", "y"]}), "bad/exists")
+    with pytest.raises(DatasetExists, match="already exists"):
+        cluster.ingest(pa.table({"a": [3]}), "bad/exists")
+    with pytest.raises(SchemaMismatch, match="column b: int64, expected string"):
+        cluster.ingest(pa.table({"a": [3], "b": [4]}), "bad/exists", mode="append")
+    cluster.ingest(pa.table({"a": [3], "b": ["z"]}), "bad/exists", mode="append")
+    assert cluster.describe("bad/exists")["rows"] == 3
+    cluster.drop("bad/exists")
+    with pytest.raises(DatasetNotFound, match="no dataset bad/exists"):
+        cluster.describe("bad/exists")
+
+
+def test_invalid_dataset_name(cluster):
+    with pytest.raises(ValueError, match="DOMAIN/NAME"):
+        cluster.ingest(pa.table({"a": [1]}), "nodomain")

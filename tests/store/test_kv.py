@@ -1,0 +1,80 @@
+import threading
+
+import pytest
+
+from quarry.errors import KeyNotFound, ValueTooLarge, VersionConflict
+from quarry.store.kv import KeyValueStore
+
+
+@pytest.fixture
+def store(tmp_path):
+    s = KeyValueStore(tmp_path / "kv", kv_bytes_max=1024)
+    yield s
+    s.close()
+
+
+def test_put_get_delete_versions(store):
+    assert store.put("a/1", b"x") == 1
+    assert store.put("a/1", b"y") == 2
+    assert store.get("a/1") == (b"y", 2)
+    assert store.delete("a/1")
+    with pytest.raises(KeyNotFound):
+        store.get("a/1")
+    assert store.version("a/1") == 0
+
+
+def test_list_by_prefix_in_key_order(store):
+    for key in ["b/2", "a/2", "a/1", "ab/1"]:
+        store.put(key, b"v")
+    assert store.list("a/") == ["a/1", "a/2"]
+    assert store.list("a") == ["a/1", "a/2", "ab/1"]
+    assert store.list("a/", limit=1) == ["a/1"]
+
+
+def test_compare_and_swap(store):
+    store.put("k", b"1", expected_version=0)
+    with pytest.raises(VersionConflict):
+        store.put("k", b"2", expected_version=0)  # must-not-exist fails: it exists
+    with pytest.raises(VersionConflict):
+        store.put("k", b"2", expected_version=5)
+    assert store.put("k", b"2", expected_version=1) == 2
+    assert store.get("k") == (b"2", 2)
+
+
+def test_transaction_is_all_or_nothing(store):
+    store.put("x", b"old")
+    with pytest.raises(VersionConflict):
+        with store.transaction() as txn:
+            txn.put("y", b"new")
+            txn.put("x", b"new", expected_version=99)
+    assert store.get("x") == (b"old", 1)
+    assert store.list("y") == []
+
+
+def test_value_over_limit_is_refused(store):
+    with pytest.raises(ValueTooLarge, match="1025 bytes.*limit of 1024"):
+        store.put("big", b"\0" * 1025)
+    assert store.list("big") == []
+
+
+def test_racing_writers_exactly_one_wins(store):
+    store.put("slice", b"v1")
+    results: list[str] = []
+    barrier = threading.Barrier(8)
+
+    def writer(i: int) -> None:
+        barrier.wait()
+        try:
+            store.put("slice", f"w{i}".encode(), expected_version=1)
+            results.append(f"w{i}")
+        except VersionConflict:
+            results.append("lost")
+
+    threads = [threading.Thread(target=writer, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    winners = [r for r in results if r != "lost"]
+    assert len(winners) == 1
+    assert store.get("slice") == (winners[0].encode(), 2)

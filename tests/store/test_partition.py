@@ -1,0 +1,109 @@
+import pyarrow as pa
+import pytest
+
+from quarry.errors import DatasetExists, VersionConflict
+from quarry.store import naming
+from quarry.store import partition as partitions
+from quarry.store.kv import KeyValueStore
+
+
+def _meta(schema, compression="none", partition=0, ingest_id="t1"):
+    return partitions.PartitionMeta(
+        domain="d", dataset="n", partition=partition,
+        ingest={"id": ingest_id, "first_partition": 0, "partitions": 1, "replicas": 1,
+                "mode": "create", "created_at": 0.0},
+        schema=schema, compression=compression, metadata={"lab": "x"},
+    )
+
+
+def _table(rows=10_000):
+    return pa.table({"id": pa.array(range(rows), pa.int64()),
+                     "v": pa.array([float(i % 97) for i in range(rows)]),
+                     "s": pa.array([f"s{i % 13}" if i % 11 else None for i in range(rows)])})
+
+
+@pytest.mark.parametrize("compression", ["none", "zstd", "lz4"])
+def test_write_commit_read_round_trip(tmp_path, compression):
+    store = KeyValueStore(tmp_path, kv_bytes_max=16 * 1024)
+    table = _table()
+    writer = partitions.PartitionWriter(store, _meta(table.schema, compression))
+    for batch in table.to_batches(max_chunksize=777):
+        writer.write(batch)
+    writer.finish()
+    assert partitions.inventory(store) == []  # pending: invisible
+    assert partitions.commit(store, "t1", "dev0") == [0]
+    meta = partitions.read_meta(store, "d", "n", 0)
+    assert meta.rows == 10_000 and len(meta.slices) > 3
+    assert all(s.bytes_stored <= 16 * 1024 * s.stripes for s in meta.slices)
+    back = pa.Table.from_batches(list(partitions.read_slices(store, meta)))
+    assert back.equals(table)
+    # zone maps describe each slice exactly
+    first = meta.slices[0].zone_map
+    assert first["id"]["min"] == 0 and first["id"]["max"] == meta.slices[0].rows - 1
+    assert first["s"]["null_count"] > 0
+    assert meta.metadata == {"lab": "x"}
+    keys = store.list("d/n/0000/")
+    assert keys[0] == "d/n/0000/00000000" and keys[-1] == "d/n/0000/meta"
+
+
+def test_large_slice_is_striped(tmp_path):
+    store = KeyValueStore(tmp_path, kv_bytes_max=4096)
+    wide = pa.table({"text": pa.array(["x" * 10_000])})  # one row larger than a key-value
+    writer = partitions.PartitionWriter(store, _meta(wide.schema))
+    writer.write(wide.to_batches()[0])
+    writer.finish()
+    partitions.commit(store, "t1", "dev0")
+    meta = partitions.read_meta(store, "d", "n", 0)
+    assert meta.slices[0].stripes >= 3
+    assert store.list("d/n/0000/00000000.")[:2] == ["d/n/0000/00000000.000",
+                                                   "d/n/0000/00000000.001"]
+    assert partitions.read_slice(store, meta, 0).column("text")[0].as_py() == "x" * 10_000
+
+
+def test_debris_of_unfinished_ingest_is_collected(tmp_path):
+    store = KeyValueStore(tmp_path, kv_bytes_max=16 * 1024)
+    before = store.count()
+    writer = partitions.PartitionWriter(store, _meta(_table().schema))
+    writer.write(_table().to_batches()[0])  # then "the process dies": no finish, no commit
+    assert store.count() > before
+    assert partitions.collect_debris(store) > 0
+    assert store.count() == before
+
+
+def test_second_writer_of_a_committed_partition_is_refused(tmp_path):
+    store = KeyValueStore(tmp_path, kv_bytes_max=16 * 1024)
+    table = _table(100)
+    w = partitions.PartitionWriter(store, _meta(table.schema))
+    w.write(table.to_batches()[0])
+    w.finish()
+    partitions.commit(store, "t1", "dev0")
+    with pytest.raises(DatasetExists):
+        partitions.PartitionWriter(store, _meta(table.schema, ingest_id="t2")).write(
+            table.to_batches()[0])
+
+
+def test_update_slice_compare_and_swap(tmp_path):
+    store = KeyValueStore(tmp_path, kv_bytes_max=16 * 1024)
+    table = _table(100)
+    w = partitions.PartitionWriter(store, _meta(table.schema))
+    w.write(table.to_batches()[0])
+    w.finish()
+    partitions.commit(store, "t1", "dev0")
+    new = table.slice(0, 10).to_batches()[0]
+    assert partitions.update_slice(store, "d", "n", 0, 0, new, expected_version=1) == 2
+    before = {k: store.get(k) for k in store.list("d/")}
+    with pytest.raises(VersionConflict):
+        partitions.update_slice(store, "d", "n", 0, 0, table.slice(0, 5).to_batches()[0], 1)
+    assert {k: store.get(k) for k in store.list("d/")} == before  # the loser changed nothing
+    meta = partitions.read_meta(store, "d", "n", 0)
+    assert meta.rows == 10 and meta.slices[0].version == 2
+
+
+def test_slice_names_follow_the_convention():
+    assert naming.slice_key("bio", "pbmc", 3, 12) == "bio/pbmc/0003/00000012"
+    assert naming.stripe_key("bio/pbmc/0003/00000012", 2) == "bio/pbmc/0003/00000012.002"
+    assert naming.meta_key("bio", "pbmc", 3) == "bio/pbmc/0003/meta"
+    with pytest.raises(ValueError, match="DOMAIN/NAME"):
+        naming.split_dataset("nodomain")
+    with pytest.raises(ValueError, match="invalid dataset name"):
+        naming.split_dataset("bio/bad-name")
