@@ -1,0 +1,38 @@
+"""Shared by the benchmarks: where results go, what machine made them."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import time
+from pathlib import Path
+from typing import Any
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def environment() -> dict[str, Any]:
+    import datafusion
+    import duckdb
+    import pyarrow
+
+    return {
+        "cores": os.cpu_count(), "python": platform.python_version(),
+        "machine": platform.machine(), "pyarrow": pyarrow.__version__,
+        "datafusion": datafusion.__version__, "duckdb": duckdb.__version__,
+        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+    }
+
+
+def write_json(name: str, payload: dict[str, Any]) -> Path:
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    path = RESULTS / f"{name}.json"
+    path.write_text(json.dumps({"benchmark": name, "environment": environment(), **payload},
+                               indent=2, default=str))
+    return path
+
+
+def png_path(name: str) -> Path:
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    return RESULTS / f"{name}.png"

@@ -1,0 +1,55 @@
+"""The command line as a user types it: up --detach, ingest, datasets --json, scan, down."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pyarrow.parquet as pq
+
+import quarry
+from quarry.samples import particles
+
+
+def _quarry(*args: str, cwd, check: bool = True) -> subprocess.CompletedProcess:
+    done = subprocess.run([sys.executable, "-m", "quarry", *args], cwd=cwd, capture_output=True,
+                          text=True, timeout=300, env={**os.environ, "COLUMNS": "200"})
+    if check:
+        assert done.returncode == 0, done.stderr + done.stdout
+    return done
+
+
+def test_up_ingest_datasets_scan_down(tmp_path):
+    path = tmp_path / "particles.parquet"
+    table = particles.table(1_000_000, seed=11)
+    pq.write_table(table, path)
+    _quarry("up", "--devices", "4", "--detach", cwd=tmp_path)
+    try:
+        status = json.loads(_quarry("status", "--json", cwd=tmp_path).stdout)
+        assert [row["up"] for row in status] == [True] * 4
+        _quarry("ingest", str(path), "--dataset", "physics/particles", "--compression", "lz4",
+                cwd=tmp_path)
+        listed = json.loads(_quarry("datasets", "--json", cwd=tmp_path).stdout)
+        (entry,) = listed
+        assert entry["dataset"] == "physics/particles" and entry["rows"] == 1_000_000
+        assert len(entry["devices"]) == 4
+        assert sum(d["partitions"] for d in entry["devices"].values()) == entry["partitions"]
+        assert sum(d["rows"] for d in entry["devices"].values()) == 1_000_000
+        with quarry.connect(tmp_path / ".quarry" / "cluster.json") as cluster:
+            back = cluster.scan("physics/particles").read_all().sort_by("id")
+        assert back.equals(pq.read_table(path).sort_by("id"))
+        again = _quarry("ingest", str(path), "--dataset", "physics/particles", cwd=tmp_path,
+                        check=False)
+        assert again.returncode == 2
+        assert "already exists" in again.stderr and "Traceback" not in again.stderr
+    finally:
+        _quarry("down", cwd=tmp_path)
+    gone = _quarry("status", cwd=tmp_path, check=False)
+    assert gone.returncode == 2 and "no cluster file" in gone.stderr
+
+
+def test_errors_are_one_clear_line(tmp_path):
+    done = _quarry("datasets", cwd=tmp_path, check=False)
+    assert done.returncode == 2
+    assert "no cluster file" in done.stderr and "quarry up" in done.stderr
+    assert "Traceback" not in done.stderr
