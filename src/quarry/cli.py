@@ -230,6 +230,110 @@ def drop(dataset: str, cluster: ClusterOption = None) -> None:
 
 
 @app.command()
+def sql(
+    query: Annotated[str, typer.Argument(help="SQL; tables are DOMAIN.NAME or the bare NAME")],
+    pushdown: Annotated[str, typer.Option(help="never, always or auto")] = "auto",
+    format: Annotated[str, typer.Option(help="table, json, csv or parquet")] = "table",
+    explain: Annotated[bool, typer.Option(help="show the cut: super-plan and sub-plans")] = False,
+    analyze: Annotated[bool, typer.Option(help="run it and show what each device did")] = False,
+    output: Annotated[Path | None, typer.Option(help="write the result here")] = None,
+    max_rows: Annotated[int, typer.Option(help="rows shown in table format")] = 50,
+    cluster: ClusterOption = None,
+) -> None:
+    """Run SQL on the cluster, pushing work down to the devices."""
+    import pyarrow.csv as pacsv
+    import pyarrow.parquet as pq
+
+    if format not in ("table", "json", "csv", "parquet"):
+        raise QuarryError(f"--format must be table, json, csv or parquet, not {format!r}")
+    if format == "parquet" and output is None:
+        raise QuarryError("--format parquet needs --output FILE")
+    c = open_cluster(cluster)
+    planned = c.query(query, pushdown)
+    result = None
+    if analyze or not explain:
+        result = planned.execute().read_all()
+    report = planned.explain(analyze) if (explain or analyze) else None
+    c.close()
+    if format == "json":
+        body: dict[str, Any] = {}
+        if result is not None:
+            body["result"] = result.to_pylist()
+        if report is not None:
+            body["explain"] = report
+        text = json.dumps(body, indent=2, default=str)
+        if output:
+            output.write_text(text)
+        else:
+            sys.stdout.write(text + "\n")
+        return
+    if report is not None:
+        _print_explain(report)
+    if result is None:
+        return
+    if format == "parquet":
+        pq.write_table(result, output)
+        console.print(f"wrote {result.num_rows:,} rows to {output}")
+    elif format == "csv":
+        if output:
+            pacsv.write_csv(result, output)
+        else:
+            sink = pa_buffer_stdout()
+            pacsv.write_csv(result, sink)
+    else:
+        _print_result(result, max_rows)
+
+
+def pa_buffer_stdout():  # noqa: ANN201 - a pyarrow output stream on stdout
+    import pyarrow as pa
+
+    return pa.PythonFile(sys.stdout.buffer, mode="w")
+
+
+def _print_result(result: Any, max_rows: int) -> None:
+    table = Table()
+    for name in result.column_names:
+        table.add_column(name)
+    for row in result.slice(0, max_rows).to_pylist():
+        table.add_row(*[_cell(v) for v in row.values()])
+    console.print(table)
+    more = f" (first {max_rows} shown)" if result.num_rows > max_rows else ""
+    console.print(f"{result.num_rows:,} rows{more}")
+
+
+def _cell(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    return "NULL" if value is None else str(value)
+
+
+def _print_explain(report: dict[str, Any]) -> None:
+    console.rule(f"plan (pushdown {report['pushdown']})")
+    console.print(report["plan"], highlight=False, markup=False)
+    analyzed = report.get("analyze")
+    if not analyzed:
+        return
+    table = Table(title="what each device did")
+    columns = ("device", "partitions", "pruned", "scanned", "executed", "pushed back",
+               "rows read", "bytes read", "bytes shipped", "device cpu s")
+    for column in columns:
+        table.add_column(column, justify="right")
+    for d in analyzed["devices"]:
+        table.add_row(d["device"], str(d["partitions"]), str(d["slices_pruned"]),
+                      str(d["slices_scanned"]), str(d["slices_executed"]),
+                      str(d["slices_pushed_back"]), f"{d['rows_read']:,}",
+                      human_bytes(d["bytes_read"]), human_bytes(d["bytes_shipped"]),
+                      f"{d['device_cpu_s']:.3f}")
+    console.print(table)
+    for d in analyzed["devices"]:
+        for fallback in d["fallbacks"]:
+            console.print(f"[yellow]{d['device']}[/yellow]: {fallback}")
+    console.print(f"host cpu {analyzed['host_cpu_s']:.3f} s, wall {analyzed['wall_s']:.3f} s, "
+                  f"{human_bytes(analyzed['bytes_shipped'])} shipped to the host, "
+                  f"{analyzed['rows']:,} result rows")
+
+
+@app.command()
 def demo(
     rows: Annotated[int, typer.Option(help="particles to generate")] = 4_000_000,
     devices: Annotated[int, typer.Option(help="device processes")] = 4,
@@ -239,6 +343,33 @@ def demo(
     from quarry.demo import run_demo
 
     run_demo(console, rows=rows, devices=devices, profile=profile)
+
+
+@app.command()
+def calibrate(cluster: ClusterOption = None, as_json: JsonOption = False) -> None:
+    """Measure every device's compute factor and bandwidths; store them with the cluster."""
+    c = open_cluster(cluster)
+    reports = c.calibrate()
+    c.close()
+    if as_json:
+        print_json(reports)
+        return
+    table = Table(title="calibration: expected (profile) vs measured")
+    for column in ("device", "profile", "compute factor", "internal read", "external link"):
+        table.add_column(column, justify="right")
+
+    def cell(entry: dict[str, Any], bandwidth: bool) -> str:
+        fmt = (lambda v: f"{v / 1e6:,.0f} MB/s") if bandwidth else (lambda v: f"{v:.2f}x")
+        expected = "unlimited" if entry["expected"] is None else fmt(entry["expected"])
+        mark = {True: "[green]ok[/green]", False: "[red]off[/red]", None: ""}[
+            entry["within_10_percent"]]
+        return f"{expected} / {fmt(entry['measured'])} {mark}"
+
+    for r in reports:
+        table.add_row(r["device"], r["profile"], cell(r["compute_factor"], False),
+                      cell(r["internal_bytes_per_s"], True),
+                      cell(r["external_bytes_per_s"], True))
+    console.print(table)
 
 
 # ---- device --------------------------------------------------------------------------------------
@@ -262,6 +393,20 @@ def device_serve(
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     serve(data, get_profile(profile, profiles), host, port, name, ready_file)
+
+
+@device_app.command("load")
+def device_load(
+    device: Annotated[str, typer.Option(help="device name, e.g. dev0")],
+    cpu: Annotated[float, typer.Option(help="fraction of the drive's CPU to keep busy, 0..0.99")],
+    seconds: Annotated[float, typer.Option(help="how long; the load stops by itself")] = 60.0,
+    cluster: ClusterOption = None,
+) -> None:
+    """Run a bounded background load on a device, to reproduce a busy drive."""
+    c = open_cluster(cluster)
+    result = c.load(device, cpu, seconds)
+    c.close()
+    console.print(f"{device}: background load {result['cpu']:.0%} for {result['seconds']:.0f} s")
 
 
 def _mount_optional() -> None:

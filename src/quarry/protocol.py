@@ -9,10 +9,15 @@ Transport is Arrow Flight. Control messages are Flight actions; data moves as Fl
     action   drop            -> delete a dataset's partitions from this device
     action   stats           -> key count, file bytes, pending partitions
     action   kv_get / kv_put / kv_delete / kv_list   -> the raw key-value namespace (Kinetic-style)
+    action   load / load_status -> start emulated background load; read the drive's load
+    action   calibrate       -> compute-kernel time and internal read bandwidth on the device
+    do_get   calibration     -> N bytes through the external link, for the host to time
     do_put   put_partition   -> stream one partition's rows; the device slices and stores them, pending
     do_put   update_slice    -> replace one slice, compare-and-swap on its version
     do_get   scan            -> stream a partition's slices raw (optionally a slice range and columns)
-    do_exchange query        -> run a Substrait sub-plan over a partition (query issue)
+    do_get   slices          -> slice ranges a device pushed back: raw columns or after the filter
+    do_exchange query        -> run a Substrait sub-plan over a partition; stream results, then
+                                the annotated sub-plan (decisions per slice range) and metrics
 
 Every request body is one frame: ``MAGIC`` + u32 length + JSON header + binary payload. The JSON
 header always carries ``protocol``; a device answers a different version with a clear error.
@@ -48,6 +53,9 @@ class Action(StrEnum):
     KV_PUT = "kv_put"
     KV_DELETE = "kv_delete"
     KV_LIST = "kv_list"
+    LOAD = "load"  # emulated background load on the drive, bounded in time
+    STATUS_LOAD = "load_status"  # the drive's CPU busy, run queue, background load
+    CALIBRATE = "calibrate"  # time the compute kernel and internal reads on the device
 
 
 class Put(StrEnum):
@@ -57,6 +65,8 @@ class Put(StrEnum):
 
 class Get(StrEnum):
     SCAN = "scan"
+    SLICES = "slices"  # pushed-back slice ranges, raw or after the filter stage
+    CALIBRATION = "calibration"  # a stream of N bytes through the external link
 
 
 class Exchange(StrEnum):

@@ -32,6 +32,7 @@ class Cluster:
         self.down: dict[str, str] = {}
         self.info: dict[str, dict[str, Any]] = {}
         self.catalog: dict[str, DatasetEntry] = {}
+        self.calibration_cache: dict[str, dict[str, Any]] = {}
         self.refresh()
 
     def __repr__(self) -> str:
@@ -197,6 +198,55 @@ class Cluster:
             f"no replica of partition {partition} of {entry.qualified} answers: "
             + "; ".join(errors)
         )
+
+    # ---- devices as drives --------------------------------------------------------------------
+
+    def calibrate(self) -> list[dict[str, Any]]:
+        """Measure each device's compute factor and bandwidths beside its profile's figures."""
+        from quarry.cost.calibrate import calibrate
+
+        reports = calibrate(self)
+        self.calibration_cache = {r["device"]: r for r in reports}
+        return reports
+
+    def load(self, device: str, cpu: float, seconds: float = 60.0) -> dict[str, Any]:
+        """Emulated background CPU load on one device, ending by itself after ``seconds``."""
+        from quarry.protocol import Action
+
+        return self.device(device).action_json(Action.LOAD, {"cpu": cpu, "seconds": seconds})
+
+    def device_load(self, device: str) -> dict[str, float]:
+        from quarry.protocol import Action
+
+        return self.device(device).action_json(Action.STATUS_LOAD)
+
+    # ---- queries ------------------------------------------------------------------------------
+
+    def query(self, sql: str, pushdown: str = "auto",
+              decisions: dict[tuple[str, int], list[dict[str, Any]]] | None = None) -> Any:
+        """A planned query (``quarry.coordinator.session.Query``): ``execute()``, ``explain()``.
+
+        ``decisions`` forces device decisions per (dataset, partition), e.g.
+        ``{("physics/particles", 0): [{"first": 0, "end": 3, "stage": "raw"}]}``.
+        """
+        from quarry.coordinator.session import Query
+
+        return Query(self, sql, pushdown, decisions)
+
+    def sql(self, sql: str, pushdown: str = "auto",
+            decisions: dict[tuple[str, int], list[dict[str, Any]]] | None = None
+            ) -> pa.RecordBatchReader:
+        """Run SQL; tables are named ``domain.dataset`` (or the bare name when unambiguous)."""
+        return self.query(sql, pushdown, decisions).execute()
+
+    def explain(self, sql: str, analyze: bool = False, pushdown: str = "auto",
+                decisions: dict[tuple[str, int], list[dict[str, Any]]] | None = None
+                ) -> dict[str, Any]:
+        """The cut (super-plan and sub-plans); with ``analyze``, what each device did."""
+        planned = self.query(sql, pushdown, decisions)
+        if analyze:
+            planned.execute().read_all()
+        return planned.explain(analyze)
 
     # ---- cluster file -------------------------------------------------------------------------
 

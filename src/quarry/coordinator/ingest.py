@@ -166,7 +166,7 @@ def _abort(by_id: dict[str, DeviceClient], devices: list[str], ingest_id: str,
     for writer, _ in streams.values():
         try:
             writer.close()
-        except Exception:  # noqa: BLE001, S110 - a broken stream; the abort below cleans up
+        except Exception:
             pass
     for device in devices:
         try:

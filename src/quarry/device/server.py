@@ -18,10 +18,12 @@ import pyarrow as pa
 from pyarrow import flight
 
 from quarry import protocol
+from quarry.device import calibration, query
 from quarry.device import identity as identity_file
+from quarry.device.emulation import Emulator
 from quarry.device.profile import Profile
 from quarry.errors import QuarryError
-from quarry.protocol import Action, Get, Put
+from quarry.protocol import Action, Exchange, Get, Put
 from quarry.store import naming
 from quarry.store import partition as partitions
 from quarry.store.kv import KeyValueStore
@@ -59,6 +61,7 @@ class DeviceServer(flight.FlightServerBase):
         self.identity = identity_file.load_or_create(self.data, name, profile.name)
         self.name = self.identity["name"]
         self.store = KeyValueStore(self.data / "kv", kv_bytes_max=profile.kv_bytes_max)
+        self.emulator = Emulator(profile)
         collected = partitions.collect_debris(self.store)
         if collected:
             log.warning("%s: collected %d key-values of unfinished ingests", self.name, collected)
@@ -95,6 +98,16 @@ class DeviceServer(flight.FlightServerBase):
                 "deleted": partitions.drop(self.store, h["domain"], h["dataset"])
             },
             Action.STATS: self._stats,
+            Action.LOAD: lambda h, p: {
+                **self.emulator.start_load(float(h["cpu"]), float(h.get("seconds", 60.0))),
+                "device": self.name,
+            },
+            Action.STATUS_LOAD: lambda h, p: self.emulator.load(),
+            Action.CALIBRATE: lambda h, p: {
+                "kernel_s": calibration.time_kernel(self.emulator),
+                "internal_bytes_per_s": calibration.time_internal_reads(self.store,
+                                                                        self.emulator),
+            },
             Action.KV_GET: self._kv_get,
             Action.KV_PUT: self._kv_put,
             Action.KV_DELETE: lambda h, p: {
@@ -177,9 +190,24 @@ class DeviceServer(flight.FlightServerBase):
                 "slices": len(written.slices), "bytes_stored": written.bytes_stored}
 
     @_flight_errors
+    def do_exchange(self, context: flight.ServerCallContext,
+                    descriptor: flight.FlightDescriptor, reader: flight.MetadataRecordBatchReader,
+                    writer: flight.MetadataRecordBatchWriter) -> None:
+        kind, header, payload = protocol.decode(descriptor.command)
+        if kind != Exchange.QUERY:
+            raise QuarryError(f"unknown exchange {kind!r}")
+        query.run_query(self.store, self.emulator, header, payload, writer)
+
+    @_flight_errors
     def do_get(self, context: flight.ServerCallContext,
                ticket: flight.Ticket) -> flight.FlightDataStream:
-        kind, header, _ = protocol.decode(ticket.ticket)
+        kind, header, payload = protocol.decode(ticket.ticket)
+        if kind == Get.CALIBRATION:
+            schema, batches = calibration.calibration_stream(self.emulator, int(header["bytes"]))
+            return flight.GeneratorStream(schema, batches)
+        if kind == Get.SLICES:
+            schema, batches = query.scan_stage(self.store, self.emulator, header, payload)
+            return flight.GeneratorStream(schema, batches)
         if kind != Get.SCAN:
             raise QuarryError(f"unknown ticket {kind!r}")
         meta = partitions.read_meta(self.store, header["domain"], header["dataset"],
@@ -187,8 +215,17 @@ class DeviceServer(flight.FlightServerBase):
         columns = header.get("columns")
         schema = meta.schema if columns is None else pa.schema([meta.schema.field(c) for c in columns])
         first, end = int(header.get("first", 0)), header.get("end")
-        batches = partitions.read_slices(self.store, meta, first, end, columns)
-        return flight.GeneratorStream(schema, batches)
+        return flight.GeneratorStream(schema, self._scan(meta, first, end, columns))
+
+    def _scan(self, meta: partitions.PartitionMeta, first: int, end: int | None,
+              columns: list[str] | None) -> Iterator[pa.RecordBatch]:
+        """Raw slices, through the profile's internal and external bandwidth limits."""
+        end = len(meta.slices) if end is None else min(int(end), len(meta.slices))
+        for number in range(first, end):
+            self.emulator.read(meta.slices[number].bytes_stored)
+            batch = partitions.read_slice(self.store, meta, number, columns)
+            self.emulator.ship(pa.ipc.get_record_batch_size(batch))
+            yield batch
 
 
 def serve(data: str | Path, profile: Profile, host: str = "127.0.0.1", port: int = 0,

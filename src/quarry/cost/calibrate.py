@@ -1,0 +1,89 @@
+"""``quarry calibrate``: measure every device's compute factor and bandwidths (CSDPLAN step 1).
+
+The report keeps what the profile says beside what was measured; the numbers are stored on each
+device (key ``~sys/calibration``) so any coordinator, and the cost model, can read them later.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import TYPE_CHECKING, Any
+
+from pyarrow import flight
+
+from quarry import protocol
+from quarry.device.calibration import time_kernel
+from quarry.protocol import Action, Get
+
+if TYPE_CHECKING:
+    from quarry.coordinator.client import DeviceClient
+    from quarry.coordinator.cluster import Cluster
+
+CALIBRATION_KEY = "~sys/calibration"
+EXTERNAL_BYTES = 256 << 20
+TOLERANCE = 0.10
+
+
+def _external_bytes_per_s(client: DeviceClient, total_bytes: int) -> float:
+    ticket = flight.Ticket(protocol.encode(Get.CALIBRATION, {"bytes": total_bytes}))
+    reader = client.guard(lambda: client._client.do_get(ticket, client._options()))
+    received = 0
+    started = time.perf_counter()
+    for chunk in client.guard(lambda: list(reader)):
+        received += chunk.data.get_total_buffer_size()
+    elapsed = time.perf_counter() - started
+    return received / elapsed
+
+
+def _within(expected: float | None, measured: float) -> bool | None:
+    if expected is None:
+        return None
+    return abs(measured - expected) <= TOLERANCE * expected
+
+
+def calibrate_device(client: DeviceClient, host_kernel_s: float) -> dict[str, Any]:
+    info = client.hello()
+    profile = info["profile"]
+    device = client.action_json(Action.CALIBRATE, timeout_s=600)
+    # The host's time is taken around the device's, best of both, so a passing load on the
+    # machine does not masquerade as a faster or slower drive.
+    host_kernel_s = min(host_kernel_s, time_kernel(None))
+    # Warm the link once, then time a transfer large enough to swamp the bucket's burst.
+    _external_bytes_per_s(client, 4 << 20)
+    external = _external_bytes_per_s(client, EXTERNAL_BYTES)
+    report = {
+        "device": client.name, "profile": profile["name"],
+        "compute_factor": {"expected": profile["compute_factor"],
+                           "measured": device["kernel_s"] / host_kernel_s},
+        "internal_bytes_per_s": {"expected": profile["internal_bytes_per_s"],
+                                 "measured": device["internal_bytes_per_s"]},
+        "external_bytes_per_s": {"expected": profile["external_bytes_per_s"],
+                                 "measured": external},
+        "host_kernel_s": host_kernel_s, "device_kernel_s": device["kernel_s"],
+        "measured_at": time.time(),
+    }
+    for key in ("compute_factor", "internal_bytes_per_s", "external_bytes_per_s"):
+        report[key]["within_10_percent"] = _within(report[key]["expected"],
+                                                  report[key]["measured"])
+    client.kv_put(CALIBRATION_KEY, json.dumps(report).encode())
+    return report
+
+
+def calibrate(cluster: Cluster) -> list[dict[str, Any]]:
+    """One report per device; devices are measured one at a time so they do not disturb each
+    other's numbers."""
+    host_kernel_s = time_kernel(None)
+    reports = [calibrate_device(client, host_kernel_s) for client in cluster.live_devices()]
+    return reports
+
+
+def stored(client: DeviceClient) -> dict[str, Any] | None:
+    """The last calibration stored on a device, if any."""
+    from quarry.errors import KeyNotFound
+
+    try:
+        value, _ = client.kv_get(CALIBRATION_KEY)
+    except KeyNotFound:
+        return None
+    return json.loads(value)

@@ -1,0 +1,93 @@
+"""Feeding the cost model: sample a slice on the host, read calibration and load from devices."""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+
+from quarry.cost.model import DeviceFigures, SubPlanFigures
+
+if TYPE_CHECKING:
+    from quarry.coordinator.catalog import DatasetEntry
+    from quarry.coordinator.cluster import Cluster
+    from quarry.plan.decompose import Fragment
+
+SAMPLE_REPEAT = 2
+
+
+def _ipc_bytes(batches: list[pa.RecordBatch]) -> int:
+    return sum(pa.ipc.get_record_batch_size(b) for b in batches)
+
+
+def sample_subplan(cluster: Cluster, fragment: Fragment, entry: DatasetEntry) -> SubPlanFigures:
+    """Run the fragment's stages on one real slice on the host, timing them (ActivePy's
+    sampling phase, one slice instead of four scaled inputs: a slice is already small)."""
+    from quarry.plan.stage import run_stage
+
+    partition = max(entry.partitions, key=lambda p: p.rows)
+    device = next(cluster.devices[d] for d in partition.devices if d not in cluster.down)
+    reader = device.scan(entry.domain, entry.name, partition.partition, first=0, end=1)
+    batches = device.guard(lambda: [c.data for c in reader])
+    stored_bytes = max(1, partition.bytes_stored // max(partition.slices, 1))
+
+    def timed(stage: str) -> tuple[float, list[pa.RecordBatch]]:
+        best, out = float("inf"), []
+        for _ in range(SAMPLE_REPEAT):
+            started = time.perf_counter()
+            out = list(run_stage(fragment.stages[stage], entry.schema, batches))
+            best = min(best, time.perf_counter() - started)
+        return best, out
+
+    full_s, full_out = timed("full")
+    filter_s, filter_out = timed("filter")
+    raw_bytes = _ipc_bytes([b.select(fragment.raw_schema.names) for b in batches])
+    return SubPlanFigures(
+        full_s_per_byte=full_s / stored_bytes, filter_s_per_byte=filter_s / stored_bytes,
+        raw_ratio=raw_bytes / stored_bytes, filter_ratio=_ipc_bytes(filter_out) / stored_bytes,
+        output_ratio=_ipc_bytes(full_out) / stored_bytes,
+    )
+
+
+def device_figures(cluster: Cluster, entry: DatasetEntry,
+                   stored: dict[str, int]) -> list[DeviceFigures]:
+    """Calibrated figures where a calibration was stored, the profile's otherwise."""
+    from quarry.cost.calibrate import stored as stored_calibration
+    from quarry.protocol import Action
+
+    figures = []
+    partitions: dict[str, int] = {}
+    for p in entry.partitions:
+        partitions[p.devices[0]] = partitions.get(p.devices[0], 0) + 1
+    for name, stored_bytes in sorted(stored.items()):
+        client = cluster.devices[name]
+        profile = cluster.info[name]["profile"]
+        calibration: dict[str, Any] = cluster.calibration_cache.get(name) or {}
+        if name not in cluster.calibration_cache:
+            calibration = stored_calibration(client) or {}
+            cluster.calibration_cache[name] = calibration
+
+        def measured(key: str, default: Any, calibration: dict[str, Any] = calibration) -> Any:
+            entry_ = calibration.get(key)
+            return entry_["measured"] if entry_ else default
+
+        load = client.action_json(Action.STATUS_LOAD)
+        figures.append(DeviceFigures(
+            name=name, stored_bytes=stored_bytes, partitions=partitions.get(name, 1),
+            compute_factor=measured("compute_factor", profile["compute_factor"]),
+            cores=profile["cores"],
+            internal_bytes_per_s=measured("internal_bytes_per_s",
+                                          profile["internal_bytes_per_s"])
+            if profile["internal_bytes_per_s"] else None,
+            external_bytes_per_s=measured("external_bytes_per_s",
+                                          profile["external_bytes_per_s"])
+            if profile["external_bytes_per_s"] else None,
+            cpu_busy=load["cpu_busy"],
+        ))
+    return figures
+
+
+def host_cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1

@@ -1,0 +1,110 @@
+"""The one cost model (DESIGN §4): ActivePy Eq. 1 per sub-plan, over the devices of a scan.
+
+    push down when   DS_raw / BW + CT_host   >   CT_device + DS_processed / BW       (Eq. 1)
+
+For a scan spread over devices the times are per device, in parallel, and the host's share is
+whatever it must finish itself. Three cuts are compared for each fragment: ``full`` (the whole
+sub-plan on the devices), ``filter`` (devices filter, the host does the rest) and ``raw``
+(devices ship the needed columns; the host does everything). The same numbers go to each
+device so its run-time controller can check them against what it measures.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+LINK_BYTES_PER_S_DEFAULT = 2.0e9  # loopback Flight on a small machine, when nothing is measured
+CUTS = ("full", "filter", "raw")
+
+
+@dataclass
+class DeviceFigures:
+    """A device as the model sees it: calibrated (or profile) figures and its current load."""
+
+    name: str
+    stored_bytes: int  # bytes of the scan's slices on this device (after zone-map pruning)
+    partitions: int
+    compute_factor: float
+    cores: int | None
+    internal_bytes_per_s: float | None
+    external_bytes_per_s: float | None
+    cpu_busy: float = 0.0  # 0..1
+
+    @property
+    def link_bytes_per_s(self) -> float:
+        return self.external_bytes_per_s or LINK_BYTES_PER_S_DEFAULT
+
+
+@dataclass
+class SubPlanFigures:
+    """What sampling a slice on the host taught us about one fragment."""
+
+    full_s_per_byte: float  # host seconds per stored byte for the whole sub-plan
+    filter_s_per_byte: float  # host seconds per stored byte for scan + filter
+    raw_ratio: float  # raw bytes shipped (needed columns) per stored byte
+    filter_ratio: float  # bytes left after the filter per stored byte
+    output_ratio: float  # full sub-plan output bytes per stored byte
+
+
+@dataclass
+class Estimate:
+    cut: str
+    seconds: float
+    per_device_s: dict[str, float] = field(default_factory=dict)
+    host_s: float = 0.0
+
+
+@dataclass
+class Choice:
+    cut: str
+    estimates: dict[str, Estimate]
+    figures: SubPlanFigures
+
+    def to_json(self) -> dict[str, Any]:
+        return {"cut": self.cut, "figures": asdict(self.figures),
+                "estimates_s": {c: round(e.seconds, 6) for c, e in self.estimates.items()}}
+
+
+def _device_compute_s(d: DeviceFigures, host_s_per_byte: float) -> float:
+    parallel = max(1, min(d.cores or 1, d.partitions))
+    share = max(1e-3, 1.0 - d.cpu_busy)
+    return d.stored_bytes * host_s_per_byte * d.compute_factor / share / parallel
+
+
+def estimate(cut: str, devices: list[DeviceFigures], f: SubPlanFigures,
+             host_cores: int) -> Estimate:
+    """Wall seconds of one cut: the slowest device, or the host's own work if that is longer."""
+    assert cut in CUTS, cut
+    per_device: dict[str, float] = {}
+    total_bytes = sum(d.stored_bytes for d in devices)
+    for d in devices:
+        read_s = d.stored_bytes / d.internal_bytes_per_s if d.internal_bytes_per_s else 0.0
+        if cut == "full":
+            work_s = _device_compute_s(d, f.full_s_per_byte)
+            ship_s = d.stored_bytes * f.output_ratio / d.link_bytes_per_s
+        elif cut == "filter":
+            work_s = _device_compute_s(d, f.filter_s_per_byte)
+            ship_s = d.stored_bytes * f.filter_ratio / d.link_bytes_per_s
+        else:
+            work_s = 0.0
+            ship_s = d.stored_bytes * f.raw_ratio / d.link_bytes_per_s
+        # reading, computing and shipping overlap slice by slice; the slowest stage paces it
+        per_device[d.name] = max(read_s, work_s + ship_s)
+    cores = max(1, host_cores)
+    if cut == "full":
+        host_s = 0.0
+    elif cut == "filter":
+        remaining = max(f.full_s_per_byte - f.filter_s_per_byte, 0.0)
+        host_s = total_bytes * remaining * f.filter_ratio / max(f.raw_ratio, 1e-9) / cores
+    else:
+        host_s = total_bytes * f.full_s_per_byte / cores
+    slowest = max(per_device.values(), default=0.0)
+    return Estimate(cut, max(slowest, host_s), per_device, host_s)
+
+
+def choose(devices: list[DeviceFigures], f: SubPlanFigures, host_cores: int,
+           allowed: tuple[str, ...] = CUTS) -> Choice:
+    estimates = {cut: estimate(cut, devices, f, host_cores) for cut in allowed}
+    best = min(estimates, key=lambda c: (estimates[c].seconds, CUTS.index(c)))
+    return Choice(best, estimates, f)

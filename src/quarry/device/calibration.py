@@ -1,0 +1,85 @@
+"""Micro-benchmarks a device runs for ``quarry calibrate`` (CSDPLAN step 1).
+
+The same compute kernel runs on the host (no emulation) and inside a device slot (with it); the
+ratio of their times is the measured compute factor. Internal bandwidth is timed reading
+key-values from the device's own store; external bandwidth is timed by the host receiving a
+stream (``calibration_stream``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import numpy as np
+import pyarrow as pa
+
+from quarry.device.emulation import Emulator
+from quarry.store.kv import KeyValueStore
+
+KERNEL_ELEMENTS = 1 << 22
+KERNEL_REPEAT = 5
+INTERNAL_BYTES = 128 << 20
+EXTERNAL_BATCH_ROWS = 1 << 19  # 4 MiB of float64 per batch
+CALIBRATION_PREFIX = "~calibration/"
+
+
+def compute_kernel() -> float:
+    """A fixed, single-threaded CPU workload; returns its checksum (so nothing is skipped)."""
+    generator = np.random.default_rng(1234)
+    values = generator.random(KERNEL_ELEMENTS)
+    return float(np.sort(values)[:: 1 << 10].sum())
+
+
+def time_kernel(emulator: Emulator | None = None) -> float:
+    """Best of a few runs, seconds; on a device the run holds a slot and is stretched."""
+    best = float("inf")
+    compute_kernel()  # warm-up: allocator, caches
+    for _ in range(KERNEL_REPEAT):
+        started = time.perf_counter()
+        if emulator is None:
+            compute_kernel()
+        else:
+            with emulator.slot():
+                work_started = time.perf_counter()
+                compute_kernel()
+                emulator.stretch(time.perf_counter() - work_started)
+        best = min(best, time.perf_counter() - started)
+    return best
+
+
+def time_internal_reads(store: KeyValueStore, emulator: Emulator) -> float:
+    """Bytes per second reading key-values off the store through the internal link."""
+    value_bytes = min(store.kv_bytes_max, 1 << 20)
+    count = INTERNAL_BYTES // value_bytes
+    keys = [f"{CALIBRATION_PREFIX}{i:06d}" for i in range(count)]
+    payload = np.random.default_rng(5).bytes(value_bytes)
+    with store.transaction() as txn:
+        for key in keys:
+            txn.put(key, payload)
+    try:
+        store.get_many(keys[:4])  # warm the page cache path once
+        started = time.perf_counter()
+        total = 0
+        for key in keys:
+            emulator.read(value_bytes)
+            total += len(store.get(key)[0])
+        elapsed = time.perf_counter() - started
+    finally:
+        store.delete_prefix(CALIBRATION_PREFIX)
+    return total / elapsed
+
+
+def calibration_stream(emulator: Emulator, total_bytes: int) -> tuple[pa.Schema, Iterator]:
+    """Record batches of ``total_bytes`` sent through the external link (the host times it)."""
+    schema = pa.schema([("v", pa.float64())])
+    batch = pa.record_batch([pa.array(np.zeros(EXTERNAL_BATCH_ROWS))], schema=schema)
+    size = pa.ipc.get_record_batch_size(batch)
+    count = max(1, total_bytes // size)
+
+    def batches() -> Iterator[pa.RecordBatch]:
+        for _ in range(count):
+            emulator.ship(size)
+            yield batch
+
+    return schema, batches()

@@ -1,0 +1,175 @@
+"""The device's run-time decisions: for each range of slices, how much of the sub-plan to run.
+
+Stages, from most to least work on the device (the host completes whatever is left):
+    full    the whole sub-plan; results stream back
+    filter  scan + filter only; the host fetches the filtered rows and runs the rest
+    raw     nothing; the host fetches the slices as stored (push back)
+
+Every decision is recorded with its slice range and reason; the sequence of them is the
+annotated sub-plan the device returns (Skytether §4: annotations, quality-of-service hints).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+STAGES = ("full", "filter", "raw")
+
+
+@dataclass
+class Decision:
+    first: int  # slice numbers [first, end)
+    end: int
+    stage: str
+    reason: str
+    retry_after_s: float | None = None
+
+    def __post_init__(self) -> None:
+        assert self.stage in (*STAGES, "pruned"), self.stage
+        assert 0 <= self.first <= self.end, (self.first, self.end)
+
+
+@dataclass
+class Annotation:
+    """What a device did with a sub-plan, slice range by slice range."""
+
+    decisions: list[Decision] = field(default_factory=list)
+
+    def record(self, decision: Decision) -> None:
+        last = self.decisions[-1] if self.decisions else None
+        if (last is not None and last.end == decision.first and last.stage == decision.stage
+                and last.reason == decision.reason):
+            last.end = decision.end  # one entry per run of equal decisions
+        else:
+            self.decisions.append(decision)
+
+    def slices(self, stage: str) -> int:
+        return sum(d.end - d.first for d in self.decisions if d.stage == stage)
+
+    def to_json(self) -> list[dict[str, Any]]:
+        return [asdict(d) for d in self.decisions]
+
+
+class ForcedDecisions:
+    """Decisions dictated by the request (tests and experiments force push-back this way)."""
+
+    def __init__(self, forced: list[dict[str, Any]]):
+        self.forced = [(int(f["first"]), int(f["end"]), f["stage"]) for f in forced]
+        for _, _, stage in self.forced:
+            assert stage in STAGES, stage
+
+    def stage_for(self, number: int) -> str | None:
+        for first, end, stage in self.forced:
+            if first <= number < end:
+                return stage
+        return None
+
+
+@dataclass
+class Policy:
+    """Thresholds of the real-time decision (documented in docs/adaptive.md)."""
+
+    warmup_slices: int = 2  # first measurements ignored: plan setup and cold caches (Exp 2)
+    sample_slices: int = 2  # measured slices needed before the first decision
+    window: int = 8  # recent measurements the decision looks at (median)
+    probe_every: int = 16  # while pushing back, execute one chunk this often to re-measure
+    hysteresis: float = 0.10  # switch only when the other choice is this much cheaper
+    retry_after_s: float = 1.0  # QoS hint: when the host may try pushing down again
+
+    @classmethod
+    def from_json(cls, body: dict[str, Any] | None) -> Policy:
+        fields = cls.__dataclass_fields__
+        return cls(**{k: v for k, v in (body or {}).items() if k in fields})
+
+
+@dataclass
+class HostCost:
+    """What the host told the device about doing the work itself (ActivePy Eq. 1 inputs)."""
+
+    full_s_per_byte: float  # host CPU seconds per stored byte to run the whole sub-plan
+    raw_ratio: float  # bytes shipped raw per stored byte (the needed columns)
+    filter_ratio: float  # bytes shipped after the filter per stored byte
+    link_bytes_per_s: float  # device -> host
+    host_share: float  # fraction of the host this device's completion work may count on
+    start: str = "full"  # the cut the host chose; the device starts there
+
+    @classmethod
+    def from_json(cls, body: dict[str, Any] | None) -> HostCost | None:
+        if not body:
+            return None
+        return cls(**{k: body[k] for k in cls.__dataclass_fields__ if k in body})
+
+
+class Adaptive:
+    """Decide per slice range between running the sub-plan and pushing back (Skytether §5.3).
+
+    Execute the first slices, ignore the warm-up outliers, then compare the measured cost per
+    stored byte on this device with the host's: Eq. 1 of ActivePy,
+    push down when  DS_raw/BW + CT_host  >  CT_device + DS_processed/BW.
+    While pushing back, probe now and then so a drive whose load fell takes the work back.
+    """
+
+    def __init__(self, policy: Policy, host: HostCost, load: Any):
+        self.policy = policy
+        self.host = host
+        self.load = load  # callable -> {"cpu_busy", "run_queue", "background_load"}
+        self.samples: list[tuple[float, float]] = []  # (device s per byte, output bytes per byte)
+        self.seen = 0
+        self.current = host.start if host.start in STAGES else "full"
+        self.since_probe = 0
+        self.reason = "the host's cut"
+
+    def observe(self, stage: str, stored_bytes: int, output_bytes: int, seconds: float) -> None:
+        if stage != "full" or stored_bytes <= 0:
+            return
+        self.seen += 1
+        if self.seen <= self.policy.warmup_slices:
+            return  # warm-up outlier (Skytether Exp 2): never let it drive a decision
+        self.samples.append((seconds / stored_bytes, output_bytes / stored_bytes))
+        self.samples = self.samples[-self.policy.window:]
+
+    def costs(self) -> dict[str, float] | None:
+        """Seconds per stored byte of each choice, from the recent measurements."""
+        if len(self.samples) < self.policy.sample_slices:
+            return None
+        device_s = sorted(s for s, _ in self.samples)[len(self.samples) // 2]
+        out_ratio = sorted(o for _, o in self.samples)[len(self.samples) // 2]
+        bw = self.host.link_bytes_per_s
+        host_s = self.host.full_s_per_byte / max(self.host.host_share, 1e-6)
+        return {
+            "full": device_s + out_ratio / bw,
+            "raw": self.host.raw_ratio / bw + host_s,
+            # the filter runs on the device at about the full sub-plan's cost when the filter
+            # dominates; the host then aggregates only what passed
+            "filter": device_s + self.host.filter_ratio / bw
+            + host_s * self.host.filter_ratio / max(self.host.raw_ratio, 1e-9),
+        }
+
+    def stage_for(self, number: int) -> tuple[str, str, float | None]:
+        """(stage, reason, retry_after_s) for the next slice."""
+        if self.seen < self.policy.warmup_slices + self.policy.sample_slices:
+            return "full", "measuring the first slices", None
+        if self.current != "full":
+            self.since_probe += 1
+            if self.since_probe >= self.policy.probe_every:
+                self.since_probe = 0
+                return "full", "probing: has the device's cost changed?", None
+        costs = self.costs()
+        if costs is None:
+            return self.current, self.reason, None
+        best = min(costs, key=costs.__getitem__)
+        if best != self.current and costs[best] * (1 + self.policy.hysteresis) < \
+                costs[self.current]:
+            load = self.load()
+            self.current = best
+            self.reason = (
+                f"{best}: {costs[best] * 1e9:.2f} ns/B vs {self._others(costs, best)} "
+                f"(device busy {load['cpu_busy']:.0%}, run queue {load['run_queue']:.0f})"
+            )
+        retry = self.policy.retry_after_s if self.current != "full" else None
+        return self.current, self.reason, retry
+
+    @staticmethod
+    def _others(costs: dict[str, float], best: str) -> str:
+        return ", ".join(f"{k} {v * 1e9:.2f} ns/B" for k, v in costs.items() if k != best)
