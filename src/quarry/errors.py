@@ -89,11 +89,12 @@ class PlanNotSupported(QuarryError):
     code = "plan_not_supported"
 
 
-ERRORS_BY_CODE: dict[str, type[QuarryError]] = {
-    cls.code: cls
-    for cls in (
-        QuarryError, InvalidName, DatasetExists, DatasetNotFound, SchemaMismatch, SourceError,
-        ValueTooLarge, VersionConflict, KeyNotFound, UnknownProfile, DeviceUnavailable,
-        ProtocolMismatch, IngestFailed, ClusterError, QueryError, PlanNotSupported,
-    )
-}
+def error_class(code: str) -> type[QuarryError]:
+    """The QuarryError subclass with this wire code (subclasses defined anywhere count)."""
+    pending: list[type[QuarryError]] = [QuarryError]
+    while pending:
+        cls = pending.pop()
+        if cls.code == code:
+            return cls
+        pending.extend(cls.__subclasses__())
+    return QuarryError

@@ -12,6 +12,8 @@ Transport is Arrow Flight. Control messages are Flight actions; data moves as Fl
     action   load / load_status -> start emulated background load; read the drive's load
     action   calibrate       -> compute-kernel time and internal read bandwidth on the device
     do_get   calibration     -> N bytes through the external link, for the host to time
+    do_exchange program      -> run a built-in device program by name; stream its batches, then
+                                a JSON summary (bytes read and shipped, device CPU seconds)
     do_put   put_partition   -> stream one partition's rows; the device slices and stores them, pending
     do_put   update_slice    -> replace one slice, compare-and-swap on its version
     do_get   scan            -> stream a partition's slices raw (optionally a slice range and columns)
@@ -33,7 +35,7 @@ import struct
 from enum import StrEnum
 from typing import Any
 
-from quarry.errors import ERRORS_BY_CODE, ProtocolMismatch, QuarryError
+from quarry.errors import ProtocolMismatch, QuarryError, error_class
 
 PROTOCOL_VERSION = 1
 MAGIC = b"QRY"
@@ -71,6 +73,7 @@ class Get(StrEnum):
 
 class Exchange(StrEnum):
     QUERY = "query"
+    PROGRAM = "program"  # a built-in device program, by name (Kinetic exec)
 
 
 def encode(kind: str, header: dict[str, Any] | None = None, payload: bytes = b"") -> bytes:
@@ -124,5 +127,5 @@ def decode_error(text: str) -> QuarryError | None:
     match = _ERROR.search(text)
     if match is None:
         return None
-    cls = ERRORS_BY_CODE.get(match.group(1), QuarryError)
+    cls = error_class(match.group(1))
     return cls(match.group(2))

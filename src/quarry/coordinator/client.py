@@ -10,7 +10,7 @@ from pyarrow import flight
 
 from quarry import protocol
 from quarry.errors import DeviceUnavailable, QuarryError
-from quarry.protocol import Action, Get, Put
+from quarry.protocol import Action, Exchange, Get, Put
 
 CONNECT_TIMEOUT_S = 5.0
 CALL_TIMEOUT_S = 120.0
@@ -129,6 +129,27 @@ class DeviceClient:
             return self._client.do_get(ticket, self._options())
         except (flight.FlightError, OSError) as error:
             raise self.translate(error) from None
+
+    def program(self, name: str, header: dict[str, Any] | None = None, payload: bytes = b""
+                ) -> tuple[pa.Table, dict[str, Any]]:
+        """Run a built-in device program; returns its output and its summary."""
+        descriptor = flight.FlightDescriptor.for_command(
+            protocol.encode(Exchange.PROGRAM, {"program": name, **(header or {})}, payload))
+        writer, reader = self.guard(lambda: self._client.do_exchange(descriptor, self._options()))
+        self.guard(writer.done_writing)
+        batches: list[pa.RecordBatch] = []
+        summary: dict[str, Any] = {}
+        while True:
+            try:
+                chunk = self.guard(reader.read_chunk)
+            except StopIteration:
+                break
+            if chunk.data is not None and chunk.data.num_rows:
+                batches.append(chunk.data)
+            if chunk.app_metadata is not None:
+                summary = protocol.decode_json(chunk.app_metadata.to_pybytes()).get("summary", {})
+        self.guard(writer.close)
+        return pa.Table.from_batches(batches, schema=reader.schema), summary
 
     def guard(self, call: Callable[[], Any]) -> Any:
         """Run a call on this device's streams, translating Flight errors."""

@@ -73,6 +73,11 @@ def ingest(cluster: Cluster, source: Any, dataset: str, *, replicas: int = 1,
         )
 
     partition_count = partitions or PARTITIONS_PER_DEVICE * len(devices)
+    if partitions is None and opened.rows_total is not None and opened.bytes_total is not None:
+        # A small table fills few row groups: give it as many partitions as it can fill, but
+        # still one per device so every device can take part in scanning it.
+        groups = -(-opened.bytes_total // ROW_GROUP_BYTES)
+        partition_count = min(partition_count, max(len(devices), groups))
     first = 0 if existing is None else max(p.partition for p in existing.partitions) + 1
     if first + partition_count > naming.PARTITIONS_MAX:
         raise IngestFailed(f"{domain}/{name} would exceed {naming.PARTITIONS_MAX} partitions")

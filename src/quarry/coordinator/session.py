@@ -154,7 +154,7 @@ class Query:
 
             raise DeviceUnavailable(_unavailable_message(entry))
         results: queue.Queue = queue.Queue()
-        partitions = entry.partitions
+        partitions = [p for p in entry.partitions if p.rows]  # an empty partition has no slices
         pool = ThreadPoolExecutor(
             max_workers=max(1, WORKERS_PER_DEVICE * len(self.cluster.live_devices())),
             thread_name_prefix=f"quarry-{fragment.name}")

@@ -18,7 +18,7 @@ import pyarrow as pa
 from pyarrow import flight
 
 from quarry import protocol
-from quarry.device import calibration, query
+from quarry.device import calibration, programs, query
 from quarry.device import identity as identity_file
 from quarry.device.emulation import Emulator
 from quarry.device.profile import Profile
@@ -194,9 +194,30 @@ class DeviceServer(flight.FlightServerBase):
                     descriptor: flight.FlightDescriptor, reader: flight.MetadataRecordBatchReader,
                     writer: flight.MetadataRecordBatchWriter) -> None:
         kind, header, payload = protocol.decode(descriptor.command)
-        if kind != Exchange.QUERY:
+        if kind == Exchange.QUERY:
+            query.run_query(self.store, self.emulator, header, payload, writer)
+        elif kind == Exchange.PROGRAM:
+            self._run_program(header, payload, writer)
+        else:
             raise QuarryError(f"unknown exchange {kind!r}")
-        query.run_query(self.store, self.emulator, header, payload, writer)
+
+    def _run_program(self, header: dict[str, Any], payload: bytes,
+                     writer: flight.MetadataRecordBatchWriter) -> None:
+        started, cpu_started = time.perf_counter(), query.cpu_seconds()
+        context = programs.ProgramContext(self.store, self.emulator, self.name)
+        result = programs.lookup(header["program"])(context, header, payload)
+        writer.begin(result.schema)
+        bytes_shipped = 0
+        for batch in result.batches:
+            size = pa.ipc.get_record_batch_size(batch)
+            self.emulator.ship(size)
+            bytes_shipped += size
+            writer.write_batch(batch)
+        summary = {**result.summary, "device": self.name, "bytes_read": context.bytes_read,
+                   "rows_read": context.rows_read, "bytes_shipped": bytes_shipped,
+                   "device_cpu_s": query.cpu_seconds() - cpu_started,
+                   "wall_s": time.perf_counter() - started}
+        writer.write_metadata(pa.py_buffer(protocol.encode_json({"summary": summary})))
 
     @_flight_errors
     def do_get(self, context: flight.ServerCallContext,

@@ -1,0 +1,178 @@
+"""The four analysis kernels of CSDPLAN §4 (Count, Vector Addition, Array Merge, Page Rank).
+
+``run_kernel`` times the two halves the model needs separately: bringing the working set into
+memory as numpy arrays (``transfer_s``) and computing on it with 1..n threads (``compute_s``).
+It knows nothing of networking: a device runs it by name from ``KERNELS`` and adds its own
+store-read time to ``transfer_s`` if it reads before calling.
+
+Threads split the data into contiguous ranges; numpy releases the GIL inside these loops, so
+the ranges run in parallel. (Page Rank's matrix-vector product may also use BLAS threads.)
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+
+from quarry.capacity.kernel_data import KernelData, KernelInputError, materialize
+
+THREADS_MAX = 256
+PAGERANK_ITERATIONS_MAX = 1000
+
+Kernel = Callable[[Mapping[str, np.ndarray], int, Mapping[str, Any]], Any]
+
+
+def _ranges(length: int, threads: int) -> list[slice]:
+    bounds = np.linspace(0, length, min(threads, max(length, 1)) + 1).astype(np.int64)
+    return [slice(int(lo), int(hi)) for lo, hi in zip(bounds[:-1], bounds[1:], strict=True)]
+
+
+def _map(function: Callable[[Any], Any], parts: Sequence[Any], threads: int) -> list[Any]:
+    if threads == 1 or len(parts) == 1:
+        return [function(part) for part in parts]
+    with ThreadPoolExecutor(max_workers=threads) as pool:
+        return list(pool.map(function, parts))
+
+
+def count(inputs: Mapping[str, np.ndarray], threads: int, params: Mapping[str, Any]) -> int:
+    """How many elements of ``values`` equal ``params["value"]`` (default 0)."""
+    values = inputs["values"]
+    target = params.get("value", 0)
+    parts = _map(lambda part: int(np.count_nonzero(values[part] == target)),
+                 _ranges(len(values), threads), threads)
+    return sum(parts)
+
+
+def vector_addition(
+    inputs: Mapping[str, np.ndarray], threads: int, params: Mapping[str, Any]
+) -> np.ndarray:
+    """Element-wise ``a + b`` into a new array (integer overflow wraps, as in C)."""
+    a, b = inputs["a"], inputs["b"]
+    if a.shape != b.shape:
+        raise KernelInputError(f"vector_addition: a has shape {a.shape}, b has {b.shape}")
+    out = np.empty(a.shape, dtype=np.result_type(a, b))
+
+    def add(part: slice) -> None:
+        np.add(a[part], b[part], out=out[part])
+
+    _map(add, _ranges(len(a), threads), threads)
+    return out
+
+
+def _merge_unique(left: np.ndarray, right: np.ndarray) -> np.ndarray:
+    merged = np.concatenate([left, right])
+    # A stable sort of two sorted runs is a linear merge (timsort finds the runs).
+    merged.sort(kind="stable")
+    if len(merged) < 2:
+        return merged
+    keep = np.empty(len(merged), dtype=bool)
+    keep[0] = True
+    np.not_equal(merged[1:], merged[:-1], out=keep[1:])
+    return merged[keep]
+
+
+def array_merge(
+    inputs: Mapping[str, np.ndarray], threads: int, params: Mapping[str, Any]
+) -> np.ndarray:
+    """Merge two sorted arrays into one sorted array without duplicates."""
+    left, right = inputs["left"], inputs["right"]
+    if threads == 1 or len(left) < threads:
+        return _merge_unique(left, right)
+    # Split by value, not by position, so the pieces are disjoint and concatenate in order.
+    splitters = np.unique(left[np.linspace(0, len(left) - 1, threads + 1).astype(np.int64)[1:-1]])
+    left_cuts = np.concatenate([[0], np.searchsorted(left, splitters), [len(left)]])
+    right_cuts = np.concatenate([[0], np.searchsorted(right, splitters), [len(right)]])
+
+    def merge(index: int) -> np.ndarray:
+        return _merge_unique(
+            left[left_cuts[index]:left_cuts[index + 1]],
+            right[right_cuts[index]:right_cuts[index + 1]],
+        )
+
+    return np.concatenate(_map(merge, range(len(left_cuts) - 1), threads))
+
+
+def pagerank(
+    inputs: Mapping[str, np.ndarray], threads: int, params: Mapping[str, Any]
+) -> np.ndarray:
+    """Power iteration r <- d * M r + (1 - d) / n over a column-stochastic matrix M."""
+    matrix = inputs["matrix"]
+    pages = matrix.shape[0]
+    if matrix.ndim != 2 or matrix.shape[1] != pages:
+        raise KernelInputError(f"pagerank: matrix must be square, got shape {matrix.shape}")
+    rank = inputs.get("rank")
+    rank = np.full(pages, 1.0 / pages, matrix.dtype) if rank is None else rank.astype(matrix.dtype)
+    damping = float(params.get("damping", 0.85))
+    iterations = int(params.get("iterations", 20))
+    tolerance = float(params.get("tolerance", 0.0))
+    if not 0 < damping < 1 or not 1 <= iterations <= PAGERANK_ITERATIONS_MAX:
+        raise KernelInputError(
+            f"pagerank: damping must be in (0, 1) and iterations in 1..{PAGERANK_ITERATIONS_MAX}, "
+            f"got {damping}, {iterations}"
+        )
+    ranges = _ranges(pages, threads)
+    teleport = (1.0 - damping) / pages
+    for _ in range(iterations):
+        following = np.empty_like(rank)
+
+        def step(part: slice, current: np.ndarray = rank, out: np.ndarray = following) -> None:
+            out[part] = damping * (matrix[part] @ current) + teleport
+
+        _map(step, ranges, threads)
+        change = float(np.abs(following - rank).sum())
+        rank = following
+        if change < tolerance:
+            break
+    return rank
+
+
+KERNELS: dict[str, Kernel] = {
+    "count": count,
+    "vector_addition": vector_addition,
+    "array_merge": array_merge,
+    "pagerank": pagerank,
+}
+
+
+def _check_preconditions(name: str, inputs: Mapping[str, np.ndarray]) -> None:
+    if name == "array_merge":
+        for side in ("left", "right"):
+            values = inputs[side]
+            if values.ndim != 1 or (len(values) > 1 and bool(np.any(values[1:] < values[:-1]))):
+                raise KernelInputError(f"array_merge: {side!r} must be a sorted 1-D array")
+
+
+def run_kernel(
+    name: str, data: KernelData, threads: int = 1, params: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """Run kernel ``name`` on ``data`` with ``threads`` threads.
+
+    Returns ``kernel``, ``threads``, ``bytes`` (input bytes in memory), ``transfer_s`` (time to
+    bring the inputs into contiguous numpy arrays), ``compute_s`` and ``result``.
+    """
+    if name not in KERNELS:
+        raise KernelInputError(f"no kernel {name!r}; choose one of {', '.join(KERNELS)}")
+    if isinstance(threads, bool) or not isinstance(threads, int) or not 1 <= threads <= THREADS_MAX:
+        raise KernelInputError(
+            f"threads must be an integer from 1 to {THREADS_MAX}, got {threads!r}"
+        )
+    started = time.perf_counter()
+    inputs = materialize(name, data)
+    transfer_s = time.perf_counter() - started
+    # Checked outside both timers: it is validation, neither transfer nor the kernel's work.
+    _check_preconditions(name, inputs)
+    started = time.perf_counter()
+    result = KERNELS[name](inputs, threads, params or {})
+    compute_s = time.perf_counter() - started
+    return {
+        "kernel": name,
+        "threads": threads,
+        "bytes": int(sum(array.nbytes for array in inputs.values())),
+        "transfer_s": transfer_s,
+        "compute_s": compute_s,
+        "result": result,
+    }
