@@ -5,6 +5,7 @@ Runnable on its own as ``python -m quarry.capacity.cli``.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -15,12 +16,13 @@ from rich.console import Console
 from rich.table import Table
 
 from quarry.capacity.break_even import BreakEven, break_even
-from quarry.capacity.kernel_data import KernelInputError, make_inputs
-from quarry.capacity.kernels import KERNELS, run_kernel
+from quarry.capacity.kernel_data import KernelInputError, make_inputs, working_set_bytes
+from quarry.capacity.kernels import KERNELS, check_kernel, run_kernel
 from quarry.capacity.model import CapacityInputError, CapacityInputs, HostConfig
 from quarry.capacity.presets import PRESETS, load_inputs, preset
 from quarry.capacity.report import dumps, write_json
 from quarry.capacity.tco import SystemCost, compute_tco, load_spec
+from quarry.errors import QuarryError
 
 app = typer.Typer(
     help="Capacity planning for computational storage (CSDPLAN): how many CSDs beat a host.",
@@ -296,23 +298,150 @@ def workloads(as_json: JsonOption = False) -> None:
 def measure(
     kernel: Annotated[str, typer.Option(help=f"One of {', '.join(KERNELS)}.")],
     data_bytes: Annotated[int, typer.Option("--bytes", help="Working-set size in bytes.")] = 10**8,
-    threads: Annotated[int, typer.Option(help="Threads for the computation.")] = 1,
+    threads: Annotated[
+        int | None,
+        typer.Option(help="Threads computing: the device's (default: its cores), or with "
+                          "--host-only this host's (default 1)."),
+    ] = None,
+    cluster: Annotated[
+        Path | None,
+        typer.Option(help="Cluster file (default: $QUARRY_CLUSTER or .quarry/cluster.json)."),
+    ] = None,
+    device: Annotated[
+        str | None, typer.Option(help="The device to measure (default: the first that answers).")
+    ] = None,
+    repeat: Annotated[int, typer.Option(help="Runs of each system; medians are kept.")] = 3,
+    from_calibration: Annotated[
+        bool,
+        typer.Option("--from-calibration",
+                     help="Use the device's stored `quarry calibrate` numbers instead of running "
+                          "the kernel on it (the host's computation is still timed, here)."),
+    ] = False,
+    host_only: Annotated[
+        bool, typer.Option("--host-only", help="Time the kernel on this host's CPU alone.")
+    ] = False,
+    host_cores: HostCoresOption = 1,
+    k_limit: KLimitOption = 8,
+    seed: Annotated[int, typer.Option(help="Seed of the generated working set.")] = 0,
     as_json: JsonOption = False,
+    out: Annotated[
+        Path | None,
+        typer.Option(help="Directory to add the inputs to, as measured.json (read by "
+                          "`bep --inputs`)."),
+    ] = None,
 ) -> None:
-    """Run a §4 kernel on this host on generated data; prints transfer and compute times."""
+    """CSDPLAN Step 1: the four times of a §4 kernel on a live cluster (one device vs the host).
+
+    The working set is generated, stored on one device as capacity/<kernel>_<bytes>_<device>
+    (kept for the next run), and run both ways: read raw by the host and computed on one host
+    core (T_SSD-tx, T_SSD-comp), and computed on the device by its built-in program
+    capacity.<kernel> (T_CSD-tx, T_CSD-comp). Prints the times and the BEP they give.
+    """
 
     def run() -> None:
-        report = run_kernel(kernel, make_inputs(kernel, data_bytes), threads)
-        report.pop("result")
-        if as_json:
-            typer.echo(dumps(report))
+        if host_only:
+            _measure_host_only(kernel, data_bytes, threads or 1, as_json)
             return
+        from quarry.cli import cluster_file
+        from quarry.coordinator.cluster import connect
+
+        path = cluster_file(cluster)
+        with connect(path) as live:
+            document = _measure_cluster(live, kernel, data_bytes, threads, device, repeat,
+                                        from_calibration, seed)
+        document["cluster"] = str(path)
+        inputs = CapacityInputs.from_mapping(document["inputs"])
+        host = HostConfig(host_cores=host_cores, k_limit=k_limit)
+        result = break_even(inputs, host)
+        document.update({"host": host.to_dict(), "result": result.to_dict()})
+        if out is not None:
+            written = add_measured_inputs(Path(out) / "measured.json", inputs)
+            if not as_json:
+                console.print(f"wrote {written} (use: quarry capacity bep --inputs {written} "
+                              f"-w {inputs.name})")
+        if as_json:
+            typer.echo(dumps(document))
+            return
+        console.print(_bep_table(inputs, host, result))
+        source = ("calibration of " if from_calibration else "") + \
+            f"{document['device']} ({document['profile']})"
         console.print(
-            f"{kernel}: {report['bytes']:,} bytes, {threads} thread(s): "
-            f"transfer {report['transfer_s']:.4f} s, compute {report['compute_s']:.4f} s"
+            f"[bold]BEP = {result.bep}[/] drives for {kernel} on {data_bytes:,} bytes, measured "
+            f"on {source}; one drive: host {inputs.t_ssd_tx_s + inputs.t_ssd_comp_s:.3f} s, "
+            f"drive {inputs.t_csd_tx_s + inputs.t_csd_comp_s:.3f} s."
         )
 
-    _guarded(run)
+    try:
+        _guarded(run)
+    except QuarryError as error:
+        raise _fail(error) from None
+
+
+def _measure_host_only(kernel: str, data_bytes: int, threads: int, as_json: bool) -> None:
+    report = run_kernel(kernel, make_inputs(kernel, data_bytes), threads)
+    report.pop("result")
+    if as_json:
+        typer.echo(dumps(report))
+        return
+    console.print(
+        f"{kernel}: {report['bytes']:,} bytes, {threads} thread(s): "
+        f"transfer {report['transfer_s']:.4f} s, compute {report['compute_s']:.4f} s"
+    )
+
+
+def _measure_cluster(live: Any, kernel: str, data_bytes: int, threads: int | None,
+                     device: str | None, repeat: int, from_calibration: bool, seed: int
+                     ) -> dict[str, Any]:
+    from quarry.capacity import measure as measuring
+
+    if not from_calibration:
+        with console.status(f"measuring {kernel} on the host and on a device ({repeat} runs "
+                            "each)"):
+            measurement = measuring.measure_kernel(live, kernel, data_bytes, device=device,
+                                                   device_threads=threads, repeat=repeat,
+                                                   seed=seed)
+        return {"command": "measure", "kernel": kernel, "source": "kernel runs",
+                "device": measurement.device, "profile": measurement.profile,
+                "device_threads": measurement.device_threads,
+                "inputs": measurement.inputs.to_dict(), "runs": measurement.to_dict()}
+    from quarry.cost.calibrate import stored
+
+    single = measuring.single_device(live, device)
+    try:
+        name = single.live_devices()[0].name
+        report = stored(single.device(name))
+        device_threads = threads or measuring.device_cores(single, name)
+    finally:
+        single.close()
+    if report is None:
+        raise CapacityInputError("calibration", f"device {name} has no stored calibration",
+                                 "run `quarry calibrate` first (it stores one on each device)")
+    check_kernel(kernel, device_threads)
+    host_s = measuring.host_compute_s(kernel, data_bytes, 1, repeat=repeat, seed=seed)
+    threaded_s = host_s if device_threads == 1 else measuring.host_compute_s(
+        kernel, data_bytes, device_threads, repeat=repeat, seed=seed)
+    inputs = measuring.calibration_inputs(
+        report, data_bytes=working_set_bytes(kernel, data_bytes), host_compute_s=host_s,
+        device_compute_s=threaded_s, name=f"{kernel}-{report.get('profile', name)}-calibrated")
+    return {"command": "measure", "kernel": kernel, "source": "calibration", "device": name,
+            "profile": report.get("profile"), "device_threads": device_threads,
+            "calibration": report, "inputs": inputs.to_dict()}
+
+
+def add_measured_inputs(path: Path, inputs: CapacityInputs) -> Path:
+    """Add (or replace) ``inputs`` under its name in a ``{"workloads": ...}`` inputs file."""
+    document: dict[str, Any] = {"workloads": {}}
+    if path.is_file():
+        try:
+            document = json.loads(path.read_text())
+        except json.JSONDecodeError as error:
+            raise CapacityInputError("out", f"{path} is not valid JSON ({error})",
+                                     "remove it or give another --out") from None
+        if not isinstance(document.get("workloads"), dict):
+            raise CapacityInputError("out", f"{path} is not an inputs file",
+                                     "give another --out")
+    document["workloads"][inputs.name] = inputs.to_dict()
+    return write_json(document, path)
 
 
 if __name__ == "__main__":

@@ -92,14 +92,81 @@ def materialize(kernel: str, data: KernelData) -> dict[str, np.ndarray]:
     return {name: _to_numpy(kernel, name, array) for name, array in columns.items()}
 
 
-def make_inputs(kernel: str, data_bytes: int, *, seed: int = 0) -> dict[str, np.ndarray]:
-    """A sample working set of about ``data_bytes`` bytes for ``kernel`` (int32 / float32 data)."""
+class Gatherer:
+    """A kernel's contiguous numpy inputs, filled batch by batch as the batches arrive.
+
+    ``materialize`` concatenates at the end (a second pass over all the data); a reader that
+    copies each batch into place as it comes does that work while it waits for the next one, as
+    a drive's DMA fills memory while the flash reads on. Stored datasets name their columns, so
+    inputs are matched by name only.
+    """
+
+    def __init__(self, kernel: str, schema: pa.Schema, rows: int):
+        if kernel not in KERNEL_INPUTS:
+            raise KernelInputError(
+                f"no kernel {kernel!r}; choose one of {', '.join(KERNEL_INPUTS)}")
+        assert rows >= 0, rows
+        self.kernel = kernel
+        self.rows = rows
+        self.filled = 0
+        missing = [name for name in KERNEL_INPUTS[kernel]
+                   if name not in schema.names and (kernel, name) not in OPTIONAL_INPUTS]
+        if missing:
+            raise KernelInputError(
+                f"{kernel}: missing input column {', '.join(missing)}; the data has "
+                f"{', '.join(schema.names)}")
+        self.arrays: dict[str, np.ndarray] = {}
+        for name in KERNEL_INPUTS[kernel]:
+            if name not in schema.names:
+                continue
+            kind = schema.field(name).type
+            try:
+                if pa.types.is_fixed_size_list(kind):
+                    shape: tuple[int, ...] = (rows, kind.list_size)
+                    dtype = np.dtype(kind.value_type.to_pandas_dtype())
+                else:
+                    shape, dtype = (rows,), np.dtype(kind.to_pandas_dtype())
+            except NotImplementedError:
+                dtype = np.dtype(object)
+            if dtype.kind not in "iuf":
+                raise KernelInputError(f"{kernel}: input {name!r} is {kind}, not numbers")
+            self.arrays[name] = np.empty(shape, dtype=dtype)
+
+    def add(self, batch: pa.RecordBatch) -> None:
+        end = self.filled + batch.num_rows
+        if end > self.rows:
+            raise KernelInputError(f"{self.kernel}: more than the {self.rows} rows announced")
+        for name, out in self.arrays.items():
+            column = batch.column(name)
+            if column.null_count:
+                raise KernelInputError(
+                    f"{self.kernel}: input {name!r} has {column.null_count} nulls; drop or fill "
+                    "them first")
+            if out.ndim == 2:
+                values = column.flatten().to_numpy(zero_copy_only=False)
+                out[self.filled:end] = values.reshape(batch.num_rows, out.shape[1])
+            else:
+                out[self.filled:end] = column.to_numpy(zero_copy_only=False)
+        self.filled = end
+
+    def finish(self) -> dict[str, np.ndarray]:
+        if self.filled != self.rows:
+            raise KernelInputError(f"{self.kernel}: got {self.filled} rows, expected {self.rows}")
+        return self.arrays
+
+
+def _check_size(kernel: str, data_bytes: int) -> None:
     if kernel not in KERNEL_INPUTS:
         raise KernelInputError(f"no kernel {kernel!r}; choose one of {', '.join(KERNEL_INPUTS)}")
     if isinstance(data_bytes, bool) or not isinstance(data_bytes, int):
         raise KernelInputError(f"data_bytes must be an integer, got {data_bytes!r}")
     if not 64 <= data_bytes <= DATA_BYTES_MAX:
         raise KernelInputError(f"data_bytes must be 64 to {DATA_BYTES_MAX}, got {data_bytes}")
+
+
+def make_inputs(kernel: str, data_bytes: int, *, seed: int = 0) -> dict[str, np.ndarray]:
+    """A sample working set of about ``data_bytes`` bytes for ``kernel`` (int32 / float32 data)."""
+    _check_size(kernel, data_bytes)
     generator = np.random.default_rng(seed)
     item_bytes = 4
     if kernel == "count":
@@ -123,6 +190,18 @@ def make_inputs(kernel: str, data_bytes: int, *, seed: int = 0) -> dict[str, np.
     links[:, links.sum(axis=0) == 0] = 1.0
     matrix = links / links.sum(axis=0)
     return {"matrix": matrix.astype(np.float32), "rank": np.full(pages, 1.0 / pages, np.float32)}
+
+
+def working_set_bytes(kernel: str, data_bytes: int) -> int:
+    """The bytes ``make_inputs(kernel, data_bytes)`` generates, without generating them."""
+    _check_size(kernel, data_bytes)
+    item_bytes = 4
+    if kernel == "count":
+        return data_bytes // item_bytes * item_bytes
+    if kernel in ("vector_addition", "array_merge"):
+        return 2 * (data_bytes // (2 * item_bytes)) * item_bytes
+    pages = max(2, int((data_bytes // item_bytes) ** 0.5))
+    return (pages * pages + pages) * item_bytes
 
 
 def as_table(inputs: Mapping[str, np.ndarray]) -> pa.Table:

@@ -7,14 +7,19 @@ store-read time to ``transfer_s`` if it reads before calling.
 
 Threads split the data into contiguous ranges; numpy releases the GIL inside these loops, so
 the ranges run in parallel. (Page Rank's matrix-vector product may also use BLAS threads.)
+
+Every piece of work goes through ``run`` (default: call it). A device passes its
+``ProgramContext.compute``, so each piece holds one of the drive's emulated cores and is stretched
+by its compute factor (``quarry.capacity.device``); the kernels themselves do not know.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -22,33 +27,57 @@ from quarry.capacity.kernel_data import KernelData, KernelInputError, materializ
 
 THREADS_MAX = 256
 PAGERANK_ITERATIONS_MAX = 1000
+# Element-wise kernels work in pieces of at most this many input bytes. On a device each piece is
+# one unit of slot-held, stretched work: many short pieces let the real work of devices that share
+# one machine interleave, where one long piece per device would collide (all devices finish
+# reading at the same moment) and every collision would be stretched by the compute factor.
+PIECE_BYTES_MAX = 4 << 20
 
-Kernel = Callable[[Mapping[str, np.ndarray], int, Mapping[str, Any]], Any]
+T = TypeVar("T")
+Run = Callable[[Callable[[], Any]], Any]
+Kernel = Callable[..., Any]  # (inputs, threads, params, run=direct) -> result
 
 
-def _ranges(length: int, threads: int) -> list[slice]:
-    bounds = np.linspace(0, length, min(threads, max(length, 1)) + 1).astype(np.int64)
+def direct(work: Callable[[], T]) -> T:
+    """Run a piece of work as it is (the host's way)."""
+    return work()
+
+
+def _ranges(length: int, parts: int) -> list[slice]:
+    bounds = np.linspace(0, length, min(parts, max(length, 1)) + 1).astype(np.int64)
     return [slice(int(lo), int(hi)) for lo, hi in zip(bounds[:-1], bounds[1:], strict=True)]
 
 
-def _map(function: Callable[[Any], Any], parts: Sequence[Any], threads: int) -> list[Any]:
+def _pieces(array: np.ndarray, threads: int) -> list[slice]:
+    """At least one range per thread, and none larger than PIECE_BYTES_MAX."""
+    return _ranges(len(array), max(threads, math.ceil(array.nbytes / PIECE_BYTES_MAX)))
+
+
+def _map(
+    function: Callable[[Any], T], parts: Sequence[Any], threads: int, run: Run = direct
+) -> list[T]:
+    def call(part: Any) -> T:
+        return run(lambda: function(part))
+
     if threads == 1 or len(parts) == 1:
-        return [function(part) for part in parts]
+        return [call(part) for part in parts]
     with ThreadPoolExecutor(max_workers=threads) as pool:
-        return list(pool.map(function, parts))
+        return list(pool.map(call, parts))
 
 
-def count(inputs: Mapping[str, np.ndarray], threads: int, params: Mapping[str, Any]) -> int:
+def count(
+    inputs: Mapping[str, np.ndarray], threads: int, params: Mapping[str, Any], run: Run = direct
+) -> int:
     """How many elements of ``values`` equal ``params["value"]`` (default 0)."""
     values = inputs["values"]
     target = params.get("value", 0)
     parts = _map(lambda part: int(np.count_nonzero(values[part] == target)),
-                 _ranges(len(values), threads), threads)
+                 _pieces(values, threads), threads, run)
     return sum(parts)
 
 
 def vector_addition(
-    inputs: Mapping[str, np.ndarray], threads: int, params: Mapping[str, Any]
+    inputs: Mapping[str, np.ndarray], threads: int, params: Mapping[str, Any], run: Run = direct
 ) -> np.ndarray:
     """Element-wise ``a + b`` into a new array (integer overflow wraps, as in C)."""
     a, b = inputs["a"], inputs["b"]
@@ -59,7 +88,7 @@ def vector_addition(
     def add(part: slice) -> None:
         np.add(a[part], b[part], out=out[part])
 
-    _map(add, _ranges(len(a), threads), threads)
+    _map(add, _pieces(a, threads), threads, run)
     return out
 
 
@@ -75,17 +104,24 @@ def _merge_unique(left: np.ndarray, right: np.ndarray) -> np.ndarray:
     return merged[keep]
 
 
+def _value_cuts(
+    left: np.ndarray, right: np.ndarray, parts: int
+) -> tuple[np.ndarray, np.ndarray]:
+    splitters = np.unique(left[np.linspace(0, len(left) - 1, parts + 1).astype(np.int64)[1:-1]])
+    left_cuts = np.concatenate([[0], np.searchsorted(left, splitters), [len(left)]])
+    right_cuts = np.concatenate([[0], np.searchsorted(right, splitters), [len(right)]])
+    return left_cuts, right_cuts
+
+
 def array_merge(
-    inputs: Mapping[str, np.ndarray], threads: int, params: Mapping[str, Any]
+    inputs: Mapping[str, np.ndarray], threads: int, params: Mapping[str, Any], run: Run = direct
 ) -> np.ndarray:
     """Merge two sorted arrays into one sorted array without duplicates."""
     left, right = inputs["left"], inputs["right"]
     if threads == 1 or len(left) < threads:
-        return _merge_unique(left, right)
+        return run(lambda: _merge_unique(left, right))
     # Split by value, not by position, so the pieces are disjoint and concatenate in order.
-    splitters = np.unique(left[np.linspace(0, len(left) - 1, threads + 1).astype(np.int64)[1:-1]])
-    left_cuts = np.concatenate([[0], np.searchsorted(left, splitters), [len(left)]])
-    right_cuts = np.concatenate([[0], np.searchsorted(right, splitters), [len(right)]])
+    left_cuts, right_cuts = run(lambda: _value_cuts(left, right, threads))
 
     def merge(index: int) -> np.ndarray:
         return _merge_unique(
@@ -93,11 +129,12 @@ def array_merge(
             right[right_cuts[index]:right_cuts[index + 1]],
         )
 
-    return np.concatenate(_map(merge, range(len(left_cuts) - 1), threads))
+    pieces = _map(merge, range(len(left_cuts) - 1), threads, run)
+    return run(lambda: np.concatenate(pieces))
 
 
 def pagerank(
-    inputs: Mapping[str, np.ndarray], threads: int, params: Mapping[str, Any]
+    inputs: Mapping[str, np.ndarray], threads: int, params: Mapping[str, Any], run: Run = direct
 ) -> np.ndarray:
     """Power iteration r <- d * M r + (1 - d) / n over a column-stochastic matrix M."""
     matrix = inputs["matrix"]
@@ -122,8 +159,8 @@ def pagerank(
         def step(part: slice, current: np.ndarray = rank, out: np.ndarray = following) -> None:
             out[part] = damping * (matrix[part] @ current) + teleport
 
-        _map(step, ranges, threads)
-        change = float(np.abs(following - rank).sum())
+        _map(step, ranges, threads, run)
+        change = run(lambda a=following, b=rank: float(np.abs(a - b).sum()))
         rank = following
         if change < tolerance:
             break
@@ -138,7 +175,8 @@ KERNELS: dict[str, Kernel] = {
 }
 
 
-def _check_preconditions(name: str, inputs: Mapping[str, np.ndarray]) -> None:
+def check_preconditions(name: str, inputs: Mapping[str, np.ndarray]) -> None:
+    """Inputs a kernel cannot run on correctly (unsorted merge inputs); checked untimed."""
     if name == "array_merge":
         for side in ("left", "right"):
             values = inputs[side]
@@ -146,27 +184,37 @@ def _check_preconditions(name: str, inputs: Mapping[str, np.ndarray]) -> None:
                 raise KernelInputError(f"array_merge: {side!r} must be a sorted 1-D array")
 
 
-def run_kernel(
-    name: str, data: KernelData, threads: int = 1, params: Mapping[str, Any] | None = None
-) -> dict[str, Any]:
-    """Run kernel ``name`` on ``data`` with ``threads`` threads.
-
-    Returns ``kernel``, ``threads``, ``bytes`` (input bytes in memory), ``transfer_s`` (time to
-    bring the inputs into contiguous numpy arrays), ``compute_s`` and ``result``.
-    """
+def check_kernel(name: str, threads: int) -> None:
     if name not in KERNELS:
         raise KernelInputError(f"no kernel {name!r}; choose one of {', '.join(KERNELS)}")
     if isinstance(threads, bool) or not isinstance(threads, int) or not 1 <= threads <= THREADS_MAX:
         raise KernelInputError(
             f"threads must be an integer from 1 to {THREADS_MAX}, got {threads!r}"
         )
+
+
+def run_kernel(
+    name: str,
+    data: KernelData,
+    threads: int = 1,
+    params: Mapping[str, Any] | None = None,
+    *,
+    run: Run = direct,
+) -> dict[str, Any]:
+    """Run kernel ``name`` on ``data`` with ``threads`` threads.
+
+    Returns ``kernel``, ``threads``, ``bytes`` (input bytes in memory), ``transfer_s`` (time to
+    bring the inputs into contiguous numpy arrays), ``compute_s`` and ``result``. ``run`` wraps
+    every piece of the computation (a device passes its ``ProgramContext.compute``).
+    """
+    check_kernel(name, threads)
     started = time.perf_counter()
     inputs = materialize(name, data)
     transfer_s = time.perf_counter() - started
     # Checked outside both timers: it is validation, neither transfer nor the kernel's work.
-    _check_preconditions(name, inputs)
+    check_preconditions(name, inputs)
     started = time.perf_counter()
-    result = KERNELS[name](inputs, threads, params or {})
+    result = KERNELS[name](inputs, threads, params or {}, run)
     compute_s = time.perf_counter() - started
     return {
         "kernel": name,

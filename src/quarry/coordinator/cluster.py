@@ -33,6 +33,7 @@ class Cluster:
         self.info: dict[str, dict[str, Any]] = {}
         self.catalog: dict[str, DatasetEntry] = {}
         self.calibration_cache: dict[str, dict[str, Any]] = {}
+        self.figures_cache: dict[tuple[bytes, str], Any] = {}  # auto's sampled sub-plan costs
         self.refresh()
 
     def __repr__(self) -> str:
@@ -223,7 +224,8 @@ class Cluster:
     # ---- queries ------------------------------------------------------------------------------
 
     def query(self, sql: str, pushdown: str = "auto",
-              decisions: dict[tuple[str, int], list[dict[str, Any]]] | None = None) -> Any:
+              decisions: dict[tuple[str, int], list[dict[str, Any]]] | None = None,
+              **options: Any) -> Any:
         """A planned query (``quarry.coordinator.session.Query``): ``execute()``, ``explain()``.
 
         ``decisions`` forces device decisions per (dataset, partition), e.g.
@@ -231,7 +233,7 @@ class Cluster:
         """
         from quarry.coordinator.session import Query
 
-        return Query(self, sql, pushdown, decisions)
+        return Query(self, sql, pushdown, decisions, **options)
 
     def sql(self, sql: str, pushdown: str = "auto",
             decisions: dict[tuple[str, int], list[dict[str, Any]]] | None = None

@@ -10,6 +10,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -31,6 +32,7 @@ if TYPE_CHECKING:
 
 PUSHDOWNS = ("never", "always", "auto")
 WORKERS_PER_DEVICE = 2
+FIGURES_CACHE_MAX = 256
 _DONE = object()
 
 
@@ -47,10 +49,12 @@ class DeviceReport:
     bytes_shipped: int = 0  # everything this device sent the host for this fragment
     rows_shipped: int = 0
     fallback: str | None = None
+    trace: list[dict[str, Any]] | None = None
 
     def to_json(self) -> dict[str, Any]:
         m = self.metrics
-        return {
+        traced = {"trace": self.trace} if self.trace is not None else {}
+        return {**traced,
             "device": self.device, "fragment": self.fragment, "partition": self.partition,
             "mode": self.mode, "fallback": self.fallback, "decisions": self.decisions,
             "slices_total": m.get("slices_total", 0), "slices_pruned": m.get("slices_pruned", 0),
@@ -69,7 +73,9 @@ def _batch_bytes(batch: pa.RecordBatch) -> int:
 
 class Query:
     def __init__(self, cluster: Cluster, sql: str, pushdown: str = "always",
-                 decisions: dict[tuple[str, int], list[dict[str, Any]]] | None = None):
+                 decisions: dict[tuple[str, int], list[dict[str, Any]]] | None = None,
+                 trace: bool = False, chunk_slices: int | None = None,
+                 policy: dict[str, Any] | None = None):
         if pushdown not in PUSHDOWNS:
             raise QueryError(f"pushdown must be one of {', '.join(PUSHDOWNS)}, got {pushdown!r}")
         self.cluster = cluster
@@ -78,7 +84,11 @@ class Query:
         # (full / filter / raw) and the devices adapt from there at run time.
         self.pushdown = pushdown
         self.forced = decisions or {}
+        self.trace = trace  # per-chunk device timings in EXPLAIN ANALYZE (experiments)
+        self.chunk_slices = chunk_slices
+        self.policy = policy  # overrides of the devices' decision thresholds
         self.reports: list[DeviceReport] = []
+        self.query_id = uuid.uuid4().hex
         self._lock = threading.Lock()
         self.decomposition = self._plan()
         self.choices: dict[str, Any] = {}
@@ -98,9 +108,34 @@ class Query:
         tables = {name: entry.schema for name, entry in self.cluster.catalog.items()}
         mode = "always" if self.pushdown == "auto" else self.pushdown
         try:
-            return decompose(self.sql, tables, pushdown=mode)
+            return decompose(self.sql, tables, pushdown=mode,
+                             capabilities=self._capabilities())
         except PlanError as error:
             raise QueryError(str(error)) from None
+
+    def _capabilities(self) -> dict[str, Any]:
+        """What every device holding a dataset can evaluate (the intersection of profiles)."""
+        from quarry.plan.capabilities import Capabilities
+
+        def of(device: str) -> Capabilities:
+            kind = self.cluster.info.get(device, {}).get("profile", {}).get("capabilities",
+                                                                           "full")
+            if kind == "kernels":  # an FPGA running built-in kernels evaluates no SQL
+                return Capabilities("kernels", frozenset(), project_expressions=False,
+                                    aggregate=False, limit=False)
+            return Capabilities.named(kind)
+
+        result: dict[str, Any] = {}
+        for name, entry in self.cluster.catalog.items():
+            devices = sorted({d for p in entry.partitions for d in p.devices})
+            if not devices:
+                continue
+            combined = of(devices[0])
+            for device in devices[1:]:
+                combined = combined.intersect(of(device))
+            if not combined.is_full:
+                result[name] = combined
+        return result
 
     def _choose_cuts(self) -> None:
         """pushdown="auto": the cost model picks each fragment's cut; devices start from it."""
@@ -116,7 +151,15 @@ class Query:
             for p in entry.partitions:
                 device = self._device_for(entry, p).name
                 stored[device] = stored.get(device, 0) + p.bytes_stored
-            figures = sample_subplan(self.cluster, fragment, entry)
+            # Sampling costs a slice fetch and two local runs; a repeated query on unchanged
+            # data reuses what it learnt (like a plan cache), so auto stays cheap.
+            key = (fragment.stages["full"], entry.version)
+            figures = self.cluster.figures_cache.get(key)
+            if figures is None:
+                figures = sample_subplan(self.cluster, fragment, entry)
+                if len(self.cluster.figures_cache) >= FIGURES_CACHE_MAX:
+                    self.cluster.figures_cache.clear()
+                self.cluster.figures_cache[key] = figures
             devices = device_figures(self.cluster, entry, stored)
             choice = choose(devices, figures, cores)
             self.choices[fragment.name] = choice.to_json()
@@ -232,15 +275,20 @@ class Query:
         from quarry.plan.superplan import complete
 
         stage_names = ["raw", "filter", "full"]
-        payload = b"".join(fragment.stages[s] for s in stage_names)
+        stages, output_schema, scan_engine = self.device_stages(fragment)
+        payload = b"".join(stages[s] for s in stage_names)
         header = {
             "domain": entry.domain, "dataset": entry.name, "partition": p.partition,
-            "stage_bytes": {s: len(fragment.stages[s]) for s in stage_names},
-            "output_schema": schema_to_text(fragment.output_schema),
+            "stage_bytes": {s: len(stages[s]) for s in stage_names},
+            "output_schema": schema_to_text(output_schema),
             "predicates": fragment.predicates,
             "decisions": self.forced.get((fragment.dataset, p.partition)),
             "host": self.host_costs.get((fragment.name, client.name)),
+            "query_id": f"{self.query_id}/{fragment.name}",
+            "trace": self.trace, "policy": self.policy,
         }
+        if self.chunk_slices:
+            header["chunk_slices"] = self.chunk_slices
         from pyarrow import flight
 
         descriptor = flight.FlightDescriptor.for_command(
@@ -249,6 +297,7 @@ class Query:
             lambda: client._client.do_exchange(descriptor, client._options()))
         client.guard(writer.done_writing)
         pushed: list[dict[str, Any]] = []
+        filtered: list[pa.RecordBatch] = []
         while True:
             chunk = client.guard(lambda: _next(reader))
             if chunk is None:
@@ -256,7 +305,10 @@ class Query:
             if chunk.data is not None and chunk.data.num_rows:
                 report.bytes_shipped += _batch_bytes(chunk.data)
                 report.rows_shipped += chunk.data.num_rows
-                yield chunk.data
+                if scan_engine:
+                    filtered.append(chunk.data)
+                else:
+                    yield chunk.data
             if chunk.app_metadata is not None:
                 message = protocol.decode_json(chunk.app_metadata.to_pybytes())
                 if "pushed_back" in message:
@@ -264,10 +316,27 @@ class Query:
                 if "annotation" in message:
                     report.decisions = message["annotation"]
                     report.metrics = message["metrics"]
+                    report.trace = message.get("trace")
         client.guard(writer.close)
+        if filtered:
+            yield from complete(fragment, filtered)
         for notice in pushed:  # the host completes what the device declined
+            m = report.metrics
+            m["rows_read"] = m.get("rows_read", 0) + notice.get("rows", 0)
+            m["bytes_read"] = m.get("bytes_read", 0) + notice.get("bytes_stored", 0)
+            m["slices_scanned"] = m.get("slices_scanned", 0) + sum(
+                b - a for a, b in notice["slices"])
             yield from complete(fragment, self._fetch_pushed(client, fragment, entry, p, notice,
                                                              report))
+
+    def device_stages(self, fragment: Fragment) -> tuple[dict[str, bytes], pa.Schema, bool]:
+        """The stages a device gets, the schema of its stream, and whether it only filters."""
+        stages = dict(fragment.stages)
+        if "full" in fragment.device_stages:
+            return stages, fragment.output_schema, False
+        # A device that can only filter streams the filter stage; the host completes it.
+        stages["full"] = stages["filter"]
+        return stages, fragment.raw_schema, True
 
     def _fetch_pushed(self, client: DeviceClient, fragment: Fragment, entry: DatasetEntry,
                       p: PartitionEntry, notice: dict[str, Any],

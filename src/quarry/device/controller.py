@@ -11,6 +11,8 @@ annotated sub-plan the device returns (Skytether §4: annotations, quality-of-se
 
 from __future__ import annotations
 
+import threading
+import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -70,12 +72,12 @@ class ForcedDecisions:
 class Policy:
     """Thresholds of the real-time decision (documented in docs/adaptive.md)."""
 
-    warmup_slices: int = 2  # first measurements ignored: plan setup and cold caches (Exp 2)
-    sample_slices: int = 2  # measured slices needed before the first decision
-    window: int = 8  # recent measurements the decision looks at (median)
-    probe_every: int = 16  # while pushing back, execute one chunk this often to re-measure
+    warmup_chunks: int = 1  # first measurements ignored: plan setup, cold caches (Exp 2)
+    sample_chunks: int = 2  # measured chunks needed before the first decision
+    window: int = 4  # recent measurements the decision looks at (median)
+    probe_after_s: float = 0.5  # while pushing back, re-measure after this long ...
+    probe_after_s_max: float = 8.0  # ... doubling each time the probe confirms, up to this
     hysteresis: float = 0.10  # switch only when the other choice is this much cheaper
-    retry_after_s: float = 1.0  # QoS hint: when the host may try pushing down again
 
     @classmethod
     def from_json(cls, body: dict[str, Any] | None) -> Policy:
@@ -104,10 +106,12 @@ class HostCost:
 class Adaptive:
     """Decide per slice range between running the sub-plan and pushing back (Skytether §5.3).
 
-    Execute the first slices, ignore the warm-up outliers, then compare the measured cost per
-    stored byte on this device with the host's: Eq. 1 of ActivePy,
+    Asked to execute, the device runs the first chunks, ignores the warm-up outlier, and from
+    then on compares its measured cost per stored byte with the host's: Eq. 1 of ActivePy,
     push down when  DS_raw/BW + CT_host  >  CT_device + DS_processed/BW.
-    While pushing back, probe now and then so a drive whose load fell takes the work back.
+    Pushing back, it probes now and then (backing off while probes confirm) so a drive whose
+    load fell takes the work back. One controller serves every partition of a query on the
+    device, so what one partition measured informs the others.
     """
 
     def __init__(self, policy: Policy, host: HostCost, load: Any):
@@ -117,21 +121,29 @@ class Adaptive:
         self.samples: list[tuple[float, float]] = []  # (device s per byte, output bytes per byte)
         self.seen = 0
         self.current = host.start if host.start in STAGES else "full"
-        self.since_probe = 0
-        self.reason = "the host's cut"
+        self.measuring = self.current == "full"
+        self.reason = f"{self.current}: the host's cut"
+        self.probe_after_s = policy.probe_after_s
+        self.next_probe_at = time.monotonic() + self.probe_after_s
+        self.probing = False
+        self._lock = threading.Lock()
 
     def observe(self, stage: str, stored_bytes: int, output_bytes: int, seconds: float) -> None:
         if stage != "full" or stored_bytes <= 0:
             return
-        self.seen += 1
-        if self.seen <= self.policy.warmup_slices:
-            return  # warm-up outlier (Skytether Exp 2): never let it drive a decision
-        self.samples.append((seconds / stored_bytes, output_bytes / stored_bytes))
-        self.samples = self.samples[-self.policy.window:]
+        with self._lock:
+            self.seen += 1
+            if self.seen <= self.policy.warmup_chunks:
+                return  # warm-up outlier (Skytether Exp 2): never let it drive a decision
+            self.samples.append((seconds / stored_bytes, output_bytes / stored_bytes))
+            self.samples = self.samples[-self.policy.window:]
+            if self.probing:
+                self.probing = False
+                self.samples = self.samples[-1:]  # the probe is the news: judge by it alone
 
     def costs(self) -> dict[str, float] | None:
         """Seconds per stored byte of each choice, from the recent measurements."""
-        if len(self.samples) < self.policy.sample_slices:
+        if not self.samples:
             return None
         device_s = sorted(s for s, _ in self.samples)[len(self.samples) // 2]
         out_ratio = sorted(o for _, o in self.samples)[len(self.samples) // 2]
@@ -140,36 +152,66 @@ class Adaptive:
         return {
             "full": device_s + out_ratio / bw,
             "raw": self.host.raw_ratio / bw + host_s,
-            # the filter runs on the device at about the full sub-plan's cost when the filter
-            # dominates; the host then aggregates only what passed
+            # filtering costs the device about what the whole sub-plan does when the filter
+            # dominates; the host then finishes only what passed
             "filter": device_s + self.host.filter_ratio / bw
             + host_s * self.host.filter_ratio / max(self.host.raw_ratio, 1e-9),
         }
 
     def stage_for(self, number: int) -> tuple[str, str, float | None]:
-        """(stage, reason, retry_after_s) for the next slice."""
-        if self.seen < self.policy.warmup_slices + self.policy.sample_slices:
-            return "full", "measuring the first slices", None
-        if self.current != "full":
-            self.since_probe += 1
-            if self.since_probe >= self.policy.probe_every:
-                self.since_probe = 0
-                return "full", "probing: has the device's cost changed?", None
-        costs = self.costs()
-        if costs is None:
-            return self.current, self.reason, None
-        best = min(costs, key=costs.__getitem__)
-        if best != self.current and costs[best] * (1 + self.policy.hysteresis) < \
-                costs[self.current]:
-            load = self.load()
-            self.current = best
-            self.reason = (
-                f"{best}: {costs[best] * 1e9:.2f} ns/B vs {self._others(costs, best)} "
-                f"(device busy {load['cpu_busy']:.0%}, run queue {load['run_queue']:.0f})"
-            )
-        retry = self.policy.retry_after_s if self.current != "full" else None
-        return self.current, self.reason, retry
+        """(stage, reason, retry_after_s) for the next chunk, starting at slice ``number``."""
+        with self._lock:
+            if self.measuring:
+                needed = self.policy.warmup_chunks + self.policy.sample_chunks
+                if self.seen < needed:
+                    return "full", "executed: measuring the first chunks", None
+                self.measuring = False
+            now = time.monotonic()
+            if self.current != "full" and not self.probing and now >= self.next_probe_at:
+                self.probing = True
+                self.probe_after_s = min(self.probe_after_s * 2, self.policy.probe_after_s_max)
+                self.next_probe_at = now + self.probe_after_s
+                return "full", "executed: probing whether the device can take the work back", None
+            costs = self.costs()
+            if costs is not None:
+                best = min(costs, key=costs.__getitem__)
+                if best != self.current and \
+                        costs[best] * (1 + self.policy.hysteresis) < costs[self.current]:
+                    load = self.load()
+                    self.current = best
+                    if best == "full":
+                        self.probe_after_s = self.policy.probe_after_s
+                    self.reason = (
+                        f"{best}: {costs[best] * 1e9:.2f} ns/B vs {self._others(costs, best)} "
+                        f"(device busy {load['cpu_busy']:.0%}, run queue "
+                        f"{load['run_queue']:.0f})"
+                    )
+            retry = round(max(0.0, self.next_probe_at - now), 3) \
+                if self.current != "full" else None
+            return self.current, self.reason, retry
 
     @staticmethod
     def _others(costs: dict[str, float], best: str) -> str:
         return ", ".join(f"{k} {v * 1e9:.2f} ns/B" for k, v in costs.items() if k != best)
+
+
+class Controllers:
+    """The device's live controllers, one per query fragment, shared by its partitions."""
+
+    def __init__(self, size_max: int = 256, idle_s_max: float = 120.0):
+        self.size_max = size_max
+        self.idle_s_max = idle_s_max
+        self._lock = threading.Lock()
+        self._entries: dict[str, tuple[Adaptive, float]] = {}
+
+    def get(self, key: str, create: Any) -> Adaptive:
+        now = time.monotonic()
+        with self._lock:
+            for stale in [k for k, (_, t) in self._entries.items() if now - t > self.idle_s_max]:
+                del self._entries[stale]
+            if key not in self._entries and len(self._entries) >= self.size_max:
+                oldest = min(self._entries, key=lambda k: self._entries[k][1])
+                del self._entries[oldest]
+            controller = self._entries[key][0] if key in self._entries else create()
+            self._entries[key] = (controller, now)
+            return controller

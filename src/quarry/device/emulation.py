@@ -22,12 +22,14 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import TypeVar
 
 from quarry.device.profile import Profile
 
+T = TypeVar("T")
 BUSY_WINDOW_S = 2.0  # how far back "CPU busy" looks
 LOAD_SECONDS_MAX = 3600.0
 BUCKET_BURST_S = 0.002  # credit an idle bucket may bank; small, or bursts inflate the rate
@@ -99,6 +101,19 @@ class Emulator:
             self._slots.release()
             with self._lock:
                 self._busy.append(Busy(started, time.monotonic()))
+
+    def run(self, work: Callable[[], T]) -> T:
+        """Run device work in a slot, then hold the slot as long as the emulated drive would.
+
+        The work is timed in CPU seconds of the calling thread (device stages run on it,
+        single-partition), so other processes competing for the machine's cores do not count
+        as the drive's own slowness.
+        """
+        with self.slot():
+            started = time.thread_time()
+            result = work()
+            self.stretch(time.thread_time() - started)
+        return result
 
     def stretch(self, work_s: float) -> float:
         """Called inside a slot after real work of ``work_s``: hold the slot for the rest."""

@@ -10,7 +10,6 @@ not accepted: only what is registered here, by modules shipped with quarry.
 from __future__ import annotations
 
 import importlib
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -55,11 +54,7 @@ class ProgramContext:
 
     def compute(self, work: Callable[[], Any]) -> Any:
         """Run CPU work in a device slot, stretched by the profile's compute factor."""
-        with self.emulator.slot():
-            started = time.perf_counter()
-            result = work()
-            self.emulator.stretch(time.perf_counter() - started)
-        return result
+        return self.emulator.run(work)
 
     def cache_key(self, domain: str, dataset: str, *parts: str) -> str:
         return f"{naming.CACHE_PREFIX}{domain}/{dataset}/" + "/".join(parts)

@@ -20,6 +20,7 @@ from quarry import protocol
 from quarry.device.controller import (
     Adaptive,
     Annotation,
+    Controllers,
     Decision,
     ForcedDecisions,
     HostCost,
@@ -32,6 +33,7 @@ from quarry.store.kv import KeyValueStore
 from quarry.store.partition import PartitionMeta, schema_from_text
 
 CHUNK_SLICES_MAX = 4  # slices executed together: amortises planning, bounds device memory
+TRACE_ENTRIES_MAX = 100_000  # per-chunk timings kept when a request asks for a trace
 PUSHBACK_NOTICE_SLICES = 16  # announce pushed-back slices in groups so the host starts early
 
 
@@ -91,7 +93,8 @@ def conform(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
 
 
 def run_query(store: KeyValueStore, emulator: Emulator, header: dict[str, Any], payload: bytes,
-              writer: flight.MetadataRecordBatchWriter) -> None:
+              writer: flight.MetadataRecordBatchWriter,
+              controllers: Controllers | None = None) -> None:
     from quarry.plan.stage import run_stage
 
     started, cpu_started = time.perf_counter(), cpu_seconds()
@@ -110,17 +113,29 @@ def run_query(store: KeyValueStore, emulator: Emulator, header: dict[str, Any], 
         metrics.slices_pruned += end - first
 
     host = HostCost.from_json(header.get("host"))
-    adaptive = Adaptive(Policy.from_json(header.get("policy")), host, emulator.load) \
-        if host is not None else None
+    adaptive = None
+    if host is not None:
+        def create() -> Adaptive:
+            return Adaptive(Policy.from_json(header.get("policy")), host, emulator.load)
+
+        key = header.get("query_id")
+        adaptive = controllers.get(key, create) if controllers is not None and key else create()
     pushed: list[int] = []
     pushed_stage = ""
+    trace: list[dict[str, Any]] | None = [] if header.get("trace") else None
+    chunk_slices_max = max(1, min(int(header.get("chunk_slices", CHUNK_SLICES_MAX)),
+                                  CHUNK_SLICES_MAX))
 
     def flush_pushed() -> None:
         nonlocal pushed
         if not pushed:
             return
-        notice = {"pushed_back": {"slices": [[a, b] for a, b in ranges(pushed)],
-                                  "stage": pushed_stage}}
+        notice = {"pushed_back": {
+            "slices": [[a, b] for a, b in ranges(pushed)], "stage": pushed_stage,
+            # the host reads these through another stream; it accounts them with these
+            "rows": sum(meta.slices[n].rows for n in pushed),
+            "bytes_stored": sum(meta.slices[n].bytes_stored for n in pushed),
+        }}
         writer.write_metadata(pa.py_buffer(protocol.encode_json(notice)))
         pushed = []
 
@@ -130,10 +145,9 @@ def run_query(store: KeyValueStore, emulator: Emulator, header: dict[str, Any], 
         stage, reason, retry = _decide(forced, adaptive, first)
         numbers = [first]
         if stage == "full":  # a chunk: following contiguous slices under the same decision
-            while (len(numbers) < CHUNK_SLICES_MAX and position + len(numbers) < len(candidates)
+            while (len(numbers) < chunk_slices_max and position + len(numbers) < len(candidates)
                    and candidates[position + len(numbers)] == numbers[-1] + 1
-                   and forced.stage_for(numbers[-1] + 1) in (None, "full")
-                   and (adaptive is None or forced.stage_for(first) is not None)):
+                   and forced.stage_for(numbers[-1] + 1) in (None, "full")):
                 numbers.append(numbers[-1] + 1)
         position += len(numbers)
         end = numbers[-1] + 1
@@ -158,12 +172,9 @@ def run_query(store: KeyValueStore, emulator: Emulator, header: dict[str, Any], 
         metrics.rows_read += sum(b.num_rows for b in batches)
         metrics.bytes_read += stored
         metrics.slices_scanned += len(numbers)
-        with emulator.slot():
-            work_started = time.perf_counter()
-            outputs = [conform(out, output_schema)
-                       for out in _run(run_stage, stages["full"], meta.schema, batches)
-                       if out.num_rows]
-            emulator.stretch(time.perf_counter() - work_started)
+        outputs = emulator.run(lambda: [
+            conform(out, output_schema)
+            for out in _run(run_stage, stages["full"], meta.schema, batches) if out.num_rows])
         shipped = 0
         for out in outputs:
             size = pa.ipc.get_record_batch_size(out)
@@ -173,14 +184,20 @@ def run_query(store: KeyValueStore, emulator: Emulator, header: dict[str, Any], 
             writer.write_batch(out)
         metrics.bytes_shipped += shipped
         metrics.slices_executed += len(numbers)
+        chunk_s = time.perf_counter() - chunk_started
         if adaptive is not None:
-            adaptive.observe("full", stored, shipped, time.perf_counter() - chunk_started)
+            adaptive.observe("full", stored, shipped, chunk_s)
+        if trace is not None and len(trace) < TRACE_ENTRIES_MAX:
+            trace.append({"first": first, "end": end, "seconds": chunk_s,
+                          "bytes_stored": stored, "bytes_shipped": shipped})
         annotation.record(Decision(first, end, "full", reason))
     flush_pushed()
 
     metrics.device_cpu_s = cpu_seconds() - cpu_started
     metrics.wall_s = time.perf_counter() - started
     final = {"annotation": annotation.to_json(), "metrics": asdict(metrics)}
+    if trace is not None:
+        final["trace"] = trace
     writer.write_metadata(pa.py_buffer(protocol.encode_json(final)))
 
 
@@ -220,12 +237,9 @@ def scan_stage(store: KeyValueStore, emulator: Emulator, header: dict[str, Any],
             emulator.read(meta.slices[number].bytes_stored)
             batch = partitions.read_slice(store, meta, number)
             if payload:
-                with emulator.slot():
-                    work_started = time.perf_counter()
-                    outputs = [conform(out, schema)
-                               for out in _run(run_stage, payload, meta.schema, [batch])
-                               if out.num_rows]
-                    emulator.stretch(time.perf_counter() - work_started)
+                outputs = emulator.run(lambda b=batch: [
+                    conform(out, schema)
+                    for out in _run(run_stage, payload, meta.schema, [b]) if out.num_rows])
             else:
                 outputs = [batch.select(schema.names)]
             for out in outputs:

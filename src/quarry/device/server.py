@@ -20,6 +20,7 @@ from pyarrow import flight
 from quarry import protocol
 from quarry.device import calibration, programs, query
 from quarry.device import identity as identity_file
+from quarry.device.controller import Controllers
 from quarry.device.emulation import Emulator
 from quarry.device.profile import Profile
 from quarry.errors import QuarryError
@@ -62,6 +63,7 @@ class DeviceServer(flight.FlightServerBase):
         self.name = self.identity["name"]
         self.store = KeyValueStore(self.data / "kv", kv_bytes_max=profile.kv_bytes_max)
         self.emulator = Emulator(profile)
+        self.controllers = Controllers()
         collected = partitions.collect_debris(self.store)
         if collected:
             log.warning("%s: collected %d key-values of unfinished ingests", self.name, collected)
@@ -195,7 +197,7 @@ class DeviceServer(flight.FlightServerBase):
                     writer: flight.MetadataRecordBatchWriter) -> None:
         kind, header, payload = protocol.decode(descriptor.command)
         if kind == Exchange.QUERY:
-            query.run_query(self.store, self.emulator, header, payload, writer)
+            query.run_query(self.store, self.emulator, header, payload, writer, self.controllers)
         elif kind == Exchange.PROGRAM:
             self._run_program(header, payload, writer)
         else:

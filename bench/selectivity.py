@@ -1,0 +1,143 @@
+"""Kinetic Pipe's two queries swept over selectivity: pushdown never / always / auto vs DuckDB.
+
+    python bench/selectivity.py [--rows 20000000] [--devices 4] [--profile host]
+
+On a particle table (id, x, y, z, ke), for selectivities 0.1% .. 100%:
+    Q1  SELECT * FROM particles WHERE ke > X
+    Q2  SELECT sum(ke) FROM particles WHERE ke > X
+quarry runs on a local cluster; DuckDB reads the same rows from a local Parquet file. Reported:
+wall time and bytes shipped from devices to the host, side by side, and their ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import duckdb
+import matplotlib
+import pyarrow.parquet as pq
+from rich.progress import Progress
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import png_path, write_json  # noqa: E402
+
+import quarry  # noqa: E402
+from quarry.samples import particles  # noqa: E402
+
+matplotlib.use("Agg")
+SELECTIVITIES = (0.001, 0.01, 0.1, 0.5, 1.0)
+QUERIES = {
+    "select": "SELECT * FROM physics.particles WHERE ke > {x}",
+    "sum": "SELECT sum(ke) AS ke_sum FROM physics.particles WHERE ke > {x}",
+}
+MODES = ("never", "always", "auto")
+
+
+def best_of(repeat: int, run):  # noqa: ANN001, ANN201 - returns (seconds, result)
+    best, result = float("inf"), None
+    for _ in range(repeat):
+        started = time.perf_counter()
+        result = run()
+        best = min(best, time.perf_counter() - started)
+    return best, result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--rows", type=int, default=20_000_000)
+    parser.add_argument("--devices", type=int, default=4)
+    parser.add_argument("--profile", default="host")
+    parser.add_argument("--repeat", type=int, default=2)
+    args = parser.parse_args()
+
+    rows: list[dict] = []
+    with tempfile.TemporaryDirectory() as tmp, \
+            quarry.local(devices=args.devices, profile=args.profile) as cluster:
+        parquet = Path(tmp) / "particles.parquet"
+        writer = None
+        for batch in particles.batches(args.rows):
+            if writer is None:
+                writer = pq.ParquetWriter(parquet, batch.schema)
+            writer.write_batch(batch)
+        writer.close()
+        print(f"ingesting {args.rows:,} particles into {args.devices} devices ...")
+        cluster.ingest(parquet, "physics/particles", progress=True)
+        con = duckdb.connect()
+        con.execute(f"CREATE VIEW particles AS SELECT * FROM read_parquet('{parquet}')")
+        steps = len(SELECTIVITIES) * len(QUERIES) * (len(MODES) + 1)
+        with Progress() as progress:
+            task = progress.add_task("selectivity sweep", total=steps)
+            for fraction in SELECTIVITIES:
+                x = particles.ke_threshold(fraction)
+                for name, template in QUERIES.items():
+                    sql = template.format(x=x)
+                    duck_s, duck = best_of(args.repeat, lambda s=sql: con.execute(
+                        s.replace("physics.particles", "particles")).fetch_arrow_table())
+                    progress.advance(task)
+                    row = {"selectivity": fraction, "query": name, "sql": sql,
+                           "result_rows": duck.num_rows, "duckdb_s": duck_s}
+                    for mode in MODES:
+                        def run(s=sql, m=mode):  # noqa: ANN202
+                            planned = cluster.query(s, pushdown=m)
+                            table = planned.execute().read_all()
+                            return table, planned.explain(analyze=True)
+
+                        seconds, (table, report) = best_of(args.repeat, run)
+                        assert table.num_rows == duck.num_rows, (mode, name, fraction)
+                        row[f"{mode}_s"] = seconds
+                        row[f"{mode}_bytes_shipped"] = report["analyze"]["bytes_shipped"]
+                        progress.advance(task)
+                    row["never_over_always_time"] = row["never_s"] / row["always_s"]
+                    row["never_over_always_bytes"] = (row["never_bytes_shipped"]
+                                                      / max(1, row["always_bytes_shipped"]))
+                    row["always_over_duckdb_time"] = row["always_s"] / duck_s
+                    rows.append(row)
+    for r in rows:
+        print(f"{r['query']:6s} {r['selectivity']:6.1%}  never {r['never_s']:6.2f}s "
+              f"{r['never_bytes_shipped'] / 1e6:8.1f}MB | always {r['always_s']:6.2f}s "
+              f"{r['always_bytes_shipped'] / 1e6:8.1f}MB | auto {r['auto_s']:6.2f}s | "
+              f"duckdb {r['duckdb_s']:6.2f}s | bytes never/always "
+              f"{r['never_over_always_bytes']:9.1f}x")
+    path = write_json("selectivity", {"rows": args.rows, "devices": args.devices,
+                                      "profile": args.profile, "results": rows})
+    plot(rows, args)
+    print(f"wrote {path}")
+
+
+def plot(rows: list[dict], args: argparse.Namespace) -> None:
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(2, 2, figsize=(11, 8))
+    for column, name in enumerate(QUERIES):
+        chosen = [r for r in rows if r["query"] == name]
+        x = [100 * r["selectivity"] for r in chosen]
+        ax = axes[0][column]
+        for mode in MODES:
+            ax.plot(x, [r[f"{mode}_s"] for r in chosen], marker="o", label=f"quarry {mode}")
+        ax.plot(x, [r["duckdb_s"] for r in chosen], marker="s", label="DuckDB (local Parquet)")
+        ax.set_xscale("log")
+        ax.set_xlabel("selectivity (% of rows with ke > X)")
+        ax.set_ylabel("wall time (s)")
+        ax.set_title(f"{QUERIES[name].split(' WHERE')[0]} WHERE ke > X")
+        ax.legend(fontsize=8)
+        ax = axes[1][column]
+        for mode in MODES:
+            ax.plot(x, [max(r[f"{mode}_bytes_shipped"], 1) / 1e6 for r in chosen], marker="o",
+                    label=f"quarry {mode}")
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("selectivity (% of rows with ke > X)")
+        ax.set_ylabel("bytes shipped devices -> host (MB)")
+        ax.legend(fontsize=8)
+    fig.suptitle(f"Selectivity sweep: {args.rows:,} particles, {args.devices} {args.profile} "
+                 "devices")
+    fig.tight_layout()
+    fig.savefig(png_path("selectivity"), dpi=120)
+
+
+if __name__ == "__main__":
+    main()

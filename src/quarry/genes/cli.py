@@ -1,0 +1,228 @@
+"""`quarry de` (differential expression) and the expression-matrix side of `quarry ingest`.
+
+Runnable on its own as `python -m quarry.genes.cli de ...` / `ingest ...` / `drop ...`. The
+cluster is found like every quarry command finds it: `--cluster FILE`, else $QUARRY_CLUSTER,
+else `.quarry/cluster.json` (written by `quarry up`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from quarry.errors import QuarryError
+
+app = typer.Typer(
+    help="Single-cell expression matrices: store them, rank genes by differential expression.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+console = Console()
+errors = Console(stderr=True)
+
+DEFAULT_CLUSTER_FILE = ".quarry/cluster.json"
+TOP_DEFAULT = 20
+
+ClusterOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--cluster", help="cluster file (default: $QUARRY_CLUSTER or .quarry/cluster.json)"
+    ),
+]
+
+
+@app.callback()
+def _group() -> None:
+    """Keeps `de` a sub-command even while it is this app's only command that matters."""
+
+
+def cluster_file(path: Path | None) -> Path:
+    if path is not None:
+        return path
+    return Path(os.environ.get("QUARRY_CLUSTER", DEFAULT_CLUSTER_FILE))
+
+
+def open_cluster(path: Path | None) -> Any:
+    from quarry.coordinator.cluster import connect
+
+    return connect(cluster_file(path))
+
+
+@app.command()
+def de(
+    dataset: Annotated[str, typer.Argument(help="expression matrix, DOMAIN/NAME")],
+    group: Annotated[str | None, typer.Option(help="group label (of --groupby)")] = None,
+    groupby: Annotated[str | None, typer.Option(help="cell metadata column of the labels")] = None,
+    reference: Annotated[str, typer.Option(help="'rest', or a label")] = "rest",
+    method: Annotated[str, typer.Option(help="welch or student")] = "welch",
+    pushdown: Annotated[str, typer.Option(help="auto, always or never (host only)")] = "auto",
+    group_cells: Annotated[
+        Path | None, typer.Option(help="file of cell ids (one per line) instead of --group")
+    ] = None,
+    reference_cells: Annotated[
+        Path | None, typer.Option(help="file of cell ids (one per line) as the reference")
+    ] = None,
+    reference_dataset: Annotated[
+        str | None, typer.Option(help="compare with a group of this matrix")
+    ] = None,
+    reference_groupby: Annotated[
+        str | None, typer.Option(help="label column of the reference (default --groupby)")
+    ] = None,
+    top: Annotated[int, typer.Option(help="genes shown (0: all)")] = TOP_DEFAULT,
+    output: Annotated[Path | None, typer.Option(help="write every gene to this CSV")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="print JSON")] = False,
+    cluster: ClusterOption = None,
+) -> None:
+    """Rank genes by a t-test of one group of cells against the rest, another group, or a
+    group of another matrix; devices accumulate, the host runs the t-test."""
+    from quarry.genes.rank import rank_genes
+
+    if top < 0:
+        raise typer.BadParameter("--top must be 0 (all) or more")
+    group_spec: Any = _cell_list(group_cells) if group_cells is not None else group
+    reference_spec: Any = (
+        _cell_list(reference_cells) if reference_cells is not None else reference
+    )
+    c = open_cluster(cluster)
+    try:
+        frame = rank_genes(
+            c, dataset, groupby, group_spec, reference_spec, method,  # type: ignore[arg-type]
+            pushdown=pushdown,  # type: ignore[arg-type]
+            reference_dataset=reference_dataset, reference_groupby=reference_groupby,
+        )
+    finally:
+        c.close()
+    if output is not None:
+        frame.to_csv(output, index=False)
+    shown = frame if top == 0 else frame.head(top)
+    stats = frame.attrs["quarry"]
+    if as_json:
+        body = {
+            "dataset": dataset,
+            "group": group if group_cells is None else f"{len(group_spec)} cells",
+            "reference": reference if reference_cells is None else f"{len(reference_spec)} cells",
+            "method": method,
+            "genes": len(frame),
+            "results": [_json_row(row) for row in shown.to_dict(orient="records")],
+            "metadata": frame.attrs["metadata"],
+            "quarry": {k: v for k, v in stats.items() if k != "datasets"},
+        }
+        sys.stdout.write(json.dumps(body, indent=2, default=str) + "\n")
+        return
+    table = Table(title=f"{dataset}: {group or 'cells'} vs {reference} ({method})")
+    for column in ("names", "scores", "pvals", "pvals_adj", "logfoldchanges"):
+        table.add_column(column, justify="left" if column == "names" else "right")
+    for row in shown.itertuples(index=False):
+        table.add_row(str(row.names), f"{row.scores:.4g}", f"{row.pvals:.3g}",
+                      f"{row.pvals_adj:.3g}", f"{row.logfoldchanges:.3g}")
+    console.print(table)
+    console.print(
+        f"{len(frame):,} genes; shipped {_bytes(stats['bytes_shipped'])} to the host, read "
+        f"{_bytes(stats['bytes_read'])} on devices; slices executed {stats['slices_executed']}, "
+        f"pushed back {stats['slices_pushed_back']}, cached {stats['slices_cached']}; "
+        f"{stats['wall_s']:.2f} s",
+        highlight=False,
+    )
+
+
+@app.command()
+def ingest(
+    path: Annotated[Path, typer.Argument(help=".h5ad file, 10x directory, or TSV/CSV")],
+    dataset: Annotated[str, typer.Option(help="DOMAIN/NAME")],
+    format: Annotated[str | None, typer.Option(help="h5ad, mtx or tsv (default: guessed)")] = None,
+    cell_metadata: Annotated[
+        Path | None, typer.Option(help="table of cell metadata, joined by cell id")
+    ] = None,
+    orientation: Annotated[str, typer.Option(help="genes (rows) or cells (pivoted)")] = "genes",
+    metadata: Annotated[
+        list[str] | None, typer.Option(help="KEY=VALUE custom metadata (repeatable)")
+    ] = None,
+    replicas: Annotated[int, typer.Option(help="copies of each partition")] = 1,
+    compression: Annotated[str, typer.Option(help="zstd, lz4 or none")] = "none",
+    cluster: ClusterOption = None,
+) -> None:
+    """Store an expression matrix with its cell and gene metadata."""
+    from quarry.genes.datasets import ingest as ingest_matrix
+
+    pairs = dict(_key_value(item) for item in metadata or [])
+    c = open_cluster(cluster)
+    try:
+        stored = ingest_matrix(
+            c, path, dataset, format=format, cell_metadata=cell_metadata,  # type: ignore[arg-type]
+            orientation=orientation, metadata=pairs, replicas=replicas,  # type: ignore[arg-type]
+            compression=compression,
+        )
+    finally:
+        c.close()
+    console.print(
+        f"stored {stored.dataset}: {stored.gene_count:,} genes x {stored.cell_count:,} cells, "
+        f"{_bytes(stored.entry.bytes_stored)} in {len(stored.entry.partitions)} partitions "
+        f"(version {stored.version})",
+        highlight=False,
+    )
+
+
+@app.command()
+def drop(
+    dataset: Annotated[str, typer.Argument(help="expression matrix, DOMAIN/NAME")],
+    cluster: ClusterOption = None,
+) -> None:
+    """Remove a matrix, its cell and gene metadata, and the devices' cached statistics."""
+    from quarry.genes.datasets import drop as drop_matrix
+
+    c = open_cluster(cluster)
+    try:
+        deleted = drop_matrix(c, dataset)
+    finally:
+        c.close()
+    console.print(f"dropped {dataset} ({deleted:,} key-values)")
+
+
+def _cell_list(path: Path) -> list[str]:
+    if not path.is_file():
+        raise QuarryError(f"no cell id file {path}: give a file with one cell id per line")
+    cells = [line.strip() for line in path.read_text().splitlines() if line.strip()]
+    if not cells:
+        raise QuarryError(f"{path} lists no cell ids")
+    return cells
+
+
+def _key_value(item: str) -> tuple[str, str]:
+    if "=" not in item:
+        raise typer.BadParameter(f"--metadata takes KEY=VALUE, got {item!r}")
+    key, value = item.split("=", 1)
+    return key.strip(), value
+
+
+def _json_row(row: dict[str, Any]) -> dict[str, Any]:
+    # JSON has no NaN: a fold change of negative (scaled) means is null, as in pandas' to_json.
+    return {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in row.items()}
+
+
+def _bytes(value: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(value) < 1024 or unit == "GiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{value}"
+
+
+def main() -> None:
+    try:
+        app()
+    except QuarryError as error:
+        errors.print(f"[red]error:[/red] {error}", highlight=False)
+        raise SystemExit(2) from None
+
+
+if __name__ == "__main__":
+    main()

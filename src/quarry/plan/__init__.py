@@ -1,0 +1,16 @@
+"""Query decomposition: SQL cut into a host super-plan and Substrait sub-plans for devices.
+
+See docs/plan.md. The coordinator calls `decompose`, ships each fragment's stages to devices,
+which call `run_stage` per slice range; the host `complete`s whatever came back unfinished and
+calls `run_super`.
+"""
+
+from quarry.plan.capabilities import Capabilities
+from quarry.plan.decompose import RULES, Decomposition, Fragment, decompose
+from quarry.plan.errors import PlanError, StageError
+from quarry.plan.prune import slice_may_match
+from quarry.plan.stage import run_stage
+from quarry.plan.superplan import complete, run_super
+
+__all__ = ["RULES", "Capabilities", "Decomposition", "Fragment", "PlanError", "StageError",
+           "complete", "decompose", "run_stage", "run_super", "slice_may_match"]

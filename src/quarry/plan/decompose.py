@@ -1,0 +1,400 @@
+"""Decomposition: SQL in, a host super-plan and one Substrait sub-plan per stored-dataset read out.
+
+The coordinator plans the SQL with DataFusion against empty tables that have the stored datasets'
+schemas, converts the optimized plan to Substrait, and cuts it with `RULES`: each read of a
+stored dataset becomes a fragment, and each rule moves operators from the super-plan into the
+fragment below them. The super-plan reads each fragment's output as a table named after it.
+
+Every fragment has three stages, so a device can decide at run time how much to do and the host
+can finish the rest (DESIGN.md §3, Skytether §4 "flexibility"):
+
+- `raw`: the scan of the columns the query needs;
+- `filter`: raw plus the filter conjuncts the device can evaluate (same schema as raw; applying
+  it twice changes nothing);
+- `full`: the whole fragment (filter, projection, partial aggregate, limit or top-k).
+
+Completion invariant: `full(rows) == full(filter(rows)) == full(raw(rows))`, and `full` of a
+union is the union of `full` of its parts up to what the super-plan merges (partial aggregates
+are merged, limits re-applied). So running `full` on the host over whatever came back raw or
+filtered, and taking the union with what devices ran in full, gives the same answer whatever
+mix of stages the slices came back in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+import pyarrow as pa
+from datafusion import SQLOptions
+from substrait import algebra_pb2, plan_pb2
+
+from quarry.plan import engine, expressions, merge, tree
+from quarry.plan.capabilities import Capabilities
+from quarry.plan.cut import Cut, FragmentDraft, SelectivityEstimate, initial_cut
+from quarry.plan.errors import PlanError
+from quarry.plan.rules.holistic import holistic
+from quarry.plan.rules.push_filter import push_filter
+from quarry.plan.rules.push_limit import push_limit
+from quarry.plan.rules.push_projection import push_projection
+from quarry.plan.rules.split_aggregate import split_aggregate
+from quarry.plan.rules.split_predicate_by_capability import split_predicate_by_capability
+
+Rule = Callable[[Cut], Cut]
+PUSHDOWN_MODES = ("never", "always")
+STAGES = ("raw", "filter", "full")
+# Filters and projections interleave in DataFusion plans; moving one can expose the other.
+ROW_RULES: tuple[Rule, ...] = (push_projection, push_filter)
+ROW_RULE_ROUNDS_MAX = 64
+PRODUCER_MESSAGE_CHARS_MAX = 200
+
+
+def push_rows(cut: Cut) -> Cut:
+    """push_projection and push_filter until neither moves anything."""
+    for _ in range(ROW_RULE_ROUNDS_MAX):
+        before = _fingerprint(cut)
+        for rule in ROW_RULES:
+            cut = rule(cut)
+        if _fingerprint(cut) == before:
+            return cut
+    raise AssertionError("row rules did not settle")
+
+
+def _fingerprint(cut: Cut) -> bytes:
+    return cut.plan.SerializeToString(deterministic=True)
+
+
+RULES: tuple[Rule, ...] = (push_rows, split_predicate_by_capability, holistic, split_aggregate,
+                           push_limit)
+
+
+@dataclass
+class Fragment:
+    name: str                      # host-side table name for its output
+    dataset: str                   # "domain/name"
+    stages: dict[str, bytes]       # "raw", "filter", "full" -> Substrait Plan bytes
+    output_schema: pa.Schema       # of "full"
+    raw_schema: pa.Schema          # of "raw" and "filter"
+    predicates: list[dict]         # zone-map-prunable conjuncts (JSON-serializable)
+    pushed: list[str]              # operators pushed down, for EXPLAIN
+    device_stages: tuple[str, ...] = STAGES   # the stages this fragment's devices can run
+    capabilities: str = "full"
+    device_filter: list[str] = field(default_factory=list)   # filter stage conjuncts, in order
+    host_filter: list[str] = field(default_factory=list)     # conjuncts only the host checks
+    notes: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "dataset": self.dataset, "pushed": list(self.pushed),
+                "device_stages": list(self.device_stages), "capabilities": self.capabilities,
+                "predicates": list(self.predicates), "device_filter": list(self.device_filter),
+                "host_filter": list(self.host_filter), "notes": list(self.notes),
+                "raw_schema": _schema_json(self.raw_schema),
+                "output_schema": _schema_json(self.output_schema),
+                "stage_bytes": {stage: len(data) for stage, data in self.stages.items()},
+                "plan": stage_display(self, "full")}
+
+
+@dataclass
+class Decomposition:
+    super_plan: bytes              # Substrait; reads fragments by name
+    fragments: list[Fragment]
+    output_schema: pa.Schema
+    pushdown: str = "always"
+
+    def fragment(self, name: str) -> Fragment:
+        for fragment in self.fragments:
+            if fragment.name == name:
+                return fragment
+        raise KeyError(name)
+
+    def super_display(self) -> str:
+        plan = tree.parse_plan(self.super_plan)
+        return _host_frame(plan, self.fragments).logical_plan().display_indent()
+
+    def explain(self) -> str:
+        lines = [f"pushdown: {self.pushdown}", "super-plan (host):"]
+        lines += ["  " + line for line in self.super_display().splitlines()]
+        for fragment in self.fragments:
+            pushed = ", ".join(fragment.pushed) or "nothing (raw scan)"
+            lines.append(f"sub-plan {fragment.name} <- {fragment.dataset} "
+                         f"[{fragment.capabilities}]: pushed {pushed}")
+            lines.append(f"  device stages: {', '.join(fragment.device_stages)}")
+            if fragment.device_filter:
+                lines.append(f"  device filter: {' AND '.join(fragment.device_filter)}")
+            if fragment.host_filter:
+                lines.append(f"  host re-check: {' AND '.join(fragment.host_filter)}")
+            if fragment.predicates:
+                lines.append(f"  zone-map predicates: {fragment.predicates}")
+            for note in fragment.notes:
+                lines.append(f"  note: {note}")
+            lines += ["    " + line for line in stage_display(fragment, "full").splitlines()]
+        return "\n".join(lines)
+
+    def to_json(self) -> dict:
+        return {"pushdown": self.pushdown, "super_plan": self.super_display(),
+                "output_schema": _schema_json(self.output_schema),
+                "fragments": [fragment.to_json() for fragment in self.fragments]}
+
+
+def _schema_json(schema: pa.Schema) -> list[dict]:
+    return [{"name": f.name, "type": str(f.type)} for f in schema]
+
+
+def stage_display(fragment: Fragment, stage: str) -> str:
+    ctx = engine.session()
+    domain, name = engine.split_dataset(fragment.dataset)
+    ctx.sql(f"CREATE SCHEMA IF NOT EXISTS {engine.quote_identifier(domain)}").collect()
+    reference = f"{engine.quote_identifier(domain)}.{engine.quote_identifier(name)}"
+    engine.register_batches(ctx, reference, fragment.raw_schema, [])
+    return engine.consume(ctx, fragment.stages[stage]).logical_plan().display_indent()
+
+
+def decompose(sql: str, tables: Mapping[str, pa.Schema], pushdown: str = "always",
+              capabilities: Mapping[str, Capabilities | str] | None = None,
+              selectivity: SelectivityEstimate | None = None) -> Decomposition:
+    """Cut `sql` into a super-plan and sub-plans.
+
+    `tables` maps "domain/name" to each stored dataset's schema; SQL names a dataset as
+    `domain.name`, or `name` when no other domain has that name. `capabilities` maps a dataset
+    (or "*" for all) to what every device storing it can evaluate, as a `Capabilities` or its
+    name ("full", "scan_filter"); the coordinator passes the intersection when a dataset spans
+    profiles; missing means full. `selectivity`, if given, estimates a filter conjunct's
+    selectivity from its description (`split_predicate_by_capability.describe`); when it
+    returns None, textbook defaults apply.
+    """
+    if pushdown not in PUSHDOWN_MODES:
+        raise PlanError(f"pushdown must be one of {', '.join(PUSHDOWN_MODES)}, got {pushdown!r}")
+    cut, output = plan_cut(sql, tables, capabilities, selectivity)
+    rules = RULES if pushdown == "always" else ()
+    for rule in rules:
+        cut = rule(cut)
+    return finalize(cut, output, pushdown)
+
+
+def plan_cut(sql: str, tables: Mapping[str, pa.Schema],
+             capabilities: Mapping[str, Capabilities | str] | None = None,
+             selectivity: SelectivityEstimate | None = None) -> tuple[Cut, pa.Schema]:
+    """The starting cut of `sql` (before any rule) and the query's output schema."""
+    try:
+        catalog = engine.Catalog(dict(tables))
+        resolved = {dataset: (Capabilities.named(c) if isinstance(c, str) else c)
+                    for dataset, c in (capabilities or {}).items()}
+        unknown = sorted(set(resolved) - set(tables) - {"*"})
+        if unknown:
+            raise ValueError(f"capabilities given for unknown dataset(s) {', '.join(unknown)}; "
+                             f"datasets: {', '.join(sorted(tables))}")
+    except ValueError as error:
+        raise PlanError(str(error)) from None
+    ctx = engine.session()
+    catalog.register(ctx)
+    options = SQLOptions().with_allow_ddl(False).with_allow_dml(False) \
+        .with_allow_statements(False)
+    try:
+        frame = ctx.sql_with_options(sql, options)
+        output = frame.schema()
+        logical = frame.optimized_logical_plan()
+    except Exception as error:  # DataFusion raises ValueError / Exception subclasses
+        raise plan_error(str(error), catalog) from None
+    try:
+        plan = engine.produce_logical(ctx, logical)
+    except Exception as error:
+        # DataFusion appends the whole plan to this message; its first clause says it all.
+        reason = _clean(str(error)).split(" {", 1)[0][:PRODUCER_MESSAGE_CHARS_MAX]
+        raise PlanError(f"the query cannot be expressed as a Substrait plan: {reason}"
+                        "\nhint: only SELECT queries run on quarry") from None
+    return initial_cut(plan, catalog, ctx, resolved, selectivity), output
+
+
+def _clean(message: str) -> str:
+    for prefix in ("DataFusion error: ", "Error during planning: ", "Schema error: "):
+        message = message.replace(prefix, "")
+    return message.strip()
+
+
+def plan_error(message: str, catalog: engine.Catalog) -> PlanError:
+    """The parser's message plus a hint at what to do."""
+    text = _clean(message)
+    if "not supported" in message and any(w in message for w in ("DDL", "DML", "Statement")):
+        hint = "only SELECT queries run on quarry; datasets are loaded through quarry itself"
+    elif "single SQL statement" in message:
+        hint = "send one statement at a time"
+    elif "ParserError" in message or "SQL error" in message:
+        hint = "check the SQL syntax at the line and column given"
+    elif "not found" in message and "table" in message:
+        hint = f"known tables: {', '.join(catalog.sql_names()) or '(none)'}"
+    elif "No field named" in message:
+        hint = "check the column name and its table qualifier"
+    elif "coerce" in message or "type" in message.lower():
+        hint = "convert one side explicitly, e.g. CAST(x AS DOUBLE)"
+    else:
+        hint = "check the query against the tables' schemas"
+    return PlanError(f"{text}\nhint: {hint}")
+
+
+@dataclass
+class _Built:
+    draft: FragmentDraft
+    fragment: Fragment
+    hidden: bool      # the placeholder masks the one column the fragment ships (count(*))
+
+
+def finalize(cut: Cut, output: pa.Schema, pushdown: str) -> Decomposition:
+    """Stages for every fragment, typed placeholders in the super-plan, invariants checked."""
+    built: list[_Built] = []
+    canonical: dict[tuple, str] = {}
+    renames: dict[str, str] = {}
+    for draft in cut.fragments:
+        item = _build_fragment(cut, draft)
+        key = (item.fragment.dataset, item.hidden,
+               *(item.fragment.stages[stage] for stage in STAGES))
+        if key in canonical:
+            # Identical sub-plans (Q21 reads lineitem thrice, twice alike): ship one, read twice.
+            renames[draft.name] = canonical[key]
+            continue
+        canonical[key] = draft.name
+        built.append(item)
+
+    super_plan = tree.copy_plan(cut.plan)
+    by_name = {item.draft.name: item for item in built}
+    typed = {name: _typed_read(name, item.fragment.output_schema)
+             for name, item in by_name.items()}
+    for rel in list(tree.iter_rels(super_plan)):
+        names = tree.named_table(rel)
+        if names is None or len(names) != 1:
+            continue
+        name = renames.get(names[0], names[0])
+        if name not in by_name:
+            continue
+        # A read planned by DataFusion over the fragment table (the host half of a split
+        # aggregate) may select some of its fields: keep that selection.
+        mask = None
+        if rel.read.HasField("projection"):
+            mask = algebra_pb2.Expression.MaskExpression()
+            mask.CopyFrom(rel.read.projection)
+        tree.replace(rel, typed[name])
+        if by_name[name].hidden:
+            rel.read.projection.select.SetInParent()
+        elif mask is not None:
+            rel.read.projection.CopyFrom(mask)
+
+    fragments = [item.fragment for item in built]
+    schema = _host_frame(super_plan, fragments).schema()
+    assert schema.types == output.types, (
+        f"decomposition changed the result types: {schema.types} != {output.types}")
+    return Decomposition(super_plan.SerializeToString(), fragments, output, pushdown)
+
+
+def _host_frame(super_plan: plan_pb2.Plan, fragments: list[Fragment]):
+    """The super-plan in a host context whose fragment tables are empty (for types, display)."""
+    ctx = engine.session()
+    merge.register_merge_functions(ctx, tree.function_names(super_plan).values())
+    for fragment in fragments:
+        engine.register_batches(ctx, fragment.name, fragment.output_schema, [])
+    return engine.consume(ctx, super_plan)
+
+
+def _typed_read(name: str, schema: pa.Schema) -> algebra_pb2.Rel:
+    """A read of the fragment's table typed exactly as DataFusion's producer types it."""
+    ctx = engine.session()
+    engine.register_batches(ctx, name, schema, [])
+    plan = engine.produce(ctx, ctx.table(name))
+    rel = tree.root_rel(plan)
+    assert tree.kind(rel) == "read", f"SELECT * planned as {tree.kind(rel)}, not a read"
+    rel.read.ClearField("projection")
+    assert len(rel.read.base_schema.struct.types) == len(schema), "typed read lost fields"
+    return tree.copy_rel(rel)
+
+
+def _build_fragment(cut: Cut, draft: FragmentDraft) -> _Built:
+    names = cut.function_names()
+    domain, dataset_name = engine.split_dataset(draft.dataset)
+    read = draft.read
+    raw_fields = tree.read_field_names(read)
+
+    raw_rel = algebra_pb2.Rel()
+    raw_rel.read.base_schema.CopyFrom(read.base_schema)
+    raw_rel.read.named_table.names.extend([domain, dataset_name])
+
+    device_conjuncts = draft.device_conjuncts
+    if device_conjuncts is None:
+        device_conjuncts = [c for c in draft.raw_conjuncts
+                            if draft.capabilities.supports_predicate(c, names)]
+    if device_conjuncts:
+        filter_rel = algebra_pb2.Rel()
+        filter_rel.filter.input.CopyFrom(raw_rel)
+        filter_rel.filter.condition.CopyFrom(expressions.conjoin(device_conjuncts, cut.plan))
+    else:
+        filter_rel = raw_rel
+
+    nothing_pushed = tree.kind(draft.rel) == "read"
+    hidden = nothing_pushed and draft.raw_empty
+    if nothing_pushed:
+        full_rel = raw_rel
+    else:
+        full_rel = tree.copy_rel(draft.rel)
+        for rel in tree.iter_rels(full_rel):
+            if tree.kind(rel) == "read":
+                tree.set_named_table(rel, [domain, dataset_name])
+    output = engine.plan_schema(cut.ctx, tree.make_plan(cut.plan, full_rel))
+    if len(output) == 0:
+        # A fragment whose parent reads no column (count(*) over a filter): ship one constant
+        # column so batches carry row counts, and let the placeholder mask it away.
+        full_rel = _with_constant_column(full_rel)
+        output = engine.plan_schema(cut.ctx, tree.make_plan(cut.plan, full_rel))
+        hidden = True
+    visible = 0 if hidden else len(output)
+    assert visible == draft.width, (
+        f"{draft.name} outputs {visible} fields where the super-plan reads {draft.width}")
+    output_names = engine.unique_names(output.names)
+    raw_schema = engine.plan_schema(cut.ctx, tree.make_plan(cut.plan, raw_rel))
+    assert raw_schema.names == raw_fields, "the raw stage ships exactly the needed columns"
+    filter_schema = engine.plan_schema(cut.ctx, tree.make_plan(cut.plan, filter_rel))
+    assert filter_schema.types == raw_schema.types, "the filter stage keeps the raw schema"
+
+    def encode(rel: algebra_pb2.Rel, schema: pa.Schema, names: list[str]) -> bytes:
+        flat = not any(pa.types.is_nested(f.type) for f in schema)
+        return tree.make_plan(cut.plan, rel, names if flat else None).SerializeToString()
+
+    stages = {"raw": encode(raw_rel, raw_schema, raw_fields),
+              "filter": encode(filter_rel, raw_schema, raw_fields),
+              "full": encode(full_rel, output, output_names)}
+    output_schema = pa.schema([pa.field(n, f.type, f.nullable)
+                               for n, f in zip(output_names, output)])
+    fragment = Fragment(
+        name=draft.name, dataset=draft.dataset, stages=stages, output_schema=output_schema,
+        raw_schema=raw_schema,
+        predicates=[p for c in draft.raw_conjuncts
+                    if (p := expressions.simple_predicate(c, names, raw_fields)) is not None],
+        pushed=list(draft.pushed), device_stages=_device_stages(cut, draft, names),
+        capabilities=draft.capabilities.name,
+        device_filter=[expressions.render(c, names, raw_fields) for c in device_conjuncts],
+        host_filter=[expressions.render(c, names, raw_fields) for c in draft.host_conjuncts],
+        notes=list(draft.notes))
+    return _Built(draft, fragment, hidden)
+
+
+def _with_constant_column(rel: algebra_pb2.Rel) -> algebra_pb2.Rel:
+    wrapped = algebra_pb2.Rel()
+    wrapped.project.input.CopyFrom(rel)
+    wrapped.project.expressions.add().literal.boolean = True
+    return wrapped
+
+
+def _device_stages(cut: Cut, draft: FragmentDraft, names: Mapping[int, str]) -> tuple[str, ...]:
+    """All stages for full devices; a restricted device runs `full` only if it is all simple."""
+    caps = draft.capabilities
+    if caps.is_full:
+        return STAGES
+    for rel in tree.iter_rels(draft.rel):
+        rel_kind = tree.kind(rel)
+        if rel_kind == "read":
+            continue
+        if rel_kind == "filter":
+            parts = expressions.conjuncts(rel.filter.condition, names)
+            if all(caps.supports_predicate(part, names) for part in parts):
+                continue
+        if rel_kind == "project" and all(
+                expressions.field_index(e) is not None for e in rel.project.expressions):
+            continue
+        return ("raw", "filter")
+    return STAGES

@@ -1,0 +1,76 @@
+"""Zone-map pruning: may a slice hold a row that passes the fragment's filter?
+
+`Fragment.predicates` lists the filter's simple conjuncts (column op literal, IS [NOT] NULL) in a
+JSON-serializable form; a zone map gives, per column, min, max, null_count and rows of a slice.
+Pruning is conservative: when in doubt (missing statistics, values that do not compare, floats
+that may hide NaN), the slice may match.
+"""
+
+from __future__ import annotations
+
+import datetime
+import decimal
+from collections.abc import Mapping, Sequence
+
+# Floats: DataFusion orders NaN above every number (NaN > x is true) while zone-map min/max
+# skip NaN, so a slice's max says nothing about rows matching >, >= or !=.
+_NAN_MAY_MATCH = (">", ">=", "!=")
+
+
+def decode_value(predicate: Mapping) -> object:
+    """The predicate's literal as a Python scalar comparable with zone-map values."""
+    value, type_tag = predicate.get("value"), predicate.get("type")
+    if type_tag == "date":
+        return datetime.date.fromisoformat(value)
+    if type_tag == "timestamp":
+        return datetime.datetime.fromisoformat(value)
+    if type_tag == "decimal":
+        return decimal.Decimal(value)
+    return value
+
+
+def slice_may_match(predicates: Sequence[Mapping], zone_map: Mapping[str, Mapping]) -> bool:
+    """False only when some conjunct can match no row of the slice."""
+    return all(_may_match(predicate, zone_map.get(predicate.get("column")))
+               for predicate in predicates)
+
+
+def _may_match(predicate: Mapping, stats: Mapping | None) -> bool:
+    if not stats:
+        return True
+    op = predicate.get("op")
+    rows, nulls = stats.get("rows"), stats.get("null_count")
+    all_null = rows is not None and nulls is not None and nulls >= rows
+    if op == "is_null":
+        return nulls is None or nulls > 0
+    if op == "is_not_null":
+        return not all_null
+    if all_null:
+        return False  # a comparison with NULL is never true
+    low, high = stats.get("min"), stats.get("max")
+    if low is None or high is None or "value" not in predicate:
+        return True
+    value = decode_value(predicate)
+    floats = any(isinstance(x, float) for x in (low, high, value))
+    if floats and (op in _NAN_MAY_MATCH or any(x != x for x in (low, high, value))):
+        return True
+    try:
+        return _range_may_match(op, low, high, value)
+    except TypeError:
+        return True  # values of types that do not compare: keep the slice
+
+
+def _range_may_match(op: str, low: object, high: object, value: object) -> bool:
+    if op == "=":
+        return low <= value <= high
+    if op == "!=":
+        return not (low == high == value)
+    if op == "<":
+        return low < value
+    if op == "<=":
+        return low <= value
+    if op == ">":
+        return high > value
+    if op == ">=":
+        return high >= value
+    return True

@@ -1,0 +1,145 @@
+"""Running one stage of a sub-plan over rows of its dataset, on a device or on the host.
+
+A stage reads one named table (its dataset). `run_stage` binds that table to the given batches
+by column name, so devices can pass whole slices (a superset of the columns) and the host can
+pass raw rows back for completion.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+
+import pyarrow as pa
+from google.protobuf.message import DecodeError
+
+from quarry.plan import engine, merge, tree
+from quarry.plan.errors import StageError
+
+INPUT_TABLE = "__quarry_input"
+# Stages repeat per slice range; decoding each once is enough. Bounded like every cache.
+PREPARED_CACHE_ENTRIES_MAX = 256
+# Per chunk of a few MB, one partition avoids repartitioning overhead that dominates small
+# inputs; callers with large inputs pass more.
+TARGET_PARTITIONS_DEFAULT = 1
+
+
+@dataclass(frozen=True)
+class PreparedStage:
+    plan: bytes                              # the stage with its table renamed to INPUT_TABLE
+    table: tuple[str, ...]                   # the dataset table the stage names
+    columns: tuple[str, ...]                 # the columns it reads, in order
+    types: tuple[pa.DataType | None, ...]    # their Arrow types (None: whatever arrives)
+    merge_functions: tuple[str, ...]         # quarry merge functions it calls (host only)
+
+
+@functools.lru_cache(maxsize=PREPARED_CACHE_ENTRIES_MAX)
+def prepare(stage: bytes) -> PreparedStage:
+    try:
+        plan = tree.parse_plan(stage)
+    except DecodeError as error:
+        raise StageError(f"cannot decode sub-plan: not a Substrait plan ({error})",
+                         "plan") from None
+    if len(plan.relations) != 1:
+        raise StageError(f"cannot decode sub-plan: {len(plan.relations)} roots, expected 1",
+                         "plan")
+    reads = [rel for rel in tree.iter_rels(plan) if tree.kind(rel) == "read"]
+    tables = {tree.named_table(rel) for rel in reads}
+    if len(tables) != 1 or None in tables:
+        raise StageError(f"cannot decode sub-plan: a stage reads one named table, this one reads "
+                         f"{sorted(str(t) for t in tables)}", "read")
+    schemas = {rel.read.base_schema.SerializeToString(deterministic=True) for rel in reads}
+    if len(schemas) != 1:
+        raise StageError("cannot decode sub-plan: reads of one table disagree on its schema",
+                         "read")
+    for rel in reads:
+        tree.set_named_table(rel, [INPUT_TABLE])
+    typed = engine.read_arrow_schema(reads[0].read)
+    return PreparedStage(plan.SerializeToString(), tables.pop(), tuple(typed),
+                         tuple(typed.values()),
+                         tuple(n for n in tree.function_names(plan).values()
+                               if n.startswith(merge.PREFIX)))
+
+
+def run_stage(stage: bytes, schema: pa.Schema, batches: Iterable[pa.RecordBatch],
+              target_partitions: int = TARGET_PARTITIONS_DEFAULT) -> Iterator[pa.RecordBatch]:
+    """Execute `stage` over `batches` (rows of its dataset, of `schema`) with DataFusion.
+
+    `schema` may hold more columns than the stage reads; it is what an empty input looks like.
+    The plan is checked before this returns (a StageError names the failing operator); batches
+    stream from the returned iterator.
+    """
+    prepared = prepare(stage)
+    input_schema = _input_schema(prepared, schema)
+    bound = [_bind(batch, prepared, input_schema) for batch in batches]
+    ctx = engine.session(target_partitions)
+    engine.register_batches(ctx, INPUT_TABLE, input_schema, bound, target_partitions)
+    try:
+        merge.register_merge_functions(ctx, prepared.merge_functions)
+        frame = engine.consume(ctx, prepared.plan)
+        stream = frame.execute_stream()
+    except Exception as error:
+        operator = failing_operator(prepared, input_schema)
+        raise StageError(f"cannot run sub-plan: {operator} failed: {error}", operator) from None
+    return _batches(stream)
+
+
+def _batches(stream) -> Iterator[pa.RecordBatch]:
+    try:
+        for batch in stream:
+            yield batch.to_pyarrow()
+    except Exception as error:
+        raise StageError(f"sub-plan failed while running: {error}", "execution") from None
+
+
+def _input_schema(prepared: PreparedStage, schema: pa.Schema) -> pa.Schema:
+    fields = []
+    for name, arrow_type in zip(prepared.columns, prepared.types):
+        index = schema.get_field_index(name)
+        if index < 0:
+            raise StageError(f"the stage reads column {name!r}, which the input lacks "
+                             f"(input columns: {', '.join(schema.names)})", "read")
+        given = schema.field(index)
+        fields.append(pa.field(name, arrow_type or given.type, given.nullable))
+    return pa.schema(fields)
+
+
+def _bind(batch: pa.RecordBatch, prepared: PreparedStage,
+          input_schema: pa.Schema) -> pa.RecordBatch:
+    if batch.schema.names == list(prepared.columns) and batch.schema.types == input_schema.types:
+        return batch
+    columns = []
+    for field in input_schema:
+        index = batch.schema.get_field_index(field.name)
+        if index < 0:
+            raise StageError(f"the stage reads column {field.name!r}, which a batch lacks",
+                             "read")
+        column = batch.column(index)
+        columns.append(column if column.type == field.type else column.cast(field.type))
+    return pa.RecordBatch.from_arrays(columns, schema=input_schema)
+
+
+def failing_operator(prepared: PreparedStage, input_schema: pa.Schema) -> str:
+    """The lowest relation of the stage that DataFusion cannot take, as "kind (functions)"."""
+    plan = tree.parse_plan(prepared.plan)
+    names = tree.function_names(plan)
+    # Reversed pre-order visits children before their parents: the first failure is the lowest.
+    for rel in reversed(list(tree.iter_rels(tree.root_rel(plan)))):
+        ctx = engine.session(TARGET_PARTITIONS_DEFAULT)
+        engine.register_batches(ctx, INPUT_TABLE, input_schema, [])
+        try:
+            merge.register_merge_functions(ctx, prepared.merge_functions)
+            engine.consume(ctx, tree.make_plan(plan, rel))
+        except Exception as error:
+            child = tree.single_input(rel)
+            own = _functions(rel, names) - (_functions(child, names) if child else set())
+            # Name the function DataFusion complained about when its message says which.
+            own = {name for name in own if name in str(error)} or own
+            suffix = f" ({', '.join(sorted(own))})" if own else ""
+            return f"{tree.kind(rel)}{suffix}"
+    return "plan"
+
+
+def _functions(rel, names: dict[int, str]) -> set[str]:
+    return {names.get(anchor, f"#{anchor}") for anchor in tree.used_function_anchors(rel)}

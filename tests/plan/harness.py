@@ -1,0 +1,163 @@
+"""A stand-in for devices and coordinator: run a decomposition over in-memory partitions.
+
+Each dataset is split into partitions (one per "device") of several chunks (slice ranges). Per
+chunk the "device" prunes with the zone map, then runs a stage: always `full`, or a random one
+of its device stages (forced push-back). Rows that came back `raw` or `filter`-ed are completed
+on the host, and the super-plan runs over the union.
+"""
+
+from __future__ import annotations
+
+import decimal
+import math
+import random
+from collections.abc import Mapping, Sequence
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from quarry.plan import Decomposition, complete, run_stage, run_super, slice_may_match
+
+PARTITIONS = 4
+CHUNKS_PER_PARTITION = 3
+
+
+def chunks(table: pa.Table, partitions: int = PARTITIONS,
+           chunks_per_partition: int = CHUNKS_PER_PARTITION) -> list[pa.Table]:
+    """Contiguous row ranges: partitions of whole rows, each cut into chunks."""
+    pieces: list[pa.Table] = []
+    rows = table.num_rows
+    bounds = [rows * i // partitions for i in range(partitions + 1)]
+    for start, stop in zip(bounds, bounds[1:]):
+        inner = [start + (stop - start) * i // chunks_per_partition
+                 for i in range(chunks_per_partition + 1)]
+        pieces.extend(table.slice(a, b - a) for a, b in zip(inner, inner[1:]))
+    return pieces
+
+
+def zone_map(table: pa.Table, columns: Sequence[str]) -> dict[str, dict]:
+    stats: dict[str, dict] = {}
+    for name in columns:
+        if name not in table.column_names:
+            continue
+        column = table.column(name)
+        low_high = pc.min_max(column)
+        stats[name] = {"min": low_high["min"].as_py(), "max": low_high["max"].as_py(),
+                       "null_count": column.null_count, "rows": table.num_rows}
+    return stats
+
+
+def execute(decomposition: Decomposition, data: Mapping[str, pa.Table],
+            stage_choice: str = "full", seed: int = 0, prune: bool = True,
+            partitions: int = PARTITIONS,
+            chunks_per_partition: int = CHUNKS_PER_PARTITION) -> pa.Table:
+    """The query's answer; `stage_choice` is "full" or "random" (forced partial push-back)."""
+    rng = random.Random(seed)
+    outputs: dict[str, list[pa.RecordBatch]] = {}
+    for fragment in decomposition.fragments:
+        table = data[fragment.dataset]
+        done: list[pa.RecordBatch] = []
+        pushed_back: list[pa.RecordBatch] = []
+        columns = [p["column"] for p in fragment.predicates]
+        for piece in chunks(table, partitions, chunks_per_partition):
+            if prune and fragment.predicates and not slice_may_match(
+                    fragment.predicates, zone_map(piece, columns)):
+                continue
+            stage = "full"
+            if stage_choice == "random":
+                stage = rng.choice(fragment.device_stages)
+            elif "full" not in fragment.device_stages:
+                stage = "filter"
+            batches = list(run_stage(fragment.stages[stage], table.schema, piece.to_batches()))
+            (done if stage == "full" else pushed_back).extend(batches)
+        if pushed_back or not done:
+            done.extend(complete(fragment, pushed_back))
+        outputs[fragment.name] = done
+    return run_super(decomposition, outputs).read_all()
+
+
+# ---- comparing answers -------------------------------------------------------------------
+
+FLOAT_RELATIVE = 1e-9
+
+
+def _scale(value: decimal.Decimal) -> int:
+    exponent = value.as_tuple().exponent
+    return -exponent if isinstance(exponent, int) else 0
+
+
+def values_close(left: object, right: object, float_absolute: float = 0.0) -> bool:
+    """Cell equality: exact for ints/strings/dates, 1e-9 relative for floats, decimals at scale.
+
+    A decimal on either side is compared within one unit of the coarser decimal scale:
+    DataFusion truncates avg of decimal(p, s) to scale s + 4 and divides decimals at its own
+    scale, DuckDB returns a double or rounds at another scale; truncation is off by less than
+    one unit of the last place, rounding by at most half.
+    """
+    if left is None or right is None:
+        return left is None and right is None
+    numbers = (int, float, decimal.Decimal)
+    if isinstance(left, bool) or isinstance(right, bool) or not (
+            isinstance(left, numbers) and isinstance(right, numbers)):
+        return left == right
+    if isinstance(left, int) and isinstance(right, int):
+        return left == right
+    a, b = float(left), float(right)
+    if math.isnan(a) or math.isnan(b):
+        return math.isnan(a) and math.isnan(b)
+    scales = [_scale(x) for x in (left, right) if isinstance(x, decimal.Decimal)]
+    tolerance = float_absolute
+    if scales:
+        tolerance = max(tolerance, 10.0 ** -min(scales))
+    return math.isclose(a, b, rel_tol=FLOAT_RELATIVE, abs_tol=tolerance)
+
+
+def _sort_key(row: tuple) -> tuple:
+    key = []
+    for value in row:
+        if value is None:
+            key.append((0, ""))
+        elif isinstance(value, (int, float, decimal.Decimal)) and not isinstance(value, bool):
+            key.append((1, round(float(value), 4)))
+        else:
+            key.append((2, str(value)))
+    return tuple(key)
+
+
+def rows_of(table: pa.Table) -> list[tuple]:
+    return [tuple(row.values()) for row in table.to_pylist()] if table.num_columns else []
+
+
+def assert_same_rows(actual: pa.Table, expected: pa.Table, ordered: bool,
+                     float_absolute: float = 0.0, context: str = "") -> None:
+    got, want = rows_of(actual), rows_of(expected)
+    assert actual.num_columns == expected.num_columns, (
+        f"{context}: {actual.num_columns} columns, expected {expected.num_columns}")
+    assert len(got) == len(want), f"{context}: {len(got)} rows, expected {len(want)}"
+    if not ordered:
+        got, want = sorted(got, key=_sort_key), sorted(want, key=_sort_key)
+    for index, (g, w) in enumerate(zip(got, want)):
+        assert all(values_close(a, b, float_absolute) for a, b in zip(g, w)), (
+            f"{context}: row {index} differs: {g} != {w}")
+
+
+def cut_after(sql: str, schemas: Mapping[str, pa.Schema], *rules,
+              capabilities: Mapping | None = None):
+    """The cut of `sql` after the row rules and then `rules` (each tested on its own)."""
+    from quarry.plan.decompose import plan_cut
+
+    cut, _ = plan_cut(sql, schemas, capabilities)
+    for rule in rules:
+        cut = rule(cut)
+    return cut
+
+
+def kinds_down(rel) -> list[str]:
+    """Relation kinds from `rel` down its single-input chain, e.g. ["aggregate", "filter", ...]."""
+    from quarry.plan import tree
+
+    chain = []
+    while rel is not None:
+        chain.append(tree.kind(rel))
+        rel = tree.single_input(rel)
+    return chain

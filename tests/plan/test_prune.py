@@ -1,0 +1,105 @@
+"""Zone-map pruning is conservative: it never drops a slice that could hold a matching row."""
+
+from __future__ import annotations
+
+import datetime
+import decimal
+import json
+
+import pyarrow as pa
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from quarry.plan import decompose, slice_may_match
+from quarry.plan.prune import decode_value
+
+from .harness import zone_map
+
+ZONE = {"a": {"min": 10, "max": 20, "null_count": 0, "rows": 100},
+        "s": {"min": "banana", "max": "cherry", "null_count": 5, "rows": 100},
+        "d": {"min": datetime.date(2020, 1, 1), "max": datetime.date(2020, 12, 31),
+              "null_count": 100, "rows": 100},
+        "p": {"min": decimal.Decimal("1.50"), "max": decimal.Decimal("9.99"), "null_count": 0,
+              "rows": 100},
+        "f": {"min": -1.0, "max": 1.0, "null_count": 0, "rows": 100}}
+
+
+def p(column: str, op: str, value=None, type_tag: str = "int") -> dict:
+    predicate = {"column": column, "op": op}
+    if value is not None:
+        predicate.update(value=value, type=type_tag)
+    return predicate
+
+
+def test_ranges() -> None:
+    assert slice_may_match([p("a", "=", 15)], ZONE)
+    assert not slice_may_match([p("a", "=", 21)], ZONE)
+    assert not slice_may_match([p("a", "<", 10)], ZONE)
+    assert slice_may_match([p("a", "<=", 10)], ZONE)
+    assert not slice_may_match([p("a", ">", 20)], ZONE)
+    assert slice_may_match([p("a", ">=", 20)], ZONE)
+    assert slice_may_match([p("a", "!=", 10)], ZONE)
+    assert not slice_may_match([p("a", "!=", 5)], {"a": {"min": 5, "max": 5}})
+    assert not slice_may_match([p("s", ">", "cherry", "str")], ZONE)
+    assert slice_may_match([p("s", "<", "blueberry", "str")], ZONE)
+    assert not slice_may_match([p("p", ">", "9.99", "decimal")], ZONE)
+    assert slice_may_match([p("p", "<", "1.51", "decimal")], ZONE)
+
+
+def test_every_conjunct_must_be_satisfiable() -> None:
+    assert not slice_may_match([p("a", ">", 11), p("a", "<", 5)], ZONE)
+    assert slice_may_match([], ZONE)
+
+
+def test_nulls() -> None:
+    assert not slice_may_match([p("a", "is_null")], ZONE)
+    assert slice_may_match([p("s", "is_null")], ZONE)
+    assert not slice_may_match([p("d", "is_not_null")], ZONE)   # all rows null
+    # A comparison is never true on NULL: an all-null slice cannot match it.
+    assert not slice_may_match([p("d", "<", "2021-01-01", "date")], ZONE)
+
+
+def test_conservative_when_unsure() -> None:
+    assert slice_may_match([p("missing", "=", 1)], ZONE)
+    assert slice_may_match([p("a", "=", 1)], {"a": {"min": None, "max": None}})
+    assert slice_may_match([p("a", "=", "x", "str")], ZONE)       # does not compare
+    assert slice_may_match([p("a", "like", "x", "str")], ZONE)    # unknown operator
+    # Floats: NaN is above every number in DataFusion and absent from min/max.
+    assert slice_may_match([p("f", ">", 5.0, "float")], ZONE)
+    assert slice_may_match([p("f", "!=", 1.0, "float")], {"f": {"min": 1.0, "max": 1.0}})
+    assert not slice_may_match([p("f", "<", -5.0, "float")], ZONE)
+
+
+def test_predicates_are_plain_json(small) -> None:
+    sql = ("SELECT id FROM t WHERE d >= DATE '2020-06-01' AND p < 10.5 AND s = 'apple' "
+           "AND 3 < i AND x IS NOT NULL AND i * 2 < 100")
+    (fragment,) = decompose(sql, small.schemas).fragments
+    decoded = json.loads(json.dumps(fragment.predicates))
+    assert decoded == fragment.predicates
+    by_column = {predicate["column"]: predicate for predicate in decoded}
+    assert by_column["d"] == {"column": "d", "op": ">=", "value": "2020-06-01", "type": "date"}
+    assert decode_value(by_column["d"]) == datetime.date(2020, 6, 1)
+    assert decode_value(by_column["p"]) == decimal.Decimal("10.50")
+    assert by_column["i"]["op"] == ">"          # literal on the left: flipped
+    assert by_column["x"] == {"column": "x", "op": "is_not_null"}
+    assert len(decoded) == 5                    # i * 2 < 100 is not a simple conjunct
+
+
+OPS = ("=", "!=", "<", "<=", ">", ">=")
+PYTHON_OPS = {"=": lambda a, b: a == b, "!=": lambda a, b: a != b, "<": lambda a, b: a < b,
+              "<=": lambda a, b: a <= b, ">": lambda a, b: a > b, ">=": lambda a, b: a >= b}
+
+
+@settings(max_examples=200, deadline=None)
+@given(values=st.lists(st.one_of(st.none(), st.integers(-20, 20)), min_size=1, max_size=20),
+       op=st.sampled_from((*OPS, "is_null", "is_not_null")), literal=st.integers(-25, 25))
+def test_never_prunes_a_slice_that_matches(values, op: str, literal: int) -> None:
+    table = pa.table({"a": pa.array(values, pa.int64())})
+    if op in ("is_null", "is_not_null"):
+        predicate = p("a", op)
+        matches = any((v is None) == (op == "is_null") for v in values)
+    else:
+        predicate = p("a", op, literal)
+        matches = any(v is not None and PYTHON_OPS[op](v, literal) for v in values)
+    if matches:
+        assert slice_may_match([predicate], zone_map(table, ["a"]))
