@@ -18,9 +18,12 @@ def environment() -> dict[str, Any]:
     import pyarrow
 
     return {
-        "cores": os.cpu_count(), "python": platform.python_version(),
-        "machine": platform.machine(), "pyarrow": pyarrow.__version__,
-        "datafusion": datafusion.__version__, "duckdb": duckdb.__version__,
+        "cores": os.cpu_count(),
+        "python": platform.python_version(),
+        "machine": platform.machine(),
+        "pyarrow": pyarrow.__version__,
+        "datafusion": datafusion.__version__,
+        "duckdb": duckdb.__version__,
         "date": time.strftime("%Y-%m-%d %H:%M:%S"),
     }
 
@@ -28,8 +31,11 @@ def environment() -> dict[str, Any]:
 def write_json(name: str, payload: dict[str, Any]) -> Path:
     RESULTS.mkdir(parents=True, exist_ok=True)
     path = RESULTS / f"{name}.json"
-    path.write_text(json.dumps({"benchmark": name, "environment": environment(), **payload},
-                               indent=2, default=str))
+    path.write_text(
+        json.dumps(
+            {"benchmark": name, "environment": environment(), **payload}, indent=2, default=str
+        )
+    )
     return path
 
 

@@ -1,4 +1,4 @@
-"""Static offload loses under contention; adaptive pushdown does not (ActivePy Fig. 2, Skytether §4).
+"""Static offload loses under contention; adaptive pushdown does not (ActivePy Fig. 2).
 
     python bench/contention.py [--rows 20000000] [--devices 4] [--profile kinetic]
 
@@ -20,16 +20,18 @@ import matplotlib
 from rich.progress import Progress
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import png_path, write_json  # noqa: E402
+from common import png_path, write_json
 
-import quarry  # noqa: E402
-from quarry.samples import particles  # noqa: E402
+import quarry
+from quarry.samples import particles
 
 matplotlib.use("Agg")
 LOADS = (0.0, 0.5, 0.9)
 MODES = ("never", "always", "auto")
-QUERY = ("SELECT CAST(x / 10 AS INT) AS cell, count(*) AS n, avg(ke) AS ke_avg, "
-         "max(ke) AS ke_max FROM physics.particles WHERE ke > {x} GROUP BY 1 ORDER BY 1")
+QUERY = (
+    "SELECT CAST(x / 10 AS INT) AS cell, count(*) AS n, avg(ke) AS ke_avg, "
+    "max(ke) AS ke_max FROM physics.particles WHERE ke > {x} GROUP BY 1 ORDER BY 1"
+)
 
 
 def main() -> None:
@@ -53,7 +55,8 @@ def main() -> None:
             for load in LOADS:
                 for device in cluster.devices:
                     cluster.load(device, load, seconds=3600) if load else cluster.load(
-                        device, 0.0, seconds=1)
+                        device, 0.0, seconds=1
+                    )
                 row: dict = {"load": load}
                 for mode in MODES:
                     times, shipped, decisions = [], [], []
@@ -80,18 +83,27 @@ def main() -> None:
         for device in cluster.devices:
             cluster.load(device, 0.0, seconds=1)
     for r in results:
-        print(f"load {r['load']:4.0%}: never {r['never_s']:6.2f}s  always {r['always_s']:6.2f}s  "
-              f"auto {r['auto_s']:6.2f}s  auto/best {r['auto_over_best']:4.2f}  "
-              f"always/auto {r['always_over_auto']:5.2f}  auto did {r['auto_decisions']}")
-    path = write_json("contention", {
-        "rows": args.rows, "devices": args.devices, "profile": args.profile, "sql": sql,
-        "calibration": calibration, "results": results,
-    })
+        print(
+            f"load {r['load']:4.0%}: never {r['never_s']:6.2f}s  always {r['always_s']:6.2f}s  "
+            f"auto {r['auto_s']:6.2f}s  auto/best {r['auto_over_best']:4.2f}  "
+            f"always/auto {r['always_over_auto']:5.2f}  auto did {r['auto_decisions']}"
+        )
+    path = write_json(
+        "contention",
+        {
+            "rows": args.rows,
+            "devices": args.devices,
+            "profile": args.profile,
+            "sql": sql,
+            "calibration": calibration,
+            "results": results,
+        },
+    )
     plot(results, args)
     print(f"wrote {path}")
 
 
-def _close(a, b) -> bool:  # noqa: ANN001
+def _close(a, b) -> bool:
     import numpy as np
 
     if a.num_rows != b.num_rows:
@@ -107,9 +119,11 @@ def _close(a, b) -> bool:  # noqa: ANN001
 def _summarize(report: dict) -> dict:
     """Slices executed vs pushed back, over all devices: what auto actually did."""
     devices = report["analyze"]["devices"]
-    return {"executed": sum(d["slices_executed"] for d in devices),
-            "pushed_back": sum(d["slices_pushed_back"] for d in devices),
-            "cut": {k: v["cut"] for k, v in report.get("cost_model", {}).items()}}
+    return {
+        "executed": sum(d["slices_executed"] for d in devices),
+        "pushed_back": sum(d["slices_pushed_back"] for d in devices),
+        "cut": {k: v["cut"] for k, v in report.get("cost_model", {}).items()},
+    }
 
 
 def plot(results: list[dict], args: argparse.Namespace) -> None:
@@ -119,13 +133,18 @@ def plot(results: list[dict], args: argparse.Namespace) -> None:
     width = 0.26
     x = range(len(results))
     for i, mode in enumerate(MODES):
-        bars = ax.bar([v + (i - 1) * width for v in x], [r[f"{mode}_s"] for r in results], width,
-                      label=f"pushdown {mode}")
+        bars = ax.bar(
+            [v + (i - 1) * width for v in x],
+            [r[f"{mode}_s"] for r in results],
+            width,
+            label=f"pushdown {mode}",
+        )
         ax.bar_label(bars, fmt="%.1f", fontsize=8)
     ax.set_xticks(list(x), [f"device load {r['load']:.0%}" for r in results])
     ax.set_ylabel("query wall time (s, median)")
-    ax.set_title(f"Filter + aggregate over {args.rows:,} rows, {args.devices} {args.profile} "
-                 "devices")
+    ax.set_title(
+        f"Filter + aggregate over {args.rows:,} rows, {args.devices} {args.profile} devices"
+    )
     ax.legend()
     fig.tight_layout()
     fig.savefig(png_path("contention"), dpi=120)

@@ -19,10 +19,10 @@ import matplotlib
 import pyarrow.parquet as pq
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import png_path, write_json  # noqa: E402
+from common import png_path, write_json
 
-import quarry  # noqa: E402
-from quarry.samples import particles  # noqa: E402
+import quarry
+from quarry.samples import particles
 
 matplotlib.use("Agg")
 
@@ -41,30 +41,50 @@ def main() -> None:
         for compression in ("none", "zstd"):
             for attempt in range(args.repeat):
                 started = time.perf_counter()
-                pq.write_table(table, Path(tmp) / "p.parquet",
-                               compression=None if compression == "none" else compression)
+                pq.write_table(
+                    table,
+                    Path(tmp) / "p.parquet",
+                    compression=None if compression == "none" else compression,
+                )
                 parquet_s = time.perf_counter() - started
                 name = f"bench/ingest_{compression}_{attempt}"
                 started = time.perf_counter()
                 cluster.ingest(table, name.replace("bench/", "bench/"), compression=compression)
                 quarry_s = time.perf_counter() - started
                 cluster.drop(name)
-                runs.append({"compression": compression, "attempt": attempt,
-                             "quarry_s": quarry_s, "parquet_s": parquet_s})
-                print(f"{compression:5s} #{attempt}: quarry {megabytes / quarry_s:7.1f} MB/s   "
-                      f"parquet {megabytes / parquet_s:7.1f} MB/s   "
-                      f"ratio {quarry_s / parquet_s:5.2f}x")
+                runs.append(
+                    {
+                        "compression": compression,
+                        "attempt": attempt,
+                        "quarry_s": quarry_s,
+                        "parquet_s": parquet_s,
+                    }
+                )
+                print(
+                    f"{compression:5s} #{attempt}: quarry {megabytes / quarry_s:7.1f} MB/s   "
+                    f"parquet {megabytes / parquet_s:7.1f} MB/s   "
+                    f"ratio {quarry_s / parquet_s:5.2f}x"
+                )
     summary = {}
     for compression in ("none", "zstd"):
         chosen = [r for r in runs if r["compression"] == compression]
         quarry_s = min(r["quarry_s"] for r in chosen)
         parquet_s = min(r["parquet_s"] for r in chosen)
         summary[compression] = {
-            "quarry_mb_per_s": megabytes / quarry_s, "parquet_mb_per_s": megabytes / parquet_s,
+            "quarry_mb_per_s": megabytes / quarry_s,
+            "parquet_mb_per_s": megabytes / parquet_s,
             "time_ratio_quarry_over_parquet": quarry_s / parquet_s,
         }
-    path = write_json("ingest", {"rows": args.rows, "megabytes_arrow": megabytes,
-                                 "devices": args.devices, "runs": runs, "best": summary})
+    path = write_json(
+        "ingest",
+        {
+            "rows": args.rows,
+            "megabytes_arrow": megabytes,
+            "devices": args.devices,
+            "runs": runs,
+            "best": summary,
+        },
+    )
     _plot(summary)
     print(f"wrote {path}")
 
@@ -75,10 +95,18 @@ def _plot(summary: dict) -> None:
     fig, ax = plt.subplots(figsize=(6, 4))
     labels = list(summary)
     x = range(len(labels))
-    ax.bar([i - 0.2 for i in x], [summary[k]["quarry_mb_per_s"] for k in labels], 0.4,
-           label="quarry ingest (4 devices)")
-    ax.bar([i + 0.2 for i in x], [summary[k]["parquet_mb_per_s"] for k in labels], 0.4,
-           label="pyarrow.parquet.write_table")
+    ax.bar(
+        [i - 0.2 for i in x],
+        [summary[k]["quarry_mb_per_s"] for k in labels],
+        0.4,
+        label="quarry ingest (4 devices)",
+    )
+    ax.bar(
+        [i + 0.2 for i in x],
+        [summary[k]["parquet_mb_per_s"] for k in labels],
+        0.4,
+        label="pyarrow.parquet.write_table",
+    )
     ax.set_xticks(list(x), [f"compression: {k}" for k in labels])
     ax.set_ylabel("throughput (MB/s of Arrow data)")
     ax.set_title("Ingest throughput, same table, one run")

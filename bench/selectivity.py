@@ -23,10 +23,10 @@ import pyarrow.parquet as pq
 from rich.progress import Progress
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import png_path, write_json  # noqa: E402
+from common import png_path, write_json
 
-import quarry  # noqa: E402
-from quarry.samples import particles  # noqa: E402
+import quarry
+from quarry.samples import particles
 
 matplotlib.use("Agg")
 SELECTIVITIES = (0.001, 0.01, 0.1, 0.5, 1.0)
@@ -37,7 +37,7 @@ QUERIES = {
 MODES = ("never", "always", "auto")
 
 
-def best_of(repeat: int, run):  # noqa: ANN001, ANN201 - returns (seconds, result)
+def best_of(repeat: int, run):
     best, result = float("inf"), None
     for _ in range(repeat):
         started = time.perf_counter()
@@ -55,8 +55,10 @@ def main() -> None:
     args = parser.parse_args()
 
     rows: list[dict] = []
-    with tempfile.TemporaryDirectory() as tmp, \
-            quarry.local(devices=args.devices, profile=args.profile) as cluster:
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        quarry.local(devices=args.devices, profile=args.profile) as cluster,
+    ):
         parquet = Path(tmp) / "particles.parquet"
         writer = None
         for batch in particles.batches(args.rows):
@@ -75,13 +77,23 @@ def main() -> None:
                 x = particles.ke_threshold(fraction)
                 for name, template in QUERIES.items():
                     sql = template.format(x=x)
-                    duck_s, duck = best_of(args.repeat, lambda s=sql: con.execute(
-                        s.replace("physics.particles", "particles")).fetch_arrow_table())
+                    duck_s, duck = best_of(
+                        args.repeat,
+                        lambda s=sql: con.execute(
+                            s.replace("physics.particles", "particles")
+                        ).fetch_arrow_table(),
+                    )
                     progress.advance(task)
-                    row = {"selectivity": fraction, "query": name, "sql": sql,
-                           "result_rows": duck.num_rows, "duckdb_s": duck_s}
+                    row = {
+                        "selectivity": fraction,
+                        "query": name,
+                        "sql": sql,
+                        "result_rows": duck.num_rows,
+                        "duckdb_s": duck_s,
+                    }
                     for mode in MODES:
-                        def run(s=sql, m=mode):  # noqa: ANN202
+
+                        def run(s=sql, m=mode):
                             planned = cluster.query(s, pushdown=m)
                             table = planned.execute().read_all()
                             return table, planned.explain(analyze=True)
@@ -92,18 +104,23 @@ def main() -> None:
                         row[f"{mode}_bytes_shipped"] = report["analyze"]["bytes_shipped"]
                         progress.advance(task)
                     row["never_over_always_time"] = row["never_s"] / row["always_s"]
-                    row["never_over_always_bytes"] = (row["never_bytes_shipped"]
-                                                      / max(1, row["always_bytes_shipped"]))
+                    row["never_over_always_bytes"] = row["never_bytes_shipped"] / max(
+                        1, row["always_bytes_shipped"]
+                    )
                     row["always_over_duckdb_time"] = row["always_s"] / duck_s
                     rows.append(row)
     for r in rows:
-        print(f"{r['query']:6s} {r['selectivity']:6.1%}  never {r['never_s']:6.2f}s "
-              f"{r['never_bytes_shipped'] / 1e6:8.1f}MB | always {r['always_s']:6.2f}s "
-              f"{r['always_bytes_shipped'] / 1e6:8.1f}MB | auto {r['auto_s']:6.2f}s | "
-              f"duckdb {r['duckdb_s']:6.2f}s | bytes never/always "
-              f"{r['never_over_always_bytes']:9.1f}x")
-    path = write_json("selectivity", {"rows": args.rows, "devices": args.devices,
-                                      "profile": args.profile, "results": rows})
+        print(
+            f"{r['query']:6s} {r['selectivity']:6.1%}  never {r['never_s']:6.2f}s "
+            f"{r['never_bytes_shipped'] / 1e6:8.1f}MB | always {r['always_s']:6.2f}s "
+            f"{r['always_bytes_shipped'] / 1e6:8.1f}MB | auto {r['auto_s']:6.2f}s | "
+            f"duckdb {r['duckdb_s']:6.2f}s | bytes never/always "
+            f"{r['never_over_always_bytes']:9.1f}x"
+        )
+    path = write_json(
+        "selectivity",
+        {"rows": args.rows, "devices": args.devices, "profile": args.profile, "results": rows},
+    )
     plot(rows, args)
     print(f"wrote {path}")
 
@@ -126,15 +143,20 @@ def plot(rows: list[dict], args: argparse.Namespace) -> None:
         ax.legend(fontsize=8)
         ax = axes[1][column]
         for mode in MODES:
-            ax.plot(x, [max(r[f"{mode}_bytes_shipped"], 1) / 1e6 for r in chosen], marker="o",
-                    label=f"quarry {mode}")
+            ax.plot(
+                x,
+                [max(r[f"{mode}_bytes_shipped"], 1) / 1e6 for r in chosen],
+                marker="o",
+                label=f"quarry {mode}",
+            )
         ax.set_xscale("log")
         ax.set_yscale("log")
         ax.set_xlabel("selectivity (% of rows with ke > X)")
         ax.set_ylabel("bytes shipped devices -> host (MB)")
         ax.legend(fontsize=8)
-    fig.suptitle(f"Selectivity sweep: {args.rows:,} particles, {args.devices} {args.profile} "
-                 "devices")
+    fig.suptitle(
+        f"Selectivity sweep: {args.rows:,} particles, {args.devices} {args.profile} devices"
+    )
     fig.tight_layout()
     fig.savefig(png_path("selectivity"), dpi=120)
 

@@ -6,8 +6,8 @@ import os
 # when DuckDB or pyarrow.dataset scan them) warns on every batch. Correctness is unaffected.
 os.environ.setdefault("ACERO_ALIGNMENT_HANDLING", "ignore")
 
-from quarry.coordinator.cluster import Cluster, connect  # noqa: E402
-from quarry.coordinator.local import local  # noqa: E402
+from quarry.coordinator.cluster import Cluster, connect
+from quarry.coordinator.local import local
 
 __all__ = ["Cluster", "connect", "local"]
 __version__ = "0.1.0"

@@ -16,8 +16,12 @@ from rich.table import Table
 
 from quarry.errors import ClusterError, QuarryError
 
-app = typer.Typer(help="quarry: computational storage. Devices that compute; queries go to the data.",
-                  no_args_is_help=True, pretty_exceptions_enable=False, add_completion=False)
+app = typer.Typer(
+    help="quarry: computational storage. Devices that compute; queries go to the data.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
 device_app = typer.Typer(help="Run and drive device processes.", no_args_is_help=True)
 app.add_typer(device_app, name="device")
 
@@ -25,8 +29,12 @@ console = Console()
 errors = Console(stderr=True)
 
 DEFAULT_DATA = ".quarry"
-ClusterOption = Annotated[Path | None, typer.Option(
-    "--cluster", help="cluster file (default: $QUARRY_CLUSTER or .quarry/cluster.json)")]
+ClusterOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--cluster", help="cluster file (default: $QUARRY_CLUSTER or .quarry/cluster.json)"
+    ),
+]
 JsonOption = Annotated[bool, typer.Option("--json", help="print JSON")]
 
 
@@ -60,7 +68,9 @@ def print_json(value: Any) -> None:
 @app.command()
 def up(
     devices: Annotated[int, typer.Option(help="number of device processes")] = 3,
-    profile: Annotated[str, typer.Option(help="device profile (host, kinetic, newport, ...)")] = "host",
+    profile: Annotated[
+        str, typer.Option(help="device profile (host, kinetic, newport, ...)")
+    ] = "host",
     data: Annotated[Path, typer.Option(help="folder for the devices' data")] = Path(DEFAULT_DATA),
     detach: Annotated[bool, typer.Option(help="start in the background and return")] = False,
     profiles: Annotated[str | None, typer.Option(help="TOML file of user-defined profiles")] = None,
@@ -142,10 +152,15 @@ def _print_status(rows: list[dict[str, Any]]) -> None:
     for column in ("device", "address", "up", "profile", "partitions", "keys", "file"):
         table.add_column(column)
     for row in rows:
-        table.add_row(row["device"], row["address"], "yes" if row["up"] else "[red]no[/red]",
-                      row.get("profile", "-"), str(row.get("partitions", "-")),
-                      str(row.get("keys", "-")),
-                      human_bytes(row["file_bytes"]) if "file_bytes" in row else "-")
+        table.add_row(
+            row["device"],
+            row["address"],
+            "yes" if row["up"] else "[red]no[/red]",
+            row.get("profile", "-"),
+            str(row.get("partitions", "-")),
+            str(row.get("keys", "-")),
+            human_bytes(row["file_bytes"]) if "file_bytes" in row else "-",
+        )
     console.print(table)
 
 
@@ -160,22 +175,33 @@ def ingest(
     compression: Annotated[str, typer.Option(help="zstd, lz4 or none")] = "none",
     partitions: Annotated[int | None, typer.Option(help="number of partitions")] = None,
     append: Annotated[bool, typer.Option(help="add the rows to an existing dataset")] = False,
-    format: Annotated[str | None, typer.Option(help="parquet, csv, arrow (default: by suffix)")] = None,
+    format: Annotated[
+        str | None, typer.Option(help="parquet, csv, arrow (default: by suffix)")
+    ] = None,
     cluster: ClusterOption = None,
     as_json: JsonOption = False,
 ) -> None:
     """Store a file as a dataset, atomically: all of it or none of it becomes visible."""
     c = open_cluster(cluster)
     started = time.perf_counter()
-    entry = c.ingest(path, dataset, replicas=replicas, compression=compression,
-                     partitions=partitions, mode="append" if append else "create", format=format)
+    entry = c.ingest(
+        path,
+        dataset,
+        replicas=replicas,
+        compression=compression,
+        partitions=partitions,
+        mode="append" if append else "create",
+        format=format,
+    )
     elapsed = time.perf_counter() - started
     c.close()
     if as_json:
         print_json({**entry.to_json(), "seconds": elapsed})
         return
-    console.print(f"ingested {entry.qualified}: {entry.rows:,} rows in {len(entry.partitions)} "
-                  f"partitions, {human_bytes(entry.bytes_stored)} stored, {elapsed:.2f} s")
+    console.print(
+        f"ingested {entry.qualified}: {entry.rows:,} rows in {len(entry.partitions)} "
+        f"partitions, {human_bytes(entry.bytes_stored)} stored, {elapsed:.2f} s"
+    )
 
 
 @app.command()
@@ -191,10 +217,17 @@ def datasets(cluster: ClusterOption = None, as_json: JsonOption = False) -> None
     for column in ("dataset", "rows", "partitions", "stored", "compression", "devices"):
         table.add_column(column)
     for row in rows:
-        spread = ", ".join(f"{d}: {v['partitions']} p / {v['rows']:,} rows"
-                           for d, v in row["devices"].items())
-        table.add_row(row["dataset"], f"{row['rows']:,}", str(row["partitions"]),
-                      human_bytes(row["bytes_stored"]), row["compression"], spread)
+        spread = ", ".join(
+            f"{d}: {v['partitions']} p / {v['rows']:,} rows" for d, v in row["devices"].items()
+        )
+        table.add_row(
+            row["dataset"],
+            f"{row['rows']:,}",
+            str(row["partitions"]),
+            human_bytes(row["bytes_stored"]),
+            row["compression"],
+            spread,
+        )
     console.print(table)
 
 
@@ -207,16 +240,23 @@ def describe(dataset: str, cluster: ClusterOption = None, as_json: JsonOption = 
     if as_json:
         print_json(body)
         return
-    console.print(f"[bold]{body['dataset']}[/bold]: {body['rows']:,} rows, {body['partitions']} "
-                  f"partitions, {body['slices']} slices, {human_bytes(body['bytes_stored'])}")
+    console.print(
+        f"[bold]{body['dataset']}[/bold]: {body['rows']:,} rows, {body['partitions']} "
+        f"partitions, {body['slices']} slices, {human_bytes(body['bytes_stored'])}"
+    )
     for column in body["columns"]:
         console.print(f"  {column['name']}: {column['type']}")
     table = Table()
     for column in ("partition", "rows", "slices", "stored", "devices"):
         table.add_column(column)
     for p in body["partitions_detail"]:
-        table.add_row(str(p["partition"]), f"{p['rows']:,}", str(p["slices"]),
-                      human_bytes(p["bytes_stored"]), ", ".join(p["devices"]))
+        table.add_row(
+            str(p["partition"]),
+            f"{p['rows']:,}",
+            str(p["slices"]),
+            human_bytes(p["bytes_stored"]),
+            ", ".join(p["devices"]),
+        )
     console.print(table)
 
 
@@ -284,7 +324,7 @@ def sql(
         _print_result(result, max_rows)
 
 
-def pa_buffer_stdout():  # noqa: ANN201 - a pyarrow output stream on stdout
+def pa_buffer_stdout():
     import pyarrow as pa
 
     return pa.PythonFile(sys.stdout.buffer, mode="w")
@@ -314,23 +354,42 @@ def _print_explain(report: dict[str, Any]) -> None:
     if not analyzed:
         return
     table = Table(title="what each device did")
-    columns = ("device", "partitions", "pruned", "scanned", "executed", "pushed back",
-               "rows read", "bytes read", "bytes shipped", "device cpu s")
+    columns = (
+        "device",
+        "partitions",
+        "pruned",
+        "scanned",
+        "executed",
+        "pushed back",
+        "rows read",
+        "bytes read",
+        "bytes shipped",
+        "device cpu s",
+    )
     for column in columns:
         table.add_column(column, justify="right")
     for d in analyzed["devices"]:
-        table.add_row(d["device"], str(d["partitions"]), str(d["slices_pruned"]),
-                      str(d["slices_scanned"]), str(d["slices_executed"]),
-                      str(d["slices_pushed_back"]), f"{d['rows_read']:,}",
-                      human_bytes(d["bytes_read"]), human_bytes(d["bytes_shipped"]),
-                      f"{d['device_cpu_s']:.3f}")
+        table.add_row(
+            d["device"],
+            str(d["partitions"]),
+            str(d["slices_pruned"]),
+            str(d["slices_scanned"]),
+            str(d["slices_executed"]),
+            str(d["slices_pushed_back"]),
+            f"{d['rows_read']:,}",
+            human_bytes(d["bytes_read"]),
+            human_bytes(d["bytes_shipped"]),
+            f"{d['device_cpu_s']:.3f}",
+        )
     console.print(table)
     for d in analyzed["devices"]:
         for fallback in d["fallbacks"]:
             console.print(f"[yellow]{d['device']}[/yellow]: {fallback}")
-    console.print(f"host cpu {analyzed['host_cpu_s']:.3f} s, wall {analyzed['wall_s']:.3f} s, "
-                  f"{human_bytes(analyzed['bytes_shipped'])} shipped to the host, "
-                  f"{analyzed['rows']:,} result rows")
+    console.print(
+        f"host cpu {analyzed['host_cpu_s']:.3f} s, wall {analyzed['wall_s']:.3f} s, "
+        f"{human_bytes(analyzed['bytes_shipped'])} shipped to the host, "
+        f"{analyzed['rows']:,} result rows"
+    )
 
 
 @app.command()
@@ -362,13 +421,18 @@ def calibrate(cluster: ClusterOption = None, as_json: JsonOption = False) -> Non
         fmt = (lambda v: f"{v / 1e6:,.0f} MB/s") if bandwidth else (lambda v: f"{v:.2f}x")
         expected = "unlimited" if entry["expected"] is None else fmt(entry["expected"])
         mark = {True: "[green]ok[/green]", False: "[red]off[/red]", None: ""}[
-            entry["within_10_percent"]]
+            entry["within_10_percent"]
+        ]
         return f"{expected} / {fmt(entry['measured'])} {mark}"
 
     for r in reports:
-        table.add_row(r["device"], r["profile"], cell(r["compute_factor"], False),
-                      cell(r["internal_bytes_per_s"], True),
-                      cell(r["external_bytes_per_s"], True))
+        table.add_row(
+            r["device"],
+            r["profile"],
+            cell(r["compute_factor"], False),
+            cell(r["internal_bytes_per_s"], True),
+            cell(r["external_bytes_per_s"], True),
+        )
     console.print(table)
 
 
@@ -381,8 +445,12 @@ def device_serve(
     port: Annotated[int, typer.Option(help="port to listen on (0: any free port)")] = 0,
     profile: Annotated[str, typer.Option(help="resource profile")] = "host",
     host: Annotated[str, typer.Option(help="address to listen on")] = "127.0.0.1",
-    name: Annotated[str | None, typer.Option(help="device name (default: data folder name)")] = None,
-    ready_file: Annotated[Path | None, typer.Option(help="write address here once listening")] = None,
+    name: Annotated[
+        str | None, typer.Option(help="device name (default: data folder name)")
+    ] = None,
+    ready_file: Annotated[
+        Path | None, typer.Option(help="write address here once listening")
+    ] = None,
     profiles: Annotated[str | None, typer.Option(help="TOML file of user-defined profiles")] = None,
 ) -> None:
     """Run one device: an Arrow Flight server over an LMDB key-value store."""
@@ -415,7 +483,9 @@ def _mount_optional() -> None:
         from quarry.capacity.cli import app as capacity_app
     except ImportError:
         return
-    app.add_typer(capacity_app, name="capacity", help="Capacity planning for computational storage.")
+    app.add_typer(
+        capacity_app, name="capacity", help="Capacity planning for computational storage."
+    )
 
 
 _mount_optional()

@@ -19,9 +19,11 @@ def run_demo(console: Console, rows: int, devices: int, profile: str) -> None:
         started = time.perf_counter()
         entry = cluster.ingest(particles.reader(rows), "physics/particles", progress=True)
         elapsed = time.perf_counter() - started
-        console.print(f"stored [bold]physics/particles[/bold]: {entry.rows:,} rows, "
-                      f"{entry.bytes_arrow / 1e6:.0f} MB in {elapsed:.1f} s "
-                      f"({entry.bytes_arrow / 1e6 / elapsed:.0f} MB/s)")
+        console.print(
+            f"stored [bold]physics/particles[/bold]: {entry.rows:,} rows, "
+            f"{entry.bytes_arrow / 1e6:.0f} MB in {elapsed:.1f} s "
+            f"({entry.bytes_arrow / 1e6 / elapsed:.0f} MB/s)"
+        )
         table = Table(title="where it went")
         for column in ("device", "profile", "partitions", "rows", "slices", "stored"):
             table.add_column(column, justify="right")
@@ -35,10 +37,18 @@ def run_demo(console: Console, rows: int, devices: int, profile: str) -> None:
                 agg[2] += p["slices"]
                 agg[3] += p["bytes_stored"]
         for device, (count, device_rows, slices, stored) in sorted(per_device.items()):
-            table.add_row(device, cluster.info[device]["profile"]["name"], str(count),
-                          f"{device_rows:,}", str(slices), f"{stored / 1e6:.1f} MB")
+            table.add_row(
+                device,
+                cluster.info[device]["profile"]["name"],
+                str(count),
+                f"{device_rows:,}",
+                str(slices),
+                f"{stored / 1e6:.1f} MB",
+            )
         console.print(table)
         scanned = cluster.scan("physics/particles").read_all()
-        console.print(f"full scan back: {scanned.num_rows:,} rows; "
-                      f"ids intact: {scanned.column('id').to_numpy().sum() == rows * (rows - 1) // 2}")
+        console.print(
+            f"full scan back: {scanned.num_rows:,} rows; "
+            f"ids intact: {scanned.column('id').to_numpy().sum() == rows * (rows - 1) // 2}"
+        )
     console.rule("done")

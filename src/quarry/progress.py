@@ -24,8 +24,9 @@ DELAY_S = 1.0
 class Bar:
     """``with Bar("ingest", total) as bar: bar.advance(n)``; silent when not on a terminal."""
 
-    def __init__(self, description: str, total: float | None, unit: str = "rows",
-                 enabled: bool | None = None):
+    def __init__(
+        self, description: str, total: float | None, unit: str = "rows", enabled: bool | None = None
+    ):
         self.description = description
         self.total = total
         self.unit = unit
@@ -40,15 +41,26 @@ class Bar:
 
     def _show(self) -> None:
         if self.unit == "bytes":
-            columns = [TextColumn("{task.description}"), BarColumn(), DownloadColumn(),
-                       TransferSpeedColumn(), TimeElapsedColumn()]
+            columns = [
+                TextColumn("{task.description}"),
+                BarColumn(),
+                DownloadColumn(),
+                TransferSpeedColumn(),
+                TimeElapsedColumn(),
+            ]
         else:
-            columns = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                       TaskProgressColumn(), TimeElapsedColumn()]
+            columns = [
+                TextColumn("{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TaskProgressColumn(),
+                TimeElapsedColumn(),
+            ]
         self._progress = Progress(*columns, transient=False)
         self._progress.start()
-        self._task = self._progress.add_task(self.description, total=self.total,
-                                             completed=self._done)
+        self._task = self._progress.add_task(
+            self.description, total=self.total, completed=self._done
+        )
 
     def advance(self, amount: float) -> None:
         self._done += amount
@@ -58,8 +70,12 @@ class Bar:
             return
         self._progress.update(self._task, completed=self._done)
 
-    def __exit__(self, kind: type[BaseException] | None, value: BaseException | None,
-                 traceback: TracebackType | None) -> None:
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        value: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
         if self._progress is not None:
             if kind is None:
                 self._progress.update(self._task, completed=self.total or self._done)

@@ -5,7 +5,7 @@ Transport is Arrow Flight. Control messages are Flight actions; data moves as Fl
     action   hello           -> device identity, profile, protocol version
     action   inventory       -> every committed partition the device holds (no zone maps)
     action   describe        -> one partition's metadata slice, zone maps included
-    action   commit / abort  -> second phase of an ingest (make pending partitions visible / drop them)
+    action   commit / abort  -> second phase of an ingest: pending partitions visible / dropped
     action   drop            -> delete a dataset's partitions from this device
     action   stats           -> key count, file bytes, pending partitions
     action   kv_get / kv_put / kv_delete / kv_list   -> the raw key-value namespace (Kinetic-style)
@@ -14,9 +14,9 @@ Transport is Arrow Flight. Control messages are Flight actions; data moves as Fl
     do_get   calibration     -> N bytes through the external link, for the host to time
     do_exchange program      -> run a built-in device program by name; stream its batches, then
                                 a JSON summary (bytes read and shipped, device CPU seconds)
-    do_put   put_partition   -> stream one partition's rows; the device slices and stores them, pending
+    do_put   put_partition   -> stream one partition's rows; the device slices, stores, pends
     do_put   update_slice    -> replace one slice, compare-and-swap on its version
-    do_get   scan            -> stream a partition's slices raw (optionally a slice range and columns)
+    do_get   scan            -> a partition's slices raw (optionally a slice range and columns)
     do_get   slices          -> slice ranges a device pushed back: raw columns or after the filter
     do_exchange query        -> run a Substrait sub-plan over a partition; stream results, then
                                 the annotated sub-plan (decisions per slice range) and metrics
@@ -92,17 +92,17 @@ def decode(frame: bytes) -> tuple[str, dict[str, Any], bytes]:
             f"compatible version? This device speaks protocol {PROTOCOL_VERSION}."
         )
     start = len(MAGIC) + _LENGTH.size
-    (length,) = _LENGTH.unpack(frame[len(MAGIC):start])
+    (length,) = _LENGTH.unpack(frame[len(MAGIC) : start])
     if length > HEADER_BYTES_MAX or start + length > len(frame):
         raise ProtocolMismatch("truncated quarry request frame")
-    header = json.loads(frame[start:start + length])
+    header = json.loads(frame[start : start + length])
     version = header.get("protocol")
     if version != PROTOCOL_VERSION:
         raise ProtocolMismatch(
             f"protocol version mismatch: the client speaks quarry protocol {version}, this device "
             f"speaks {PROTOCOL_VERSION}. Run the same quarry version on coordinator and devices."
         )
-    return header.pop("kind"), header, frame[start + length:]
+    return header.pop("kind"), header, frame[start + length :]
 
 
 def encode_json(value: Any) -> bytes:

@@ -8,7 +8,7 @@ import quarry
 from tests.plan.conftest import TPCH_TABLES, tpch  # noqa: F401 - the session fixture
 
 
-def _ingest_tpch(cluster, tpch) -> None:  # noqa: ANN001, F811
+def _ingest_tpch(cluster, tpch) -> None:  # noqa: F811
     for name in TPCH_TABLES:
         cluster.ingest(tpch.data[f"tpch/{name}"], f"tpch/{name}")
 

@@ -12,8 +12,14 @@ from quarry.samples import particles
 
 
 def _quarry(*args: str, cwd, check: bool = True) -> subprocess.CompletedProcess:
-    done = subprocess.run([sys.executable, "-m", "quarry", *args], cwd=cwd, capture_output=True,
-                          text=True, timeout=300, env={**os.environ, "COLUMNS": "200"})
+    done = subprocess.run(
+        [sys.executable, "-m", "quarry", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "COLUMNS": "200"},
+    )
     if check:
         assert done.returncode == 0, done.stderr + done.stdout
     return done
@@ -27,8 +33,15 @@ def test_up_ingest_datasets_scan_down(tmp_path):
     try:
         status = json.loads(_quarry("status", "--json", cwd=tmp_path).stdout)
         assert [row["up"] for row in status] == [True] * 4
-        _quarry("ingest", str(path), "--dataset", "physics/particles", "--compression", "lz4",
-                cwd=tmp_path)
+        _quarry(
+            "ingest",
+            str(path),
+            "--dataset",
+            "physics/particles",
+            "--compression",
+            "lz4",
+            cwd=tmp_path,
+        )
         listed = json.loads(_quarry("datasets", "--json", cwd=tmp_path).stdout)
         (entry,) = listed
         assert entry["dataset"] == "physics/particles" and entry["rows"] == 1_000_000
@@ -38,8 +51,9 @@ def test_up_ingest_datasets_scan_down(tmp_path):
         with quarry.connect(tmp_path / ".quarry" / "cluster.json") as cluster:
             back = cluster.scan("physics/particles").read_all().sort_by("id")
         assert back.equals(pq.read_table(path).sort_by("id"))
-        again = _quarry("ingest", str(path), "--dataset", "physics/particles", cwd=tmp_path,
-                        check=False)
+        again = _quarry(
+            "ingest", str(path), "--dataset", "physics/particles", cwd=tmp_path, check=False
+        )
         assert again.returncode == 2
         assert "already exists" in again.stderr and "Traceback" not in again.stderr
     finally:

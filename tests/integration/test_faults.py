@@ -24,14 +24,18 @@ from quarry.samples import particles
 
 
 def test_unknown_profile():
-    with pytest.raises(UnknownProfile, match="unknown profile 'floppy'.*kinetic"):
-        with quarry.local(devices=1, profile="floppy"):
-            pass
+    with (
+        pytest.raises(UnknownProfile, match="unknown profile 'floppy'.*kinetic"),
+        quarry.local(devices=1, profile="floppy"),
+    ):
+        pass
 
 
 def test_device_address_that_does_not_answer():
     client = DeviceClient("ghost", "grpc://127.0.0.1:9")
-    with pytest.raises(DeviceUnavailable, match="device ghost at grpc://127.0.0.1:9 does not answer"):
+    with pytest.raises(
+        DeviceUnavailable, match="device ghost at grpc://127.0.0.1:9 does not answer"
+    ):
         client.hello()
 
 
@@ -56,8 +60,9 @@ def test_value_over_the_limit(cluster):
 
 def test_protocol_version_mismatch(cluster, monkeypatch):
     monkeypatch.setattr(protocol, "PROTOCOL_VERSION", 99)  # a client from another release
-    with pytest.raises(ProtocolMismatch,
-                       match="client speaks quarry protocol 99, this device speaks 1"):
+    with pytest.raises(
+        ProtocolMismatch, match="client speaks quarry protocol 99, this device speaks 1"
+    ):
         cluster.devices["dev0"].hello()
 
 
@@ -137,7 +142,8 @@ def test_coordinator_killed_during_ingest_leaves_nothing(tmp_path):
                     if i == 6:
                         os.kill(os.getpid(), signal.SIGKILL)
                     yield batch
-            c.ingest(pa.RecordBatchReader.from_batches(particles.SCHEMA, source()), "physics/orphan")
+            reader = pa.RecordBatchReader.from_batches(particles.SCHEMA, source())
+            c.ingest(reader, "physics/orphan")
         """)
         done = subprocess.run([sys.executable, "-c", script], timeout=120)
         assert done.returncode == -9

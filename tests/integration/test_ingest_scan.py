@@ -30,9 +30,13 @@ def test_parquet_ingest_scan_and_listing(cluster, particle_table, tmp_path):
 
 @pytest.mark.parametrize("kind", ["csv", "arrow", "table", "pandas"])
 def test_other_sources(cluster, kind, tmp_path):
-    table = pa.table({"k": pa.array(range(5000), pa.int64()),
-                      "name": [f"n{i}" for i in range(5000)],
-                      "v": [i * 0.5 for i in range(5000)]})
+    table = pa.table(
+        {
+            "k": pa.array(range(5000), pa.int64()),
+            "name": [f"n{i}" for i in range(5000)],
+            "v": [i * 0.5 for i in range(5000)],
+        }
+    )
     if kind == "csv":
         source = tmp_path / "t.csv"
         pacsv.write_csv(table, source)
@@ -64,8 +68,10 @@ def test_catalog_is_rebuilt_from_devices(cluster, particle_table):
     other = quarry.connect(cluster.cluster_file)  # a fresh coordinator: no state but the file
     try:
         assert other.describe("physics/rebuild")["rows"] == 1000
-        assert other.describe("physics/rebuild")["version"] == \
-            cluster.describe("physics/rebuild")["version"]
+        assert (
+            other.describe("physics/rebuild")["version"]
+            == cluster.describe("physics/rebuild")["version"]
+        )
     finally:
         other.close()
     cluster.drop("physics/rebuild")

@@ -26,8 +26,12 @@ def _ordered(sql: str) -> bool:
 def test_tpch_matches_duckdb(tpch_cluster, tpch, number, pushdown):
     sql = tpch.queries[number]
     result = tpch_cluster.sql(sql, pushdown=pushdown).read_all()
-    assert_same_rows(result, tpch.expected(number), ordered=_ordered(sql),
-                     context=f"TPC-H Q{number} pushdown={pushdown}")
+    assert_same_rows(
+        result,
+        tpch.expected(number),
+        ordered=_ordered(sql),
+        context=f"TPC-H Q{number} pushdown={pushdown}",
+    )
 
 
 @pytest.mark.parametrize("number", [1, 3, 6, 12, 14, 18])
@@ -41,12 +45,17 @@ def test_tpch_with_random_device_push_back(tpch_cluster, tpch, number):
                 first = rng.randrange(p.slices)
                 end = rng.randrange(first, p.slices) + 1
                 decisions[(name, p.partition)] = [
-                    {"first": first, "end": end, "stage": rng.choice(["raw", "filter"])}]
+                    {"first": first, "end": end, "stage": rng.choice(["raw", "filter"])}
+                ]
     sql = tpch.queries[number]
     planned = tpch_cluster.query(sql, pushdown="always", decisions=decisions)
     result = planned.execute().read_all()
-    assert_same_rows(result, tpch.expected(number), ordered=_ordered(sql),
-                     context=f"TPC-H Q{number} forced push-back")
+    assert_same_rows(
+        result,
+        tpch.expected(number),
+        ordered=_ordered(sql),
+        context=f"TPC-H Q{number} forced push-back",
+    )
     report = planned.explain(analyze=True)["analyze"]
     assert sum(d["slices_pushed_back"] for d in report["devices"]) > 0
 
@@ -58,14 +67,20 @@ def test_tpch_on_kinetic_and_scaleflux_under_load(mixed_cluster, tpch, number):
         mixed_cluster.load(device, 0.5, seconds=120)
     sql = tpch.queries[number]
     result = mixed_cluster.sql(sql, pushdown="auto").read_all()
-    assert_same_rows(result, tpch.expected(number), ordered=_ordered(sql),
-                     context=f"TPC-H Q{number} kinetic+scaleflux under load")
+    assert_same_rows(
+        result,
+        tpch.expected(number),
+        ordered=_ordered(sql),
+        context=f"TPC-H Q{number} kinetic+scaleflux under load",
+    )
 
 
 def test_scaleflux_pushes_only_supported_conjuncts(mixed_cluster, tpch):
-    sql = ("SELECT count(*) AS n, sum(l_quantity) AS q FROM tpch.lineitem "
-           "WHERE l_shipmode LIKE '%AIR%' AND l_quantity > 10 "
-           "AND l_extendedprice * (1 - l_discount) > 20000 AND l_discount <= 0.05")
+    sql = (
+        "SELECT count(*) AS n, sum(l_quantity) AS q FROM tpch.lineitem "
+        "WHERE l_shipmode LIKE '%AIR%' AND l_quantity > 10 "
+        "AND l_extendedprice * (1 - l_discount) > 20000 AND l_discount <= 0.05"
+    )
     report = mixed_cluster.explain(sql, analyze=True, pushdown="always")
     (fragment,) = report["fragments"]
     pushed = " ".join(str(p) for p in fragment["predicates"])
@@ -104,8 +119,10 @@ def test_pushdown_ships_fifty_times_fewer_bytes(particle_cluster, select):
 def test_answers_match_across_modes_and_duckdb(particle_cluster):
     import duckdb
 
-    sql = ("SELECT CAST(floor(x / 25) AS BIGINT) AS b, count(*) AS n, avg(ke) AS a, stddev(ke) AS s, "
-           "min(y) AS lo, max(z) AS hi FROM particles WHERE ke > 1.5 GROUP BY 1 ORDER BY 1")
+    sql = (
+        "SELECT CAST(floor(x / 25) AS BIGINT) AS b, count(*) AS n, avg(ke) AS a, stddev(ke) AS s, "
+        "min(y) AS lo, max(z) AS hi FROM particles WHERE ke > 1.5 GROUP BY 1 ORDER BY 1"
+    )
     table = particle_cluster.scan("physics/particles").read_all()
     connection = duckdb.connect()
     connection.register("particles", table)
@@ -125,33 +142,53 @@ def test_explain_shows_the_cut(particle_cluster):
 
 
 def test_explain_analyze_reports_every_device(particle_cluster):
-    report = particle_cluster.explain("SELECT sum(ke) FROM particles WHERE ke > 2",
-                                      analyze=True)["analyze"]
+    report = particle_cluster.explain("SELECT sum(ke) FROM particles WHERE ke > 2", analyze=True)[
+        "analyze"
+    ]
     for device in report["devices"]:
-        for key in ("slices_pruned", "slices_scanned", "slices_executed", "slices_pushed_back",
-                    "rows_read", "bytes_read", "bytes_shipped", "device_cpu_s"):
+        for key in (
+            "slices_pruned",
+            "slices_scanned",
+            "slices_executed",
+            "slices_pushed_back",
+            "rows_read",
+            "bytes_read",
+            "bytes_shipped",
+            "device_cpu_s",
+        ):
             assert key in device
         assert device["rows_read"] > 0
     assert report["host_cpu_s"] >= 0 and report["wall_s"] > 0
 
 
 def test_zone_maps_prune_slices(particle_cluster):
-    report = particle_cluster.explain("SELECT count(*) FROM particles WHERE id < 1000",
-                                      analyze=True, pushdown="always")["analyze"]
+    report = particle_cluster.explain(
+        "SELECT count(*) FROM particles WHERE id < 1000", analyze=True, pushdown="always"
+    )["analyze"]
     assert sum(d["slices_pruned"] for d in report["devices"]) > 0
-    assert particle_cluster.sql("SELECT count(*) AS n FROM particles WHERE id < 1000",
-                                pushdown="always").read_all().column("n")[0].as_py() == 1000
+    assert (
+        particle_cluster.sql(
+            "SELECT count(*) AS n FROM particles WHERE id < 1000", pushdown="always"
+        )
+        .read_all()
+        .column("n")[0]
+        .as_py()
+        == 1000
+    )
 
 
-# ---- bad input ------------------------------------------------------------------------------------
+# ---- bad input -------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("sql", "words"), [
-    ("SELEC * FROM particles", "syntax"),
-    ("SELECT * FROM nowhere", "nowhere"),
-    ("SELECT nothing FROM particles", "nothing"),
-    ("SELECT sum(x) FROM particles WHERE x > 'abc' || 1", ""),
-])
+@pytest.mark.parametrize(
+    ("sql", "words"),
+    [
+        ("SELEC * FROM particles", "syntax"),
+        ("SELECT * FROM nowhere", "nowhere"),
+        ("SELECT nothing FROM particles", "nothing"),
+        ("SELECT sum(x) FROM particles WHERE x > 'abc' || 1", ""),
+    ],
+)
 def test_bad_sql_is_a_clear_error(particle_cluster, sql, words):
     with pytest.raises(QueryError) as caught:
         particle_cluster.sql(sql).read_all()
@@ -166,7 +203,7 @@ def test_device_that_cannot_run_a_sub_plan(particle_cluster, monkeypatch):
 
     original = session.Query.device_stages
 
-    def broken(self, fragment):  # noqa: ANN001, ANN202 - a sub-plan no device can decode
+    def broken(self, fragment):
         stages, schema, scan_engine = original(self, fragment)
         return {**stages, "full": b"\x08\x01garbage"}, schema, scan_engine
 
@@ -177,8 +214,9 @@ def test_device_that_cannot_run_a_sub_plan(particle_cluster, monkeypatch):
     monkeypatch.undo()
     expected = particle_cluster.sql(sql, pushdown="never").read_all()
     assert result.equals(expected)
-    fallbacks = [f for d in planned.explain(analyze=True)["analyze"]["devices"]
-                 for f in d["fallbacks"]]
+    fallbacks = [
+        f for d in planned.explain(analyze=True)["analyze"]["devices"] for f in d["fallbacks"]
+    ]
     assert fallbacks and all("cannot" in f and "host ran" in f for f in fallbacks)
 
 
@@ -189,9 +227,11 @@ def test_device_dying_mid_query_fails_naming_it():
 
         def run() -> None:
             try:
-                cluster.sql("SELECT CAST(x AS INT) AS b, avg(ke) FROM particles GROUP BY 1",
-                            pushdown="always").read_all()
-            except BaseException as error:  # noqa: BLE001 - inspected below
+                cluster.sql(
+                    "SELECT CAST(x AS INT) AS b, avg(ke) FROM particles GROUP BY 1",
+                    pushdown="always",
+                ).read_all()
+            except BaseException as error:
                 errors.append(error)
 
         thread = threading.Thread(target=run)

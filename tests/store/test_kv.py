@@ -43,10 +43,9 @@ def test_compare_and_swap(store):
 
 def test_transaction_is_all_or_nothing(store):
     store.put("x", b"old")
-    with pytest.raises(VersionConflict):
-        with store.transaction() as txn:
-            txn.put("y", b"new")
-            txn.put("x", b"new", expected_version=99)
+    with pytest.raises(VersionConflict), store.transaction() as txn:
+        txn.put("y", b"new")
+        txn.put("x", b"new", expected_version=99)
     assert store.get("x") == (b"old", 1)
     assert store.list("y") == []
 

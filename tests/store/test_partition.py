@@ -9,17 +9,31 @@ from quarry.store.kv import KeyValueStore
 
 def _meta(schema, compression="none", partition=0, ingest_id="t1"):
     return partitions.PartitionMeta(
-        domain="d", dataset="n", partition=partition,
-        ingest={"id": ingest_id, "first_partition": 0, "partitions": 1, "replicas": 1,
-                "mode": "create", "created_at": 0.0},
-        schema=schema, compression=compression, metadata={"lab": "x"},
+        domain="d",
+        dataset="n",
+        partition=partition,
+        ingest={
+            "id": ingest_id,
+            "first_partition": 0,
+            "partitions": 1,
+            "replicas": 1,
+            "mode": "create",
+            "created_at": 0.0,
+        },
+        schema=schema,
+        compression=compression,
+        metadata={"lab": "x"},
     )
 
 
 def _table(rows=10_000):
-    return pa.table({"id": pa.array(range(rows), pa.int64()),
-                     "v": pa.array([float(i % 97) for i in range(rows)]),
-                     "s": pa.array([f"s{i % 13}" if i % 11 else None for i in range(rows)])})
+    return pa.table(
+        {
+            "id": pa.array(range(rows), pa.int64()),
+            "v": pa.array([float(i % 97) for i in range(rows)]),
+            "s": pa.array([f"s{i % 13}" if i % 11 else None for i in range(rows)]),
+        }
+    )
 
 
 @pytest.mark.parametrize("compression", ["none", "zstd", "lz4"])
@@ -55,8 +69,10 @@ def test_large_slice_is_striped(tmp_path):
     partitions.commit(store, "t1", "dev0")
     meta = partitions.read_meta(store, "d", "n", 0)
     assert meta.slices[0].stripes >= 3
-    assert store.list("d/n/0000/00000000.")[:2] == ["d/n/0000/00000000.000",
-                                                   "d/n/0000/00000000.001"]
+    assert store.list("d/n/0000/00000000.")[:2] == [
+        "d/n/0000/00000000.000",
+        "d/n/0000/00000000.001",
+    ]
     assert partitions.read_slice(store, meta, 0).column("text")[0].as_py() == "x" * 10_000
 
 
@@ -79,7 +95,8 @@ def test_second_writer_of_a_committed_partition_is_refused(tmp_path):
     partitions.commit(store, "t1", "dev0")
     with pytest.raises(DatasetExists):
         partitions.PartitionWriter(store, _meta(table.schema, ingest_id="t2")).write(
-            table.to_batches()[0])
+            table.to_batches()[0]
+        )
 
 
 def test_update_slice_compare_and_swap(tmp_path):

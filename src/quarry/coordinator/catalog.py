@@ -76,19 +76,26 @@ class DatasetEntry:
                 by_device[device]["partitions"] += 1
                 by_device[device]["rows"] += p.rows
         return {
-            "dataset": self.qualified, "rows": self.rows, "partitions": len(self.partitions),
+            "dataset": self.qualified,
+            "rows": self.rows,
+            "partitions": len(self.partitions),
             "slices": sum(p.slices for p in self.partitions),
-            "bytes_stored": self.bytes_stored, "bytes_arrow": self.bytes_arrow,
-            "compression": self.compression, "replicas": self.ingests[0]["replicas"],
+            "bytes_stored": self.bytes_stored,
+            "bytes_arrow": self.bytes_arrow,
+            "compression": self.compression,
+            "replicas": self.ingests[0]["replicas"],
             "columns": [{"name": f.name, "type": str(f.type)} for f in self.schema],
-            "devices": dict(sorted(by_device.items())), "metadata": self.metadata,
-            "version": self.version, "available": not self.unavailable,
+            "devices": dict(sorted(by_device.items())),
+            "metadata": self.metadata,
+            "version": self.version,
+            "available": not self.unavailable,
             "unavailable_partitions": {str(p): d for p, d in sorted(self.unavailable.items())},
         }
 
 
-def build(inventories: dict[str, list[dict[str, Any]]],
-          down: frozenset[str] = frozenset()) -> dict[str, DatasetEntry]:
+def build(
+    inventories: dict[str, list[dict[str, Any]]], down: frozenset[str] = frozenset()
+) -> dict[str, DatasetEntry]:
     """Assemble datasets from each device's inventory (device name -> partition summaries).
 
     ``down`` names devices that did not answer: a partition missing only because its devices
@@ -113,9 +120,13 @@ def build(inventories: dict[str, list[dict[str, Any]]],
             continue
         first = next(iter(complete[0]["parts"].values()))[0][1]
         entry = DatasetEntry(
-            domain=domain, name=dataset, schema=schema_from_text(first["schema"]),
-            compression=first["compression"], metadata=first.get("metadata", {}),
-            hints=first.get("hints", {}), ingests=[i["ingest"] for i in complete],
+            domain=domain,
+            name=dataset,
+            schema=schema_from_text(first["schema"]),
+            compression=first["compression"],
+            metadata=first.get("metadata", {}),
+            hints=first.get("hints", {}),
+            ingests=[i["ingest"] for i in complete],
         )
         for ingest in complete:
             for partition in _expected(ingest["ingest"]):
@@ -124,11 +135,16 @@ def build(inventories: dict[str, list[dict[str, Any]]],
                     entry.unavailable[partition] = _placement(ingest["ingest"], partition)
                     continue
                 summary = held[0][1]
-                entry.partitions.append(PartitionEntry(
-                    partition=partition, rows=summary["rows"], slices=summary["slices"],
-                    bytes_stored=summary["bytes_stored"], bytes_arrow=summary["bytes_arrow"],
-                    devices=[device for device, _ in held],
-                ))
+                entry.partitions.append(
+                    PartitionEntry(
+                        partition=partition,
+                        rows=summary["rows"],
+                        slices=summary["slices"],
+                        bytes_stored=summary["bytes_stored"],
+                        bytes_arrow=summary["bytes_arrow"],
+                        devices=[device for device, _ in held],
+                    )
+                )
         catalog[entry.qualified] = entry
     return dict(sorted(catalog.items()))
 

@@ -38,28 +38,50 @@ class DeviceClient:
         typed = protocol.decode_error(text)
         if typed is not None:
             return typed
-        if isinstance(error, (flight.FlightUnavailableError, flight.FlightTimedOutError,
-                              ConnectionError, OSError)) or "unavailable" in text.lower() \
-                or "failed to connect" in text.lower() or "connection refused" in text.lower():
+        if (
+            isinstance(
+                error,
+                (
+                    flight.FlightUnavailableError,
+                    flight.FlightTimedOutError,
+                    ConnectionError,
+                    OSError,
+                ),
+            )
+            or "unavailable" in text.lower()
+            or "failed to connect" in text.lower()
+            or "connection refused" in text.lower()
+        ):
             return DeviceUnavailable(
                 f"device {self.name} at {self.address} does not answer "
                 f"({type(error).__name__}): is it running? Check `quarry status`."
             )
         return QuarryError(f"device {self.name} at {self.address}: {text.splitlines()[0]}")
 
-    def action(self, kind: str, header: dict[str, Any] | None = None, payload: bytes = b"",
-               timeout_s: float | None = None) -> bytes:
+    def action(
+        self,
+        kind: str,
+        header: dict[str, Any] | None = None,
+        payload: bytes = b"",
+        timeout_s: float | None = None,
+    ) -> bytes:
         body = protocol.encode(kind, header, payload)
         try:
-            results = list(self._client.do_action(flight.Action(str(kind), body),
-                                                  self._options(timeout_s)))
+            results = list(
+                self._client.do_action(flight.Action(str(kind), body), self._options(timeout_s))
+            )
         except (flight.FlightError, OSError) as error:
             raise self.translate(error) from None
         assert len(results) == 1, f"action {kind} answered {len(results)} messages"
         return results[0].body.to_pybytes()
 
-    def action_json(self, kind: str, header: dict[str, Any] | None = None, payload: bytes = b"",
-                    timeout_s: float | None = None) -> Any:
+    def action_json(
+        self,
+        kind: str,
+        header: dict[str, Any] | None = None,
+        payload: bytes = b"",
+        timeout_s: float | None = None,
+    ) -> Any:
         return protocol.decode_json(self.action(kind, header, payload, timeout_s))
 
     # ---- control -------------------------------------------------------------------------
@@ -73,8 +95,9 @@ class DeviceClient:
         return self.action_json(Action.INVENTORY)
 
     def describe(self, domain: str, dataset: str, partition: int) -> dict[str, Any]:
-        return self.action_json(Action.DESCRIBE, {"domain": domain, "dataset": dataset,
-                                                  "partition": partition})
+        return self.action_json(
+            Action.DESCRIBE, {"domain": domain, "dataset": dataset, "partition": partition}
+        )
 
     def commit(self, ingest_id: str) -> list[int]:
         return self.action_json(Action.COMMIT, {"ingest_id": ingest_id})["committed"]
@@ -93,48 +116,82 @@ class DeviceClient:
         return payload, header["version"]
 
     def kv_put(self, key: str, value: bytes, expected_version: int | None = None) -> int:
-        return self.action_json(Action.KV_PUT, {"key": key, "expected_version": expected_version},
-                                value)["version"]
+        return self.action_json(
+            Action.KV_PUT, {"key": key, "expected_version": expected_version}, value
+        )["version"]
 
     def kv_delete(self, key: str, expected_version: int | None = None) -> bool:
-        return self.action_json(Action.KV_DELETE, {"key": key,
-                                                   "expected_version": expected_version})["deleted"]
+        return self.action_json(
+            Action.KV_DELETE, {"key": key, "expected_version": expected_version}
+        )["deleted"]
 
     def kv_list(self, prefix: str = "", limit: int = 1000) -> list[str]:
         return self.action_json(Action.KV_LIST, {"prefix": prefix, "limit": limit})["keys"]
 
     # ---- data ----------------------------------------------------------------------------
 
-    def open_put(self, kind: str, header: dict[str, Any], schema: pa.Schema
-                 ) -> tuple[flight.FlightStreamWriter, flight.FlightMetadataReader]:
+    def open_put(
+        self, kind: str, header: dict[str, Any], schema: pa.Schema
+    ) -> tuple[flight.FlightStreamWriter, flight.FlightMetadataReader]:
         descriptor = flight.FlightDescriptor.for_command(protocol.encode(kind, header))
         try:
             return self._client.do_put(descriptor, schema, self._options())
         except (flight.FlightError, OSError) as error:
             raise self.translate(error) from None
 
-    def update_slice(self, domain: str, dataset: str, partition: int, number: int,
-                     batch: pa.RecordBatch, expected_version: int) -> int:
-        header = {"domain": domain, "dataset": dataset, "partition": partition, "slice": number,
-                  "expected_version": expected_version}
+    def update_slice(
+        self,
+        domain: str,
+        dataset: str,
+        partition: int,
+        number: int,
+        batch: pa.RecordBatch,
+        expected_version: int,
+    ) -> int:
+        header = {
+            "domain": domain,
+            "dataset": dataset,
+            "partition": partition,
+            "slice": number,
+            "expected_version": expected_version,
+        }
         writer, reader = self.open_put(Put.UPDATE_SLICE, header, batch.schema)
         return self.guard(lambda: _finish_put(writer, reader, [batch]))["version"]
 
-    def scan(self, domain: str, dataset: str, partition: int, first: int = 0,
-             end: int | None = None, columns: list[str] | None = None) -> flight.FlightStreamReader:
-        ticket = flight.Ticket(protocol.encode(Get.SCAN, {
-            "domain": domain, "dataset": dataset, "partition": partition, "first": first,
-            "end": end, "columns": columns}))
+    def scan(
+        self,
+        domain: str,
+        dataset: str,
+        partition: int,
+        first: int = 0,
+        end: int | None = None,
+        columns: list[str] | None = None,
+    ) -> flight.FlightStreamReader:
+        ticket = flight.Ticket(
+            protocol.encode(
+                Get.SCAN,
+                {
+                    "domain": domain,
+                    "dataset": dataset,
+                    "partition": partition,
+                    "first": first,
+                    "end": end,
+                    "columns": columns,
+                },
+            )
+        )
         try:
             return self._client.do_get(ticket, self._options())
         except (flight.FlightError, OSError) as error:
             raise self.translate(error) from None
 
-    def program(self, name: str, header: dict[str, Any] | None = None, payload: bytes = b""
-                ) -> tuple[pa.Table, dict[str, Any]]:
+    def program(
+        self, name: str, header: dict[str, Any] | None = None, payload: bytes = b""
+    ) -> tuple[pa.Table, dict[str, Any]]:
         """Run a built-in device program; returns its output and its summary."""
         descriptor = flight.FlightDescriptor.for_command(
-            protocol.encode(Exchange.PROGRAM, {"program": name, **(header or {})}, payload))
+            protocol.encode(Exchange.PROGRAM, {"program": name, **(header or {})}, payload)
+        )
         writer, reader = self.guard(lambda: self._client.do_exchange(descriptor, self._options()))
         self.guard(writer.done_writing)
         batches: list[pa.RecordBatch] = []
@@ -159,8 +216,11 @@ class DeviceClient:
             raise self.translate(error) from None
 
 
-def _finish_put(writer: flight.FlightStreamWriter, reader: flight.FlightMetadataReader,
-                batches: list[pa.RecordBatch]) -> Any:
+def _finish_put(
+    writer: flight.FlightStreamWriter,
+    reader: flight.FlightMetadataReader,
+    batches: list[pa.RecordBatch],
+) -> Any:
     for batch in batches:
         writer.write_batch(batch)
     writer.done_writing()

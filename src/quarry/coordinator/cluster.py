@@ -68,6 +68,7 @@ class Cluster:
 
     def refresh(self) -> None:
         """Rebuild the catalog from the devices' own metadata (no central metadata server)."""
+
         def probe(client: DeviceClient) -> tuple[dict[str, Any], list[dict[str, Any]]]:
             return client.hello(), client.inventory()
 
@@ -96,12 +97,17 @@ class Cluster:
             entry: dict[str, Any] = {"device": name, "address": client.address}
             result = stats[name]
             if isinstance(result, Exception) or name in self.down:
-                entry.update({"up": False, "error": str(result if isinstance(result, Exception)
-                                                        else self.down[name])})
+                entry.update(
+                    {
+                        "up": False,
+                        "error": str(result if isinstance(result, Exception) else self.down[name]),
+                    }
+                )
             else:
                 info = self.info[name]
-                entry.update({"up": True, "profile": info["profile"]["name"],
-                              "pid": info["pid"], **result})
+                entry.update(
+                    {"up": True, "profile": info["profile"]["name"], "pid": info["pid"], **result}
+                )
             rows.append(entry)
         return rows
 
@@ -131,19 +137,25 @@ class Cluster:
         entry = self.entry(dataset)
         body = entry.to_json()
         body["partitions_detail"] = [
-            {"partition": p.partition, "rows": p.rows, "slices": p.slices,
-             "bytes_stored": p.bytes_stored, "devices": p.devices}
+            {
+                "partition": p.partition,
+                "rows": p.rows,
+                "slices": p.slices,
+                "bytes_stored": p.bytes_stored,
+                "devices": p.devices,
+            }
             for p in entry.partitions
         ]
-        body["ingests"] = [{k: v for k, v in i.items() if k != "placement"}
-                           for i in entry.ingests]
+        body["ingests"] = [{k: v for k, v in i.items() if k != "placement"} for i in entry.ingests]
         body["hints"] = entry.hints
         return body
 
     def drop(self, dataset: str) -> int:
         entry = self.entry(dataset)
-        holders = sorted({d for p in entry.partitions for d in p.devices}
-                         | {d for ds in entry.unavailable.values() for d in ds})
+        holders = sorted(
+            {d for p in entry.partitions for d in p.devices}
+            | {d for ds in entry.unavailable.values() for d in ds}
+        )
         deleted = 0
         for name in holders:
             if name in self.down:
@@ -160,17 +172,20 @@ class Cluster:
         entry = self.entry(dataset)
         if entry.unavailable:
             raise DeviceUnavailable(_unavailable_message(entry))
-        schema = entry.schema if columns is None else pa.schema(
-            [entry.schema.field(c) for c in columns])
+        schema = (
+            entry.schema if columns is None else pa.schema([entry.schema.field(c) for c in columns])
+        )
         return pa.RecordBatchReader.from_batches(schema, self._scan_batches(entry, columns))
 
-    def _scan_batches(self, entry: DatasetEntry, columns: list[str] | None
-                      ) -> Iterator[pa.RecordBatch]:
+    def _scan_batches(
+        self, entry: DatasetEntry, columns: list[str] | None
+    ) -> Iterator[pa.RecordBatch]:
         for p in entry.partitions:
             yield from self._scan_partition(entry, p.partition, p.devices, columns)
 
-    def _scan_partition(self, entry: DatasetEntry, partition: int, devices: list[str],
-                        columns: list[str] | None) -> Iterator[pa.RecordBatch]:
+    def _scan_partition(
+        self, entry: DatasetEntry, partition: int, devices: list[str], columns: list[str] | None
+    ) -> Iterator[pa.RecordBatch]:
         """Stream one partition; fail over to another replica only before the first batch."""
         errors: list[str] = []
         for device in devices:
@@ -223,9 +238,13 @@ class Cluster:
 
     # ---- queries ------------------------------------------------------------------------------
 
-    def query(self, sql: str, pushdown: str = "auto",
-              decisions: dict[tuple[str, int], list[dict[str, Any]]] | None = None,
-              **options: Any) -> Any:
+    def query(
+        self,
+        sql: str,
+        pushdown: str = "auto",
+        decisions: dict[tuple[str, int], list[dict[str, Any]]] | None = None,
+        **options: Any,
+    ) -> Any:
         """A planned query (``quarry.coordinator.session.Query``): ``execute()``, ``explain()``.
 
         ``decisions`` forces device decisions per (dataset, partition), e.g.
@@ -235,15 +254,22 @@ class Cluster:
 
         return Query(self, sql, pushdown, decisions, **options)
 
-    def sql(self, sql: str, pushdown: str = "auto",
-            decisions: dict[tuple[str, int], list[dict[str, Any]]] | None = None
-            ) -> pa.RecordBatchReader:
+    def sql(
+        self,
+        sql: str,
+        pushdown: str = "auto",
+        decisions: dict[tuple[str, int], list[dict[str, Any]]] | None = None,
+    ) -> pa.RecordBatchReader:
         """Run SQL; tables are named ``domain.dataset`` (or the bare name when unambiguous)."""
         return self.query(sql, pushdown, decisions).execute()
 
-    def explain(self, sql: str, analyze: bool = False, pushdown: str = "auto",
-                decisions: dict[tuple[str, int], list[dict[str, Any]]] | None = None
-                ) -> dict[str, Any]:
+    def explain(
+        self,
+        sql: str,
+        analyze: bool = False,
+        pushdown: str = "auto",
+        decisions: dict[tuple[str, int], list[dict[str, Any]]] | None = None,
+    ) -> dict[str, Any]:
         """The cut (super-plan and sub-plans); with ``analyze``, what each device did."""
         planned = self.query(sql, pushdown, decisions)
         if analyze:
@@ -265,9 +291,11 @@ def _next_chunk(reader: Any) -> Any:
 
 def _unavailable_message(entry: DatasetEntry) -> str:
     devices = sorted({d for ds in entry.unavailable.values() for d in ds})
-    return (f"dataset {entry.qualified} is unavailable: partitions "
-            f"{sorted(entry.unavailable)} are only on device(s) {', '.join(devices)}, which do "
-            "not answer. Start them (quarry status shows which) and try again.")
+    return (
+        f"dataset {entry.qualified} is unavailable: partitions "
+        f"{sorted(entry.unavailable)} are only on device(s) {', '.join(devices)}, which do "
+        "not answer. Start them (quarry status shows which) and try again."
+    )
 
 
 def write_cluster_file(path: str | Path, devices: list[dict[str, Any]]) -> Path:

@@ -9,6 +9,7 @@ partitions when it starts again (``quarry.store.partition.collect_debris``).
 
 from __future__ import annotations
 
+import contextlib
 import time
 import uuid
 from typing import TYPE_CHECKING, Any
@@ -40,10 +41,20 @@ PARTITIONS_PER_DEVICE = 4  # enough partitions that rendezvous hashing spreads t
 MODES = ("create", "append")
 
 
-def ingest(cluster: Cluster, source: Any, dataset: str, *, replicas: int = 1,
-           compression: str = "none", partitions: int | None = None, mode: str = "create",
-           metadata: dict[str, str] | None = None, hints: dict[str, Any] | None = None,
-           format: str | None = None, progress: bool | None = None) -> DatasetEntry:
+def ingest(
+    cluster: Cluster,
+    source: Any,
+    dataset: str,
+    *,
+    replicas: int = 1,
+    compression: str = "none",
+    partitions: int | None = None,
+    mode: str = "create",
+    metadata: dict[str, str] | None = None,
+    hints: dict[str, Any] | None = None,
+    format: str | None = None,
+    progress: bool | None = None,
+) -> DatasetEntry:
     domain, name = naming.split_dataset(dataset)
     check_compression(compression)
     if mode not in MODES:
@@ -61,8 +72,9 @@ def ingest(cluster: Cluster, source: Any, dataset: str, *, replicas: int = 1,
     opened = open_source(source, format)
     schema = opened.reader.schema
     if existing is not None and not schema.equals(existing.schema):
-        raise SchemaMismatch(_schema_difference(f"{domain}/{name}", existing.schema, schema,
-                                                opened.name))
+        raise SchemaMismatch(
+            _schema_difference(f"{domain}/{name}", existing.schema, schema, opened.name)
+        )
     devices = cluster.live_devices()
     if not devices:
         raise IngestFailed("no device answers: start the cluster first (quarry up)")
@@ -84,17 +96,29 @@ def ingest(cluster: Cluster, source: Any, dataset: str, *, replicas: int = 1,
     ingest_id = uuid.uuid4().hex
     by_id = {d.name: d for d in devices}
     placement = {
-        str(p): devices_of_p for p, devices_of_p in place_all(
+        str(p): devices_of_p
+        for p, devices_of_p in place_all(
             f"{domain}/{name}", range(first, first + partition_count), sorted(by_id), replicas
         ).items()
     }
     record = {
-        "id": ingest_id, "first_partition": first, "partitions": partition_count,
-        "replicas": replicas, "mode": mode, "created_at": time.time(), "placement": placement,
+        "id": ingest_id,
+        "first_partition": first,
+        "partitions": partition_count,
+        "replicas": replicas,
+        "mode": mode,
+        "created_at": time.time(),
+        "placement": placement,
         "source": opened.name,
     }
-    header_base = {"domain": domain, "dataset": name, "ingest": record,
-                   "compression": compression, "metadata": metadata or {}, "hints": hints or {}}
+    header_base = {
+        "domain": domain,
+        "dataset": name,
+        "ingest": record,
+        "compression": compression,
+        "metadata": metadata or {},
+        "hints": hints or {},
+    }
     streams: dict[tuple[int, str], tuple[Any, Any]] = {}
 
     def stream(partition: int, device: str) -> tuple[Any, Any]:
@@ -119,8 +143,7 @@ def ingest(cluster: Cluster, source: Any, dataset: str, *, replicas: int = 1,
             raise
         if isinstance(error, QuarryError):
             raise IngestFailed(
-                f"ingest of {domain}/{name} failed and was rolled back, nothing is visible: "
-                f"{error}"
+                f"ingest of {domain}/{name} failed and was rolled back, nothing is visible: {error}"
             ) from error
         raise
     cluster.refresh()
@@ -129,9 +152,16 @@ def ingest(cluster: Cluster, source: Any, dataset: str, *, replicas: int = 1,
     return entry
 
 
-def _send(opened: Any, schema: pa.Schema, first: int, partition_count: int,
-          placement: dict[str, list[str]], by_id: dict[str, DeviceClient], stream: Any,
-          progress: bool | None) -> None:
+def _send(
+    opened: Any,
+    schema: pa.Schema,
+    first: int,
+    partition_count: int,
+    placement: dict[str, list[str]],
+    by_id: dict[str, DeviceClient],
+    stream: Any,
+    progress: bool | None,
+) -> None:
     """Cut the source into row groups of whole rows and deal them round-robin to partitions."""
     group_rows = 0
     pending: list[pa.RecordBatch] = []
@@ -143,12 +173,20 @@ def _send(opened: Any, schema: pa.Schema, first: int, partition_count: int,
                 continue
             if group_rows == 0:
                 group_rows = max(1, int(ROW_GROUP_BYTES / max(1.0, batch.nbytes / batch.num_rows)))
+                if opened.rows_total:
+                    # a table smaller than its partitions' row groups still spreads over all
+                    group_rows = max(1, min(group_rows, -(-opened.rows_total // partition_count)))
             pending.append(batch)
             pending_rows += batch.num_rows
             while pending_rows >= group_rows:
                 table = pa.Table.from_batches(pending, schema=schema)
-                _deliver(table.slice(0, group_rows), first + group % partition_count,
-                         placement, by_id, stream)
+                _deliver(
+                    table.slice(0, group_rows),
+                    first + group % partition_count,
+                    placement,
+                    by_id,
+                    stream,
+                )
                 rest = table.slice(group_rows)
                 pending, pending_rows = rest.to_batches(), rest.num_rows
                 group += 1
@@ -158,26 +196,32 @@ def _send(opened: Any, schema: pa.Schema, first: int, partition_count: int,
             _deliver(table, first + group % partition_count, placement, by_id, stream)
 
 
-def _deliver(rows: pa.Table, partition: int, placement: dict[str, list[str]],
-             by_id: dict[str, DeviceClient], stream: Any) -> None:
+def _deliver(
+    rows: pa.Table,
+    partition: int,
+    placement: dict[str, list[str]],
+    by_id: dict[str, DeviceClient],
+    stream: Any,
+) -> None:
     for device in placement[str(partition)]:
         writer, _ = stream(partition, device)
         for batch in rows.to_batches():
             by_id[device].guard(lambda w=writer, b=batch: w.write_batch(b))
 
 
-def _abort(by_id: dict[str, DeviceClient], devices: list[str], ingest_id: str,
-           streams: dict[tuple[int, str], tuple[Any, Any]]) -> None:
+def _abort(
+    by_id: dict[str, DeviceClient],
+    devices: list[str],
+    ingest_id: str,
+    streams: dict[tuple[int, str], tuple[Any, Any]],
+) -> None:
     for writer, _ in streams.values():
-        try:
+        with contextlib.suppress(Exception):  # a broken stream; the abort below cleans up
             writer.close()
-        except Exception:
-            pass
     for device in devices:
-        try:
+        # a dead device collects its pending partitions when it starts again
+        with contextlib.suppress(QuarryError):
             by_id[device].abort(ingest_id)
-        except QuarryError:
-            pass  # a dead device collects its pending partitions when it starts again
 
 
 def _schema_difference(dataset: str, expected: pa.Schema, got: pa.Schema, source: str) -> str:
@@ -190,11 +234,10 @@ def _schema_difference(dataset: str, expected: pa.Schema, got: pa.Schema, source
         lines.append(f"  unexpected column {extra} ({got_fields[extra].type})")
     for both in expected_fields.keys() & got_fields.keys():
         if not expected_fields[both].type.equals(got_fields[both].type):
-            lines.append(f"  column {both}: {got_fields[both].type}, expected "
-                         f"{expected_fields[both].type}")
+            lines.append(
+                f"  column {both}: {got_fields[both].type}, expected {expected_fields[both].type}"
+            )
     if len(lines) == 1:
         lines.append("  same columns in another order")
     lines.append("Convert the file to the dataset's schema, or ingest it as a new dataset.")
     return "\n".join(lines)
-
-

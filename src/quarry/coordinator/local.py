@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -26,10 +27,29 @@ STOP_TIMEOUT_S = 10.0
 CLUSTER_FILE = "cluster.json"
 
 
-def device_command(data: Path, name: str, profile: str, port: int = 0,
-                   ready_file: Path | None = None, profiles_file: str | None = None) -> list[str]:
-    command = [sys.executable, "-m", "quarry", "device", "serve", "--data", str(data),
-               "--port", str(port), "--profile", profile, "--name", name]
+def device_command(
+    data: Path,
+    name: str,
+    profile: str,
+    port: int = 0,
+    ready_file: Path | None = None,
+    profiles_file: str | None = None,
+) -> list[str]:
+    command = [
+        sys.executable,
+        "-m",
+        "quarry",
+        "device",
+        "serve",
+        "--data",
+        str(data),
+        "--port",
+        str(port),
+        "--profile",
+        profile,
+        "--name",
+        name,
+    ]
     if ready_file is not None:
         command += ["--ready-file", str(ready_file)]
     if profiles_file is not None:
@@ -37,8 +57,14 @@ def device_command(data: Path, name: str, profile: str, port: int = 0,
     return command
 
 
-def start_device(data: Path, name: str, profile: str, port: int = 0, detach: bool = False,
-                 profiles_file: str | None = None) -> dict[str, Any]:
+def start_device(
+    data: Path,
+    name: str,
+    profile: str,
+    port: int = 0,
+    detach: bool = False,
+    profiles_file: str | None = None,
+) -> dict[str, Any]:
     """Start one device process and wait until it listens; returns its cluster-file entry."""
     data.mkdir(parents=True, exist_ok=True)
     ready = data / "ready.json"
@@ -46,7 +72,9 @@ def start_device(data: Path, name: str, profile: str, port: int = 0, detach: boo
     with open(data / "device.log", "ab") as log:
         process = subprocess.Popen(
             device_command(data, name, profile, port, ready, profiles_file),
-            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
             start_new_session=detach,
         )
     deadline = time.monotonic() + START_TIMEOUT_S
@@ -59,8 +87,14 @@ def start_device(data: Path, name: str, profile: str, port: int = 0, detach: boo
             raise ClusterError(f"device {name} did not start within {START_TIMEOUT_S:.0f} s")
         time.sleep(0.05)
     info = json.loads(ready.read_text())
-    return {"name": name, "address": info["address"], "pid": process.pid, "data": str(data),
-            "profile": profile, "_process": process}
+    return {
+        "name": name,
+        "address": info["address"],
+        "pid": process.pid,
+        "data": str(data),
+        "profile": profile,
+        "_process": process,
+    }
 
 
 def stop_pid(pid: int, timeout_s: float = STOP_TIMEOUT_S) -> None:
@@ -80,17 +114,20 @@ def stop_pid(pid: int, timeout_s: float = STOP_TIMEOUT_S) -> None:
         except ChildProcessError:
             pass
         time.sleep(0.05)
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
 
 
 class LocalCluster(Cluster):
     """A Cluster whose device processes this process started (and stops on close)."""
 
-    def __init__(self, devices: list[dict[str, Any]], data: Path, owns_data: bool,
-                 profiles_file: str | None = None):
+    def __init__(
+        self,
+        devices: list[dict[str, Any]],
+        data: Path,
+        owns_data: bool,
+        profiles_file: str | None = None,
+    ):
         self.processes = {d["name"]: d.pop("_process") for d in devices}
         self.data = data
         self.owns_data = owns_data
@@ -108,8 +145,9 @@ class LocalCluster(Cluster):
         """Start a stopped device again on the same data and port."""
         spec = next(d for d in self.spec if d["name"] == name)
         port = int(spec["address"].rsplit(":", 1)[1])
-        started = start_device(Path(spec["data"]), name, spec["profile"], port,
-                               profiles_file=self.profiles_file)
+        started = start_device(
+            Path(spec["data"]), name, spec["profile"], port, profiles_file=self.profiles_file
+        )
         self.processes[name] = started.pop("_process")
         spec["pid"] = started["pid"]
         # A gRPC channel to a dead server backs off before reconnecting: start a fresh one.
@@ -133,9 +171,13 @@ class LocalCluster(Cluster):
             shutil.rmtree(self.data, ignore_errors=True)
 
 
-def start_local(devices: int = 3, profile: str | list[str] = "host",
-                data: str | Path | None = None, detach: bool = False,
-                profiles_file: str | None = None) -> tuple[list[dict[str, Any]], Path, bool]:
+def start_local(
+    devices: int = 3,
+    profile: str | list[str] = "host",
+    data: str | Path | None = None,
+    detach: bool = False,
+    profiles_file: str | None = None,
+) -> tuple[list[dict[str, Any]], Path, bool]:
     if not 1 <= devices <= DEVICES_MAX:
         raise ClusterError(f"devices must be between 1 and {DEVICES_MAX}, got {devices}")
     profiles = [profile] * devices if isinstance(profile, str) else list(profile)
@@ -150,8 +192,9 @@ def start_local(devices: int = 3, profile: str | list[str] = "host",
     try:
         for index, device_profile in enumerate(profiles):
             name = f"dev{index}"
-            started.append(start_device(root / name, name, device_profile, 0, detach,
-                                        profiles_file))
+            started.append(
+                start_device(root / name, name, device_profile, 0, detach, profiles_file)
+            )
     except BaseException:
         for device in started:
             device["_process"].kill()
@@ -162,8 +205,12 @@ def start_local(devices: int = 3, profile: str | list[str] = "host",
 
 
 @contextmanager
-def local(devices: int = 3, profile: str | list[str] = "host", data: str | Path | None = None,
-          profiles_file: str | None = None) -> Iterator[LocalCluster]:
+def local(
+    devices: int = 3,
+    profile: str | list[str] = "host",
+    data: str | Path | None = None,
+    profiles_file: str | None = None,
+) -> Iterator[LocalCluster]:
     """Start ``devices`` device processes on localhost; stop them (and clean up) on exit.
 
     ``data`` defaults to a temporary folder that is removed afterwards; give a folder to keep it.

@@ -18,13 +18,13 @@ def weight(dataset: str, partition: int, device: str) -> int:
     return int.from_bytes(digest.digest(), "big")
 
 
-def place_all(dataset: str, partitions: range, devices: list[str],
-              replicas: int) -> dict[int, list[str]]:
+def place_all(
+    dataset: str, partitions: range, devices: list[str], replicas: int
+) -> dict[int, list[str]]:
     """For each partition, the ``replicas`` devices that hold it, primary first."""
     if not 1 <= replicas <= len(devices):
         raise ValueError(
-            f"replicas must be between 1 and the number of devices ({len(devices)}), "
-            f"got {replicas}"
+            f"replicas must be between 1 and the number of devices ({len(devices)}), got {replicas}"
         )
     share = math.ceil(len(partitions) * replicas / len(devices))
     load = dict.fromkeys(devices, 0)

@@ -54,16 +54,25 @@ class DeviceReport:
     def to_json(self) -> dict[str, Any]:
         m = self.metrics
         traced = {"trace": self.trace} if self.trace is not None else {}
-        return {**traced,
-            "device": self.device, "fragment": self.fragment, "partition": self.partition,
-            "mode": self.mode, "fallback": self.fallback, "decisions": self.decisions,
-            "slices_total": m.get("slices_total", 0), "slices_pruned": m.get("slices_pruned", 0),
+        return {
+            **traced,
+            "device": self.device,
+            "fragment": self.fragment,
+            "partition": self.partition,
+            "mode": self.mode,
+            "fallback": self.fallback,
+            "decisions": self.decisions,
+            "slices_total": m.get("slices_total", 0),
+            "slices_pruned": m.get("slices_pruned", 0),
             "slices_scanned": m.get("slices_scanned", 0),
             "slices_executed": m.get("slices_executed", 0),
             "slices_pushed_back": m.get("slices_pushed_back", 0),
-            "rows_read": m.get("rows_read", 0), "bytes_read": m.get("bytes_read", 0),
-            "rows_shipped": self.rows_shipped, "bytes_shipped": self.bytes_shipped,
-            "device_cpu_s": m.get("device_cpu_s", 0.0), "wall_s": m.get("wall_s", 0.0),
+            "rows_read": m.get("rows_read", 0),
+            "bytes_read": m.get("bytes_read", 0),
+            "rows_shipped": self.rows_shipped,
+            "bytes_shipped": self.bytes_shipped,
+            "device_cpu_s": m.get("device_cpu_s", 0.0),
+            "wall_s": m.get("wall_s", 0.0),
         }
 
 
@@ -72,10 +81,16 @@ def _batch_bytes(batch: pa.RecordBatch) -> int:
 
 
 class Query:
-    def __init__(self, cluster: Cluster, sql: str, pushdown: str = "always",
-                 decisions: dict[tuple[str, int], list[dict[str, Any]]] | None = None,
-                 trace: bool = False, chunk_slices: int | None = None,
-                 policy: dict[str, Any] | None = None):
+    def __init__(
+        self,
+        cluster: Cluster,
+        sql: str,
+        pushdown: str = "always",
+        decisions: dict[tuple[str, int], list[dict[str, Any]]] | None = None,
+        trace: bool = False,
+        chunk_slices: int | None = None,
+        policy: dict[str, Any] | None = None,
+    ):
         if pushdown not in PUSHDOWNS:
             raise QueryError(f"pushdown must be one of {', '.join(PUSHDOWNS)}, got {pushdown!r}")
         self.cluster = cluster
@@ -108,8 +123,7 @@ class Query:
         tables = {name: entry.schema for name, entry in self.cluster.catalog.items()}
         mode = "always" if self.pushdown == "auto" else self.pushdown
         try:
-            return decompose(self.sql, tables, pushdown=mode,
-                             capabilities=self._capabilities())
+            return decompose(self.sql, tables, pushdown=mode, capabilities=self._capabilities())
         except PlanError as error:
             raise QueryError(str(error)) from None
 
@@ -118,11 +132,11 @@ class Query:
         from quarry.plan.capabilities import Capabilities
 
         def of(device: str) -> Capabilities:
-            kind = self.cluster.info.get(device, {}).get("profile", {}).get("capabilities",
-                                                                           "full")
+            kind = self.cluster.info.get(device, {}).get("profile", {}).get("capabilities", "full")
             if kind == "kernels":  # an FPGA running built-in kernels evaluates no SQL
-                return Capabilities("kernels", frozenset(), project_expressions=False,
-                                    aggregate=False, limit=False)
+                return Capabilities(
+                    "kernels", frozenset(), project_expressions=False, aggregate=False, limit=False
+                )
             return Capabilities.named(kind)
 
         result: dict[str, Any] = {}
@@ -166,9 +180,12 @@ class Query:
             share = cores / max(1, len(devices))
             for d in devices:
                 self.host_costs[(fragment.name, d.name)] = {
-                    "full_s_per_byte": figures.full_s_per_byte, "raw_ratio": figures.raw_ratio,
-                    "filter_ratio": figures.filter_ratio, "link_bytes_per_s": d.link_bytes_per_s,
-                    "host_share": min(1.0, share), "start": choice.cut,
+                    "full_s_per_byte": figures.full_s_per_byte,
+                    "raw_ratio": figures.raw_ratio,
+                    "filter_ratio": figures.filter_ratio,
+                    "link_bytes_per_s": d.link_bytes_per_s,
+                    "host_share": min(1.0, share),
+                    "start": choice.cut,
                 }
 
     # ---- execution ------------------------------------------------------------------------------
@@ -200,7 +217,8 @@ class Query:
         partitions = [p for p in entry.partitions if p.rows]  # an empty partition has no slices
         pool = ThreadPoolExecutor(
             max_workers=max(1, WORKERS_PER_DEVICE * len(self.cluster.live_devices())),
-            thread_name_prefix=f"quarry-{fragment.name}")
+            thread_name_prefix=f"quarry-{fragment.name}",
+        )
 
         def produce(p: PartitionEntry) -> None:
             try:
@@ -236,13 +254,18 @@ class Query:
             f"(held by {', '.join(p.devices)})"
         )
 
-    def _run_partition(self, fragment: Fragment, entry: DatasetEntry,
-                       p: PartitionEntry) -> Iterator[pa.RecordBatch]:
+    def _run_partition(
+        self, fragment: Fragment, entry: DatasetEntry, p: PartitionEntry
+    ) -> Iterator[pa.RecordBatch]:
         from quarry.plan.superplan import complete
 
         client = self._device_for(entry, p)
-        report = DeviceReport(client.name, fragment.name, p.partition,
-                              "scan" if self.pushdown == "never" else "subplan")
+        report = DeviceReport(
+            client.name,
+            fragment.name,
+            p.partition,
+            "scan" if self.pushdown == "never" else "subplan",
+        )
         with self._lock:
             self.reports.append(report)
         if self.pushdown == "never":
@@ -257,8 +280,9 @@ class Query:
             report.fallback = f"{error}; the host ran this sub-plan over raw slices"
             yield from complete(fragment, self._scan_raw(client, entry, p, report))
 
-    def _scan_raw(self, client: DeviceClient, entry: DatasetEntry, p: PartitionEntry,
-                  report: DeviceReport) -> Iterator[pa.RecordBatch]:
+    def _scan_raw(
+        self, client: DeviceClient, entry: DatasetEntry, p: PartitionEntry, report: DeviceReport
+    ) -> Iterator[pa.RecordBatch]:
         reader = client.scan(entry.domain, entry.name, p.partition)
         while True:
             chunk = client.guard(lambda: _next(reader))
@@ -270,31 +294,42 @@ class Query:
             report.metrics["rows_read"] = report.metrics.get("rows_read", 0) + chunk.data.num_rows
             yield chunk.data
 
-    def _exchange(self, client: DeviceClient, fragment: Fragment, entry: DatasetEntry,
-                  p: PartitionEntry, report: DeviceReport) -> Iterator[pa.RecordBatch]:
+    def _exchange(
+        self,
+        client: DeviceClient,
+        fragment: Fragment,
+        entry: DatasetEntry,
+        p: PartitionEntry,
+        report: DeviceReport,
+    ) -> Iterator[pa.RecordBatch]:
         from quarry.plan.superplan import complete
 
         stage_names = ["raw", "filter", "full"]
         stages, output_schema, scan_engine = self.device_stages(fragment)
         payload = b"".join(stages[s] for s in stage_names)
         header = {
-            "domain": entry.domain, "dataset": entry.name, "partition": p.partition,
+            "domain": entry.domain,
+            "dataset": entry.name,
+            "partition": p.partition,
             "stage_bytes": {s: len(stages[s]) for s in stage_names},
             "output_schema": schema_to_text(output_schema),
             "predicates": fragment.predicates,
             "decisions": self.forced.get((fragment.dataset, p.partition)),
             "host": self.host_costs.get((fragment.name, client.name)),
             "query_id": f"{self.query_id}/{fragment.name}",
-            "trace": self.trace, "policy": self.policy,
+            "trace": self.trace,
+            "policy": self.policy,
         }
         if self.chunk_slices:
             header["chunk_slices"] = self.chunk_slices
         from pyarrow import flight
 
         descriptor = flight.FlightDescriptor.for_command(
-            protocol.encode(Exchange.QUERY, header, payload))
+            protocol.encode(Exchange.QUERY, header, payload)
+        )
         writer, reader = client.guard(
-            lambda: client._client.do_exchange(descriptor, client._options()))
+            lambda: client._client.do_exchange(descriptor, client._options())
+        )
         client.guard(writer.done_writing)
         pushed: list[dict[str, Any]] = []
         filtered: list[pa.RecordBatch] = []
@@ -325,9 +360,11 @@ class Query:
             m["rows_read"] = m.get("rows_read", 0) + notice.get("rows", 0)
             m["bytes_read"] = m.get("bytes_read", 0) + notice.get("bytes_stored", 0)
             m["slices_scanned"] = m.get("slices_scanned", 0) + sum(
-                b - a for a, b in notice["slices"])
-            yield from complete(fragment, self._fetch_pushed(client, fragment, entry, p, notice,
-                                                             report))
+                b - a for a, b in notice["slices"]
+            )
+            yield from complete(
+                fragment, self._fetch_pushed(client, fragment, entry, p, notice, report)
+            )
 
     def device_stages(self, fragment: Fragment) -> tuple[dict[str, bytes], pa.Schema, bool]:
         """The stages a device gets, the schema of its stream, and whether it only filters."""
@@ -338,17 +375,32 @@ class Query:
         stages["full"] = stages["filter"]
         return stages, fragment.raw_schema, True
 
-    def _fetch_pushed(self, client: DeviceClient, fragment: Fragment, entry: DatasetEntry,
-                      p: PartitionEntry, notice: dict[str, Any],
-                      report: DeviceReport) -> Iterator[pa.RecordBatch]:
+    def _fetch_pushed(
+        self,
+        client: DeviceClient,
+        fragment: Fragment,
+        entry: DatasetEntry,
+        p: PartitionEntry,
+        notice: dict[str, Any],
+        report: DeviceReport,
+    ) -> Iterator[pa.RecordBatch]:
         from pyarrow import flight
 
         stage = notice["stage"]
         payload = fragment.stages["filter"] if stage == "filter" else b""
-        ticket = flight.Ticket(protocol.encode(Get.SLICES, {
-            "domain": entry.domain, "dataset": entry.name, "partition": p.partition,
-            "slices": notice["slices"], "schema": schema_to_text(fragment.raw_schema),
-        }, payload))
+        ticket = flight.Ticket(
+            protocol.encode(
+                Get.SLICES,
+                {
+                    "domain": entry.domain,
+                    "dataset": entry.name,
+                    "partition": p.partition,
+                    "slices": notice["slices"],
+                    "schema": schema_to_text(fragment.raw_schema),
+                },
+                payload,
+            )
+        )
         reader = client.guard(lambda: client._client.do_get(ticket, client._options()))
         while True:
             chunk = client.guard(lambda: _next(reader))
@@ -370,15 +422,35 @@ class Query:
             devices = [r.to_json() for r in reports]
             per_device: dict[str, dict[str, Any]] = {}
             for row in devices:
-                agg = per_device.setdefault(row["device"], {
-                    "device": row["device"], "partitions": 0, "slices_pruned": 0,
-                    "slices_scanned": 0, "slices_executed": 0, "slices_pushed_back": 0,
-                    "rows_read": 0, "bytes_read": 0, "rows_shipped": 0, "bytes_shipped": 0,
-                    "device_cpu_s": 0.0, "fallbacks": []})
+                agg = per_device.setdefault(
+                    row["device"],
+                    {
+                        "device": row["device"],
+                        "partitions": 0,
+                        "slices_pruned": 0,
+                        "slices_scanned": 0,
+                        "slices_executed": 0,
+                        "slices_pushed_back": 0,
+                        "rows_read": 0,
+                        "bytes_read": 0,
+                        "rows_shipped": 0,
+                        "bytes_shipped": 0,
+                        "device_cpu_s": 0.0,
+                        "fallbacks": [],
+                    },
+                )
                 agg["partitions"] += 1
-                for key in ("slices_pruned", "slices_scanned", "slices_executed",
-                            "slices_pushed_back", "rows_read", "bytes_read", "rows_shipped",
-                            "bytes_shipped", "device_cpu_s"):
+                for key in (
+                    "slices_pruned",
+                    "slices_scanned",
+                    "slices_executed",
+                    "slices_pushed_back",
+                    "rows_read",
+                    "bytes_read",
+                    "rows_shipped",
+                    "bytes_shipped",
+                    "device_cpu_s",
+                ):
                     agg[key] += row[key]
                 if row["fallback"]:
                     agg["fallbacks"].append(row["fallback"])
@@ -387,7 +459,8 @@ class Query:
                 "partitions": devices,
                 "bytes_shipped": sum(r["bytes_shipped"] for r in devices),
                 "bytes_read": sum(r["bytes_read"] for r in devices),
-                "host_cpu_s": self.host_cpu_s, "wall_s": self.finished - self.started,
+                "host_cpu_s": self.host_cpu_s,
+                "wall_s": self.finished - self.started,
                 "rows": self.rows,
             }
         return body

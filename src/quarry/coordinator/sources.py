@@ -15,8 +15,14 @@ from quarry.errors import SourceError
 
 FORMATS = ("parquet", "csv", "arrow")
 _SUFFIXES = {
-    ".parquet": "parquet", ".pq": "parquet", ".csv": "csv", ".tsv": "csv",
-    ".arrow": "arrow", ".ipc": "arrow", ".feather": "arrow", ".arrows": "arrow",
+    ".parquet": "parquet",
+    ".pq": "parquet",
+    ".csv": "csv",
+    ".tsv": "csv",
+    ".arrow": "arrow",
+    ".ipc": "arrow",
+    ".feather": "arrow",
+    ".arrows": "arrow",
 }
 
 
@@ -66,12 +72,16 @@ def _open_path(path: Path, format: str | None) -> Source:
         if kind == "parquet":
             file = pq.ParquetFile(path)
             reader = pa.RecordBatchReader.from_batches(
-                file.schema_arrow, file.iter_batches(batch_size=65_536))
+                file.schema_arrow, file.iter_batches(batch_size=65_536)
+            )
             return Source(reader, size, file.metadata.num_rows, str(path))
         if kind == "csv":
             delimiter = "\t" if path.suffix.lower() == ".tsv" else ","
-            reader = pacsv.open_csv(path, parse_options=pacsv.ParseOptions(delimiter=delimiter),
-                                    read_options=pacsv.ReadOptions(block_size=8 << 20))
+            reader = pacsv.open_csv(
+                path,
+                parse_options=pacsv.ParseOptions(delimiter=delimiter),
+                read_options=pacsv.ReadOptions(block_size=8 << 20),
+            )
             return Source(reader, size, None, str(path))
         if kind == "arrow":
             return _open_ipc(path, size)

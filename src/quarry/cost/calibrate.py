@@ -53,19 +53,23 @@ def calibrate_device(client: DeviceClient, host_kernel_s: float) -> dict[str, An
     _external_bytes_per_s(client, 4 << 20)
     external = _external_bytes_per_s(client, EXTERNAL_BYTES)
     report = {
-        "device": client.name, "profile": profile["name"],
-        "compute_factor": {"expected": profile["compute_factor"],
-                           "measured": device["kernel_s"] / host_kernel_s},
-        "internal_bytes_per_s": {"expected": profile["internal_bytes_per_s"],
-                                 "measured": device["internal_bytes_per_s"]},
-        "external_bytes_per_s": {"expected": profile["external_bytes_per_s"],
-                                 "measured": external},
-        "host_kernel_s": host_kernel_s, "device_kernel_s": device["kernel_s"],
+        "device": client.name,
+        "profile": profile["name"],
+        "compute_factor": {
+            "expected": profile["compute_factor"],
+            "measured": device["kernel_s"] / host_kernel_s,
+        },
+        "internal_bytes_per_s": {
+            "expected": profile["internal_bytes_per_s"],
+            "measured": device["internal_bytes_per_s"],
+        },
+        "external_bytes_per_s": {"expected": profile["external_bytes_per_s"], "measured": external},
+        "host_kernel_s": host_kernel_s,
+        "device_kernel_s": device["kernel_s"],
         "measured_at": time.time(),
     }
     for key in ("compute_factor", "internal_bytes_per_s", "external_bytes_per_s"):
-        report[key]["within_10_percent"] = _within(report[key]["expected"],
-                                                  report[key]["measured"])
+        report[key]["within_10_percent"] = _within(report[key]["expected"], report[key]["measured"])
     client.kv_put(CALIBRATION_KEY, json.dumps(report).encode())
     return report
 

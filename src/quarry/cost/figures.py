@@ -45,14 +45,17 @@ def sample_subplan(cluster: Cluster, fragment: Fragment, entry: DatasetEntry) ->
     filter_s, filter_out = timed("filter")
     raw_bytes = _ipc_bytes([b.select(fragment.raw_schema.names) for b in batches])
     return SubPlanFigures(
-        full_s_per_byte=full_s / stored_bytes, filter_s_per_byte=filter_s / stored_bytes,
-        raw_ratio=raw_bytes / stored_bytes, filter_ratio=_ipc_bytes(filter_out) / stored_bytes,
+        full_s_per_byte=full_s / stored_bytes,
+        filter_s_per_byte=filter_s / stored_bytes,
+        raw_ratio=raw_bytes / stored_bytes,
+        filter_ratio=_ipc_bytes(filter_out) / stored_bytes,
         output_ratio=_ipc_bytes(full_out) / stored_bytes,
     )
 
 
-def device_figures(cluster: Cluster, entry: DatasetEntry,
-                   stored: dict[str, int]) -> list[DeviceFigures]:
+def device_figures(
+    cluster: Cluster, entry: DatasetEntry, stored: dict[str, int]
+) -> list[DeviceFigures]:
     """Calibrated figures where a calibration was stored, the profile's otherwise."""
     from quarry.cost.calibrate import stored as stored_calibration
     from quarry.protocol import Action
@@ -74,18 +77,26 @@ def device_figures(cluster: Cluster, entry: DatasetEntry,
             return entry_["measured"] if entry_ else default
 
         load = client.action_json(Action.STATUS_LOAD)
-        figures.append(DeviceFigures(
-            name=name, stored_bytes=stored_bytes, partitions=partitions.get(name, 1),
-            compute_factor=measured("compute_factor", profile["compute_factor"]),
-            cores=profile["cores"],
-            internal_bytes_per_s=measured("internal_bytes_per_s",
-                                          profile["internal_bytes_per_s"])
-            if profile["internal_bytes_per_s"] else None,
-            external_bytes_per_s=measured("external_bytes_per_s",
-                                          profile["external_bytes_per_s"])
-            if profile["external_bytes_per_s"] else None,
-            cpu_busy=load["cpu_busy"],
-        ))
+        figures.append(
+            DeviceFigures(
+                name=name,
+                stored_bytes=stored_bytes,
+                partitions=partitions.get(name, 1),
+                compute_factor=measured("compute_factor", profile["compute_factor"]),
+                cores=profile["cores"],
+                internal_bytes_per_s=measured(
+                    "internal_bytes_per_s", profile["internal_bytes_per_s"]
+                )
+                if profile["internal_bytes_per_s"]
+                else None,
+                external_bytes_per_s=measured(
+                    "external_bytes_per_s", profile["external_bytes_per_s"]
+                )
+                if profile["external_bytes_per_s"]
+                else None,
+                cpu_busy=load["cpu_busy"],
+            )
+        )
     return figures
 
 

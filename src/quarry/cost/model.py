@@ -62,8 +62,11 @@ class Choice:
     figures: SubPlanFigures
 
     def to_json(self) -> dict[str, Any]:
-        return {"cut": self.cut, "figures": asdict(self.figures),
-                "estimates_s": {c: round(e.seconds, 6) for c, e in self.estimates.items()}}
+        return {
+            "cut": self.cut,
+            "figures": asdict(self.figures),
+            "estimates_s": {c: round(e.seconds, 6) for c, e in self.estimates.items()},
+        }
 
 
 def _device_compute_s(d: DeviceFigures, host_s_per_byte: float) -> float:
@@ -72,8 +75,9 @@ def _device_compute_s(d: DeviceFigures, host_s_per_byte: float) -> float:
     return d.stored_bytes * host_s_per_byte * d.compute_factor / share / parallel
 
 
-def estimate(cut: str, devices: list[DeviceFigures], f: SubPlanFigures,
-             host_cores: int) -> Estimate:
+def estimate(
+    cut: str, devices: list[DeviceFigures], f: SubPlanFigures, host_cores: int
+) -> Estimate:
     """Wall seconds of one cut: the slowest device, or the host's own work if that is longer."""
     assert cut in CUTS, cut
     per_device: dict[str, float] = {}
@@ -103,8 +107,12 @@ def estimate(cut: str, devices: list[DeviceFigures], f: SubPlanFigures,
     return Estimate(cut, max(slowest, host_s), per_device, host_s)
 
 
-def choose(devices: list[DeviceFigures], f: SubPlanFigures, host_cores: int,
-           allowed: tuple[str, ...] = CUTS) -> Choice:
+def choose(
+    devices: list[DeviceFigures],
+    f: SubPlanFigures,
+    host_cores: int,
+    allowed: tuple[str, ...] = CUTS,
+) -> Choice:
     estimates = {cut: estimate(cut, devices, f, host_cores) for cut in allowed}
     best = min(estimates, key=lambda c: (estimates[c].seconds, CUTS.index(c)))
     return Choice(best, estimates, f)

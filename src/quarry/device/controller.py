@@ -40,8 +40,12 @@ class Annotation:
 
     def record(self, decision: Decision) -> None:
         last = self.decisions[-1] if self.decisions else None
-        if (last is not None and last.end == decision.first and last.stage == decision.stage
-                and last.reason == decision.reason):
+        if (
+            last is not None
+            and last.end == decision.first
+            and last.stage == decision.stage
+            and last.reason == decision.reason
+        ):
             last.end = decision.end  # one entry per run of equal decisions
         else:
             self.decisions.append(decision)
@@ -136,7 +140,7 @@ class Adaptive:
             if self.seen <= self.policy.warmup_chunks:
                 return  # warm-up outlier (Skytether Exp 2): never let it drive a decision
             self.samples.append((seconds / stored_bytes, output_bytes / stored_bytes))
-            self.samples = self.samples[-self.policy.window:]
+            self.samples = self.samples[-self.policy.window :]
             if self.probing:
                 self.probing = False
                 self.samples = self.samples[-1:]  # the probe is the news: judge by it alone
@@ -154,7 +158,8 @@ class Adaptive:
             "raw": self.host.raw_ratio / bw + host_s,
             # filtering costs the device about what the whole sub-plan does when the filter
             # dominates; the host then finishes only what passed
-            "filter": device_s + self.host.filter_ratio / bw
+            "filter": device_s
+            + self.host.filter_ratio / bw
             + host_s * self.host.filter_ratio / max(self.host.raw_ratio, 1e-9),
         }
 
@@ -175,8 +180,10 @@ class Adaptive:
             costs = self.costs()
             if costs is not None:
                 best = min(costs, key=costs.__getitem__)
-                if best != self.current and \
-                        costs[best] * (1 + self.policy.hysteresis) < costs[self.current]:
+                if (
+                    best != self.current
+                    and costs[best] * (1 + self.policy.hysteresis) < costs[self.current]
+                ):
                     load = self.load()
                     self.current = best
                     if best == "full":
@@ -186,8 +193,7 @@ class Adaptive:
                         f"(device busy {load['cpu_busy']:.0%}, run queue "
                         f"{load['run_queue']:.0f})"
                     )
-            retry = round(max(0.0, self.next_probe_at - now), 3) \
-                if self.current != "full" else None
+            retry = round(max(0.0, self.next_probe_at - now), 3) if self.current != "full" else None
             return self.current, self.reason, retry
 
     @staticmethod

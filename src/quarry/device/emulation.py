@@ -72,10 +72,12 @@ class Emulator:
         self.enabled = profile.emulated or profile.cores is not None
         self.cores = profile.cores or 0
         self._slots = threading.BoundedSemaphore(self.cores) if self.cores else None
-        self.internal = TokenBucket(profile.internal_bytes_per_s) \
-            if profile.internal_bytes_per_s else None
-        self.external = TokenBucket(profile.external_bytes_per_s) \
-            if profile.external_bytes_per_s else None
+        self.internal = (
+            TokenBucket(profile.internal_bytes_per_s) if profile.internal_bytes_per_s else None
+        )
+        self.external = (
+            TokenBucket(profile.external_bytes_per_s) if profile.external_bytes_per_s else None
+        )
         self._lock = threading.Lock()
         self._busy: deque[Busy] = deque(maxlen=100_000)
         self._waiting = 0
@@ -141,13 +143,17 @@ class Emulator:
         now = time.monotonic()
         horizon = now - BUSY_WINDOW_S
         with self._lock:
-            busy_s = sum(min(b.ended, now) - max(b.started, horizon)
-                         for b in self._busy if b.ended > horizon)
+            busy_s = sum(
+                min(b.ended, now) - max(b.started, horizon) for b in self._busy if b.ended > horizon
+            )
             waiting = self._waiting
         capacity_s = BUSY_WINDOW_S * max(self.cores, 1)
         background = self.background_load()
-        return {"cpu_busy": max(background, min(1.0, busy_s / capacity_s)),
-                "run_queue": float(waiting), "background_load": background}
+        return {
+            "cpu_busy": max(background, min(1.0, busy_s / capacity_s)),
+            "run_queue": float(waiting),
+            "background_load": background,
+        }
 
     def start_load(self, fraction: float, seconds: float) -> dict[str, float]:
         """Emulated background load on this drive for ``seconds`` (bounded; ends by itself)."""

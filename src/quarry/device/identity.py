@@ -19,8 +19,12 @@ def load_or_create(data: Path, name: str | None, profile: str) -> dict[str, Any]
             identity["name"] = name
         identity["profile"] = profile
     else:
-        identity = {"id": uuid.uuid4().hex, "name": name or data.name, "profile": profile,
-                    "created_at": time.time()}
+        identity = {
+            "id": uuid.uuid4().hex,
+            "name": name or data.name,
+            "profile": profile,
+            "created_at": time.time(),
+        }
     data.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(identity, indent=2))

@@ -44,8 +44,11 @@ class Profile:
 
     @property
     def emulated(self) -> bool:
-        return not (self.compute_factor == 1.0 and self.internal_bytes_per_s is None
-                    and self.external_bytes_per_s is None)
+        return not (
+            self.compute_factor == 1.0
+            and self.internal_bytes_per_s is None
+            and self.external_bytes_per_s is None
+        )
 
     def to_json(self) -> dict[str, Any]:
         body = asdict(self)
@@ -58,17 +61,59 @@ SCAN_ENGINE_EXPRESSIONS = ("=", "!=", "<", "<=", ">", ">=", "is_null", "is_not_n
 BUILTIN: dict[str, Profile] = {
     p.name: p
     for p in (
-        Profile("host", "no emulation: the machine's own CPU and disk", 1.0, None, None,
-                None, None, 4 * MiB),
-        Profile("kinetic", "Kinetic HDD with an ARM Cortex-A53 (Skytether)", 15.0, 2, 1 * GiB,
-                261e6, 2.5e9 / 8, 1 * MiB),
-        Profile("newport", "NGD Newport SSD with Linux on the drive", 4.5, 4, 8 * GiB,
-                0.43 * PCIE3_X4_BYTES_PER_S, PCIE3_X4_BYTES_PER_S, 4 * MiB),
-        Profile("smartssd", "Samsung SmartSSD: FPGA kernels beside an SSD", 1.0, None, 4 * GiB,
-                0.84 * PCIE3_X4_BYTES_PER_S, PCIE3_X4_BYTES_PER_S, 4 * MiB, "kernels"),
-        Profile("scaleflux", "ScaleFlux drive with hardware scan engines (POLARDB)", 1.0, None,
-                None, 3.0e9, PCIE3_X4_BYTES_PER_S, 4 * MiB, "scan_filter",
-                SCAN_ENGINE_EXPRESSIONS),
+        Profile(
+            "host",
+            "no emulation: the machine's own CPU and disk",
+            1.0,
+            None,
+            None,
+            None,
+            None,
+            4 * MiB,
+        ),
+        Profile(
+            "kinetic",
+            "Kinetic HDD with an ARM Cortex-A53 (Skytether)",
+            15.0,
+            2,
+            1 * GiB,
+            261e6,
+            2.5e9 / 8,
+            1 * MiB,
+        ),
+        Profile(
+            "newport",
+            "NGD Newport SSD with Linux on the drive",
+            4.5,
+            4,
+            8 * GiB,
+            0.43 * PCIE3_X4_BYTES_PER_S,
+            PCIE3_X4_BYTES_PER_S,
+            4 * MiB,
+        ),
+        Profile(
+            "smartssd",
+            "Samsung SmartSSD: FPGA kernels beside an SSD",
+            1.0,
+            None,
+            4 * GiB,
+            0.84 * PCIE3_X4_BYTES_PER_S,
+            PCIE3_X4_BYTES_PER_S,
+            4 * MiB,
+            "kernels",
+        ),
+        Profile(
+            "scaleflux",
+            "ScaleFlux drive with hardware scan engines (POLARDB)",
+            1.0,
+            None,
+            None,
+            3.0e9,
+            PCIE3_X4_BYTES_PER_S,
+            4 * MiB,
+            "scan_filter",
+            SCAN_ENGINE_EXPRESSIONS,
+        ),
     )
 }
 

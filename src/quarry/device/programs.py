@@ -79,7 +79,7 @@ class ProgramContext:
                 txn.put(key, value)
             else:
                 for i in range(0, len(value), limit):
-                    txn.put(naming.stripe_key(key, i // limit), value[i:i + limit])
+                    txn.put(naming.stripe_key(key, i // limit), value[i : i + limit])
 
 
 Program = Callable[[ProgramContext, dict[str, Any], bytes], ProgramResult]

@@ -60,7 +60,7 @@ def cpu_seconds() -> float:
 def split_stages(header: dict[str, Any], payload: bytes) -> dict[str, bytes]:
     stages, offset = {}, 0
     for name, length in header["stage_bytes"].items():
-        stages[name] = payload[offset:offset + length]
+        stages[name] = payload[offset : offset + length]
         offset += length
     assert offset == len(payload), "stage lengths do not add up to the payload"
     return stages
@@ -92,14 +92,21 @@ def conform(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
     return pa.RecordBatch.from_arrays(batch.columns, schema=schema)
 
 
-def run_query(store: KeyValueStore, emulator: Emulator, header: dict[str, Any], payload: bytes,
-              writer: flight.MetadataRecordBatchWriter,
-              controllers: Controllers | None = None) -> None:
+def run_query(
+    store: KeyValueStore,
+    emulator: Emulator,
+    header: dict[str, Any],
+    payload: bytes,
+    writer: flight.MetadataRecordBatchWriter,
+    controllers: Controllers | None = None,
+) -> None:
     from quarry.plan.stage import run_stage
 
     started, cpu_started = time.perf_counter(), cpu_seconds()
     stages = split_stages(header, payload)
-    meta = partitions.read_meta(store, header["domain"], header["dataset"], int(header["partition"]))
+    meta = partitions.read_meta(
+        store, header["domain"], header["dataset"], int(header["partition"])
+    )
     output_schema = schema_from_text(header["output_schema"])
     writer.begin(output_schema)
     metrics = Metrics(slices_total=len(meta.slices))
@@ -115,6 +122,7 @@ def run_query(store: KeyValueStore, emulator: Emulator, header: dict[str, Any], 
     host = HostCost.from_json(header.get("host"))
     adaptive = None
     if host is not None:
+
         def create() -> Adaptive:
             return Adaptive(Policy.from_json(header.get("policy")), host, emulator.load)
 
@@ -123,19 +131,23 @@ def run_query(store: KeyValueStore, emulator: Emulator, header: dict[str, Any], 
     pushed: list[int] = []
     pushed_stage = ""
     trace: list[dict[str, Any]] | None = [] if header.get("trace") else None
-    chunk_slices_max = max(1, min(int(header.get("chunk_slices", CHUNK_SLICES_MAX)),
-                                  CHUNK_SLICES_MAX))
+    chunk_slices_max = max(
+        1, min(int(header.get("chunk_slices", CHUNK_SLICES_MAX)), CHUNK_SLICES_MAX)
+    )
 
     def flush_pushed() -> None:
         nonlocal pushed
         if not pushed:
             return
-        notice = {"pushed_back": {
-            "slices": [[a, b] for a, b in ranges(pushed)], "stage": pushed_stage,
-            # the host reads these through another stream; it accounts them with these
-            "rows": sum(meta.slices[n].rows for n in pushed),
-            "bytes_stored": sum(meta.slices[n].bytes_stored for n in pushed),
-        }}
+        notice = {
+            "pushed_back": {
+                "slices": [[a, b] for a, b in ranges(pushed)],
+                "stage": pushed_stage,
+                # the host reads these through another stream; it accounts them with these
+                "rows": sum(meta.slices[n].rows for n in pushed),
+                "bytes_stored": sum(meta.slices[n].bytes_stored for n in pushed),
+            }
+        }
         writer.write_metadata(pa.py_buffer(protocol.encode_json(notice)))
         pushed = []
 
@@ -145,9 +157,12 @@ def run_query(store: KeyValueStore, emulator: Emulator, header: dict[str, Any], 
         stage, reason, retry = _decide(forced, adaptive, first)
         numbers = [first]
         if stage == "full":  # a chunk: following contiguous slices under the same decision
-            while (len(numbers) < chunk_slices_max and position + len(numbers) < len(candidates)
-                   and candidates[position + len(numbers)] == numbers[-1] + 1
-                   and forced.stage_for(numbers[-1] + 1) in (None, "full")):
+            while (
+                len(numbers) < chunk_slices_max
+                and position + len(numbers) < len(candidates)
+                and candidates[position + len(numbers)] == numbers[-1] + 1
+                and forced.stage_for(numbers[-1] + 1) in (None, "full")
+            ):
                 numbers.append(numbers[-1] + 1)
         position += len(numbers)
         end = numbers[-1] + 1
@@ -172,9 +187,13 @@ def run_query(store: KeyValueStore, emulator: Emulator, header: dict[str, Any], 
         metrics.rows_read += sum(b.num_rows for b in batches)
         metrics.bytes_read += stored
         metrics.slices_scanned += len(numbers)
-        outputs = emulator.run(lambda: [
-            conform(out, output_schema)
-            for out in _run(run_stage, stages["full"], meta.schema, batches) if out.num_rows])
+        outputs = emulator.run(
+            lambda batches=batches: [
+                conform(out, output_schema)
+                for out in _run(run_stage, stages["full"], meta.schema, batches)
+                if out.num_rows
+            ]
+        )
         shipped = 0
         for out in outputs:
             size = pa.ipc.get_record_batch_size(out)
@@ -188,8 +207,15 @@ def run_query(store: KeyValueStore, emulator: Emulator, header: dict[str, Any], 
         if adaptive is not None:
             adaptive.observe("full", stored, shipped, chunk_s)
         if trace is not None and len(trace) < TRACE_ENTRIES_MAX:
-            trace.append({"first": first, "end": end, "seconds": chunk_s,
-                          "bytes_stored": stored, "bytes_shipped": shipped})
+            trace.append(
+                {
+                    "first": first,
+                    "end": end,
+                    "seconds": chunk_s,
+                    "bytes_stored": stored,
+                    "bytes_shipped": shipped,
+                }
+            )
         annotation.record(Decision(first, end, "full", reason))
     flush_pushed()
 
@@ -201,8 +227,9 @@ def run_query(store: KeyValueStore, emulator: Emulator, header: dict[str, Any], 
     writer.write_metadata(pa.py_buffer(protocol.encode_json(final)))
 
 
-def _run(run_stage: Any, stage: bytes, schema: pa.Schema,
-         batches: list[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+def _run(
+    run_stage: Any, stage: bytes, schema: pa.Schema, batches: list[pa.RecordBatch]
+) -> Iterator[pa.RecordBatch]:
     """Execute a stage; a plan this device cannot decode or run becomes PlanNotSupported."""
     try:
         yield from run_stage(stage, schema, batches)
@@ -212,8 +239,9 @@ def _run(run_stage: Any, stage: bytes, schema: pa.Schema,
         raise PlanNotSupported(f"this device cannot run the sub-plan: {error}") from None
 
 
-def _decide(forced: ForcedDecisions, adaptive: Adaptive | None,
-            number: int) -> tuple[str, str, float | None]:
+def _decide(
+    forced: ForcedDecisions, adaptive: Adaptive | None, number: int
+) -> tuple[str, str, float | None]:
     stage = forced.stage_for(number)
     if stage is not None:
         return stage, "forced by the request", None
@@ -222,12 +250,15 @@ def _decide(forced: ForcedDecisions, adaptive: Adaptive | None,
     return "full", "executed: the host asked for the whole sub-plan", None
 
 
-def scan_stage(store: KeyValueStore, emulator: Emulator, header: dict[str, Any], payload: bytes
-               ) -> tuple[pa.Schema, Iterator[pa.RecordBatch]]:
+def scan_stage(
+    store: KeyValueStore, emulator: Emulator, header: dict[str, Any], payload: bytes
+) -> tuple[pa.Schema, Iterator[pa.RecordBatch]]:
     """Slices a device pushed back, fetched by the host: raw columns, or after the filter."""
     from quarry.plan.stage import run_stage
 
-    meta = partitions.read_meta(store, header["domain"], header["dataset"], int(header["partition"]))
+    meta = partitions.read_meta(
+        store, header["domain"], header["dataset"], int(header["partition"])
+    )
     schema = schema_from_text(header["schema"])
     numbers = [n for a, b in header["slices"] for n in range(a, b)]
     assert all(0 <= n < len(meta.slices) for n in numbers), "slice out of range"
@@ -237,9 +268,13 @@ def scan_stage(store: KeyValueStore, emulator: Emulator, header: dict[str, Any],
             emulator.read(meta.slices[number].bytes_stored)
             batch = partitions.read_slice(store, meta, number)
             if payload:
-                outputs = emulator.run(lambda b=batch: [
-                    conform(out, schema)
-                    for out in _run(run_stage, payload, meta.schema, [b]) if out.num_rows])
+                outputs = emulator.run(
+                    lambda b=batch: [
+                        conform(out, schema)
+                        for out in _run(run_stage, payload, meta.schema, [b])
+                        if out.num_rows
+                    ]
+                )
             else:
                 outputs = [batch.select(schema.names)]
             for out in outputs:

@@ -72,13 +72,17 @@ class DeviceServer(flight.FlightServerBase):
     # ---- actions -------------------------------------------------------------------------
 
     @_flight_errors
-    def do_action(self, context: flight.ServerCallContext, action: flight.Action) -> Iterator[bytes]:
+    def do_action(
+        self, context: flight.ServerCallContext, action: flight.Action
+    ) -> Iterator[bytes]:
         kind, header, payload = protocol.decode(action.body.to_pybytes())
         if kind != action.type:
             raise QuarryError(f"action type {action.type!r} does not match its body ({kind!r})")
         handler = self._actions().get(kind)
         if handler is None:
-            raise QuarryError(f"unknown action {kind!r}; this device knows {sorted(self._actions())}")
+            raise QuarryError(
+                f"unknown action {kind!r}; this device knows {sorted(self._actions())}"
+            )
         result = handler(header, payload)
         if isinstance(result, bytes):
             return iter([result])
@@ -107,8 +111,7 @@ class DeviceServer(flight.FlightServerBase):
             Action.STATUS_LOAD: lambda h, p: self.emulator.load(),
             Action.CALIBRATE: lambda h, p: {
                 "kernel_s": calibration.time_kernel(self.emulator),
-                "internal_bytes_per_s": calibration.time_internal_reads(self.store,
-                                                                        self.emulator),
+                "internal_bytes_per_s": calibration.time_internal_reads(self.store, self.emulator),
             },
             Action.KV_GET: self._kv_get,
             Action.KV_PUT: self._kv_put,
@@ -116,21 +119,27 @@ class DeviceServer(flight.FlightServerBase):
                 "deleted": self.store.delete(h["key"], h.get("expected_version"))
             },
             Action.KV_LIST: lambda h, p: {
-                "keys": self.store.list(h.get("prefix", ""),
-                                        min(int(h.get("limit", 1000)), KV_LIST_LIMIT_MAX))
+                "keys": self.store.list(
+                    h.get("prefix", ""), min(int(h.get("limit", 1000)), KV_LIST_LIMIT_MAX)
+                )
             },
         }
 
     def _hello(self, header: dict[str, Any], payload: bytes) -> dict[str, Any]:
         return {
-            "protocol": protocol.PROTOCOL_VERSION, "id": self.identity["id"], "name": self.name,
-            "profile": self.profile.to_json(), "pid": os.getpid(), "data": str(self.data),
+            "protocol": protocol.PROTOCOL_VERSION,
+            "id": self.identity["id"],
+            "name": self.name,
+            "profile": self.profile.to_json(),
+            "pid": os.getpid(),
+            "data": str(self.data),
             "started_at": self.started_at,
         }
 
     def _describe(self, header: dict[str, Any], payload: bytes) -> dict[str, Any]:
-        meta = partitions.read_meta(self.store, header["domain"], header["dataset"],
-                                    int(header["partition"]))
+        meta = partitions.read_meta(
+            self.store, header["domain"], header["dataset"], int(header["partition"])
+        )
         return meta.to_json()
 
     def _stats(self, header: dict[str, Any], payload: bytes) -> dict[str, Any]:
@@ -151,32 +160,50 @@ class DeviceServer(flight.FlightServerBase):
     # ---- streams -------------------------------------------------------------------------
 
     @_flight_errors
-    def do_put(self, context: flight.ServerCallContext, descriptor: flight.FlightDescriptor,
-               reader: flight.MetadataRecordBatchReader,
-               writer: flight.FlightMetadataWriter) -> None:
+    def do_put(
+        self,
+        context: flight.ServerCallContext,
+        descriptor: flight.FlightDescriptor,
+        reader: flight.MetadataRecordBatchReader,
+        writer: flight.FlightMetadataWriter,
+    ) -> None:
         kind, header, _ = protocol.decode(descriptor.command)
         if kind == Put.PARTITION:
             result = self._put_partition(header, reader)
         elif kind == Put.UPDATE_SLICE:
             table = reader.read_all()
-            batch = table.combine_chunks().to_batches()[0] if table.num_rows else \
-                pa.RecordBatch.from_pylist([], schema=table.schema)
+            batch = (
+                table.combine_chunks().to_batches()[0]
+                if table.num_rows
+                else pa.RecordBatch.from_pylist([], schema=table.schema)
+            )
             version = partitions.update_slice(
-                self.store, header["domain"], header["dataset"], int(header["partition"]),
-                int(header["slice"]), batch, int(header["expected_version"]))
+                self.store,
+                header["domain"],
+                header["dataset"],
+                int(header["partition"]),
+                int(header["slice"]),
+                batch,
+                int(header["expected_version"]),
+            )
             result = {"version": version}
         else:
             raise QuarryError(f"unknown put {kind!r}")
         writer.write(pa.py_buffer(protocol.encode_json(result)))
 
-    def _put_partition(self, header: dict[str, Any],
-                       reader: flight.MetadataRecordBatchReader) -> dict[str, Any]:
+    def _put_partition(
+        self, header: dict[str, Any], reader: flight.MetadataRecordBatchReader
+    ) -> dict[str, Any]:
         meta = partitions.PartitionMeta(
             domain=naming.check_identifier("domain", header["domain"]),
             dataset=naming.check_identifier("dataset", header["dataset"]),
-            partition=int(header["partition"]), ingest=header["ingest"], schema=reader.schema,
-            compression=header.get("compression", "none"), metadata=header.get("metadata", {}),
-            hints=header.get("hints", {}), device=self.name,
+            partition=int(header["partition"]),
+            ingest=header["ingest"],
+            schema=reader.schema,
+            compression=header.get("compression", "none"),
+            metadata=header.get("metadata", {}),
+            hints=header.get("hints", {}),
+            device=self.name,
         )
         writer = partitions.PartitionWriter(self.store, meta)
         try:
@@ -188,13 +215,21 @@ class DeviceServer(flight.FlightServerBase):
             # The stream broke (client gone) or the rows were bad: leave nothing pending behind.
             partitions.abort(self.store, meta.ingest["id"])
             raise
-        return {"partition": written.partition, "rows": written.rows,
-                "slices": len(written.slices), "bytes_stored": written.bytes_stored}
+        return {
+            "partition": written.partition,
+            "rows": written.rows,
+            "slices": len(written.slices),
+            "bytes_stored": written.bytes_stored,
+        }
 
     @_flight_errors
-    def do_exchange(self, context: flight.ServerCallContext,
-                    descriptor: flight.FlightDescriptor, reader: flight.MetadataRecordBatchReader,
-                    writer: flight.MetadataRecordBatchWriter) -> None:
+    def do_exchange(
+        self,
+        context: flight.ServerCallContext,
+        descriptor: flight.FlightDescriptor,
+        reader: flight.MetadataRecordBatchReader,
+        writer: flight.MetadataRecordBatchWriter,
+    ) -> None:
         kind, header, payload = protocol.decode(descriptor.command)
         if kind == Exchange.QUERY:
             query.run_query(self.store, self.emulator, header, payload, writer, self.controllers)
@@ -203,8 +238,9 @@ class DeviceServer(flight.FlightServerBase):
         else:
             raise QuarryError(f"unknown exchange {kind!r}")
 
-    def _run_program(self, header: dict[str, Any], payload: bytes,
-                     writer: flight.MetadataRecordBatchWriter) -> None:
+    def _run_program(
+        self, header: dict[str, Any], payload: bytes, writer: flight.MetadataRecordBatchWriter
+    ) -> None:
         started, cpu_started = time.perf_counter(), query.cpu_seconds()
         context = programs.ProgramContext(self.store, self.emulator, self.name)
         result = programs.lookup(header["program"])(context, header, payload)
@@ -215,15 +251,21 @@ class DeviceServer(flight.FlightServerBase):
             self.emulator.ship(size)
             bytes_shipped += size
             writer.write_batch(batch)
-        summary = {**result.summary, "device": self.name, "bytes_read": context.bytes_read,
-                   "rows_read": context.rows_read, "bytes_shipped": bytes_shipped,
-                   "device_cpu_s": query.cpu_seconds() - cpu_started,
-                   "wall_s": time.perf_counter() - started}
+        summary = {
+            **result.summary,
+            "device": self.name,
+            "bytes_read": context.bytes_read,
+            "rows_read": context.rows_read,
+            "bytes_shipped": bytes_shipped,
+            "device_cpu_s": query.cpu_seconds() - cpu_started,
+            "wall_s": time.perf_counter() - started,
+        }
         writer.write_metadata(pa.py_buffer(protocol.encode_json({"summary": summary})))
 
     @_flight_errors
-    def do_get(self, context: flight.ServerCallContext,
-               ticket: flight.Ticket) -> flight.FlightDataStream:
+    def do_get(
+        self, context: flight.ServerCallContext, ticket: flight.Ticket
+    ) -> flight.FlightDataStream:
         kind, header, payload = protocol.decode(ticket.ticket)
         if kind == Get.CALIBRATION:
             schema, batches = calibration.calibration_stream(self.emulator, int(header["bytes"]))
@@ -233,15 +275,19 @@ class DeviceServer(flight.FlightServerBase):
             return flight.GeneratorStream(schema, batches)
         if kind != Get.SCAN:
             raise QuarryError(f"unknown ticket {kind!r}")
-        meta = partitions.read_meta(self.store, header["domain"], header["dataset"],
-                                    int(header["partition"]))
+        meta = partitions.read_meta(
+            self.store, header["domain"], header["dataset"], int(header["partition"])
+        )
         columns = header.get("columns")
-        schema = meta.schema if columns is None else pa.schema([meta.schema.field(c) for c in columns])
+        schema = (
+            meta.schema if columns is None else pa.schema([meta.schema.field(c) for c in columns])
+        )
         first, end = int(header.get("first", 0)), header.get("end")
         return flight.GeneratorStream(schema, self._scan(meta, first, end, columns))
 
-    def _scan(self, meta: partitions.PartitionMeta, first: int, end: int | None,
-              columns: list[str] | None) -> Iterator[pa.RecordBatch]:
+    def _scan(
+        self, meta: partitions.PartitionMeta, first: int, end: int | None, columns: list[str] | None
+    ) -> Iterator[pa.RecordBatch]:
         """Raw slices, through the profile's internal and external bandwidth limits."""
         end = len(meta.slices) if end is None else min(int(end), len(meta.slices))
         for number in range(first, end):
@@ -251,8 +297,14 @@ class DeviceServer(flight.FlightServerBase):
             yield batch
 
 
-def serve(data: str | Path, profile: Profile, host: str = "127.0.0.1", port: int = 0,
-          name: str | None = None, ready_file: str | Path | None = None) -> None:
+def serve(
+    data: str | Path,
+    profile: Profile,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    name: str | None = None,
+    ready_file: str | Path | None = None,
+) -> None:
     """Run a device until it is stopped (SIGTERM / SIGINT)."""
     server = DeviceServer(Path(data), profile, f"grpc://{host}:{port}", name)
     if ready_file is not None:
@@ -260,8 +312,16 @@ def serve(data: str | Path, profile: Profile, host: str = "127.0.0.1", port: int
 
         ready = Path(ready_file)
         tmp = ready.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"port": server.port, "pid": os.getpid(), "name": server.name,
-                                   "address": f"grpc://{host}:{server.port}"}))
+        tmp.write_text(
+            json.dumps(
+                {
+                    "port": server.port,
+                    "pid": os.getpid(),
+                    "name": server.name,
+                    "address": f"grpc://{host}:{server.port}",
+                }
+            )
+        )
         tmp.replace(ready)
     log.info("device %s (%s) listening on %s:%d", server.name, profile.name, host, server.port)
     server.serve()

@@ -17,13 +17,15 @@ KE_MU = 0.0
 KE_SIGMA = 1.0
 BATCH_ROWS = 1 << 20
 
-SCHEMA = pa.schema([
-    pa.field("id", pa.int64(), nullable=False),
-    pa.field("x", pa.float64(), nullable=False),
-    pa.field("y", pa.float64(), nullable=False),
-    pa.field("z", pa.float64(), nullable=False),
-    pa.field("ke", pa.float64(), nullable=False),
-])
+SCHEMA = pa.schema(
+    [
+        pa.field("id", pa.int64(), nullable=False),
+        pa.field("x", pa.float64(), nullable=False),
+        pa.field("y", pa.float64(), nullable=False),
+        pa.field("z", pa.float64(), nullable=False),
+        pa.field("ke", pa.float64(), nullable=False),
+    ]
+)
 
 
 def batches(rows: int, seed: int = 7, batch_rows: int = BATCH_ROWS) -> Iterator[pa.RecordBatch]:
@@ -31,13 +33,16 @@ def batches(rows: int, seed: int = 7, batch_rows: int = BATCH_ROWS) -> Iterator[
     generator = np.random.default_rng(seed)
     for start in range(0, rows, batch_rows):
         n = min(batch_rows, rows - start)
-        yield pa.RecordBatch.from_arrays([
-            pa.array(np.arange(start, start + n, dtype=np.int64)),
-            pa.array(generator.uniform(0.0, 100.0, n)),
-            pa.array(generator.uniform(0.0, 100.0, n)),
-            pa.array(generator.uniform(0.0, 100.0, n)),
-            pa.array(generator.lognormal(KE_MU, KE_SIGMA, n)),
-        ], schema=SCHEMA)
+        yield pa.RecordBatch.from_arrays(
+            [
+                pa.array(np.arange(start, start + n, dtype=np.int64)),
+                pa.array(generator.uniform(0.0, 100.0, n)),
+                pa.array(generator.uniform(0.0, 100.0, n)),
+                pa.array(generator.uniform(0.0, 100.0, n)),
+                pa.array(generator.lognormal(KE_MU, KE_SIGMA, n)),
+            ],
+            schema=SCHEMA,
+        )
 
 
 def reader(rows: int, seed: int = 7) -> pa.RecordBatchReader:

@@ -26,8 +26,9 @@ def encode_slice(batch: pa.RecordBatch, compression: str = "none") -> bytes:
     return sink.getvalue().to_pybytes()
 
 
-def decode_slice(value: bytes | pa.Buffer, schema: pa.Schema | None = None,
-                 rows: int | None = None) -> pa.RecordBatch:
+def decode_slice(
+    value: bytes | pa.Buffer, schema: pa.Schema | None = None, rows: int | None = None
+) -> pa.RecordBatch:
     """Decode one slice, and check it against what the metadata slice says it holds."""
     reader = pa.ipc.open_stream(pa.py_buffer(value) if isinstance(value, bytes) else value)
     batches = list(reader)
@@ -46,7 +47,7 @@ def stripe(value: bytes, kv_bytes_max: int) -> list[bytes]:
     if len(value) <= kv_bytes_max:
         return [value]
     view = memoryview(value)
-    return [bytes(view[i:i + kv_bytes_max]) for i in range(0, len(value), kv_bytes_max)]
+    return [bytes(view[i : i + kv_bytes_max]) for i in range(0, len(value), kv_bytes_max)]
 
 
 def unstripe(values: list[bytes]) -> bytes:
@@ -59,6 +60,6 @@ def batch_bytes(batch: pa.RecordBatch | pa.Table) -> int:
 
 
 def rows_per_slice(schema_bytes_per_row: float, kv_bytes_max: int, fill: float = 0.9) -> int:
-    """Whole rows that fill one key-value: slices are sized from the value limit (Skytether §5.1)."""
+    """Whole rows that fill one key-value: slices sized from the value limit (Skytether §5.1)."""
     assert kv_bytes_max > 0 and 0 < fill <= 1
     return max(1, int(kv_bytes_max * fill / max(schema_bytes_per_row, 1.0)))

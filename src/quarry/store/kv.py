@@ -88,8 +88,14 @@ class KeyValueStore:
         self.path = Path(path)
         self.kv_bytes_max = kv_bytes_max
         self._env = lmdb.open(
-            str(path), map_size=map_bytes, max_dbs=4, subdir=True, sync=True, metasync=True,
-            readahead=False, max_readers=512,
+            str(path),
+            map_size=map_bytes,
+            max_dbs=4,
+            subdir=True,
+            sync=True,
+            metasync=True,
+            readahead=False,
+            max_readers=512,
         )
         self._data = self._env.open_db(b"data")
         self._versions = self._env.open_db(b"versions")

@@ -83,11 +83,19 @@ class PartitionMeta:
     def summary(self) -> dict[str, Any]:
         """Inventory entry: everything but the zone maps."""
         return {
-            "domain": self.domain, "dataset": self.dataset, "partition": self.partition,
-            "ingest": self.ingest, "schema": schema_to_text(self.schema),
-            "compression": self.compression, "metadata": self.metadata, "hints": self.hints,
-            "rows": self.rows, "slices": len(self.slices), "bytes_stored": self.bytes_stored,
-            "bytes_arrow": self.bytes_arrow, "device": self.device,
+            "domain": self.domain,
+            "dataset": self.dataset,
+            "partition": self.partition,
+            "ingest": self.ingest,
+            "schema": schema_to_text(self.schema),
+            "compression": self.compression,
+            "metadata": self.metadata,
+            "hints": self.hints,
+            "rows": self.rows,
+            "slices": len(self.slices),
+            "bytes_stored": self.bytes_stored,
+            "bytes_arrow": self.bytes_arrow,
+            "device": self.device,
         }
 
     def to_json(self) -> dict[str, Any]:
@@ -100,17 +108,31 @@ class PartitionMeta:
 
     @classmethod
     def from_json(cls, body: dict[str, Any]) -> PartitionMeta:
-        assert body.get("format") == META_FORMAT, f"unknown metadata slice format {body.get('format')}"
+        assert body.get("format") == META_FORMAT, (
+            f"unknown metadata slice format {body.get('format')}"
+        )
         slices = [
-            SliceInfo(s["rows"], s["bytes_stored"], s["bytes_arrow"], s["stripes"],
-                      zone_map_from_json(s["zone_map"]), s.get("version", 1))
+            SliceInfo(
+                s["rows"],
+                s["bytes_stored"],
+                s["bytes_arrow"],
+                s["stripes"],
+                zone_map_from_json(s["zone_map"]),
+                s.get("version", 1),
+            )
             for s in body["slices"]
         ]
         return cls(
-            domain=body["domain"], dataset=body["dataset"], partition=body["partition"],
-            ingest=body["ingest"], schema=schema_from_text(body["schema"]),
-            compression=body["compression"], metadata=body.get("metadata", {}),
-            hints=body.get("hints", {}), slices=slices, device=body.get("device", ""),
+            domain=body["domain"],
+            dataset=body["dataset"],
+            partition=body["partition"],
+            ingest=body["ingest"],
+            schema=schema_from_text(body["schema"]),
+            compression=body["compression"],
+            metadata=body.get("metadata", {}),
+            hints=body.get("hints", {}),
+            slices=slices,
+            device=body.get("device", ""),
         )
 
 
@@ -184,7 +206,11 @@ class PartitionWriter:
         rest = table.slice(rows)
         self._pending_rows = rest.to_batches()
         self._pending_count = rest.num_rows
-        batch = head.to_batches()[0] if head.num_rows else pa.RecordBatch.from_pylist([], schema=self.meta.schema)
+        batch = (
+            head.to_batches()[0]
+            if head.num_rows
+            else pa.RecordBatch.from_pylist([], schema=self.meta.schema)
+        )
         self._store_slice(batch)
 
     def _store_slice(self, batch: pa.RecordBatch) -> None:
@@ -208,8 +234,12 @@ class PartitionWriter:
         m = self.meta
         with self.store.transaction() as txn:
             txn.put(naming.pending_key(m.domain, m.dataset, m.partition) + "/meta-ready", b"1")
-            _put_striped(txn, naming.pending_key(m.domain, m.dataset, m.partition) + "/meta",
-                         _json_bytes(m.to_json()), self.store.kv_bytes_max)
+            _put_striped(
+                txn,
+                naming.pending_key(m.domain, m.dataset, m.partition) + "/meta",
+                _json_bytes(m.to_json()),
+                self.store.kv_bytes_max,
+            )
         return m
 
 
@@ -239,10 +269,15 @@ def commit(store: KeyValueStore, ingest_id: str, device: str) -> list[int]:
             body = _load_json(codec.unstripe([txn.get(k)[0] for k in meta_keys]))
             meta = PartitionMeta.from_json(body)
             meta.device = device
-            _put_striped(txn, naming.meta_key(meta.domain, meta.dataset, meta.partition),
-                         _json_bytes(meta.to_json()), store.kv_bytes_max)
-            txn.put(_catalog_key(meta.domain, meta.dataset, meta.partition),
-                    _json_bytes(meta.summary()))
+            _put_striped(
+                txn,
+                naming.meta_key(meta.domain, meta.dataset, meta.partition),
+                _json_bytes(meta.to_json()),
+                store.kv_bytes_max,
+            )
+            txn.put(
+                _catalog_key(meta.domain, meta.dataset, meta.partition), _json_bytes(meta.summary())
+            )
             for key in [pending, pending + "/meta-ready", *meta_keys]:
                 txn.delete(key)
             committed.append(meta.partition)
@@ -269,7 +304,7 @@ def abort(store: KeyValueStore, ingest_id: str | None = None) -> int:
             continue
         if ingest_id is not None and body["ingest"]["id"] != ingest_id:
             continue
-        domain, dataset, partition = pending[len(naming.PENDING_PREFIX):].split("/")
+        domain, dataset, partition = pending[len(naming.PENDING_PREFIX) :].split("/")
         deleted += store.delete_prefix(naming.partition_prefix(domain, dataset, int(partition)))
         deleted += store.delete_prefix(pending)
     return deleted
@@ -294,8 +329,9 @@ def read_meta(store: KeyValueStore, domain: str, dataset: str, partition: int) -
     return PartitionMeta.from_json(_load_json(raw))
 
 
-def read_slice(store: KeyValueStore, meta: PartitionMeta, number: int,
-               columns: list[str] | None = None) -> pa.RecordBatch:
+def read_slice(
+    store: KeyValueStore, meta: PartitionMeta, number: int, columns: list[str] | None = None
+) -> pa.RecordBatch:
     info = meta.slices[number]
     key = naming.slice_key(meta.domain, meta.dataset, meta.partition, number)
     value = codec.unstripe(store.get_many(naming.slice_value_keys(key, info.stripes)))
@@ -303,8 +339,13 @@ def read_slice(store: KeyValueStore, meta: PartitionMeta, number: int,
     return batch.select(columns) if columns is not None else batch
 
 
-def read_slices(store: KeyValueStore, meta: PartitionMeta, first: int = 0, end: int | None = None,
-                columns: list[str] | None = None) -> Iterator[pa.RecordBatch]:
+def read_slices(
+    store: KeyValueStore,
+    meta: PartitionMeta,
+    first: int = 0,
+    end: int | None = None,
+    columns: list[str] | None = None,
+) -> Iterator[pa.RecordBatch]:
     end = len(meta.slices) if end is None else min(end, len(meta.slices))
     for number in range(first, end):
         yield read_slice(store, meta, number, columns)
@@ -317,8 +358,15 @@ def drop(store: KeyValueStore, domain: str, dataset: str) -> int:
     return deleted
 
 
-def update_slice(store: KeyValueStore, domain: str, dataset: str, partition: int, number: int,
-                 batch: pa.RecordBatch, expected_version: int) -> int:
+def update_slice(
+    store: KeyValueStore,
+    domain: str,
+    dataset: str,
+    partition: int,
+    number: int,
+    batch: pa.RecordBatch,
+    expected_version: int,
+) -> int:
     """Replace one slice atomically if its version is still ``expected_version``.
 
     Each slice's version lives in the metadata slice and grows with every update. The check, the
@@ -348,8 +396,9 @@ def update_slice(store: KeyValueStore, domain: str, dataset: str, partition: int
         for old_key in naming.slice_value_keys(key, old.stripes):
             txn.delete(old_key)
         stripes = _put_striped(txn, key, value, store.kv_bytes_max)
-        meta.slices[number] = SliceInfo(batch.num_rows, len(value), batch.nbytes, stripes,
-                                        zone_map(batch), old.version + 1)
+        meta.slices[number] = SliceInfo(
+            batch.num_rows, len(value), batch.nbytes, stripes, zone_map(batch), old.version + 1
+        )
         for old_meta in _meta_keys(txn, meta_key):
             txn.delete(old_meta)
         _put_striped(txn, meta_key, _json_bytes(meta.to_json()), store.kv_bytes_max)

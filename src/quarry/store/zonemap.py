@@ -16,9 +16,14 @@ ZONE_MAP_COLUMNS_MAX = 256
 
 def _orderable(type_: pa.DataType) -> bool:
     return (
-        pa.types.is_integer(type_) or pa.types.is_floating(type_) or pa.types.is_decimal(type_)
-        or pa.types.is_string(type_) or pa.types.is_large_string(type_)
-        or pa.types.is_date(type_) or pa.types.is_timestamp(type_) or pa.types.is_boolean(type_)
+        pa.types.is_integer(type_)
+        or pa.types.is_floating(type_)
+        or pa.types.is_decimal(type_)
+        or pa.types.is_string(type_)
+        or pa.types.is_large_string(type_)
+        or pa.types.is_date(type_)
+        or pa.types.is_timestamp(type_)
+        or pa.types.is_boolean(type_)
     )
 
 
@@ -56,7 +61,7 @@ def to_json_value(value: Any) -> Any:
 
 def from_json_value(value: Any) -> Any:
     if isinstance(value, dict) and len(value) == 1:
-        (tag, raw), = value.items()
+        ((tag, raw),) = value.items()
         if tag == "$datetime":
             return datetime.datetime.fromisoformat(raw)
         if tag == "$date":

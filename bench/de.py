@@ -1,0 +1,297 @@
+"""Differential expression on a 4-device cluster beside scanpy in memory (issue 5 acceptance).
+
+A synthetic sparse matrix (20,000 genes x 100,000 cells by default, about 10% non-zero,
+log1p-like counts, 10 clusters with marker genes) is stored with `quarry.genes.ingest` on a
+local 4-device cluster. Then, in one run:
+
+- quarry, first call: cluster 0 vs rest; devices run Accumulate + Combine for every cluster of
+  the grouping (and cache it), ship the two sides' statistics;
+- quarry, cached call: the same request again, then every other cluster vs rest (all served
+  from the devices' caches: nothing is read, almost nothing moves);
+- quarry, host only (pushdown="never"): the host scans every slice raw and accumulates;
+- scanpy: `sc.tl.rank_genes_groups(method="t-test")`, all 10 clusters vs rest, on the same
+  matrix in memory (cells x genes CSR, as AnnData holds it).
+
+Reported: seconds, bytes shipped to the host (and read on the devices), the matrix's stored
+bytes and their ratio, and the agreement of quarry's scores with scanpy's. Writes
+bench/results/de.json and de.png. Run: python bench/de.py [--genes N --cells N --quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import sys
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from scipy import sparse
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import png_path, write_json
+
+import quarry
+from quarry import genes
+from quarry.genes import ExpressionMatrix
+
+GENES = 20_000
+CELLS = 100_000
+CLUSTERS = 10
+DENSITY = 0.10
+DEVICES = 4
+MARKERS_PER_CLUSTER = 50  # genes up-regulated in one cluster: what DE should find
+GENES_PER_CHUNK = 250  # generation works on this many genes at a time (bounded memory)
+SEED = 5
+# What each device reports of a genes.accumulate call (the full summary lists every slice).
+DEVICE_FIELDS = ("device", "slices_executed", "slices_cached", "bytes_read", "bytes_shipped",
+                 "accumulate_s", "program_s", "device_cpu_s", "wall_s")
+
+console = Console(stderr=True)
+
+
+def progress() -> Progress:
+    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                    TimeElapsedColumn(), console=console, transient=False)
+
+
+def synthetic(gene_count: int, cell_count: int, density: float, seed: int) -> ExpressionMatrix:
+    """Genes x cells CSR: each gene non-zero in ~density of cells, more often and higher in
+    the cluster it marks; values log1p(1 + Poisson)."""
+    rng = np.random.default_rng(seed)
+    cluster_of_cell = rng.integers(0, CLUSTERS, cell_count)
+    base = rng.uniform(0.5, 1.5, gene_count) * density
+    marker_cluster = np.full(gene_count, -1)
+    markers = rng.choice(gene_count, CLUSTERS * MARKERS_PER_CLUSTER, replace=False)
+    marker_cluster[markers] = np.repeat(np.arange(CLUSTERS), MARKERS_PER_CLUSTER)
+    data, indices, counts = [], [], []
+    with progress() as bar:
+        task = bar.add_task("generate matrix", total=gene_count)
+        for start in range(0, gene_count, GENES_PER_CHUNK):
+            stop = min(start + GENES_PER_CHUNK, gene_count)
+            chance = np.repeat(base[start:stop, np.newaxis], CLUSTERS, axis=1).astype(np.float32)
+            rows = np.flatnonzero(marker_cluster[start:stop] >= 0)
+            chance[rows, marker_cluster[start:stop][rows]] *= 3.0
+            mask = rng.random((stop - start, cell_count), dtype=np.float32) < \
+                chance[:, cluster_of_cell]
+            row, column = np.nonzero(mask)
+            del mask
+            rate = np.where(marker_cluster[start:stop][row] == cluster_of_cell[column], 6.0, 2.0)
+            data.append(np.log1p(1.0 + rng.poisson(rate)).astype(np.float32))
+            indices.append(column.astype(np.int32))
+            counts.append(np.bincount(row, minlength=stop - start))
+            bar.advance(task, stop - start)
+    indptr = np.concatenate(([0], np.cumsum(np.concatenate(counts)))).astype(np.int64)
+    values = sparse.csr_matrix((np.concatenate(data), np.concatenate(indices), indptr),
+                               shape=(gene_count, cell_count))
+    genes_table = pa.table({"gene": [f"gene{i}" for i in range(gene_count)]})
+    cells_table = pa.table({
+        "cell": [f"cell{i}" for i in range(cell_count)],
+        "cluster": pa.array(cluster_of_cell.astype(str)).dictionary_encode(),
+    })
+    return ExpressionMatrix(values, genes_table, cells_table, {"generator": "bench/de.py"},
+                            dataset="synthetic")
+
+
+def quarry_runs(matrix: ExpressionMatrix, devices: int) -> dict[str, Any]:
+    labels = [str(k) for k in range(CLUSTERS)]
+    runs: dict[str, Any] = {}
+    with quarry.local(devices=devices) as cluster:
+        console.print(f"ingest into {devices} devices ...")
+        started = time.perf_counter()
+        stored = genes.ingest(cluster, matrix, "bench/de", metadata={"bench": "de"})
+        runs["ingest_s"] = time.perf_counter() - started
+        entry = stored.entry
+        runs["matrix_bytes_stored"] = entry.bytes_stored
+        runs["slices"] = sum(p.slices for p in entry.partitions)
+        runs["partitions"] = len(entry.partitions)
+
+        def rank(label: str, pushdown: str) -> tuple[Any, dict[str, Any]]:
+            started = time.perf_counter()
+            frame = genes.rank_genes(cluster, "bench/de", "cluster", label, pushdown=pushdown)
+            seconds = time.perf_counter() - started
+            attrs = frame.attrs["quarry"]
+            moved = {k: v for k, v in attrs.items() if k != "datasets"}
+            moved["devices"] = [
+                {k: device.get(k) for k in DEVICE_FIELDS}
+                for report in attrs["datasets"] for device in report["devices"]
+                if "program" in device
+            ]
+            return frame, {"seconds": seconds, **moved}
+
+        console.print("quarry: first call (cluster 0 vs rest) ...")
+        first, runs["first_call"] = rank("0", "always")
+        console.print("quarry: cached call (the same request) ...")
+        _, runs["cached_call"] = rank("0", "always")
+        others = []
+        with progress() as bar:
+            task = bar.add_task("quarry: clusters 1-9 vs rest (cached)", total=CLUSTERS - 1)
+            frames = {"0": first}
+            for label in labels[1:]:
+                frames[label], run = rank(label, "auto")
+                others.append(run)
+                bar.advance(task)
+        runs["other_clusters"] = {
+            "calls": len(others),
+            "seconds": sum(r["seconds"] for r in others),
+            "bytes_shipped": sum(r["bytes_shipped"] for r in others),
+            "bytes_read": sum(r["bytes_read"] for r in others),
+            "slices_executed": sum(r["slices_executed"] for r in others),
+        }
+        console.print("quarry: host only (pushdown never) ...")
+        never, runs["host_only"] = rank("0", "never")
+        assert np.array_equal(never["scores"].to_numpy(), first["scores"].to_numpy(),
+                              equal_nan=True), "host-only and pushdown disagree"
+    runs["scores"] = {label: frame.set_index("names")["scores"] for label, frame in frames.items()}
+    return runs
+
+
+def scanpy_run(matrix: ExpressionMatrix) -> dict[str, Any]:
+    import anndata
+    import scanpy as sc
+
+    console.print("scanpy: building the AnnData (cells x genes CSR) ...")
+    x = matrix.values.T.tocsr()
+    adata = anndata.AnnData(
+        X=x,
+        obs=matrix.cells.to_pandas().set_index("cell"),
+        var=matrix.genes.to_pandas().set_index("gene"),
+    )
+    console.print("scanpy: rank_genes_groups(method='t-test'), 10 clusters vs rest ...")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        started = time.perf_counter()
+        sc.tl.rank_genes_groups(adata, "cluster", method="t-test", use_raw=False)
+        seconds = time.perf_counter() - started
+    result = adata.uns["rank_genes_groups"]
+    scores = {
+        label: dict(zip(result["names"][label], result["scores"][label].astype(np.float64),
+                        strict=True))
+        for label in result["names"].dtype.names
+    }
+    return {"seconds": seconds, "matrix_bytes_in_memory": int(x.data.nbytes + x.indices.nbytes
+                                                               + x.indptr.nbytes),
+            "scores": scores}
+
+
+def agreement(quarry_scores: dict[str, Any], scanpy_scores: dict[str, dict[str, float]]
+              ) -> dict[str, float]:
+    worst, zero = 0.0, 0
+    for label, ours in quarry_scores.items():
+        theirs = scanpy_scores[label]
+        expected = np.array([theirs[name] for name in ours.index])
+        got = ours.to_numpy()
+        reported = expected != 0
+        zero += int((~reported).sum())
+        worst = max(worst, float((np.abs(got - expected)[reported]
+                                  / np.abs(expected[reported])).max()))
+    return {"scanpy_score_relative_error_max": worst, "scanpy_zero_scores": zero}
+
+
+def plot(result: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    q = result["quarry"]
+    figure, (left, right) = plt.subplots(1, 2, figsize=(13, 5))
+    all_clusters = q["first_call"]["seconds"] + q["other_clusters"]["seconds"]
+    bars = {
+        "quarry first call\n(1 cluster)": q["first_call"]["seconds"],
+        "quarry cached call\n(1 cluster)": q["cached_call"]["seconds"],
+        "quarry all 10\n(first + 9 cached)": all_clusters,
+        "quarry host only\n(1 cluster, never)": q["host_only"]["seconds"],
+        "scanpy in memory\n(all 10)": result["scanpy"]["seconds"],
+    }
+    colors = ["tab:blue", "tab:cyan", "tab:blue", "tab:gray", "tab:orange"]
+    left.bar(range(len(bars)), list(bars.values()), color=colors)
+    left.set_xticks(range(len(bars)), list(bars.keys()), fontsize=8)
+    left.set_ylabel("seconds")
+    left.set_title("rank genes, cluster vs rest: time")
+    for i, value in enumerate(bars.values()):
+        left.annotate(f"{value:.2f} s", (i, value), ha="center", va="bottom", fontsize=8)
+
+    shipped = {
+        "matrix stored": q["matrix_bytes_stored"],
+        "host only\nshipped": q["host_only"]["bytes_shipped"],
+        "first call\nshipped": q["first_call"]["bytes_shipped"],
+        "first call\nread on devices": q["first_call"]["bytes_read"],
+        "cached call\nshipped": q["cached_call"]["bytes_shipped"],
+        "cached call\nread on devices": max(q["cached_call"]["bytes_read"], 1),
+    }
+    right.bar(range(len(shipped)), list(shipped.values()),
+              color=["tab:gray", "tab:gray", "tab:blue", "tab:purple", "tab:cyan", "tab:purple"])
+    right.set_yscale("log")
+    right.set_xticks(range(len(shipped)), list(shipped.keys()), fontsize=8)
+    right.set_ylabel("bytes (log)")
+    right.set_title(f"data movement: shipped {result['ratio_matrix_to_first_call_shipped']:.0f}x "
+                    "fewer bytes than stored")
+    for i, value in enumerate(shipped.values()):
+        # A cached call reads nothing; its bar stands at 1 byte only so the log axis can show it.
+        label = "0 B" if value <= 1 else f"{value / 1e6:.3g} MB"
+        right.annotate(label, (i, value), ha="center", va="bottom", fontsize=8)
+    shape = result["matrix"]
+    figure.suptitle(f"{shape['genes']:,} genes x {shape['cells']:,} cells, "
+                    f"{shape['density']:.1%} non-zero, {CLUSTERS} clusters, "
+                    f"{result['devices']} devices (host profile), {result['environment_cores']} "
+                    "cores")
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--genes", type=int, default=GENES)
+    parser.add_argument("--cells", type=int, default=CELLS)
+    parser.add_argument("--devices", type=int, default=DEVICES)
+    parser.add_argument("--quick", action="store_true", help="2,000 genes x 10,000 cells")
+    args = parser.parse_args()
+    gene_count, cell_count = (2_000, 10_000) if args.quick else (args.genes, args.cells)
+
+    started = time.perf_counter()
+    matrix = synthetic(gene_count, cell_count, DENSITY, SEED)
+    shape = {"genes": gene_count, "cells": cell_count, "nonzero": matrix.values.nnz,
+             "density": matrix.values.nnz / (gene_count * cell_count), "clusters": CLUSTERS,
+             "bytes_csr": int(matrix.values.data.nbytes + matrix.values.indices.nbytes
+                              + matrix.values.indptr.nbytes)}
+    console.print(f"matrix: {shape}")
+    runs = quarry_runs(matrix, args.devices)
+    quarry_scores = runs.pop("scores")
+    gc.collect()
+    scanpy = scanpy_run(matrix)
+    scanpy_scores = scanpy.pop("scores")
+    result: dict[str, Any] = {
+        "matrix": shape,
+        "devices": args.devices,
+        "environment_cores": __import__("os").cpu_count(),
+        "quarry": runs,
+        "scanpy": scanpy,
+        "agreement": agreement(quarry_scores, scanpy_scores),
+        "ratio_matrix_to_first_call_shipped":
+            runs["matrix_bytes_stored"] / max(runs["first_call"]["bytes_shipped"], 1),
+        "ratio_matrix_to_cached_call_moved":
+            runs["matrix_bytes_stored"] / max(runs["cached_call"]["bytes_shipped"]
+                                              + runs["cached_call"]["bytes_read"]
+                                              + runs["cached_call"]["bytes_sent"], 1),
+        "ratio_host_only_to_first_call_shipped":
+            runs["host_only"]["bytes_shipped"] / max(runs["first_call"]["bytes_shipped"], 1),
+        "ratio_scanpy_all_to_quarry_all_seconds":
+            scanpy["seconds"] / (runs["first_call"]["seconds"]
+                                 + runs["other_clusters"]["seconds"]),
+        "bench_s": time.perf_counter() - started,
+    }
+    name = "de" if not args.quick else "de_quick"
+    json_path = write_json(name, result)
+    plot(result, png_path(name))
+    console.print(f"wrote {json_path} and {png_path(name)}")
+    console.print({k: v for k, v in result.items() if k.startswith(("ratio", "agreement"))})
+
+
+if __name__ == "__main__":
+    main()
