@@ -313,6 +313,7 @@ class Query:
             "partition": p.partition,
             "stage_bytes": {s: len(stages[s]) for s in stage_names},
             "output_schema": schema_to_text(output_schema),
+            "raw_schema": schema_to_text(fragment.raw_schema),
             "predicates": fragment.predicates,
             "decisions": self.forced.get((fragment.dataset, p.partition)),
             "host": self.host_costs.get((fragment.name, client.name)),
@@ -397,6 +398,7 @@ class Query:
                     "partition": p.partition,
                     "slices": notice["slices"],
                     "schema": schema_to_text(fragment.raw_schema),
+                    "query_id": f"{self.query_id}/{fragment.name}",
                 },
                 payload,
             )

@@ -7,6 +7,7 @@ device (key ``~sys/calibration``) so any coordinator, and the cost model, can re
 from __future__ import annotations
 
 import json
+import statistics
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -23,6 +24,7 @@ if TYPE_CHECKING:
 CALIBRATION_KEY = "~sys/calibration"
 EXTERNAL_BYTES = 256 << 20
 TOLERANCE = 0.10
+KERNEL_ROUNDS = 5
 
 
 def _external_bytes_per_s(client: DeviceClient, total_bytes: int) -> float:
@@ -42,30 +44,41 @@ def _within(expected: float | None, measured: float) -> bool | None:
     return abs(measured - expected) <= TOLERANCE * expected
 
 
-def calibrate_device(client: DeviceClient, host_kernel_s: float) -> dict[str, Any]:
+def compute_factor(client: DeviceClient, rounds: int = KERNEL_ROUNDS) -> tuple[float, float, float]:
+    """Median over rounds of (device kernel time / host kernel time), the two taken back to
+    back in each round so a change in the machine's load hits both alike. Returns the factor
+    and the median host and device times."""
+    ratios, hosts, devices = [], [], []
+    for _ in range(rounds):
+        host_s = time_kernel(None, 2)
+        device_s = client.action_json(
+            Action.CALIBRATE, {"part": "kernel", "repeat": 2}, timeout_s=600
+        )["kernel_s"]
+        ratios.append(device_s / host_s)
+        hosts.append(host_s)
+        devices.append(device_s)
+    return statistics.median(ratios), statistics.median(hosts), statistics.median(devices)
+
+
+def calibrate_device(client: DeviceClient) -> dict[str, Any]:
     info = client.hello()
     profile = info["profile"]
-    device = client.action_json(Action.CALIBRATE, timeout_s=600)
-    # The host's time is taken around the device's, best of both, so a passing load on the
-    # machine does not masquerade as a faster or slower drive.
-    host_kernel_s = min(host_kernel_s, time_kernel(None))
+    factor, host_kernel_s, device_kernel_s = compute_factor(client)
+    internal = client.action_json(Action.CALIBRATE, {"part": "reads"}, timeout_s=600)
     # Warm the link once, then time a transfer large enough to swamp the bucket's burst.
     _external_bytes_per_s(client, 4 << 20)
     external = _external_bytes_per_s(client, EXTERNAL_BYTES)
     report = {
         "device": client.name,
         "profile": profile["name"],
-        "compute_factor": {
-            "expected": profile["compute_factor"],
-            "measured": device["kernel_s"] / host_kernel_s,
-        },
+        "compute_factor": {"expected": profile["compute_factor"], "measured": factor},
         "internal_bytes_per_s": {
             "expected": profile["internal_bytes_per_s"],
-            "measured": device["internal_bytes_per_s"],
+            "measured": internal["internal_bytes_per_s"],
         },
         "external_bytes_per_s": {"expected": profile["external_bytes_per_s"], "measured": external},
         "host_kernel_s": host_kernel_s,
-        "device_kernel_s": device["kernel_s"],
+        "device_kernel_s": device_kernel_s,
         "measured_at": time.time(),
     }
     for key in ("compute_factor", "internal_bytes_per_s", "external_bytes_per_s"):
@@ -77,9 +90,7 @@ def calibrate_device(client: DeviceClient, host_kernel_s: float) -> dict[str, An
 def calibrate(cluster: Cluster) -> list[dict[str, Any]]:
     """One report per device; devices are measured one at a time so they do not disturb each
     other's numbers."""
-    host_kernel_s = time_kernel(None)
-    reports = [calibrate_device(client, host_kernel_s) for client in cluster.live_devices()]
-    return reports
+    return [calibrate_device(client) for client in cluster.live_devices()]
 
 
 def stored(client: DeviceClient) -> dict[str, Any] | None:

@@ -122,10 +122,11 @@ class Adaptive:
         self.policy = policy
         self.host = host
         self.load = load  # callable -> {"cpu_busy", "run_queue", "background_load"}
-        self.samples: list[tuple[float, float]] = []  # (device s per byte, output bytes per byte)
+        # (device s per stored byte, output bytes per stored byte), per stage the device ran
+        self.samples: dict[str, list[tuple[float, float]]] = {"full": [], "filter": []}
         self.seen = 0
         self.current = host.start if host.start in STAGES else "full"
-        self.measuring = self.current == "full"
+        self.measuring = self.current in ("full", "filter")
         self.reason = f"{self.current}: the host's cut"
         self.probe_after_s = policy.probe_after_s
         self.next_probe_at = time.monotonic() + self.probe_after_s
@@ -133,45 +134,55 @@ class Adaptive:
         self._lock = threading.Lock()
 
     def observe(self, stage: str, stored_bytes: int, output_bytes: int, seconds: float) -> None:
-        if stage != "full" or stored_bytes <= 0:
+        if stage not in self.samples or stored_bytes <= 0:
             return
         with self._lock:
             self.seen += 1
             if self.seen <= self.policy.warmup_chunks:
                 return  # warm-up outlier (Skytether Exp 2): never let it drive a decision
-            self.samples.append((seconds / stored_bytes, output_bytes / stored_bytes))
-            self.samples = self.samples[-self.policy.window :]
-            if self.probing:
+            samples = self.samples[stage]
+            samples.append((seconds / stored_bytes, output_bytes / stored_bytes))
+            del samples[: -self.policy.window]
+            if self.probing and stage == "full":
                 self.probing = False
-                self.samples = self.samples[-1:]  # the probe is the news: judge by it alone
+                del samples[:-1]  # the probe is the news: judge by it alone
 
     def costs(self) -> dict[str, float] | None:
         """Seconds per stored byte of each choice, from the recent measurements."""
-        if not self.samples:
+        full, filtered = self.samples["full"], self.samples["filter"]
+        if not full and not filtered:
             return None
-        device_s = sorted(s for s, _ in self.samples)[len(self.samples) // 2]
-        out_ratio = sorted(o for _, o in self.samples)[len(self.samples) // 2]
+
+        def median(values: list[float]) -> float:
+            return sorted(values)[len(values) // 2]
+
         bw = self.host.link_bytes_per_s
         host_s = self.host.full_s_per_byte / max(self.host.host_share, 1e-6)
+        # a stage not measured yet is estimated from the other: filtering is at most the whole
+        # sub-plan's work, and the whole sub-plan at least the filter's
+        full_s = median([s for s, _ in full]) if full else median([s for s, _ in filtered])
+        filter_s = median([s for s, _ in filtered]) if filtered else full_s
+        out_ratio = median([o for _, o in full]) if full else self.host.filter_ratio
+        filter_ratio = median([o for _, o in filtered]) if filtered else self.host.filter_ratio
         return {
-            "full": device_s + out_ratio / bw,
+            "full": full_s + out_ratio / bw,
             "raw": self.host.raw_ratio / bw + host_s,
-            # filtering costs the device about what the whole sub-plan does when the filter
-            # dominates; the host then finishes only what passed
-            "filter": device_s
-            + self.host.filter_ratio / bw
-            + host_s * self.host.filter_ratio / max(self.host.raw_ratio, 1e-9),
+            # the host then finishes only what passed the filter
+            "filter": filter_s
+            + filter_ratio / bw
+            + host_s * filter_ratio / max(self.host.raw_ratio, 1e-9),
         }
 
     def stage_for(self, number: int) -> tuple[str, str, float | None]:
         """(stage, reason, retry_after_s) for the next chunk, starting at slice ``number``."""
         with self._lock:
+            now = time.monotonic()
             if self.measuring:
                 needed = self.policy.warmup_chunks + self.policy.sample_chunks
                 if self.seen < needed:
-                    return "full", "executed: measuring the first chunks", None
+                    reason = f"{self.current}: measuring the first chunks"
+                    return self.current, reason, self._retry_after(now)
                 self.measuring = False
-            now = time.monotonic()
             if self.current != "full" and not self.probing and now >= self.next_probe_at:
                 self.probing = True
                 self.probe_after_s = min(self.probe_after_s * 2, self.policy.probe_after_s_max)
@@ -193,8 +204,13 @@ class Adaptive:
                         f"(device busy {load['cpu_busy']:.0%}, run queue "
                         f"{load['run_queue']:.0f})"
                     )
-            retry = round(max(0.0, self.next_probe_at - now), 3) if self.current != "full" else None
-            return self.current, self.reason, retry
+            return self.current, self.reason, self._retry_after(now)
+
+    def _retry_after(self, now: float) -> float | None:
+        """QoS hint with every decline: when the device expects to try the work again."""
+        if self.current == "full":
+            return None
+        return round(max(0.0, self.next_probe_at - now), 3)
 
     @staticmethod
     def _others(costs: dict[str, float], best: str) -> str:

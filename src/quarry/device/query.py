@@ -8,6 +8,7 @@ device goes on; the last message is the annotation (decisions per range) and the
 from __future__ import annotations
 
 import resource
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
@@ -33,6 +34,7 @@ from quarry.store.kv import KeyValueStore
 from quarry.store.partition import PartitionMeta, schema_from_text
 
 CHUNK_SLICES_MAX = 4  # slices executed together: amortises planning, bounds device memory
+PARKED_BYTES_MAX = 256 << 20  # filtered rows a device keeps for the host to fetch
 TRACE_ENTRIES_MAX = 100_000  # per-chunk timings kept when a request asks for a trace
 PUSHBACK_NOTICE_SLICES = 16  # announce pushed-back slices in groups so the host starts early
 
@@ -99,6 +101,7 @@ def run_query(
     payload: bytes,
     writer: flight.MetadataRecordBatchWriter,
     controllers: Controllers | None = None,
+    parked: Parked | None = None,
 ) -> None:
     from quarry.plan.stage import run_stage
 
@@ -169,6 +172,20 @@ def run_query(
         if stage != "full":
             if pushed and (pushed_stage != stage or len(pushed) >= PUSHBACK_NOTICE_SLICES):
                 flush_pushed()
+            if stage == "filter":
+                # The device filters now, timed like any work it does, and parks the rows for
+                # the host to fetch with the rest of this range.
+                _filter_now(
+                    store,
+                    emulator,
+                    meta,
+                    numbers,
+                    stages["filter"],
+                    header,
+                    adaptive,
+                    metrics,
+                    parked,
+                )
             pushed_stage = stage
             pushed.extend(numbers)
             metrics.slices_pushed_back += len(numbers)
@@ -239,6 +256,81 @@ def _run(
         raise PlanNotSupported(f"this device cannot run the sub-plan: {error}") from None
 
 
+class Parked:
+    """Filter-stage results a device computed during a query, kept for the host to fetch.
+
+    Bounded in bytes; when full, nothing more is parked and a fetch recomputes the filter.
+    """
+
+    def __init__(self, bytes_max: int = PARKED_BYTES_MAX, idle_s_max: float = 120.0):
+        self.bytes_max = bytes_max
+        self.idle_s_max = idle_s_max
+        self._lock = threading.Lock()
+        self._entries: dict[tuple[str, int, int], tuple[list[pa.RecordBatch], int, float]] = {}
+        self._bytes = 0
+
+    def put(self, key: tuple[str, int, int], batches: list[pa.RecordBatch]) -> bool:
+        size = sum(b.nbytes for b in batches)
+        now = time.monotonic()
+        with self._lock:
+            for stale in [k for k, (_, _, t) in self._entries.items() if now - t > self.idle_s_max]:
+                self._bytes -= self._entries.pop(stale)[1]
+            if self._bytes + size > self.bytes_max:
+                return False
+            self._entries[key] = (batches, size, now)
+            self._bytes += size
+            return True
+
+    def take(self, key: tuple[str, int, int]) -> list[pa.RecordBatch] | None:
+        with self._lock:
+            entry = self._entries.pop(key, None)
+            if entry is None:
+                return None
+            self._bytes -= entry[1]
+            return entry[0]
+
+
+def _filter_now(
+    store: KeyValueStore,
+    emulator: Emulator,
+    meta: PartitionMeta,
+    numbers: list[int],
+    stage: bytes,
+    header: dict[str, Any],
+    adaptive: Adaptive | None,
+    metrics: Metrics,
+    parked: Parked | None,
+) -> None:
+    from quarry.plan.stage import run_stage
+
+    raw_schema = schema_from_text(header["raw_schema"]) if header.get("raw_schema") else None
+    stored = 0
+    for number in numbers:
+        emulator.read(meta.slices[number].bytes_stored)
+        stored += meta.slices[number].bytes_stored
+    started = time.perf_counter()
+    outputs: dict[int, list[pa.RecordBatch]] = {}
+    for number in numbers:
+        batch = partitions.read_slice(store, meta, number)
+        metrics.rows_read += batch.num_rows
+        outputs[number] = emulator.run(
+            lambda b=batch: [
+                conform(out, raw_schema) if raw_schema is not None else out
+                for out in _run(run_stage, stage, meta.schema, [b])
+                if out.num_rows
+            ]
+        )
+    metrics.bytes_read += stored
+    metrics.slices_scanned += len(numbers)
+    filtered = sum(pa.ipc.get_record_batch_size(b) for bs in outputs.values() for b in bs)
+    if adaptive is not None:
+        adaptive.observe("filter", stored, filtered, time.perf_counter() - started)
+    if parked is not None and header.get("query_id"):
+        for number, batches in outputs.items():
+            if not parked.put((header["query_id"], int(header["partition"]), number), batches):
+                break
+
+
 def _decide(
     forced: ForcedDecisions, adaptive: Adaptive | None, number: int
 ) -> tuple[str, str, float | None]:
@@ -251,7 +343,11 @@ def _decide(
 
 
 def scan_stage(
-    store: KeyValueStore, emulator: Emulator, header: dict[str, Any], payload: bytes
+    store: KeyValueStore,
+    emulator: Emulator,
+    header: dict[str, Any],
+    payload: bytes,
+    parked: Parked | None = None,
 ) -> tuple[pa.Schema, Iterator[pa.RecordBatch]]:
     """Slices a device pushed back, fetched by the host: raw columns, or after the filter."""
     from quarry.plan.stage import run_stage
@@ -265,6 +361,14 @@ def scan_stage(
 
     def batches() -> Iterator[pa.RecordBatch]:
         for number in numbers:
+            ready = None
+            if payload and parked is not None and header.get("query_id"):
+                ready = parked.take((header["query_id"], int(header["partition"]), number))
+            if ready is not None:  # filtered during the query: ship what was parked
+                for out in ready:
+                    emulator.ship(pa.ipc.get_record_batch_size(out))
+                    yield out
+                continue
             emulator.read(meta.slices[number].bytes_stored)
             batch = partitions.read_slice(store, meta, number)
             if payload:

@@ -64,6 +64,7 @@ class DeviceServer(flight.FlightServerBase):
         self.store = KeyValueStore(self.data / "kv", kv_bytes_max=profile.kv_bytes_max)
         self.emulator = Emulator(profile)
         self.controllers = Controllers()
+        self.parked = query.Parked()
         collected = partitions.collect_debris(self.store)
         if collected:
             log.warning("%s: collected %d key-values of unfinished ingests", self.name, collected)
@@ -109,10 +110,15 @@ class DeviceServer(flight.FlightServerBase):
                 "device": self.name,
             },
             Action.STATUS_LOAD: lambda h, p: self.emulator.load(),
-            Action.CALIBRATE: lambda h, p: {
-                "kernel_s": calibration.time_kernel(self.emulator),
-                "internal_bytes_per_s": calibration.time_internal_reads(self.store, self.emulator),
-            },
+            Action.CALIBRATE: lambda h, p: (
+                {"kernel_s": calibration.time_kernel(self.emulator, int(h.get("repeat", 1)))}
+                if h.get("part") == "kernel"
+                else {
+                    "internal_bytes_per_s": calibration.time_internal_reads(
+                        self.store, self.emulator
+                    )
+                }
+            ),
             Action.KV_GET: self._kv_get,
             Action.KV_PUT: self._kv_put,
             Action.KV_DELETE: lambda h, p: {
@@ -232,7 +238,9 @@ class DeviceServer(flight.FlightServerBase):
     ) -> None:
         kind, header, payload = protocol.decode(descriptor.command)
         if kind == Exchange.QUERY:
-            query.run_query(self.store, self.emulator, header, payload, writer, self.controllers)
+            query.run_query(
+                self.store, self.emulator, header, payload, writer, self.controllers, self.parked
+            )
         elif kind == Exchange.PROGRAM:
             self._run_program(header, payload, writer)
         else:
@@ -271,7 +279,9 @@ class DeviceServer(flight.FlightServerBase):
             schema, batches = calibration.calibration_stream(self.emulator, int(header["bytes"]))
             return flight.GeneratorStream(schema, batches)
         if kind == Get.SLICES:
-            schema, batches = query.scan_stage(self.store, self.emulator, header, payload)
+            schema, batches = query.scan_stage(
+                self.store, self.emulator, header, payload, self.parked
+            )
             return flight.GeneratorStream(schema, batches)
         if kind != Get.SCAN:
             raise QuarryError(f"unknown ticket {kind!r}")

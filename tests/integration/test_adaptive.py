@@ -1,0 +1,92 @@
+"""Issue 4 on real devices: calibration, emulated load, and devices that decline work."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+import quarry
+from quarry.samples import particles
+from tests.plan.harness import assert_same_rows
+
+SQL = ("SELECT CAST(floor(x / 10) AS BIGINT) AS cell, count(*) AS n, avg(ke) AS ke_avg "
+       "FROM physics.particles WHERE ke > 0.5 GROUP BY 1 ORDER BY 1")
+
+
+def test_calibration_finds_the_kinetic_figures():
+    with quarry.local(devices=2, profile=["kinetic", "host"]) as cluster:
+        reports = {r["device"]: r for r in cluster.calibrate()}
+        kinetic = reports["dev0"]
+        assert kinetic["profile"] == "kinetic"
+        for key in ("compute_factor", "internal_bytes_per_s", "external_bytes_per_s"):
+            entry = kinetic[key]
+            assert entry["expected"] and entry["measured"] > 0
+            assert abs(entry["measured"] - entry["expected"]) <= 0.10 * entry["expected"], (
+                key, entry)
+            assert entry["within_10_percent"] is True
+        host = reports["dev1"]
+        assert host["external_bytes_per_s"]["expected"] is None  # unlimited: nothing to meet
+        assert 0.8 < host["compute_factor"]["measured"] < 1.25
+        # stored with the cluster: a fresh coordinator reads it back from the device
+        from quarry.cost.calibrate import stored
+
+        assert stored(cluster.devices["dev0"])["compute_factor"]["expected"] == 15.0
+
+
+def test_background_load_is_bounded_and_visible(tmp_path):
+    with quarry.local(devices=1, profile="kinetic", data=tmp_path / "c") as cluster:
+        env = {**os.environ, "QUARRY_CLUSTER": str(cluster.cluster_file)}
+        done = subprocess.run(
+            [sys.executable, "-m", "quarry", "device", "load", "--device", "dev0", "--cpu", "0.5",
+             "--seconds", "30"], env=env, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        assert cluster.device_load("dev0")["background_load"] == 0.5
+        cluster.load("dev0", 0.5, seconds=0.2)
+        import time
+
+        time.sleep(0.4)
+        assert cluster.device_load("dev0")["background_load"] == 0.0  # it stopped by itself
+        with pytest.raises(quarry.errors.QuarryError, match="cpu load must be in"):
+            cluster.load("dev0", 1.5)
+
+
+def test_auto_avoids_a_busy_device_and_answers_right():
+    with quarry.local(devices=2, profile="kinetic") as cluster:
+        cluster.ingest(particles.reader(1_000_000), "physics/particles")
+        expected = cluster.sql(SQL, pushdown="never").read_all()
+        for device in cluster.devices:
+            cluster.load(device, 0.9, seconds=120)
+        planned = cluster.query(SQL, pushdown="auto")
+        result = planned.execute().read_all()
+        report = planned.explain(analyze=True)
+        assert_same_rows(result, expected, ordered=True, context="auto under load")
+        (choice,) = report["cost_model"].values()
+        assert choice["cut"] != "full"  # a 90%-busy, 15x slower drive should not aggregate
+        assert choice["estimates_s"]["full"] > choice["estimates_s"][choice["cut"]]
+
+
+def test_device_pushes_back_when_load_arrives_after_planning():
+    """The host planned to push down; the drive got busy; the drive declines the rest."""
+    with quarry.local(devices=2) as cluster:
+        cluster.ingest(particles.reader(2_000_000), "physics/particles", partitions=2)
+        expected = cluster.sql(SQL, pushdown="never").read_all()
+        planned = cluster.query(SQL, pushdown="auto", chunk_slices=1)
+        (start,) = {c["cut"] for c in planned.choices.values()}
+        assert start in ("full", "filter")  # an idle host-speed drive is worth using
+        for device in cluster.devices:
+            cluster.load(device, 0.97, seconds=120)
+        result = planned.execute().read_all()
+        assert_same_rows(result, expected, ordered=True, context="pushed back mid-query")
+        analyzed = planned.explain(analyze=True)["analyze"]
+        stages = {d["stage"] for p in analyzed["partitions"] for d in p["decisions"]}
+        assert start in stages and "raw" in stages, analyzed["partitions"]
+        reasons = [d["reason"] for p in analyzed["partitions"] for d in p["decisions"]
+                   if d["stage"] == "raw"]
+        assert any("ns/B" in r and "busy" in r for r in reasons), reasons
+        assert all(d["retry_after_s"] is not None for p in analyzed["partitions"]
+                   for d in p["decisions"] if d["stage"] in ("raw", "filter"))
+        json.dumps(analyzed)  # the annotation is plain JSON
