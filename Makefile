@@ -18,6 +18,7 @@ demo: $(STAMP)
 	$(BIN)/quarry demo
 
 test: $(STAMP)
+	bash scripts/install-r.sh
 	$(BIN)/python -m pytest -q
 
 lint: $(STAMP)

@@ -29,6 +29,7 @@ console = Console()
 errors = Console(stderr=True)
 
 DEFAULT_DATA = ".quarry"
+MATRIX_FORMATS = ("h5ad", "mtx", "tsv")
 ClusterOption = Annotated[
     Path | None,
     typer.Option(
@@ -176,7 +177,11 @@ def ingest(
     partitions: Annotated[int | None, typer.Option(help="number of partitions")] = None,
     append: Annotated[bool, typer.Option(help="add the rows to an existing dataset")] = False,
     format: Annotated[
-        str | None, typer.Option(help="parquet, csv, arrow (default: by suffix)")
+        str | None,
+        typer.Option(
+            help="parquet, csv, arrow; or an expression matrix: h5ad, mtx (10x folder), tsv "
+            "(default: by suffix; a .h5ad file or a folder is a matrix)"
+        ),
     ] = None,
     cluster: ClusterOption = None,
     as_json: JsonOption = False,
@@ -184,6 +189,19 @@ def ingest(
     """Store a file as a dataset, atomically: all of it or none of it becomes visible."""
     c = open_cluster(cluster)
     started = time.perf_counter()
+    matrix_format = format if format in MATRIX_FORMATS else None
+    if format is None and (path.suffix.lower() == ".h5ad" or path.is_dir()):
+        matrix_format = "h5ad" if path.suffix.lower() == ".h5ad" else "mtx"
+    if matrix_format is not None:
+        from quarry.genes.datasets import ingest_file
+
+        stored = ingest_file(c, path, dataset, matrix_format)
+        c.close()
+        console.print(
+            f"ingested expression matrix {stored.dataset}: {stored.gene_count:,} genes x "
+            f"{stored.cell_count:,} cells, {time.perf_counter() - started:.2f} s"
+        )
+        return
     entry = c.ingest(
         path,
         dataset,
@@ -479,13 +497,15 @@ def device_load(
 
 def _mount_optional() -> None:
     """Sub-commands that live with their feature."""
-    try:
-        from quarry.capacity.cli import app as capacity_app
-    except ImportError:
-        return
+    from quarry.capacity.cli import app as capacity_app
+    from quarry.genes.cli import app as genes_app
+    from quarry.genes.cli import de as genes_de
+
     app.add_typer(
         capacity_app, name="capacity", help="Capacity planning for computational storage."
     )
+    app.command("de")(genes_de)
+    app.add_typer(genes_app, name="genes", help="Expression matrices: ingest, de, drop.")
 
 
 _mount_optional()

@@ -141,3 +141,14 @@ def test_existing_name_and_schema_mismatch(cluster):
 def test_invalid_dataset_name(cluster):
     with pytest.raises(ValueError, match="DOMAIN/NAME"):
         cluster.ingest(pa.table({"a": [1]}), "nodomain")
+
+
+def test_categorical_columns_are_stored_decoded(cluster):
+    import pandas as pd
+
+    frame = pd.DataFrame({"label": pd.Categorical(["b", "a", "b", "c"]), "v": [1, 2, 3, 4]})
+    cluster.ingest(frame, "src/categorical")
+    back = cluster.scan("src/categorical").read_all().sort_by("v")
+    assert back.column("label").to_pylist() == ["b", "a", "b", "c"]
+    assert back.schema.field("label").type == pa.string()
+    cluster.drop("src/categorical")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from typing import Any
 
@@ -196,16 +197,20 @@ class DeviceClient:
         self.guard(writer.done_writing)
         batches: list[pa.RecordBatch] = []
         summary: dict[str, Any] = {}
-        while True:
-            try:
-                chunk = self.guard(reader.read_chunk)
-            except StopIteration:
-                break
-            if chunk.data is not None and chunk.data.num_rows:
-                batches.append(chunk.data)
-            if chunk.app_metadata is not None:
-                summary = protocol.decode_json(chunk.app_metadata.to_pybytes()).get("summary", {})
-        self.guard(writer.close)
+        try:
+            while True:
+                try:
+                    chunk = self.guard(reader.read_chunk)
+                except StopIteration:
+                    break
+                if chunk.data is not None and chunk.data.num_rows:
+                    batches.append(chunk.data)
+                if chunk.app_metadata is not None:
+                    message = protocol.decode_json(chunk.app_metadata.to_pybytes())
+                    summary = message.get("summary", {})
+        finally:  # also when the device raised: an unclosed exchange complains at exit
+            with contextlib.suppress(flight.FlightError, OSError):
+                writer.close()
         return pa.Table.from_batches(batches, schema=reader.schema), summary
 
     def guard(self, call: Callable[[], Any]) -> Any:

@@ -35,7 +35,30 @@ class Source:
 
 
 def open_source(source: Any, format: str | None = None) -> Source:
-    """A file path (Parquet, CSV/TSV, Arrow IPC), a pyarrow Table / RecordBatchReader, or pandas."""
+    """A file path (Parquet, CSV/TSV, Arrow IPC), a pyarrow Table / RecordBatchReader, or pandas.
+
+    Dictionary-encoded columns (pandas categoricals, Parquet dictionaries) are stored decoded:
+    every slice is its own IPC stream, and a dataset keeps one schema across them.
+    """
+    opened = _open(source, format)
+    plain = plain_schema(opened.reader.schema)
+    if plain.equals(opened.reader.schema):
+        return opened
+    reader = opened.reader
+    batches = (batch.cast(plain) for batch in reader)
+    opened.reader = pa.RecordBatchReader.from_batches(plain, batches)
+    return opened
+
+
+def plain_schema(schema: pa.Schema) -> pa.Schema:
+    """The schema with dictionary columns replaced by their value type."""
+    fields = [
+        f.with_type(f.type.value_type) if pa.types.is_dictionary(f.type) else f for f in schema
+    ]
+    return pa.schema(fields, metadata=schema.metadata)
+
+
+def _open(source: Any, format: str | None = None) -> Source:
     if isinstance(source, pa.Table):
         return Source(source.to_reader(), source.nbytes, source.num_rows, "table")
     if isinstance(source, pa.RecordBatch):
