@@ -190,11 +190,9 @@ class DeviceClient:
         self, name: str, header: dict[str, Any] | None = None, payload: bytes = b""
     ) -> tuple[pa.Table, dict[str, Any]]:
         """Run a built-in device program; returns its output and its summary."""
-        descriptor = flight.FlightDescriptor.for_command(
-            protocol.encode(Exchange.PROGRAM, {"program": name, **(header or {})}, payload)
+        writer, reader = self.exchange(
+            Exchange.PROGRAM, {"program": name, **(header or {})}, payload
         )
-        writer, reader = self.guard(lambda: self._client.do_exchange(descriptor, self._options()))
-        self.guard(writer.done_writing)
         batches: list[pa.RecordBatch] = []
         summary: dict[str, Any] = {}
         try:
@@ -212,6 +210,18 @@ class DeviceClient:
             with contextlib.suppress(flight.FlightError, OSError):
                 writer.close()
         return pa.Table.from_batches(batches, schema=reader.schema), summary
+
+    def get(self, kind: str, header: dict[str, Any], payload: bytes = b"") -> Any:
+        """A do_get stream for any ticket kind (scan, slices, calibration)."""
+        ticket = flight.Ticket(protocol.encode(kind, header, payload))
+        return self.guard(lambda: self._client.do_get(ticket, self._options()))
+
+    def exchange(self, kind: str, header: dict[str, Any], payload: bytes = b"") -> tuple[Any, Any]:
+        """A do_exchange whose request is all in its descriptor: (writer, reader)."""
+        descriptor = flight.FlightDescriptor.for_command(protocol.encode(kind, header, payload))
+        writer, reader = self.guard(lambda: self._client.do_exchange(descriptor, self._options()))
+        self.guard(writer.done_writing)
+        return writer, reader
 
     def guard(self, call: Callable[[], Any]) -> Any:
         """Run a call on this device's streams, translating Flight errors."""

@@ -323,15 +323,7 @@ class Query:
         }
         if self.chunk_slices:
             header["chunk_slices"] = self.chunk_slices
-        from pyarrow import flight
-
-        descriptor = flight.FlightDescriptor.for_command(
-            protocol.encode(Exchange.QUERY, header, payload)
-        )
-        writer, reader = client.guard(
-            lambda: client._client.do_exchange(descriptor, client._options())
-        )
-        client.guard(writer.done_writing)
+        writer, reader = client.exchange(Exchange.QUERY, header, payload)
         pushed: list[dict[str, Any]] = []
         filtered: list[pa.RecordBatch] = []
         while True:
@@ -385,25 +377,21 @@ class Query:
         notice: dict[str, Any],
         report: DeviceReport,
     ) -> Iterator[pa.RecordBatch]:
-        from pyarrow import flight
 
         stage = notice["stage"]
         payload = fragment.stages["filter"] if stage == "filter" else b""
-        ticket = flight.Ticket(
-            protocol.encode(
-                Get.SLICES,
-                {
-                    "domain": entry.domain,
-                    "dataset": entry.name,
-                    "partition": p.partition,
-                    "slices": notice["slices"],
-                    "schema": schema_to_text(fragment.raw_schema),
-                    "query_id": f"{self.query_id}/{fragment.name}",
-                },
-                payload,
-            )
+        reader = client.get(
+            Get.SLICES,
+            {
+                "domain": entry.domain,
+                "dataset": entry.name,
+                "partition": p.partition,
+                "slices": notice["slices"],
+                "schema": schema_to_text(fragment.raw_schema),
+                "query_id": f"{self.query_id}/{fragment.name}",
+            },
+            payload,
         )
-        reader = client.guard(lambda: client._client.do_get(ticket, client._options()))
         while True:
             chunk = client.guard(lambda: _next(reader))
             if chunk is None:

@@ -11,9 +11,6 @@ import statistics
 import time
 from typing import TYPE_CHECKING, Any
 
-from pyarrow import flight
-
-from quarry import protocol
 from quarry.device.calibration import time_kernel
 from quarry.protocol import Action, Get
 
@@ -24,12 +21,13 @@ if TYPE_CHECKING:
 CALIBRATION_KEY = "~sys/calibration"
 EXTERNAL_BYTES = 256 << 20
 TOLERANCE = 0.10
-KERNEL_ROUNDS = 5
+KERNEL_ROUNDS_MIN = 5
+KERNEL_ROUNDS_MAX = 15
+SPREAD_TARGET = 0.03  # relative median absolute deviation of the ratios
 
 
 def _external_bytes_per_s(client: DeviceClient, total_bytes: int) -> float:
-    ticket = flight.Ticket(protocol.encode(Get.CALIBRATION, {"bytes": total_bytes}))
-    reader = client.guard(lambda: client._client.do_get(ticket, client._options()))
+    reader = client.get(Get.CALIBRATION, {"bytes": total_bytes})
     received = 0
     started = time.perf_counter()
     for chunk in client.guard(lambda: list(reader)):
@@ -44,12 +42,18 @@ def _within(expected: float | None, measured: float) -> bool | None:
     return abs(measured - expected) <= TOLERANCE * expected
 
 
-def compute_factor(client: DeviceClient, rounds: int = KERNEL_ROUNDS) -> tuple[float, float, float]:
+def compute_factor(client: DeviceClient) -> tuple[float, float, float, float]:
     """Median over rounds of (device kernel time / host kernel time), the two taken back to
-    back in each round so a change in the machine's load hits both alike. Returns the factor
-    and the median host and device times."""
+    back in each round so a change in the machine's load hits both alike.
+
+    The drive's time is its work stretched by its compute factor, so noise in one run is
+    stretched too; rounds continue (bounded) until the median is steady: the ratios' median
+    absolute deviation under ``SPREAD_TARGET`` of the median. Returns the factor, its spread
+    and the median host and device kernel times.
+    """
     ratios, hosts, devices = [], [], []
-    for _ in range(rounds):
+    spread = float("inf")
+    for round_number in range(KERNEL_ROUNDS_MAX):
         host_s = time_kernel(None, 2)
         device_s = client.action_json(
             Action.CALIBRATE, {"part": "kernel", "repeat": 2}, timeout_s=600
@@ -57,13 +61,23 @@ def compute_factor(client: DeviceClient, rounds: int = KERNEL_ROUNDS) -> tuple[f
         ratios.append(device_s / host_s)
         hosts.append(host_s)
         devices.append(device_s)
-    return statistics.median(ratios), statistics.median(hosts), statistics.median(devices)
+        if round_number + 1 >= KERNEL_ROUNDS_MIN:
+            median = statistics.median(ratios)
+            spread = statistics.median(abs(r - median) for r in ratios) / median
+            if spread <= SPREAD_TARGET:
+                break
+    return (
+        statistics.median(ratios),
+        spread,
+        statistics.median(hosts),
+        statistics.median(devices),
+    )
 
 
 def calibrate_device(client: DeviceClient) -> dict[str, Any]:
     info = client.hello()
     profile = info["profile"]
-    factor, host_kernel_s, device_kernel_s = compute_factor(client)
+    factor, spread, host_kernel_s, device_kernel_s = compute_factor(client)
     internal = client.action_json(Action.CALIBRATE, {"part": "reads"}, timeout_s=600)
     # Warm the link once, then time a transfer large enough to swamp the bucket's burst.
     _external_bytes_per_s(client, 4 << 20)
@@ -71,7 +85,11 @@ def calibrate_device(client: DeviceClient) -> dict[str, Any]:
     report = {
         "device": client.name,
         "profile": profile["name"],
-        "compute_factor": {"expected": profile["compute_factor"], "measured": factor},
+        "compute_factor": {
+            "expected": profile["compute_factor"],
+            "measured": factor,
+            "spread": round(spread, 4),
+        },
         "internal_bytes_per_s": {
             "expected": profile["internal_bytes_per_s"],
             "measured": internal["internal_bytes_per_s"],
