@@ -3,7 +3,8 @@
 Run: python bench/capacity_validation.py [--rounds 5] [--mib 256] [--k-limit 2] [--skip-calibration]
 
 1. Step 1 (CSDPLAN §3.2): on one drive, measure T_SSD-tx, T_SSD-comp (one host core), T_CSD-tx
-   and T_CSD-comp of Count (``quarry.capacity.measure.measure_kernel``, medians of 5).
+   and T_CSD-comp of Count (``quarry.capacity.measure.measure_kernel``): 3 runs of each system
+   before the sweep, then one more of each in every round; the inputs are the medians of all.
 2. Predict with the model (Eq. 5-7, ``break_even``): throughput of the SSD array (the host reads
    raw from m drives, then counts on one core) and of the CSD array (m drives count their share),
    for m = 1..8, and the break-even point.
@@ -28,8 +29,8 @@ host path (the paper's situation with Newport), so the curves cross at a readabl
 The host bus: a real host saturates its PCIe root complex at k_limit SSDs (Eq. 6). On this
 machine the host-only path has no crisp limit (loopback and CPU, shared with anything else
 running), so the host's reads pass an emulated bus (``HostBus``) that carries exactly k_limit
-drives' raw reads: k_limit x the one-drive read rate measured in step 1, as the paper's 32 GB/s
-bus over 4 GB/s SSDs gives k_limit = 8.
+drives' raw reads: k_limit x the one-drive read rate of step 1's first runs, as the paper's
+32 GB/s bus over 4 GB/s SSDs gives k_limit = 8.
 
 Writes bench/results/capacity_validation.json and .png. A benchmark measures and reports: the
 "within" flags say whether the acceptance bounds held on this run; it does not fail.
@@ -64,11 +65,13 @@ from quarry.capacity.break_even import break_even
 from quarry.capacity.measure import (
     HostBus,
     KernelRun,
+    Measurement,
     calibration_inputs,
     calibration_report,
     dataset_name,
     host_compute_s,
     ingest_kernel_inputs,
+    inputs_from_runs,
     measure_kernel,
     run_devices,
     run_host,
@@ -96,7 +99,7 @@ cores = 1
 compute_factor = 60.0            # a Cortex-R-class controller against one host core
 """
 DEVICES_MAX = 8
-STEP1_REPEAT = 5
+STEP1_REPEAT = 3  # before the sweep; one more pair per round
 THROUGHPUT_TOLERANCE = 0.15
 BEP_TOLERANCE_DEVICES = 1
 console = Console()
@@ -117,18 +120,26 @@ def measured_bep(ssd: dict[int, float], csd: dict[int, float]) -> int | None:
 
 
 def run_sweep(
-    points: dict[int, tuple[Cluster, str]], rounds: int, bus: HostBus
-) -> tuple[dict[str, dict[int, list[KernelRun]]], list[KernelRun]]:
+    step1: tuple[Cluster, str], points: dict[int, tuple[Cluster, str]], rounds: int,
+    bus: HostBus,
+) -> tuple[dict[str, list[KernelRun]], dict[str, dict[int, list[KernelRun]]]]:
+    """``rounds`` rounds; each measures step 1 once more, then every point with both systems."""
+    step1_runs: dict[str, list[KernelRun]] = {"ssd": [], "csd": []}
     runs: dict[str, dict[int, list[KernelRun]]] = {"ssd": {}, "csd": {}}
-    wall_stretched: list[KernelRun] = []
     with progress() as bars:
         warm = bars.add_task("warm-up (one untimed run per point)", total=len(points))
         for cluster, dataset in points.values():
             run_host(cluster, dataset, KERNEL, host_bus=bus)
             run_devices(cluster, dataset, KERNEL)
             bars.advance(warm)
-        task = bars.add_task("rounds", total=rounds * len(points) * 2)
+        task = bars.add_task("rounds", total=rounds * (len(points) + 1) * 2)
         for number in range(rounds):
+            bars.update(task, description=f"round {number + 1}/{rounds}: step 1")
+            cluster, dataset = step1
+            # No bus for step 1: one drive never fills it, and step 1 is the bare SSD system.
+            step1_runs["ssd"].append(run_host(cluster, dataset, KERNEL))
+            step1_runs["csd"].append(run_devices(cluster, dataset, KERNEL))
+            bars.advance(task, 2)
             for m, (cluster, dataset) in points.items():
                 systems = ("ssd", "csd") if (number + m) % 2 == 0 else ("csd", "ssd")
                 for system in systems:
@@ -137,11 +148,7 @@ def run_sweep(
                            else run_devices(cluster, dataset, KERNEL))
                     runs[system].setdefault(m, []).append(run)
                     bars.advance(task)
-            # ProgramContext.compute (stretching wall time) at the most crowded point, for the
-            # record: why the device programs stretch CPU time (docs/capacity.md).
-            cluster, dataset = points[max(points)]
-            wall_stretched.append(run_devices(cluster, dataset, KERNEL, stretch="wall"))
-    return runs, wall_stretched
+    return step1_runs, runs
 
 
 def calibration_prediction(cluster: Cluster, data_bytes: int, host: HostConfig, k_limit: int
@@ -184,15 +191,15 @@ def draw(path: Path, devices: list[int], result: dict[str, Any]) -> None:
                       label="model from quarry calibrate alone")
     bep_predicted, bep_measured = result["bep"]["predicted"], result["bep"]["measured"]
     left.axvline(bep_predicted, color="gray", linestyle="--", alpha=0.6)
-    left.annotate(f"BEP predicted {bep_predicted}\nmeasured {bep_measured}",
-                  (bep_predicted, left.get_ylim()[1] * 0.92), xytext=(6, 0),
+    left.annotate(f"BEP: predicted {bep_predicted}, measured {bep_measured}",
+                  (bep_predicted, left.get_ylim()[1] * 0.95), xytext=(6, 0),
                   textcoords="offset points", fontsize=9)
     left.set_xlabel("drives m (the working set split evenly over them)")
     left.set_ylabel(f"throughput (MB/s) on the {result['working_set_mib']} MiB working set")
     left.set_title(f"Count on '{PROFILE}' drives: model (Eq. 5-7) vs measured")
     left.set_xticks(devices)
     left.grid(alpha=0.3)
-    left.legend(fontsize=7.5, loc="upper left")
+    left.legend(fontsize=7.5, loc="lower right")
     width = 0.38
     for offset, system in ((-width / 2, "ssd"), (width / 2, "csd")):
         errors = [100 * points[str(m)][system]["error"] for m in devices]
@@ -224,17 +231,22 @@ def summarize(runs: list[KernelRun]) -> dict[str, Any]:
 
 
 def collect(cluster: Cluster, data_bytes: int, arguments: argparse.Namespace,
-            devices: list[int]) -> tuple[Any, ...]:
-    """Step 1, the sweep, and (optionally) calibration, on a running cluster."""
+            devices: list[int]) -> dict[str, Any]:
+    """Step 1, the sweep, and (optionally) calibration, on a running cluster.
+
+    Step 1 starts before the sweep (its first runs size the host bus) and goes on inside it, one
+    pair of runs per round: on a machine shared with other work the load drifts over minutes,
+    and the prediction should see the same drift as the measurements it is compared with.
+    """
     with progress() as bars:
         task = bars.add_task(f"step 1: {KERNEL} on one drive, host and drive",
                              total=2 * STEP1_REPEAT)
-        measurement = measure_kernel(cluster, KERNEL, data_bytes, device="dev0",
-                                     repeat=STEP1_REPEAT, on_run=lambda _: bars.advance(task))
-    inputs = measurement.inputs
-    read_rate_bytes_per_s = inputs.data_bytes / inputs.t_ssd_tx_s
+        first = measure_kernel(cluster, KERNEL, data_bytes, device="dev0", repeat=STEP1_REPEAT,
+                               on_run=lambda _: bars.advance(task))
+    read_rate_bytes_per_s = first.inputs.data_bytes / first.inputs.t_ssd_tx_s
     bus = HostBus(arguments.k_limit * read_rate_bytes_per_s)
     host = HostConfig(host_cores=1, k_limit=arguments.k_limit)
+    single = single_device(cluster, "dev0")
     # The same working set on the first m drives, for every m.
     points: dict[int, tuple[Cluster, str]] = {}
     try:
@@ -248,13 +260,21 @@ def collect(cluster: Cluster, data_bytes: int, arguments: argparse.Namespace,
                 assert len(entry.partitions_by_device()) == m, entry.partitions_by_device()
                 points[m] = (sub, entry.qualified)
                 bars.advance(task)
-        runs, wall_stretched = run_sweep(points, arguments.rounds, bus)
+        step1_dataset = dataset_name(KERNEL, data_bytes, "dev0")
+        step1_runs, runs = run_sweep((single, step1_dataset), points, arguments.rounds, bus)
     finally:
+        single.close()
         for sub, _ in points.values():
             sub.close()
+    host_runs = first.host_runs + step1_runs["ssd"]
+    device_runs = first.device_runs + step1_runs["csd"]
+    measurement = Measurement(inputs_from_runs(host_runs, device_runs, first.inputs.name),
+                              first.device, first.profile, first.device_threads, host_runs,
+                              device_runs)
     calibration = None if arguments.skip_calibration else calibration_prediction(
-        cluster, inputs.data_bytes, host, arguments.k_limit)
-    return measurement, runs, wall_stretched, calibration, bus, host
+        cluster, measurement.inputs.data_bytes, host, arguments.k_limit)
+    return {"measurement": measurement, "first_inputs": first.inputs, "runs": runs,
+            "calibration": calibration, "bus": bus, "host": host}
 
 
 def main() -> None:
@@ -263,7 +283,7 @@ def main() -> None:
     parser.add_argument("--mib", type=int, default=256, help="working set, MiB (total, fixed)")
     parser.add_argument("--k-limit", type=int, default=2, help="drives the host bus carries")
     parser.add_argument("--skip-calibration", action="store_true",
-                        help="skip the prediction from quarry calibrate (saves ~2 minutes)")
+                        help="skip the prediction from quarry calibrate (saves 0.5-3 minutes)")
     arguments = parser.parse_args()
     assert 1 <= arguments.rounds <= 50 and 1 <= arguments.mib <= 4096 and arguments.k_limit >= 1
     data_bytes = arguments.mib << 20
@@ -276,8 +296,10 @@ def main() -> None:
         console.print(f"starting {DEVICES_MAX} '{PROFILE}' devices")
         with quarry.local(devices=DEVICES_MAX, profile=PROFILE,
                           profiles_file=str(profiles)) as cluster:
-            measurement, runs, wall_stretched, calibration, bus, host = collect(
-                cluster, data_bytes, arguments, devices)
+            collected = collect(cluster, data_bytes, arguments, devices)
+    measurement, runs = collected["measurement"], collected["runs"]
+    calibration = collected["calibration"]
+    bus, host = collected["bus"], collected["host"]
     inputs = measurement.inputs
     k_limit = arguments.k_limit
     predicted = break_even(inputs, host)
@@ -289,6 +311,7 @@ def main() -> None:
         "rounds": arguments.rounds, "k_limit": k_limit,
         "host_bus_bytes_per_s": bus.bytes_per_s, "host": host.to_dict(),
         "step1": measurement.to_dict(), "inputs": inputs.to_dict(),
+        "inputs_before_the_sweep": collected["first_inputs"].to_dict(),
         "model_break_even": predicted.to_dict(), "points": {},
     }
     medians: dict[str, dict[int, float]] = {"ssd": {}, "csd": {}}
@@ -326,14 +349,6 @@ def main() -> None:
         "within_tolerance": bep_measured is not None
         and abs(bep_measured - predicted.bep) <= BEP_TOLERANCE_DEVICES,
     }
-    wall = summarize(wall_stretched)
-    cpu = result["points"][str(DEVICES_MAX)]["csd"]
-    result["ctx_compute_wall_stretch"] = {
-        "devices": DEVICES_MAX, **wall,
-        "predicted_s": cpu["predicted_s"],
-        "error": cpu["predicted_s"] / wall["total_s_median"] - 1,
-        "compute_s_vs_cpu_stretch": wall["compute_s_median"] / cpu["compute_s_median"],
-    }
     if calibration is not None:
         calibration.pop("model")
         result["calibration"] = calibration
@@ -370,10 +385,6 @@ def report(result: dict[str, Any], devices: list[int], path: Path) -> None:
     console.print(f"BEP: predicted {bep['predicted']} (value {bep['predicted_value']:.2f}, "
                   f"Eq. 8 alone {bep['eq8']}), measured {bep['measured']}; "
                   f"all points within 15%: {result['all_points_within_tolerance']}")
-    wall = result["ctx_compute_wall_stretch"]
-    console.print(f"ctx.compute (wall-time stretch) at m={wall['devices']}: T_CSD "
-                  f"{wall['total_s_median']:.3f} s vs model {wall['predicted_s']:.3f} s; its "
-                  f"compute time is {wall['compute_s_vs_cpu_stretch']:.2f}x the CPU-time stretch's")
     if "calibration" in result:
         console.print(f"from quarry calibrate alone: BEP {result['calibration']['bep']} "
                       f"(calibrate took {result['calibration']['calibrate_s']:.0f} s)")

@@ -106,8 +106,8 @@ def test_workloads_and_measure() -> None:
     listed = json.loads(invoke("workloads", "--json").output)
     assert "count-smartssd" in listed
     result = invoke("measure", "--kernel", "count", "--bytes", "400000", "--threads", "2",
-                    "--json")
+                    "--host-only", "--json")
     assert result.exit_code == 0, result.output
     report = json.loads(result.output)
     assert report["threads"] == 2 and report["bytes"] == 400_000
-    assert invoke("measure", "--kernel", "sort").exit_code == 2
+    assert invoke("measure", "--kernel", "sort", "--host-only").exit_code == 2

@@ -22,7 +22,7 @@ from quarry.capacity.model import CapacityInputError, CapacityInputs, HostConfig
 from quarry.capacity.presets import PRESETS, load_inputs, preset
 from quarry.capacity.report import dumps, write_json
 from quarry.capacity.tco import SystemCost, compute_tco, load_spec
-from quarry.errors import QuarryError
+from quarry.errors import ClusterError, QuarryError
 
 app = typer.Typer(
     help="Capacity planning for computational storage (CSDPLAN): how many CSDs beat a host.",
@@ -346,7 +346,12 @@ def measure(
         from quarry.coordinator.cluster import connect
 
         path = cluster_file(cluster)
-        with connect(path) as live:
+        try:
+            live = connect(path)
+        except ClusterError as error:
+            raise ClusterError(f"{error}; or give --host-only to time the kernel on this "
+                               "machine alone") from None
+        with live:
             document = _measure_cluster(live, kernel, data_bytes, threads, device, repeat,
                                         from_calibration, seed)
         document["cluster"] = str(path)

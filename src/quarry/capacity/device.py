@@ -7,22 +7,15 @@ Each of the four §4 kernels is a built-in device program, run by name:
 
 For every partition of the request the program
 1. reads the partition's slices off the device's store with ``ctx.read_slice`` (each slice passes
-   the drive's emulated internal bandwidth) and brings the kernel's columns into contiguous numpy
-   arrays: that is the **data transfer** of the paper (NAND to the drive's memory), ``transfer_s``;
-2. runs the kernel with ``threads`` threads, every piece of work inside one of the drive's
-   emulated cores (a slot) and stretched by its compute factor: the **computation**, ``compute_s``.
+   the drive's emulated internal bandwidth) and copies the kernel's columns into contiguous numpy
+   arrays as they come: the **data transfer** of the paper (NAND to the drive's memory),
+   ``transfer_s``;
+2. runs the kernel with ``threads`` threads, every piece of work inside ``ctx.compute``: one of
+   the drive's emulated cores (a slot), held compute_factor times the piece's CPU time: the
+   **computation**, ``compute_s``. Beyond the profile's cores, pieces queue for a slot.
 A partition is the unit of work, as the paper's "one I/O" of the working set: it bounds the
 device's memory to one partition, and keeps sorted runs whole for Array Merge (ingest deals row
 groups round-robin to partitions, so a sorted column is sorted within each partition only).
-
-How a piece is stretched (``stretch`` in the header):
-- "cpu" (default): to compute_factor x the piece's *CPU time* on its thread. Eight emulated drives
-  share this machine's few cores; when they all finish reading at once, their real work collides,
-  each piece's wall time grows with the collision, and ``ctx.compute`` (which stretches wall time)
-  multiplies the collision by the compute factor. Measured with 8 kinetic devices on 2 cores, that
-  made T_CSD-comp 3-4x what one device takes for an eighth of the data. A drive has its own
-  cores, so its time should not depend on its neighbours: CPU time is the work itself.
-- "wall": ``ctx.compute`` as it is (kept to show the difference; see docs/capacity.md).
 
 The request header (JSON):
     domain, dataset            the dataset
@@ -31,7 +24,6 @@ The request header (JSON):
     params                     kernel parameters (Count's ``value``, Page Rank's ``iterations``...)
     output                     "digest" (default: per partition a row count and checksum) or
                                "full" (the kernel's result rows, through the external link)
-    stretch                    "cpu" (default) or "wall", see above
 
 The output table, per kernel:
     count                      partition, count, rows
@@ -47,9 +39,9 @@ transfer_s, compute_s, program_s and result (Count's count, summed over the part
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -60,17 +52,14 @@ from quarry.capacity.kernel_data import (
     Gatherer,
     KernelInputError,
 )
-from quarry.capacity.kernels import KERNELS, THREADS_MAX, Run, check_preconditions
-from quarry.device.programs import ProgramContext, ProgramResult, register
+from quarry.capacity.kernels import KERNELS, THREADS_MAX, check_preconditions
+from quarry.device.programs import REGISTRY, ProgramContext, ProgramResult, register
 from quarry.errors import QuarryError
 
 PROGRAM_PREFIX = "capacity."
 PARTITIONS_MAX = 4096
 OUTPUTS = ("digest", "full")
-STRETCHES = ("cpu", "wall")
 OUTPUT_ROWS_PER_BATCH = 1 << 16
-
-T = TypeVar("T")
 
 
 class CapacityProgramError(QuarryError, ValueError):
@@ -92,7 +81,6 @@ class Request:
     threads: int
     params: dict[str, Any]
     output: str
-    stretch: str
 
     @classmethod
     def from_header(cls, kernel: str, header: Mapping[str, Any]) -> Request:
@@ -128,38 +116,8 @@ class Request:
         if output not in OUTPUTS:
             raise CapacityProgramError(f"{name}: 'output' must be one of {OUTPUTS}, got "
                                        f"{output!r}")
-        stretch = header.get("stretch", "cpu")
-        if stretch not in STRETCHES:
-            raise CapacityProgramError(f"{name}: 'stretch' must be one of {STRETCHES}, got "
-                                       f"{stretch!r}")
         return cls(kernel, header["domain"], header["dataset"], tuple(partitions), threads,
-                   params, output, stretch)
-
-
-def cpu_stretched_compute(ctx: ProgramContext) -> Run:
-    """Like ``ctx.compute`` (a slot, then held compute_factor times as long), but stretched from
-    the piece's CPU time on its thread rather than its wall time (see the module docstring).
-
-    numpy runs each piece of these kernels on the calling thread, so thread CPU time is its whole
-    cost. (A BLAS that threads Page Rank's matrix-vector product would be under-counted.)
-    """
-    emulator = ctx.emulator
-
-    def run(work: Callable[[], T]) -> T:
-        with emulator.slot():
-            wall_started, cpu_started = time.perf_counter(), time.thread_time()
-            result = work()
-            cpu_s = time.thread_time() - cpu_started
-            wall_s = time.perf_counter() - wall_started
-            # Background load is processor sharing, as in Emulator.stretch.
-            share = 1.0 - emulator.background_load()
-            assert share > 0, share
-            rest_s = emulator.profile.compute_factor / share * cpu_s - wall_s
-            if rest_s > 0:
-                time.sleep(rest_s)
-        return result
-
-    return run
+                   params, output)
 
 
 @dataclass
@@ -185,7 +143,6 @@ def run_program(kernel: str, ctx: ProgramContext, header: Mapping[str, Any]) -> 
         "program": program_name(kernel),
         "kernel": kernel,
         "threads": request.threads,
-        "stretch": request.stretch,
         "cores": ctx.emulator.profile.cores,
         "compute_factor": ctx.emulator.profile.compute_factor,
         "profile": ctx.emulator.profile.name,
@@ -228,8 +185,7 @@ def _run_partition(ctx: ProgramContext, request: Request, partition: int, totals
             from None
     compute_started = time.perf_counter()
     try:
-        run = cpu_stretched_compute(ctx) if request.stretch == "cpu" else ctx.compute
-        result = KERNELS[kernel](inputs, request.threads, request.params, run)
+        result = KERNELS[kernel](inputs, request.threads, request.params, ctx.compute)
     except KernelInputError as error:
         raise CapacityProgramError(f"{program_name(kernel)}: {error}") from None
     totals.compute_s += time.perf_counter() - compute_started
@@ -320,6 +276,4 @@ def pagerank_program(ctx: ProgramContext, header: dict[str, Any], payload: bytes
     return run_program("pagerank", ctx, header)
 
 
-assert {program_name(k) for k in KERNELS} <= {
-    "capacity.count", "capacity.vector_addition", "capacity.array_merge", "capacity.pagerank"
-}, "a kernel without a device program"
+assert all(program_name(kernel) in REGISTRY for kernel in KERNELS), "a kernel without a program"

@@ -27,10 +27,10 @@ from quarry.capacity.kernel_data import KernelData, KernelInputError, materializ
 
 THREADS_MAX = 256
 PAGERANK_ITERATIONS_MAX = 1000
-# Element-wise kernels work in pieces of at most this many input bytes. On a device each piece is
-# one unit of slot-held, stretched work: many short pieces let the real work of devices that share
-# one machine interleave, where one long piece per device would collide (all devices finish
-# reading at the same moment) and every collision would be stretched by the compute factor.
+# Element-wise kernels work in pieces of at most this many input bytes. On a device each piece
+# holds one of its emulated cores for compute_factor times its CPU time: bounded pieces keep that
+# hold short (a 256 MiB Count as one piece would take a 15x-slower drive's core for seconds, and
+# other requests would queue behind it), and spread a partition's work over the drive's cores.
 PIECE_BYTES_MAX = 4 << 20
 
 T = TypeVar("T")

@@ -44,7 +44,7 @@ DOMAIN = "capacity"
 REPEAT_MAX = 100
 SYSTEMS = ("ssd", "csd")
 # What a KernelRun keeps of each device program's summary.
-SUMMARY_KEYS = ("profile", "threads", "stretch", "cores", "compute_factor", "partitions", "rows",
+SUMMARY_KEYS = ("profile", "threads", "cores", "compute_factor", "partitions", "rows",
                 "bytes", "transfer_s", "compute_s", "program_s", "wall_s", "bytes_read",
                 "bytes_shipped")
 
@@ -281,7 +281,6 @@ def run_devices(
     *,
     threads: int = 1,
     params: Mapping[str, Any] | None = None,
-    stretch: str = "cpu",
 ) -> KernelRun:
     """The CSD system: every device runs ``capacity.<kernel>`` on its partitions, all at once.
 
@@ -292,7 +291,7 @@ def run_devices(
     entry = cluster.entry(dataset)
     serving = _primary_devices(cluster, entry)
     header_base = {"domain": entry.domain, "dataset": entry.name, "threads": threads,
-                   "params": dict(params or {}), "output": "digest", "stretch": stretch}
+                   "params": dict(params or {}), "output": "digest"}
 
     def call(name: str) -> tuple[pa.Table, dict[str, Any]]:
         header = {**header_base, "partitions": serving[name]}
@@ -364,6 +363,32 @@ class Measurement:
         }
 
 
+def inputs_from_runs(host_runs: Sequence[KernelRun], device_runs: Sequence[KernelRun],
+                     name: str) -> CapacityInputs:
+    """CSDPLAN's four times as the medians of one-drive runs of each system.
+
+    The host's runs must use one thread (T_SSD-comp is the time Eq. 2 divides by n cores).
+    """
+    if not host_runs or not device_runs:
+        raise CapacityInputError("runs", "no runs of one of the systems", "measure both")
+    if any(r.system != "ssd" or r.threads != 1 or r.devices != 1 for r in host_runs) \
+            or any(r.system != "csd" or r.devices != 1 for r in device_runs):
+        raise CapacityInputError("runs", "not one-drive runs of the host (one thread) and drive",
+                                 "measure on a single device (single_device)")
+    sizes = {r.bytes for r in (*host_runs, *device_runs)}
+    if len(sizes) != 1:
+        raise CapacityInputError("runs", f"working sets of different sizes {sorted(sizes)}",
+                                 "measure one working set")
+    return CapacityInputs(
+        t_ssd_tx_s=statistics.median(r.transfer_s for r in host_runs),
+        t_ssd_comp_s=statistics.median(r.compute_s for r in host_runs),
+        t_csd_tx_s=statistics.median(r.transfer_s for r in device_runs),
+        t_csd_comp_s=statistics.median(r.compute_s for r in device_runs),
+        data_bytes=sizes.pop(),
+        name=name,
+    )
+
+
 def single_device(cluster: Cluster, device: str | None = None) -> Cluster:
     """A Cluster over one device of ``cluster`` (the first that answers unless named): the paper's
     'system equipped with a single device'. Close it when done; the devices keep running."""
@@ -430,14 +455,7 @@ def measure_kernel(
         if host_runs[0].result != device_runs[0].result and kernel != "pagerank":
             raise AssertionError(f"{kernel}: the host computed {host_runs[0].result}, device "
                                  f"{name} {device_runs[0].result}")
-        inputs = CapacityInputs(
-            t_ssd_tx_s=statistics.median(r.transfer_s for r in host_runs),
-            t_ssd_comp_s=statistics.median(r.compute_s for r in host_runs),
-            t_csd_tx_s=statistics.median(r.transfer_s for r in device_runs),
-            t_csd_comp_s=statistics.median(r.compute_s for r in device_runs),
-            data_bytes=host_runs[0].bytes,
-            name=f"{kernel}-{profile}",
-        )
+        inputs = inputs_from_runs(host_runs, device_runs, f"{kernel}-{profile}")
         return Measurement(inputs, name, profile, threads, host_runs, device_runs)
     finally:
         single.close()
@@ -536,5 +554,5 @@ def drop_quietly(cluster: Cluster, dataset: str) -> None:
 __all__ = [
     "SYSTEMS", "HostBus", "KernelRun", "Measurement", "calibration_inputs", "calibration_report",
     "dataset_name", "device_cores", "drop_quietly", "host_compute_s", "ingest_kernel_inputs",
-    "measure_kernel", "run_devices", "run_host", "single_device",
+    "inputs_from_runs", "measure_kernel", "run_devices", "run_host", "single_device",
 ]
