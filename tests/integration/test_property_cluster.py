@@ -97,7 +97,8 @@ def test_answer_independent_of_device_decisions(
                     }
                 ]
         answers = {
-            mode: tiny_cluster.sql(sql, pushdown=mode).read_all() for mode in ("never", "always", "auto")
+            mode: tiny_cluster.sql(sql, pushdown=mode).read_all()
+            for mode in ("never", "always", "auto")
         }
         answers["forced"] = tiny_cluster.sql(sql, pushdown="always", decisions=decisions).read_all()
         connection = duckdb.connect()
