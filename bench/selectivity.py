@@ -34,6 +34,7 @@ QUERIES = {
     "select": "SELECT * FROM physics.particles WHERE ke > {x}",
     "sum": "SELECT sum(ke) AS ke_sum FROM physics.particles WHERE ke > {x}",
 }
+TITLES = {"select": "SELECT * ... WHERE ke > X", "sum": "SELECT sum(ke) ... WHERE ke > X"}
 MODES = ("never", "always", "auto")
 
 
@@ -139,7 +140,7 @@ def plot(rows: list[dict], args: argparse.Namespace) -> None:
         ax.set_xscale("log")
         ax.set_xlabel("selectivity (% of rows with ke > X)")
         ax.set_ylabel("wall time (s)")
-        ax.set_title(f"{QUERIES[name].split(' WHERE')[0]} WHERE ke > X")
+        ax.set_title(TITLES[name])
         ax.legend(fontsize=8)
         ax = axes[1][column]
         for mode in MODES:

@@ -34,7 +34,8 @@ errors = Console(stderr=True)
 WorkloadOption = Annotated[
     str | None,
     typer.Option(
-        "--workload", "-w",
+        "--workload",
+        "-w",
         help="A preset such as count-newport (see `workloads`), or an entry of --inputs.",
     ),
 ]
@@ -68,8 +69,11 @@ def _guarded(function: Callable[[], None]) -> None:
 def _numbers(field: str, text: str, count: int) -> list[float]:
     parts = [part.strip() for part in text.split(",")]
     if len(parts) != count:
-        raise CapacityInputError(field, f"expected {count} comma-separated numbers, got {text!r}",
-                                 f"give --{field} with {count} values")
+        raise CapacityInputError(
+            field,
+            f"expected {count} comma-separated numbers, got {text!r}",
+            f"give --{field} with {count} values",
+        )
     try:
         return [float(part) for part in parts]
     except ValueError:
@@ -80,8 +84,11 @@ def resolve_inputs(
     workload: str | None, times: str | None, ratios: str | None, inputs: Path | None
 ) -> CapacityInputs:
     """Exactly one source of inputs: --times, --ratios, --inputs, or a preset by --workload."""
-    given = [name for name, value in (("times", times), ("ratios", ratios), ("inputs", inputs))
-             if value is not None]
+    given = [
+        name
+        for name, value in (("times", times), ("ratios", ratios), ("inputs", inputs))
+        if value is not None
+    ]
     if len(given) > 1:
         raise CapacityInputError(given[1], f"given together with --{given[0]}", "give only one")
     name = workload or "custom"
@@ -93,7 +100,8 @@ def resolve_inputs(
         return load_inputs(inputs, workload)
     if workload is None:
         raise CapacityInputError(
-            "workload", "missing",
+            "workload",
+            "missing",
             f"give --workload (one of {', '.join(PRESETS)}) or --times, --ratios, --inputs",
         )
     return preset(workload)
@@ -117,25 +125,39 @@ def _bep_table(inputs: CapacityInputs, host: HostConfig, result: BreakEven) -> T
     rows = [
         ("T_SSD-tx", f"{inputs.t_ssd_tx_s:.4g}{unit}", "host reads the working set from one SSD"),
         ("T_SSD-comp", f"{inputs.t_ssd_comp_s:.4g}{unit}", "host computes on one core"),
-        (f"T_SSD({host.host_cores})-comp", f"{result.t_ssd_comp_n_s:.4g}{unit}",
-         f"Eq. 2: on n = {host.host_cores} cores"),
+        (
+            f"T_SSD({host.host_cores})-comp",
+            f"{result.t_ssd_comp_n_s:.4g}{unit}",
+            f"Eq. 2: on n = {host.host_cores} cores",
+        ),
         ("T_CSD-tx", f"{inputs.t_csd_tx_s:.4g}{unit}", "CSD loads the working set internally"),
         ("T_CSD-comp", f"{inputs.t_csd_comp_s:.4g}{unit}", "CSD computes on it"),
         ("sd_tx, sd_comp", f"{host.sd_tx:g}, {host.sd_comp:g}", "host slow-down (Eq. 4)"),
         ("R_tx", f"{result.ratios.r_tx:.4g}", "T_SSD-tx / T_CSD-tx"),
         (f"R_({host.host_cores})comp", f"{result.ratios.r_comp:.4g}", "T_SSD(n)-comp / T_CSD-comp"),
         (f"R_({host.host_cores})SSD", f"{result.ratios.r_ssd:.4g}", "T_SSD-tx / T_SSD(n)-comp"),
-        ("Eq. 8 numerator", f"{result.eq8_numerator_s:.4g}{unit}",
-         "T_CSD-tx + T_CSD-comp - sd_tx T_SSD-tx"),
+        (
+            "Eq. 8 numerator",
+            f"{result.eq8_numerator_s:.4g}{unit}",
+            "T_CSD-tx + T_CSD-comp - sd_tx T_SSD-tx",
+        ),
         ("Eq. 8 denominator", f"{result.eq8_denominator_s:.4g}{unit}", "sd_comp T_SSD(n)-comp"),
         ("Eq. 8 value", f"{result.eq8_value:.4g}", "= Eq. 12 / 13 in ratio form"),
         ("Eq. 8 BEP", str(result.bep_eq8), "max(ceil(value), 1), ignoring k_limit"),
-        ("k_limit", str(host.k_limit),
-         "binds: BEP solved with Eq. 5-7" if result.k_limit_binds else "does not bind"),
+        (
+            "k_limit",
+            str(host.k_limit),
+            "binds: BEP solved with Eq. 5-7" if result.k_limit_binds else "does not bind",
+        ),
     ]
     if result.capped_value is not None:
-        rows.append(("capped value", f"{result.capped_value:.4g}",
-                     "(T_CSD-tx + T_CSD-comp) / T_SSD-array(k_limit)"))
+        rows.append(
+            (
+                "capped value",
+                f"{result.capped_value:.4g}",
+                "(T_CSD-tx + T_CSD-comp) / T_SSD-array(k_limit)",
+            )
+        )
     rows.append(("T_SSD-array(BEP)", f"{result.t_ssd_array_at_bep_s:.4g}{unit}", "Eq. 5"))
     rows.append(("T_CSD-array(BEP)", f"{result.t_csd_array_at_bep_s:.4g}{unit}", "Eq. 7"))
     for row in rows:
@@ -208,8 +230,9 @@ def sweep(
         host = HostConfig(host_cores=host_cores, k_limit=k_limit)
         custom = any(value is not None for value in (times, ratios, inputs))
         if custom or (workload is not None and workload not in PRESETS):
-            config = SweepConfig.single(resolve_inputs(workload, times, ratios, inputs), host,
-                                        target_bep)
+            config = SweepConfig.single(
+                resolve_inputs(workload, times, ratios, inputs), host, target_bep
+            )
         else:
             config = SweepConfig.paper(host, target_bep)
             if workload is not None:
@@ -287,8 +310,12 @@ def workloads(as_json: JsonOption = False) -> None:
         table.add_column(column, justify="right")
     for name, inputs in PRESETS.items():
         table.add_row(
-            name, f"{(inputs.data_bytes or 0) / 1e9:g}", f"{inputs.t_ssd_tx_s:.4g}",
-            f"{inputs.t_ssd_comp_s:.4g}", f"{inputs.t_csd_tx_s:.4g}", f"{inputs.t_csd_comp_s:.4g}",
+            name,
+            f"{(inputs.data_bytes or 0) / 1e9:g}",
+            f"{inputs.t_ssd_tx_s:.4g}",
+            f"{inputs.t_ssd_comp_s:.4g}",
+            f"{inputs.t_csd_tx_s:.4g}",
+            f"{inputs.t_csd_comp_s:.4g}",
             str(break_even(inputs, HostConfig()).bep),
         )
     console.print(table)
@@ -300,8 +327,10 @@ def measure(
     data_bytes: Annotated[int, typer.Option("--bytes", help="Working-set size in bytes.")] = 10**8,
     threads: Annotated[
         int | None,
-        typer.Option(help="Threads computing: the device's (default: its cores), or with "
-                          "--host-only this host's (default 1)."),
+        typer.Option(
+            help="Threads computing: the device's (default: its cores), or with "
+            "--host-only this host's (default 1)."
+        ),
     ] = None,
     cluster: Annotated[
         Path | None,
@@ -313,9 +342,11 @@ def measure(
     repeat: Annotated[int, typer.Option(help="Runs of each system; medians are kept.")] = 3,
     from_calibration: Annotated[
         bool,
-        typer.Option("--from-calibration",
-                     help="Use the device's stored `quarry calibrate` numbers instead of running "
-                          "the kernel on it (the host's computation is still timed, here)."),
+        typer.Option(
+            "--from-calibration",
+            help="Use the device's stored `quarry calibrate` numbers instead of running "
+            "the kernel on it (the host's computation is still timed, here).",
+        ),
     ] = False,
     host_only: Annotated[
         bool, typer.Option("--host-only", help="Time the kernel on this host's CPU alone.")
@@ -326,8 +357,9 @@ def measure(
     as_json: JsonOption = False,
     out: Annotated[
         Path | None,
-        typer.Option(help="Directory to add the inputs to, as measured.json (read by "
-                          "`bep --inputs`)."),
+        typer.Option(
+            help="Directory to add the inputs to, as measured.json (read by `bep --inputs`)."
+        ),
     ] = None,
 ) -> None:
     """CSDPLAN Step 1: the four times of a §4 kernel on a live cluster (one device vs the host).
@@ -349,11 +381,13 @@ def measure(
         try:
             live = connect(path)
         except ClusterError as error:
-            raise ClusterError(f"{error}; or give --host-only to time the kernel on this "
-                               "machine alone") from None
+            raise ClusterError(
+                f"{error}; or give --host-only to time the kernel on this machine alone"
+            ) from None
         with live:
-            document = _measure_cluster(live, kernel, data_bytes, threads, device, repeat,
-                                        from_calibration, seed)
+            document = _measure_cluster(
+                live, kernel, data_bytes, threads, device, repeat, from_calibration, seed
+            )
         document["cluster"] = str(path)
         inputs = CapacityInputs.from_mapping(document["inputs"])
         host = HostConfig(host_cores=host_cores, k_limit=k_limit)
@@ -362,14 +396,17 @@ def measure(
         if out is not None:
             written = add_measured_inputs(Path(out) / "measured.json", inputs)
             if not as_json:
-                console.print(f"wrote {written} (use: quarry capacity bep --inputs {written} "
-                              f"-w {inputs.name})")
+                console.print(
+                    f"wrote {written} (use: quarry capacity bep --inputs {written} "
+                    f"-w {inputs.name})"
+                )
         if as_json:
             typer.echo(dumps(document))
             return
         console.print(_bep_table(inputs, host, result))
-        source = ("calibration of " if from_calibration else "") + \
-            f"{document['device']} ({document['profile']})"
+        source = (
+            "calibration of " if from_calibration else ""
+        ) + f"{document['device']} ({document['profile']})"
         console.print(
             f"[bold]BEP = {result.bep}[/] drives for {kernel} on {data_bytes:,} bytes, measured "
             f"on {source}; one drive: host {inputs.t_ssd_tx_s + inputs.t_ssd_comp_s:.3f} s, "
@@ -394,21 +431,39 @@ def _measure_host_only(kernel: str, data_bytes: int, threads: int, as_json: bool
     )
 
 
-def _measure_cluster(live: Any, kernel: str, data_bytes: int, threads: int | None,
-                     device: str | None, repeat: int, from_calibration: bool, seed: int
-                     ) -> dict[str, Any]:
+def _measure_cluster(
+    live: Any,
+    kernel: str,
+    data_bytes: int,
+    threads: int | None,
+    device: str | None,
+    repeat: int,
+    from_calibration: bool,
+    seed: int,
+) -> dict[str, Any]:
     from quarry.capacity import measure as measuring
 
     if not from_calibration:
-        with console.status(f"measuring {kernel} on the host and on a device ({repeat} runs "
-                            "each)"):
-            measurement = measuring.measure_kernel(live, kernel, data_bytes, device=device,
-                                                   device_threads=threads, repeat=repeat,
-                                                   seed=seed)
-        return {"command": "measure", "kernel": kernel, "source": "kernel runs",
-                "device": measurement.device, "profile": measurement.profile,
-                "device_threads": measurement.device_threads,
-                "inputs": measurement.inputs.to_dict(), "runs": measurement.to_dict()}
+        with console.status(f"measuring {kernel} on the host and on a device ({repeat} runs each)"):
+            measurement = measuring.measure_kernel(
+                live,
+                kernel,
+                data_bytes,
+                device=device,
+                device_threads=threads,
+                repeat=repeat,
+                seed=seed,
+            )
+        return {
+            "command": "measure",
+            "kernel": kernel,
+            "source": "kernel runs",
+            "device": measurement.device,
+            "profile": measurement.profile,
+            "device_threads": measurement.device_threads,
+            "inputs": measurement.inputs.to_dict(),
+            "runs": measurement.to_dict(),
+        }
     from quarry.cost.calibrate import stored
 
     single = measuring.single_device(live, device)
@@ -419,18 +474,35 @@ def _measure_cluster(live: Any, kernel: str, data_bytes: int, threads: int | Non
     finally:
         single.close()
     if report is None:
-        raise CapacityInputError("calibration", f"device {name} has no stored calibration",
-                                 "run `quarry calibrate` first (it stores one on each device)")
+        raise CapacityInputError(
+            "calibration",
+            f"device {name} has no stored calibration",
+            "run `quarry calibrate` first (it stores one on each device)",
+        )
     check_kernel(kernel, device_threads)
     host_s = measuring.host_compute_s(kernel, data_bytes, 1, repeat=repeat, seed=seed)
-    threaded_s = host_s if device_threads == 1 else measuring.host_compute_s(
-        kernel, data_bytes, device_threads, repeat=repeat, seed=seed)
+    threaded_s = (
+        host_s
+        if device_threads == 1
+        else measuring.host_compute_s(kernel, data_bytes, device_threads, repeat=repeat, seed=seed)
+    )
     inputs = measuring.calibration_inputs(
-        report, data_bytes=working_set_bytes(kernel, data_bytes), host_compute_s=host_s,
-        device_compute_s=threaded_s, name=f"{kernel}-{report.get('profile', name)}-calibrated")
-    return {"command": "measure", "kernel": kernel, "source": "calibration", "device": name,
-            "profile": report.get("profile"), "device_threads": device_threads,
-            "calibration": report, "inputs": inputs.to_dict()}
+        report,
+        data_bytes=working_set_bytes(kernel, data_bytes),
+        host_compute_s=host_s,
+        device_compute_s=threaded_s,
+        name=f"{kernel}-{report.get('profile', name)}-calibrated",
+    )
+    return {
+        "command": "measure",
+        "kernel": kernel,
+        "source": "calibration",
+        "device": name,
+        "profile": report.get("profile"),
+        "device_threads": device_threads,
+        "calibration": report,
+        "inputs": inputs.to_dict(),
+    }
 
 
 def add_measured_inputs(path: Path, inputs: CapacityInputs) -> Path:
@@ -440,11 +512,11 @@ def add_measured_inputs(path: Path, inputs: CapacityInputs) -> Path:
         try:
             document = json.loads(path.read_text())
         except json.JSONDecodeError as error:
-            raise CapacityInputError("out", f"{path} is not valid JSON ({error})",
-                                     "remove it or give another --out") from None
+            raise CapacityInputError(
+                "out", f"{path} is not valid JSON ({error})", "remove it or give another --out"
+            ) from None
         if not isinstance(document.get("workloads"), dict):
-            raise CapacityInputError("out", f"{path} is not an inputs file",
-                                     "give another --out")
+            raise CapacityInputError("out", f"{path} is not an inputs file", "give another --out")
     document["workloads"][inputs.name] = inputs.to_dict()
     return write_json(document, path)
 

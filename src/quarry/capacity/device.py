@@ -99,13 +99,17 @@ class Request:
         else:
             raise CapacityProgramError(f"{name}: give 'partition' (a number) or 'partitions'")
         if any(isinstance(p, bool) or not isinstance(p, int) or p < 0 for p in partitions):
-            raise CapacityProgramError(f"{name}: partition numbers are integers >= 0, got "
-                                       f"{partitions}")
+            raise CapacityProgramError(
+                f"{name}: partition numbers are integers >= 0, got {partitions}"
+            )
         if len(set(partitions)) != len(partitions):
             raise CapacityProgramError(f"{name}: partition listed twice in {partitions}")
         threads = header.get("threads", 1)
-        if isinstance(threads, bool) or not isinstance(threads, int) \
-                or not 1 <= threads <= THREADS_MAX:
+        if (
+            isinstance(threads, bool)
+            or not isinstance(threads, int)
+            or not 1 <= threads <= THREADS_MAX
+        ):
             raise CapacityProgramError(
                 f"{name}: 'threads' must be an integer from 1 to {THREADS_MAX}, got {threads!r}"
             )
@@ -114,10 +118,10 @@ class Request:
             raise CapacityProgramError(f"{name}: 'params' must be an object, got {params!r}")
         output = header.get("output", "digest")
         if output not in OUTPUTS:
-            raise CapacityProgramError(f"{name}: 'output' must be one of {OUTPUTS}, got "
-                                       f"{output!r}")
-        return cls(kernel, header["domain"], header["dataset"], tuple(partitions), threads,
-                   params, output)
+            raise CapacityProgramError(f"{name}: 'output' must be one of {OUTPUTS}, got {output!r}")
+        return cls(
+            kernel, header["domain"], header["dataset"], tuple(partitions), threads, params, output
+        )
 
 
 @dataclass
@@ -172,8 +176,9 @@ def _run_partition(ctx: ProgramContext, request: Request, partition: int, totals
             gatherer.add(batch)
         inputs = gatherer.finish()
     except KernelInputError as error:
-        raise CapacityProgramError(f"{program_name(kernel)}: partition {partition}: {error}") \
-            from None
+        raise CapacityProgramError(
+            f"{program_name(kernel)}: partition {partition}: {error}"
+        ) from None
     totals.transfer_s += time.perf_counter() - transfer_started
     # Validation is neither transfer nor the kernel's work, so it runs outside both timers.
     try:
@@ -181,8 +186,9 @@ def _run_partition(ctx: ProgramContext, request: Request, partition: int, totals
         if kernel == "pagerank":
             _check_whole_matrix(inputs["matrix"], partition)
     except KernelInputError as error:
-        raise CapacityProgramError(f"{program_name(kernel)}: partition {partition}: {error}") \
-            from None
+        raise CapacityProgramError(
+            f"{program_name(kernel)}: partition {partition}: {error}"
+        ) from None
     compute_started = time.perf_counter()
     try:
         result = KERNELS[kernel](inputs, request.threads, request.params, ctx.compute)
@@ -232,18 +238,37 @@ def output_schema(kernel: str, output: str) -> pa.Schema:
 def _output(kernel: str, output: str, partition: int, rows: int, result: Any) -> pa.RecordBatch:
     schema = output_schema(kernel, output)
     if kernel == "count":
-        return pa.record_batch([pa.array([partition], pa.int32()), pa.array([int(result)]),
-                                pa.array([rows], pa.int64())], schema=schema)
+        return pa.record_batch(
+            [
+                pa.array([partition], pa.int32()),
+                pa.array([int(result)]),
+                pa.array([rows], pa.int64()),
+            ],
+            schema=schema,
+        )
     if kernel == "pagerank":
-        return pa.record_batch([pa.array(np.arange(len(result), dtype=np.int64)),
-                                pa.array(result.astype(np.float64))], schema=schema)
+        return pa.record_batch(
+            [pa.array(np.arange(len(result), dtype=np.int64)), pa.array(result.astype(np.float64))],
+            schema=schema,
+        )
     if output == "full":
-        return pa.record_batch([pa.array(np.full(len(result), partition, dtype=np.int32)),
-                                pa.array(result.astype(np.int64))], schema=schema)
+        return pa.record_batch(
+            [
+                pa.array(np.full(len(result), partition, dtype=np.int32)),
+                pa.array(result.astype(np.int64)),
+            ],
+            schema=schema,
+        )
     # A checksum lets the host check the device's answer without shipping it (modular int64 sum).
     checksum = int(np.sum(result, dtype=np.int64))
-    return pa.record_batch([pa.array([partition], pa.int32()), pa.array([len(result)], pa.int64()),
-                            pa.array([checksum], pa.int64())], schema=schema)
+    return pa.record_batch(
+        [
+            pa.array([partition], pa.int32()),
+            pa.array([len(result)], pa.int64()),
+            pa.array([checksum], pa.int64()),
+        ],
+        schema=schema,
+    )
 
 
 def _batches(output: pa.Table) -> Iterator[pa.RecordBatch]:
@@ -259,20 +284,21 @@ def count_program(ctx: ProgramContext, header: dict[str, Any], payload: bytes) -
 
 
 @register("capacity.vector_addition")
-def vector_addition_program(ctx: ProgramContext, header: dict[str, Any], payload: bytes
-                            ) -> ProgramResult:
+def vector_addition_program(
+    ctx: ProgramContext, header: dict[str, Any], payload: bytes
+) -> ProgramResult:
     return run_program("vector_addition", ctx, header)
 
 
 @register("capacity.array_merge")
-def array_merge_program(ctx: ProgramContext, header: dict[str, Any], payload: bytes
-                        ) -> ProgramResult:
+def array_merge_program(
+    ctx: ProgramContext, header: dict[str, Any], payload: bytes
+) -> ProgramResult:
     return run_program("array_merge", ctx, header)
 
 
 @register("capacity.pagerank")
-def pagerank_program(ctx: ProgramContext, header: dict[str, Any], payload: bytes
-                     ) -> ProgramResult:
+def pagerank_program(ctx: ProgramContext, header: dict[str, Any], payload: bytes) -> ProgramResult:
     return run_program("pagerank", ctx, header)
 
 

@@ -53,17 +53,31 @@ def _throughput_panel(axes: Any, curve: Mapping[str, Any]) -> None:
             label=DEVICE_LABELS.get(name, f"CSD array ({name})"),
         )
     axes.axvline(curve["k_limit"], color="0.6", linestyle=":", linewidth=1)
-    axes.text(curve["k_limit"] + 0.2, 0.02, f"k_limit={curve['k_limit']}", color="0.4",
-              transform=axes.get_xaxis_transform(), fontsize=8)
+    axes.text(
+        curve["k_limit"] + 0.2,
+        0.02,
+        f"k_limit={curve['k_limit']}",
+        color="0.4",
+        transform=axes.get_xaxis_transform(),
+        fontsize=8,
+    )
     # The BEPs are the point of the figure; a text box is easier to read than crossing markers.
     lines = [
         f"{DEVICE_LABELS.get(name, name).split(' ')[0]}: "
         + ", ".join(f"H{cores}:{bep}" for cores, bep in beps.items())
         for name, beps in curve["bep"].items()
     ]
-    axes.text(0.98, 0.03, "BEP (drives)\n" + "\n".join(lines), transform=axes.transAxes,
-              ha="right", va="bottom", fontsize=7, family="monospace",
-              bbox={"facecolor": "white", "alpha": 0.85, "edgecolor": "0.7"})
+    axes.text(
+        0.98,
+        0.03,
+        "BEP (drives)\n" + "\n".join(lines),
+        transform=axes.transAxes,
+        ha="right",
+        va="bottom",
+        fontsize=7,
+        family="monospace",
+        bbox={"facecolor": "white", "alpha": 0.85, "edgecolor": "0.7"},
+    )
     axes.set_yscale("log")
     _plain_log_labels(axes)
     axes.set_title(curve["title"].replace("_", " "))
@@ -95,7 +109,7 @@ def plot_throughput(curves: Sequence[Mapping[str, Any]], path: Path) -> Path:
     panels = figure.subplots(rows, columns, squeeze=False).ravel()
     for axes, curve in zip(panels, curves, strict=False):
         _throughput_panel(axes, curve)
-    for axes in panels[len(curves):]:
+    for axes in panels[len(curves) :]:
         axes.set_visible(False)
     panels[0].legend(fontsize=8, loc="upper left")
     figure.suptitle("Throughput of a host over m SSDs vs an array of m CSDs (CSDPLAN Figure 7)")
@@ -110,12 +124,22 @@ def plot_k_limit(curve: Mapping[str, Any], path: Path) -> Path:
     figure = Figure(figsize=(8, 5), dpi=DPI, layout="constrained")
     axes = figure.subplots()
     for index, (k_limit, values) in enumerate(curve["host"].items()):
-        axes.plot(drives, np.asarray(values) / divisor, marker="o", markersize=3,
-                  color=HOST_COLORS[index % len(HOST_COLORS)],
-                  label=f"Host({curve['host_cores']}), k_limit={k_limit}: "
-                  f"BEP {curve['bep'][k_limit]}")
-    axes.plot(drives, np.asarray(curve["csd"]) / divisor, color="tab:red", linestyle="--",
-              linewidth=2, label="CSD array")
+        axes.plot(
+            drives,
+            np.asarray(values) / divisor,
+            marker="o",
+            markersize=3,
+            color=HOST_COLORS[index % len(HOST_COLORS)],
+            label=f"Host({curve['host_cores']}), k_limit={k_limit}: BEP {curve['bep'][k_limit]}",
+        )
+    axes.plot(
+        drives,
+        np.asarray(curve["csd"]) / divisor,
+        color="tab:red",
+        linestyle="--",
+        linewidth=2,
+        label="CSD array",
+    )
     axes.set_xlabel("number of drives (SSDs for the host, CSDs for the array)")
     axes.set_ylabel(label.replace(", log scale", ""))
     axes.set_xticks(drives[::2] if len(drives) > 12 else drives)
@@ -138,15 +162,25 @@ def plot_surface(surface: Surface, combinations: Mapping[str, Any], path: Path) 
     # Fixed drawing order: matplotlib's depth sort would bury the stars under the BEP plane.
     left = figure.add_subplot(1, 2, 1, projection="3d", computed_zorder=False)
     mesh_x, mesh_y = np.meshgrid(xs, ys)
-    left.plot_surface(mesh_x, mesh_y, grid, cmap="viridis", alpha=0.85, edgecolor="0.3",
-                      linewidth=0.3, zorder=1)
-    left.plot_surface(mesh_x, mesh_y, np.full_like(grid, target), color="tab:green", alpha=0.25,
-                      zorder=2)
+    left.plot_surface(
+        mesh_x, mesh_y, grid, cmap="viridis", alpha=0.85, edgecolor="0.3", linewidth=0.3, zorder=1
+    )
+    left.plot_surface(
+        mesh_x, mesh_y, np.full_like(grid, target), color="tab:green", alpha=0.25, zorder=2
+    )
     if corners:
-        left.scatter([c["x"] for c in corners], [c["y"] for c in corners],
-                     [c["bep"] for c in corners], color="red", marker="*", s=160,
-                     depthshade=False, zorder=3, edgecolor="black",
-                     label=f"least hardware change for BEP <= {target}")
+        left.scatter(
+            [c["x"] for c in corners],
+            [c["y"] for c in corners],
+            [c["bep"] for c in corners],
+            color="red",
+            marker="*",
+            s=160,
+            depthshade=False,
+            zorder=3,
+            edgecolor="black",
+            label=f"least hardware change for BEP <= {target}",
+        )
         left.legend(loc="upper right", fontsize=8)
     left.set_xlabel(surface.x_label, fontsize=9)
     left.set_ylabel(surface.y_label, fontsize=9)
@@ -164,13 +198,27 @@ def plot_surface(surface: Surface, combinations: Mapping[str, Any], path: Path) 
         middle = (grid.max() + grid.min()) / 2
         for j in range(len(ys)):
             for i in range(len(xs)):
-                right.text(i, j, f"{int(grid[j, i])}", ha="center", va="center", fontsize=7,
-                           color="white" if grid[j, i] < middle else "black")
+                right.text(
+                    i,
+                    j,
+                    f"{int(grid[j, i])}",
+                    ha="center",
+                    va="center",
+                    fontsize=7,
+                    color="white" if grid[j, i] < middle else "black",
+                )
     x_index = {float(x): i for i, x in enumerate(xs)}
     y_index = {float(y): j for j, y in enumerate(ys)}
     for corner in corners:
-        right.plot(x_index[float(corner["x"])], y_index[float(corner["y"])], marker="*",
-                   color="red", markersize=20, fillstyle="none", markeredgewidth=2)
+        right.plot(
+            x_index[float(corner["x"])],
+            y_index[float(corner["y"])],
+            marker="*",
+            color="red",
+            markersize=20,
+            fillstyle="none",
+            markeredgewidth=2,
+        )
     right.set_xticks(range(len(xs)), [f"{x:g}" for x in xs])
     right.set_yticks(range(len(ys)), [f"{y:g}" for y in ys])
     colorbar = figure.colorbar(image, ax=right)
@@ -182,4 +230,3 @@ def plot_surface(surface: Surface, combinations: Mapping[str, Any], path: Path) 
     figure.suptitle(surface.title)
     figure.savefig(path)
     return Path(path)
-

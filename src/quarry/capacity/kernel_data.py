@@ -104,17 +104,22 @@ class Gatherer:
     def __init__(self, kernel: str, schema: pa.Schema, rows: int):
         if kernel not in KERNEL_INPUTS:
             raise KernelInputError(
-                f"no kernel {kernel!r}; choose one of {', '.join(KERNEL_INPUTS)}")
+                f"no kernel {kernel!r}; choose one of {', '.join(KERNEL_INPUTS)}"
+            )
         assert rows >= 0, rows
         self.kernel = kernel
         self.rows = rows
         self.filled = 0
-        missing = [name for name in KERNEL_INPUTS[kernel]
-                   if name not in schema.names and (kernel, name) not in OPTIONAL_INPUTS]
+        missing = [
+            name
+            for name in KERNEL_INPUTS[kernel]
+            if name not in schema.names and (kernel, name) not in OPTIONAL_INPUTS
+        ]
         if missing:
             raise KernelInputError(
                 f"{kernel}: missing input column {', '.join(missing)}; the data has "
-                f"{', '.join(schema.names)}")
+                f"{', '.join(schema.names)}"
+            )
         self.arrays: dict[str, np.ndarray] = {}
         for name in KERNEL_INPUTS[kernel]:
             if name not in schema.names:
@@ -141,12 +146,13 @@ class Gatherer:
             if column.null_count:
                 raise KernelInputError(
                     f"{self.kernel}: input {name!r} has {column.null_count} nulls; drop or fill "
-                    "them first")
+                    "them first"
+                )
             if out.ndim == 2:
                 values = column.flatten().to_numpy(zero_copy_only=False)
-                out[self.filled:end] = values.reshape(batch.num_rows, out.shape[1])
+                out[self.filled : end] = values.reshape(batch.num_rows, out.shape[1])
             else:
-                out[self.filled:end] = column.to_numpy(zero_copy_only=False)
+                out[self.filled : end] = column.to_numpy(zero_copy_only=False)
         self.filled = end
 
     def finish(self) -> dict[str, np.ndarray]:

@@ -71,8 +71,12 @@ def count(
     """How many elements of ``values`` equal ``params["value"]`` (default 0)."""
     values = inputs["values"]
     target = params.get("value", 0)
-    parts = _map(lambda part: int(np.count_nonzero(values[part] == target)),
-                 _pieces(values, threads), threads, run)
+    parts = _map(
+        lambda part: int(np.count_nonzero(values[part] == target)),
+        _pieces(values, threads),
+        threads,
+        run,
+    )
     return sum(parts)
 
 
@@ -104,9 +108,7 @@ def _merge_unique(left: np.ndarray, right: np.ndarray) -> np.ndarray:
     return merged[keep]
 
 
-def _value_cuts(
-    left: np.ndarray, right: np.ndarray, parts: int
-) -> tuple[np.ndarray, np.ndarray]:
+def _value_cuts(left: np.ndarray, right: np.ndarray, parts: int) -> tuple[np.ndarray, np.ndarray]:
     splitters = np.unique(left[np.linspace(0, len(left) - 1, parts + 1).astype(np.int64)[1:-1]])
     left_cuts = np.concatenate([[0], np.searchsorted(left, splitters), [len(left)]])
     right_cuts = np.concatenate([[0], np.searchsorted(right, splitters), [len(right)]])
@@ -125,8 +127,8 @@ def array_merge(
 
     def merge(index: int) -> np.ndarray:
         return _merge_unique(
-            left[left_cuts[index]:left_cuts[index + 1]],
-            right[right_cuts[index]:right_cuts[index + 1]],
+            left[left_cuts[index] : left_cuts[index + 1]],
+            right[right_cuts[index] : right_cuts[index + 1]],
         )
 
     pieces = _map(merge, range(len(left_cuts) - 1), threads, run)

@@ -44,9 +44,21 @@ DOMAIN = "capacity"
 REPEAT_MAX = 100
 SYSTEMS = ("ssd", "csd")
 # What a KernelRun keeps of each device program's summary.
-SUMMARY_KEYS = ("profile", "threads", "cores", "compute_factor", "partitions", "rows",
-                "bytes", "transfer_s", "compute_s", "program_s", "wall_s", "bytes_read",
-                "bytes_shipped")
+SUMMARY_KEYS = (
+    "profile",
+    "threads",
+    "cores",
+    "compute_factor",
+    "partitions",
+    "rows",
+    "bytes",
+    "transfer_s",
+    "compute_s",
+    "program_s",
+    "wall_s",
+    "bytes_read",
+    "bytes_shipped",
+)
 
 
 # ---- data ------------------------------------------------------------------------------------
@@ -81,10 +93,16 @@ def ingest_kernel_inputs(
     qualified = dataset if "/" in dataset else f"{DOMAIN}/{dataset}"
     existing = cluster.catalog.get(qualified)
     if existing is not None:
-        placed_well = len(existing.partitions) == partitions and len(
-            {p.devices[0] for p in existing.partitions}) == partitions
-        if reuse and existing.rows == table.num_rows and existing.schema.equals(table.schema) \
-                and placed_well:
+        placed_well = (
+            len(existing.partitions) == partitions
+            and len({p.devices[0] for p in existing.partitions}) == partitions
+        )
+        if (
+            reuse
+            and existing.rows == table.num_rows
+            and existing.schema.equals(table.schema)
+            and placed_well
+        ):
             return existing
         cluster.drop(qualified)
     return cluster.ingest(table, qualified, partitions=partitions, progress=progress)
@@ -106,10 +124,17 @@ class HostBus:
     """
 
     def __init__(self, bytes_per_s: float):
-        if isinstance(bytes_per_s, bool) or not isinstance(bytes_per_s, (int, float)) \
-                or not math.isfinite(bytes_per_s) or not bytes_per_s > 0:
-            raise CapacityInputError("host_bus_bytes_per_s", f"got {bytes_per_s!r}",
-                                     "give a positive bandwidth in bytes per second")
+        if (
+            isinstance(bytes_per_s, bool)
+            or not isinstance(bytes_per_s, (int, float))
+            or not math.isfinite(bytes_per_s)
+            or not bytes_per_s > 0
+        ):
+            raise CapacityInputError(
+                "host_bus_bytes_per_s",
+                f"got {bytes_per_s!r}",
+                "give a positive bandwidth in bytes per second",
+            )
         self.bytes_per_s = float(bytes_per_s)
         self._lock = threading.Lock()
         self._free_at = 0.0  # time.monotonic() when the bus has carried everything so far
@@ -154,19 +179,33 @@ class KernelRun:
 
     def report(self) -> dict[str, Any]:
         """The ``run_kernel`` report form that ``CapacityInputs.from_kernel_runs`` reads."""
-        return {"kernel": self.kernel, "threads": self.threads, "bytes": self.bytes,
-                "transfer_s": self.transfer_s, "compute_s": self.compute_s}
+        return {
+            "kernel": self.kernel,
+            "threads": self.threads,
+            "bytes": self.bytes,
+            "transfer_s": self.transfer_s,
+            "compute_s": self.compute_s,
+        }
 
     def to_dict(self) -> dict[str, Any]:
         result = self.result
         if isinstance(result, np.ndarray):
             result = {"length": int(len(result)), "sum": float(result.sum())}
         return {
-            "system": self.system, "kernel": self.kernel, "dataset": self.dataset,
-            "devices": self.devices, "threads": self.threads, "rows": self.rows,
-            "bytes": self.bytes, "transfer_s": self.transfer_s, "compute_s": self.compute_s,
-            "total_s": self.total_s, "throughput_bytes_per_s": self.throughput_bytes_per_s,
-            "bytes_to_host": self.bytes_to_host, "result": result, "per_device": self.per_device,
+            "system": self.system,
+            "kernel": self.kernel,
+            "dataset": self.dataset,
+            "devices": self.devices,
+            "threads": self.threads,
+            "rows": self.rows,
+            "bytes": self.bytes,
+            "transfer_s": self.transfer_s,
+            "compute_s": self.compute_s,
+            "total_s": self.total_s,
+            "throughput_bytes_per_s": self.throughput_bytes_per_s,
+            "bytes_to_host": self.bytes_to_host,
+            "result": result,
+            "per_device": self.per_device,
         }
 
 
@@ -204,9 +243,11 @@ def _combine(kernel: str, digests: Mapping[int, Any]) -> Any:
     if kernel == "pagerank":
         (rank,) = digests.values()
         return rank
-    return {"rows": sum(rows for rows, _ in digests.values()),
-            "checksum": sum(checksum for _, checksum in digests.values()),
-            "partitions": {str(p): list(d) for p, d in sorted(digests.items())}}
+    return {
+        "rows": sum(rows for rows, _ in digests.values()),
+        "checksum": sum(checksum for _, checksum in digests.values()),
+        "partitions": {str(p): list(d) for p, d in sorted(digests.items())},
+    }
 
 
 def run_host(
@@ -248,8 +289,11 @@ def run_host(
         return gathered
 
     started = time.perf_counter()
-    gathered = {p: g for by_device in _in_parallel(read_device, sorted(serving)).values()
-                for p, g in by_device.items()}
+    gathered = {
+        p: g
+        for by_device in _in_parallel(read_device, sorted(serving)).values()
+        for p, g in by_device.items()
+    }
     if host_bus is not None:
         host_bus.drain()
     transfer_s = time.perf_counter() - started
@@ -265,10 +309,16 @@ def run_host(
         compute_s += time.perf_counter() - compute_started
         digests[partition] = _digest(kernel, result)
     return KernelRun(
-        system="ssd", kernel=kernel, dataset=entry.qualified, devices=len(serving),
-        threads=threads, rows=rows,
+        system="ssd",
+        kernel=kernel,
+        dataset=entry.qualified,
+        devices=len(serving),
+        threads=threads,
+        rows=rows,
         bytes=int(sum(a.nbytes for arrays in inputs.values() for a in arrays.values())),
-        transfer_s=transfer_s, compute_s=compute_s, total_s=transfer_s + compute_s,
+        transfer_s=transfer_s,
+        compute_s=compute_s,
+        total_s=transfer_s + compute_s,
         bytes_to_host=sum(received for _, received in gathered.values()),
         result=_combine(kernel, digests),
     )
@@ -290,8 +340,13 @@ def run_devices(
     check_kernel(kernel, threads)
     entry = cluster.entry(dataset)
     serving = _primary_devices(cluster, entry)
-    header_base = {"domain": entry.domain, "dataset": entry.name, "threads": threads,
-                   "params": dict(params or {}), "output": "digest"}
+    header_base = {
+        "domain": entry.domain,
+        "dataset": entry.name,
+        "threads": threads,
+        "params": dict(params or {}),
+        "output": "digest",
+    }
 
     def call(name: str) -> tuple[pa.Table, dict[str, Any]]:
         header = {**header_base, "partitions": serving[name]}
@@ -308,14 +363,23 @@ def run_devices(
         digests.update(_table_digests(kernel, table))
     slowest = max(summaries, key=lambda s: s["transfer_s"] + s["compute_s"])
     rows = sum(s["rows"] for s in summaries)
-    assert rows == entry.rows, f"devices computed on {rows} rows of {entry.qualified}, " \
-                               f"catalog says {entry.rows}"
+    assert rows == entry.rows, (
+        f"devices computed on {rows} rows of {entry.qualified}, catalog says {entry.rows}"
+    )
     return KernelRun(
-        system="csd", kernel=kernel, dataset=entry.qualified, devices=len(serving),
-        threads=threads, rows=rows, bytes=sum(s["bytes"] for s in summaries),
-        transfer_s=slowest["transfer_s"], compute_s=slowest["compute_s"], total_s=total_s,
+        system="csd",
+        kernel=kernel,
+        dataset=entry.qualified,
+        devices=len(serving),
+        threads=threads,
+        rows=rows,
+        bytes=sum(s["bytes"] for s in summaries),
+        transfer_s=slowest["transfer_s"],
+        compute_s=slowest["compute_s"],
+        total_s=total_s,
         bytes_to_host=sum(s["bytes_shipped"] for s in summaries),
-        result=_combine(kernel, digests), per_device=summaries,
+        result=_combine(kernel, digests),
+        per_device=summaries,
     )
 
 
@@ -326,9 +390,15 @@ def _table_digests(kernel: str, table: pa.Table) -> dict[int, Any]:
     partitions = table.column("partition").to_pylist()
     if kernel == "count":
         return dict(zip(partitions, table.column("count").to_pylist(), strict=True))
-    return {p: (rows, checksum) for p, rows, checksum in zip(
-        partitions, table.column("rows").to_pylist(), table.column("checksum").to_pylist(),
-        strict=True)}
+    return {
+        p: (rows, checksum)
+        for p, rows, checksum in zip(
+            partitions,
+            table.column("rows").to_pylist(),
+            table.column("checksum").to_pylist(),
+            strict=True,
+        )
+    }
 
 
 def _next_chunk(reader: Any) -> Any:
@@ -354,31 +424,40 @@ class Measurement:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "inputs": self.inputs.to_dict(), "device": self.device, "profile": self.profile,
+            "inputs": self.inputs.to_dict(),
+            "device": self.device,
+            "profile": self.profile,
             "device_threads": self.device_threads,
             "host_runs": [r.to_dict() for r in self.host_runs],
             "device_runs": [r.to_dict() for r in self.device_runs],
             "csd_overhead_s_median": statistics.median(
-                r.total_s - r.transfer_s - r.compute_s for r in self.device_runs),
+                r.total_s - r.transfer_s - r.compute_s for r in self.device_runs
+            ),
         }
 
 
-def inputs_from_runs(host_runs: Sequence[KernelRun], device_runs: Sequence[KernelRun],
-                     name: str) -> CapacityInputs:
+def inputs_from_runs(
+    host_runs: Sequence[KernelRun], device_runs: Sequence[KernelRun], name: str
+) -> CapacityInputs:
     """CSDPLAN's four times as the medians of one-drive runs of each system.
 
     The host's runs must use one thread (T_SSD-comp is the time Eq. 2 divides by n cores).
     """
     if not host_runs or not device_runs:
         raise CapacityInputError("runs", "no runs of one of the systems", "measure both")
-    if any(r.system != "ssd" or r.threads != 1 or r.devices != 1 for r in host_runs) \
-            or any(r.system != "csd" or r.devices != 1 for r in device_runs):
-        raise CapacityInputError("runs", "not one-drive runs of the host (one thread) and drive",
-                                 "measure on a single device (single_device)")
+    if any(r.system != "ssd" or r.threads != 1 or r.devices != 1 for r in host_runs) or any(
+        r.system != "csd" or r.devices != 1 for r in device_runs
+    ):
+        raise CapacityInputError(
+            "runs",
+            "not one-drive runs of the host (one thread) and drive",
+            "measure on a single device (single_device)",
+        )
     sizes = {r.bytes for r in (*host_runs, *device_runs)}
     if len(sizes) != 1:
-        raise CapacityInputError("runs", f"working sets of different sizes {sorted(sizes)}",
-                                 "measure one working set")
+        raise CapacityInputError(
+            "runs", f"working sets of different sizes {sorted(sizes)}", "measure one working set"
+        )
     return CapacityInputs(
         t_ssd_tx_s=statistics.median(r.transfer_s for r in host_runs),
         t_ssd_comp_s=statistics.median(r.compute_s for r in host_runs),
@@ -399,8 +478,11 @@ def single_device(cluster: Cluster, device: str | None = None) -> Cluster:
         raise DeviceUnavailable("no device answers: start the cluster first (quarry up)")
     name = device or live[0]
     if name not in live:
-        raise CapacityInputError("device", f"{name!r} is not a live device of this cluster",
-                                 f"choose one of {', '.join(live)}")
+        raise CapacityInputError(
+            "device",
+            f"{name!r} is not a live device of this cluster",
+            f"choose one of {', '.join(live)}",
+        )
     spec = next(d for d in cluster.spec if d["name"] == name)
     return ClusterType([spec], source=cluster.source)
 
@@ -440,21 +522,31 @@ def measure_kernel(
         threads = device_threads or device_cores(single, name)
         check_kernel(kernel, threads)
         profile = single.info[name]["profile"]["name"]
-        entry = ingest_kernel_inputs(single, kernel, data_bytes,
-                                     dataset_name(kernel, data_bytes, name), seed=seed)
+        entry = ingest_kernel_inputs(
+            single, kernel, data_bytes, dataset_name(kernel, data_bytes, name), seed=seed
+        )
         host_runs: list[KernelRun] = []
         device_runs: list[KernelRun] = []
         run_host(single, entry.qualified, kernel, threads=1, params=params)
         run_devices(single, entry.qualified, kernel, threads=threads, params=params)
         for _ in range(repeat):
             for runs, run in ((host_runs, run_host), (device_runs, run_devices)):
-                runs.append(run(single, entry.qualified, kernel,
-                                threads=1 if run is run_host else threads, params=params))
+                runs.append(
+                    run(
+                        single,
+                        entry.qualified,
+                        kernel,
+                        threads=1 if run is run_host else threads,
+                        params=params,
+                    )
+                )
                 if on_run is not None:
                     on_run(runs[-1])
         if host_runs[0].result != device_runs[0].result and kernel != "pagerank":
-            raise AssertionError(f"{kernel}: the host computed {host_runs[0].result}, device "
-                                 f"{name} {device_runs[0].result}")
+            raise AssertionError(
+                f"{kernel}: the host computed {host_runs[0].result}, device "
+                f"{name} {device_runs[0].result}"
+            )
         inputs = inputs_from_runs(host_runs, device_runs, f"{kernel}-{profile}")
         return Measurement(inputs, name, profile, threads, host_runs, device_runs)
     finally:
@@ -464,8 +556,9 @@ def measure_kernel(
 # ---- from `quarry calibrate` -----------------------------------------------------------------
 
 
-def calibration_report(reports: Sequence[Mapping[str, Any]], device: str | None = None
-                       ) -> dict[str, Any]:
+def calibration_report(
+    reports: Sequence[Mapping[str, Any]], device: str | None = None
+) -> dict[str, Any]:
     """One device's calibration: the named one, or the median of all (they must share a profile).
 
     ``reports`` is what ``Cluster.calibrate()`` (``quarry calibrate --json``) returns.
@@ -476,17 +569,23 @@ def calibration_report(reports: Sequence[Mapping[str, Any]], device: str | None 
         chosen = [r for r in reports if r.get("device") == device]
         if not chosen:
             raise CapacityInputError(
-                "device", f"no calibration for {device!r}",
-                f"choose one of {', '.join(str(r.get('device')) for r in reports)}")
+                "device",
+                f"no calibration for {device!r}",
+                f"choose one of {', '.join(str(r.get('device')) for r in reports)}",
+            )
         return dict(chosen[0])
     profiles = sorted({str(r.get("profile")) for r in reports})
     if len(profiles) != 1:
         raise CapacityInputError(
-            "calibration", f"devices of several profiles ({', '.join(profiles)})",
-            "CSDPLAN models one kind of drive: name one device")
+            "calibration",
+            f"devices of several profiles ({', '.join(profiles)})",
+            "CSDPLAN models one kind of drive: name one device",
+        )
     keys = ("compute_factor", "internal_bytes_per_s", "external_bytes_per_s")
-    merged: dict[str, Any] = {"device": "median of " + ", ".join(
-        str(r.get("device")) for r in reports), "profile": profiles[0]}
+    merged: dict[str, Any] = {
+        "device": "median of " + ", ".join(str(r.get("device")) for r in reports),
+        "profile": profiles[0],
+    }
     for key in keys:
         merged[key] = {
             "expected": reports[0].get(key, {}).get("expected"),
@@ -497,20 +596,29 @@ def calibration_report(reports: Sequence[Mapping[str, Any]], device: str | None 
 
 def _measured(report: Mapping[str, Any], key: str) -> float:
     value = report.get(key, {}).get("measured") if isinstance(report.get(key), Mapping) else None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0 \
-            or not math.isfinite(value):
-        raise CapacityInputError(f"calibration.{key}.measured", f"got {value!r}",
-                                 "run quarry calibrate again; it measures a positive number")
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not value > 0
+        or not math.isfinite(value)
+    ):
+        raise CapacityInputError(
+            f"calibration.{key}.measured",
+            f"got {value!r}",
+            "run quarry calibrate again; it measures a positive number",
+        )
     return float(value)
 
 
-def host_compute_s(kernel: str, data_bytes: int, threads: int = 1, *, repeat: int = 3,
-                   seed: int = 0) -> float:
+def host_compute_s(
+    kernel: str, data_bytes: int, threads: int = 1, *, repeat: int = 3, seed: int = 0
+) -> float:
     """The median time this host's CPU takes to compute ``kernel`` on generated data."""
     inputs = make_inputs(kernel, data_bytes, seed=seed)
     run_kernel(kernel, inputs, threads)  # warm-up: allocator, caches
-    return statistics.median(run_kernel(kernel, inputs, threads)["compute_s"]
-                             for _ in range(repeat))
+    return statistics.median(
+        run_kernel(kernel, inputs, threads)["compute_s"] for _ in range(repeat)
+    )
 
 
 def calibration_inputs(
@@ -552,7 +660,20 @@ def drop_quietly(cluster: Cluster, dataset: str) -> None:
 
 
 __all__ = [
-    "SYSTEMS", "HostBus", "KernelRun", "Measurement", "calibration_inputs", "calibration_report",
-    "dataset_name", "device_cores", "drop_quietly", "host_compute_s", "ingest_kernel_inputs",
-    "inputs_from_runs", "measure_kernel", "run_devices", "run_host", "single_device",
+    "SYSTEMS",
+    "HostBus",
+    "KernelRun",
+    "Measurement",
+    "calibration_inputs",
+    "calibration_report",
+    "dataset_name",
+    "device_cores",
+    "drop_quietly",
+    "host_compute_s",
+    "ingest_kernel_inputs",
+    "inputs_from_runs",
+    "measure_kernel",
+    "run_devices",
+    "run_host",
+    "single_device",
 ]

@@ -271,9 +271,7 @@ def t_ssd_comp_n_s(inputs: CapacityInputs, host_cores: int) -> float:
 
 def t_ssd_system_s(inputs: CapacityInputs, host: HostConfig) -> float:
     """Eq. 1, and Eq. 4 when the host is overloaded (sd_tx, sd_comp > 1)."""
-    return host.sd_tx * inputs.t_ssd_tx_s + host.sd_comp * t_ssd_comp_n_s(
-        inputs, host.host_cores
-    )
+    return host.sd_tx * inputs.t_ssd_tx_s + host.sd_comp * t_ssd_comp_n_s(inputs, host.host_cores)
 
 
 def t_csd_system_s(inputs: CapacityInputs) -> float:

@@ -143,9 +143,7 @@ def _factors(factors: Sequence[float]) -> list[float]:
 def csd_surface(inputs: CapacityInputs, host: HostConfig, factors: Sequence[float]) -> Surface:
     """Figure 10: BEP as the CSD's internal bandwidth (x) and compute power (y) improve."""
     values = _factors(factors)
-    grid = [
-        [break_even(inputs.scaled(x, y), host).bep for x in values] for y in values
-    ]
+    grid = [[break_even(inputs.scaled(x, y), host).bep for x in values] for y in values]
     return Surface(
         kind="csd",
         title=f"{inputs.name}: BEP vs CSD hardware (Host({host.host_cores}))",
@@ -163,9 +161,7 @@ def overload_surface(inputs: CapacityInputs, host: HostConfig, factors: Sequence
     values = _factors(factors)
     grid = [
         [
-            break_even(
-                inputs, HostConfig(host.host_cores, host.k_limit, sd_tx=x, sd_comp=y)
-            ).bep
+            break_even(inputs, HostConfig(host.host_cores, host.k_limit, sd_tx=x, sd_comp=y)).bep
             for x in values
         ]
         for y in values

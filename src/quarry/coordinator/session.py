@@ -32,6 +32,7 @@ if TYPE_CHECKING:
 
 PUSHDOWNS = ("never", "always", "auto")
 WORKERS_PER_DEVICE = 2
+FETCHERS_PER_EXCHANGE = 2  # concurrent fetches of pushed-back ranges per device stream
 FIGURES_CACHE_MAX = 256
 _DONE = object()
 
@@ -154,7 +155,7 @@ class Query:
     def _choose_cuts(self) -> None:
         """pushdown="auto": the cost model picks each fragment's cut; devices start from it."""
         from quarry.cost.figures import device_figures, host_cores, sample_subplan
-        from quarry.cost.model import choose
+        from quarry.cost.model import choose, device_full_s_per_byte
 
         cores = host_cores()
         for fragment in self.decomposition.fragments:
@@ -175,12 +176,18 @@ class Query:
                     self.cluster.figures_cache.clear()
                 self.cluster.figures_cache[key] = figures
             devices = device_figures(self.cluster, entry, stored)
-            choice = choose(devices, figures, cores)
+            # A fragment that only filters has identical filter and full stages: the filter
+            # cut would cost an extra fetch for the same work.
+            identical = fragment.stages["filter"] == fragment.stages["full"]
+            allowed = ("full", "raw") if identical else ("full", "filter", "raw")
+            choice = choose(devices, figures, cores, allowed)
             self.choices[fragment.name] = choice.to_json()
             share = cores / max(1, len(devices))
             for d in devices:
                 self.host_costs[(fragment.name, d.name)] = {
                     "full_s_per_byte": figures.full_s_per_byte,
+                    "filter_s_per_byte": figures.filter_s_per_byte,
+                    "device_full_s_per_byte": device_full_s_per_byte(d, figures),
                     "raw_ratio": figures.raw_ratio,
                     "filter_ratio": figures.filter_ratio,
                     "link_bytes_per_s": d.link_bytes_per_s,
@@ -326,38 +333,55 @@ class Query:
         writer, reader = client.exchange(Exchange.QUERY, header, payload)
         pushed: list[dict[str, Any]] = []
         filtered: list[pa.RecordBatch] = []
-        while True:
-            chunk = client.guard(lambda: _next(reader))
-            if chunk is None:
-                break
-            if chunk.data is not None and chunk.data.num_rows:
-                report.bytes_shipped += _batch_bytes(chunk.data)
-                report.rows_shipped += chunk.data.num_rows
-                if scan_engine:
-                    filtered.append(chunk.data)
-                else:
-                    yield chunk.data
-            if chunk.app_metadata is not None:
-                message = protocol.decode_json(chunk.app_metadata.to_pybytes())
-                if "pushed_back" in message:
-                    pushed.append(message["pushed_back"])
-                if "annotation" in message:
-                    report.decisions = message["annotation"]
-                    report.metrics = message["metrics"]
-                    report.trace = message.get("trace")
+        # Pushed-back ranges are fetched and completed while the device goes on deciding, so
+        # its probes and its work never hold up the raw rows it already declined.
+        fetchers = ThreadPoolExecutor(FETCHERS_PER_EXCHANGE, thread_name_prefix="quarry-fetch")
+        fetches = []
+
+        def fetch(notice: dict[str, Any]) -> tuple[list[pa.RecordBatch], int, int]:
+            shipped = {"bytes": 0, "rows": 0}
+            batches = self._fetch_pushed(client, fragment, entry, p, notice, shipped)
+            return list(complete(fragment, batches)), shipped["bytes"], shipped["rows"]
+
+        try:
+            while True:
+                chunk = client.guard(lambda: _next(reader))
+                if chunk is None:
+                    break
+                if chunk.data is not None and chunk.data.num_rows:
+                    report.bytes_shipped += _batch_bytes(chunk.data)
+                    report.rows_shipped += chunk.data.num_rows
+                    if scan_engine:
+                        filtered.append(chunk.data)
+                    else:
+                        yield chunk.data
+                if chunk.app_metadata is not None:
+                    message = protocol.decode_json(chunk.app_metadata.to_pybytes())
+                    if "pushed_back" in message:
+                        pushed.append(message["pushed_back"])
+                        fetches.append(fetchers.submit(fetch, message["pushed_back"]))
+                    if "annotation" in message:
+                        report.decisions = message["annotation"]
+                        report.metrics = message["metrics"]
+                        report.trace = message.get("trace")
+        except BaseException:  # a device that failed mid-stream leaves no fetch running
+            fetchers.shutdown(wait=False, cancel_futures=True)
+            raise
+        fetchers.shutdown(wait=False)
         client.guard(writer.close)
         if filtered:
             yield from complete(fragment, filtered)
-        for notice in pushed:  # the host completes what the device declined
+        for notice, future in zip(pushed, fetches, strict=True):
+            batches, shipped_bytes, shipped_rows = future.result()
+            report.bytes_shipped += shipped_bytes
+            report.rows_shipped += shipped_rows
             m = report.metrics
             m["rows_read"] = m.get("rows_read", 0) + notice.get("rows", 0)
             m["bytes_read"] = m.get("bytes_read", 0) + notice.get("bytes_stored", 0)
             m["slices_scanned"] = m.get("slices_scanned", 0) + sum(
                 b - a for a, b in notice["slices"]
             )
-            yield from complete(
-                fragment, self._fetch_pushed(client, fragment, entry, p, notice, report)
-            )
+            yield from batches
 
     def device_stages(self, fragment: Fragment) -> tuple[dict[str, bytes], pa.Schema, bool]:
         """The stages a device gets, the schema of its stream, and whether it only filters."""
@@ -375,7 +399,7 @@ class Query:
         entry: DatasetEntry,
         p: PartitionEntry,
         notice: dict[str, Any],
-        report: DeviceReport,
+        shipped: dict[str, int],
     ) -> Iterator[pa.RecordBatch]:
 
         stage = notice["stage"]
@@ -396,8 +420,8 @@ class Query:
             chunk = client.guard(lambda: _next(reader))
             if chunk is None:
                 return
-            report.bytes_shipped += _batch_bytes(chunk.data)
-            report.rows_shipped += chunk.data.num_rows
+            shipped["bytes"] += _batch_bytes(chunk.data)
+            shipped["rows"] += chunk.data.num_rows
             yield chunk.data
 
     # ---- explain ---------------------------------------------------------------------------------

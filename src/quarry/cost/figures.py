@@ -31,7 +31,8 @@ def sample_subplan(cluster: Cluster, fragment: Fragment, entry: DatasetEntry) ->
     device = next(cluster.devices[d] for d in partition.devices if d not in cluster.down)
     reader = device.scan(entry.domain, entry.name, partition.partition, first=0, end=1)
     batches = device.guard(lambda: [c.data for c in reader])
-    stored_bytes = max(1, partition.bytes_stored // max(partition.slices, 1))
+    meta = device.describe(entry.domain, entry.name, partition.partition)
+    stored_bytes = max(1, meta["slices"][0]["bytes_stored"])
 
     def timed(stage: str) -> tuple[float, list[pa.RecordBatch]]:
         best, out = float("inf"), []

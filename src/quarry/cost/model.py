@@ -15,7 +15,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 LINK_BYTES_PER_S_DEFAULT = 2.0e9  # loopback Flight on a small machine, when nothing is measured
-CUTS = ("full", "filter", "raw")
+CUTS = ("full", "filter", "raw")  # in order of data moved, least first
+CHOICE_TOLERANCE = 0.10
 
 
 @dataclass
@@ -69,6 +70,11 @@ class Choice:
         }
 
 
+def device_full_s_per_byte(d: DeviceFigures, f: SubPlanFigures) -> float:
+    """This device's seconds per stored byte for the whole sub-plan, as the model sees it."""
+    return f.full_s_per_byte * d.compute_factor / max(1e-3, 1.0 - d.cpu_busy)
+
+
 def _device_compute_s(d: DeviceFigures, host_s_per_byte: float) -> float:
     parallel = max(1, min(d.cores or 1, d.partitions))
     share = max(1e-3, 1.0 - d.cpu_busy)
@@ -99,8 +105,10 @@ def estimate(
     if cut == "full":
         host_s = 0.0
     elif cut == "filter":
+        # what the whole sub-plan costs beyond its filter is the work on the rows that pass:
+        # already per stored byte, so it is not scaled by the filter's selectivity again
         remaining = max(f.full_s_per_byte - f.filter_s_per_byte, 0.0)
-        host_s = total_bytes * remaining * f.filter_ratio / max(f.raw_ratio, 1e-9) / cores
+        host_s = total_bytes * remaining / cores
     else:
         host_s = total_bytes * f.full_s_per_byte / cores
     slowest = max(per_device.values(), default=0.0)
@@ -112,7 +120,14 @@ def choose(
     f: SubPlanFigures,
     host_cores: int,
     allowed: tuple[str, ...] = CUTS,
+    tolerance: float = CHOICE_TOLERANCE,
 ) -> Choice:
+    """The cut to start from: the one that moves the least data (``CUTS`` order) among those
+    within ``tolerance`` of the fastest estimate. Estimates from one sampled slice are not
+    exact; a cut that ships more must win clearly (the devices switch on the same margin)."""
     estimates = {cut: estimate(cut, devices, f, host_cores) for cut in allowed}
-    best = min(estimates, key=lambda c: (estimates[c].seconds, CUTS.index(c)))
+    fastest = min(e.seconds for e in estimates.values())
+    best = next(
+        c for c in CUTS if c in estimates and estimates[c].seconds <= fastest * (1 + tolerance)
+    )
     return Choice(best, estimates, f)

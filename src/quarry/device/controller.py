@@ -82,6 +82,8 @@ class Policy:
     probe_after_s: float = 0.5  # while pushing back, re-measure after this long ...
     probe_after_s_max: float = 8.0  # ... doubling each time the probe confirms, up to this
     hysteresis: float = 0.10  # switch only when the other choice is this much cheaper
+    probe_budget: float = 0.10  # a probe may cost at most this share of the work left
+    warmup_factor: float = 5.0  # a first execution costs this many steady chunks (Exp 2)
 
     @classmethod
     def from_json(cls, body: dict[str, Any] | None) -> Policy:
@@ -99,6 +101,10 @@ class HostCost:
     link_bytes_per_s: float  # device -> host
     host_share: float  # fraction of the host this device's completion work may count on
     start: str = "full"  # the cut the host chose; the device starts there
+    filter_s_per_byte: float = 0.0  # host CPU seconds per stored byte for scan + filter
+    # the host's estimate of this device's seconds per stored byte for the whole sub-plan
+    # (its compute factor and load applied): what a probe would cost before any is measured
+    device_full_s_per_byte: float = 0.0
 
     @classmethod
     def from_json(cls, body: dict[str, Any] | None) -> HostCost | None:
@@ -158,6 +164,9 @@ class Adaptive:
 
         bw = self.host.link_bytes_per_s
         host_s = self.host.full_s_per_byte / max(self.host.host_share, 1e-6)
+        host_rest_s = max(self.host.full_s_per_byte - self.host.filter_s_per_byte, 0.0) / max(
+            self.host.host_share, 1e-6
+        )
         # a stage not measured yet is estimated from the other: filtering is at most the whole
         # sub-plan's work, and the whole sub-plan at least the filter's
         full_s = median([s for s, _ in full]) if full else median([s for s, _ in filtered])
@@ -167,14 +176,47 @@ class Adaptive:
         return {
             "full": full_s + out_ratio / bw,
             "raw": self.host.raw_ratio / bw + host_s,
-            # the host then finishes only what passed the filter
-            "filter": filter_s
-            + filter_ratio / bw
-            + host_s * filter_ratio / max(self.host.raw_ratio, 1e-9),
+            # the host then finishes the sub-plan on what passed the filter
+            "filter": filter_s + filter_ratio / bw + host_rest_s,
         }
 
-    def stage_for(self, number: int) -> tuple[str, str, float | None]:
-        """(stage, reason, retry_after_s) for the next chunk, starting at slice ``number``."""
+    def probe_worth_it(self, slice_bytes: int, remaining_bytes: int) -> bool:
+        """A probe is worth its cost only when that cost is small beside the work left.
+
+        Executing one slice costs its bytes at the device's full cost per byte (measured, or
+        the host's estimate), several times that if the device has not run the sub-plan yet
+        (warm-up); the work left costs the remaining bytes at the current decision's price.
+        """
+        full = self.samples["full"]
+        if full:
+            per_byte = sorted(s for s, _ in full)[len(full) // 2]
+            warmup = 1.0
+        else:
+            per_byte = self.host.device_full_s_per_byte
+            warmup = self.policy.warmup_factor
+        costs = self.costs() or {}
+        current = costs.get(self.current)
+        if current is None:
+            current = self._static_cost(self.current)
+        if not per_byte or current is None:
+            return True  # nothing to judge by: probe, that is how we learn
+        probe_s = slice_bytes * per_byte * warmup
+        return probe_s <= self.policy.probe_budget * remaining_bytes * current
+
+    def _static_cost(self, stage: str) -> float | None:
+        """The host's price of a stage per stored byte, before the device measured anything."""
+        bw = self.host.link_bytes_per_s
+        share = max(self.host.host_share, 1e-6)
+        if stage == "raw":
+            return self.host.raw_ratio / bw + self.host.full_s_per_byte / share
+        return None
+
+    def stage_for(
+        self, number: int, slice_bytes: int = 0, remaining_bytes: int = 0
+    ) -> tuple[str, str, float | None]:
+        """(stage, reason, retry_after_s) for the next chunk, starting at slice ``number``;
+        ``slice_bytes`` and ``remaining_bytes`` (this slice and every one left, stored) let the
+        device judge whether a probe pays."""
         with self._lock:
             now = time.monotonic()
             if self.measuring:
@@ -183,7 +225,12 @@ class Adaptive:
                     reason = f"{self.current}: measuring the first chunks"
                     return self.current, reason, self._retry_after(now)
                 self.measuring = False
-            if self.current != "full" and not self.probing and now >= self.next_probe_at:
+            if (
+                self.current != "full"
+                and not self.probing
+                and now >= self.next_probe_at
+                and (not remaining_bytes or self.probe_worth_it(slice_bytes, remaining_bytes))
+            ):
                 self.probing = True
                 self.probe_after_s = min(self.probe_after_s * 2, self.policy.probe_after_s_max)
                 self.next_probe_at = now + self.probe_after_s

@@ -106,17 +106,19 @@ class Emulator:
                 self._busy.append(Busy(started, time.monotonic()))
 
     def run(self, work: Callable[[], T]) -> T:
-        """Run device work in a slot, then hold the slot as long as the emulated drive would.
+        """Run device work in a slot, then hold the slot as long as the emulated drive would."""
+        return self.run_timed(work)[0]
 
-        The work is timed in CPU seconds of the calling thread (device stages run on it,
-        single-partition), so other processes competing for the machine's cores do not count
-        as the drive's own slowness.
-        """
+    def run_timed(self, work: Callable[[], T]) -> tuple[T, float]:
+        """``run``, also returning the drive's seconds for the work: its CPU seconds on this
+        thread (device stages run on it, single-partition) plus the stretch. Other processes
+        competing for the machine's cores do not count as the drive's own slowness."""
         with self.slot():
             started = time.thread_time()
             result = work()
-            self.stretch(time.thread_time() - started)
-        return result
+            work_s = time.thread_time() - started
+            extra_s = self.stretch(work_s)
+        return result, work_s + extra_s
 
     def stretch(self, work_s: float) -> float:
         """Called inside a slot after real work of ``work_s``: hold the slot for the rest."""

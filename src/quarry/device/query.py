@@ -154,12 +154,25 @@ def run_query(
         writer.write_metadata(pa.py_buffer(protocol.encode_json(notice)))
         pushed = []
 
+    # stored bytes of every candidate slice from each position on: the work left
+    remaining_bytes = [0] * (len(candidates) + 1)
+    for index in range(len(candidates) - 1, -1, -1):
+        remaining_bytes[index] = (
+            remaining_bytes[index + 1] + meta.slices[candidates[index]].bytes_stored
+        )
     position = 0
     while position < len(candidates):
         first = candidates[position]
-        stage, reason, retry = _decide(forced, adaptive, first)
+        stage, reason, retry = _decide(
+            forced,
+            adaptive,
+            first,
+            meta.slices[first].bytes_stored,
+            remaining_bytes[position],
+        )
         numbers = [first]
-        if stage == "full":  # a chunk: following contiguous slices under the same decision
+        probing = adaptive is not None and adaptive.probing
+        if stage == "full" and not probing:  # a chunk: contiguous slices, the same decision
             while (
                 len(numbers) < chunk_slices_max
                 and position + len(numbers) < len(candidates)
@@ -204,7 +217,7 @@ def run_query(
         metrics.rows_read += sum(b.num_rows for b in batches)
         metrics.bytes_read += stored
         metrics.slices_scanned += len(numbers)
-        outputs = emulator.run(
+        outputs, drive_s = emulator.run_timed(
             lambda batches=batches: [
                 conform(out, output_schema)
                 for out in _run(run_stage, stages["full"], meta.schema, batches)
@@ -222,7 +235,10 @@ def run_query(
         metrics.slices_executed += len(numbers)
         chunk_s = time.perf_counter() - chunk_started
         if adaptive is not None:
-            adaptive.observe("full", stored, shipped, chunk_s)
+            # the drive's own time: emulated compute, and shipping at its link's rate
+            adaptive.observe(
+                "full", stored, shipped, drive_s + shipped / adaptive.host.link_bytes_per_s
+            )
         if trace is not None and len(trace) < TRACE_ENTRIES_MAX:
             trace.append(
                 {
@@ -308,23 +324,26 @@ def _filter_now(
     for number in numbers:
         emulator.read(meta.slices[number].bytes_stored)
         stored += meta.slices[number].bytes_stored
-    started = time.perf_counter()
+    drive_s = 0.0
     outputs: dict[int, list[pa.RecordBatch]] = {}
     for number in numbers:
         batch = partitions.read_slice(store, meta, number)
         metrics.rows_read += batch.num_rows
-        outputs[number] = emulator.run(
+        outputs[number], seconds = emulator.run_timed(
             lambda b=batch: [
                 conform(out, raw_schema) if raw_schema is not None else out
                 for out in _run(run_stage, stage, meta.schema, [b])
                 if out.num_rows
             ]
         )
+        drive_s += seconds
     metrics.bytes_read += stored
     metrics.slices_scanned += len(numbers)
     filtered = sum(pa.ipc.get_record_batch_size(b) for bs in outputs.values() for b in bs)
     if adaptive is not None:
-        adaptive.observe("filter", stored, filtered, time.perf_counter() - started)
+        adaptive.observe(
+            "filter", stored, filtered, drive_s + filtered / adaptive.host.link_bytes_per_s
+        )
     if parked is not None and header.get("query_id"):
         for number, batches in outputs.items():
             if not parked.put((header["query_id"], int(header["partition"]), number), batches):
@@ -332,13 +351,17 @@ def _filter_now(
 
 
 def _decide(
-    forced: ForcedDecisions, adaptive: Adaptive | None, number: int
+    forced: ForcedDecisions,
+    adaptive: Adaptive | None,
+    number: int,
+    slice_bytes: int = 0,
+    remaining_bytes: int = 0,
 ) -> tuple[str, str, float | None]:
     stage = forced.stage_for(number)
     if stage is not None:
         return stage, "forced by the request", None
     if adaptive is not None:
-        return adaptive.stage_for(number)
+        return adaptive.stage_for(number, slice_bytes, remaining_bytes)
     return "full", "executed: the host asked for the whole sub-plan", None
 
 

@@ -89,15 +89,19 @@ def de(
     if top < 0:
         raise typer.BadParameter("--top must be 0 (all) or more")
     group_spec: Any = _cell_list(group_cells) if group_cells is not None else group
-    reference_spec: Any = (
-        _cell_list(reference_cells) if reference_cells is not None else reference
-    )
+    reference_spec: Any = _cell_list(reference_cells) if reference_cells is not None else reference
     c = open_cluster(cluster)
     try:
         frame = rank_genes(
-            c, dataset, groupby, group_spec, reference_spec, method,  # type: ignore[arg-type]
+            c,
+            dataset,
+            groupby,
+            group_spec,
+            reference_spec,
+            method,  # type: ignore[arg-type]
             pushdown=pushdown,  # type: ignore[arg-type]
-            reference_dataset=reference_dataset, reference_groupby=reference_groupby,
+            reference_dataset=reference_dataset,
+            reference_groupby=reference_groupby,
         )
     finally:
         c.close()
@@ -122,8 +126,13 @@ def de(
     for column in ("names", "scores", "pvals", "pvals_adj", "logfoldchanges"):
         table.add_column(column, justify="left" if column == "names" else "right")
     for row in shown.itertuples(index=False):
-        table.add_row(str(row.names), f"{row.scores:.4g}", f"{row.pvals:.3g}",
-                      f"{row.pvals_adj:.3g}", f"{row.logfoldchanges:.3g}")
+        table.add_row(
+            str(row.names),
+            f"{row.scores:.4g}",
+            f"{row.pvals:.3g}",
+            f"{row.pvals_adj:.3g}",
+            f"{row.logfoldchanges:.3g}",
+        )
     console.print(table)
     console.print(
         f"{len(frame):,} genes; shipped {_bytes(stats['bytes_shipped'])} to the host, read "
@@ -157,8 +166,14 @@ def ingest(
     c = open_cluster(cluster)
     try:
         stored = ingest_matrix(
-            c, path, dataset, format=format, cell_metadata=cell_metadata,  # type: ignore[arg-type]
-            orientation=orientation, metadata=pairs, replicas=replicas,  # type: ignore[arg-type]
+            c,
+            path,
+            dataset,
+            format=format,
+            cell_metadata=cell_metadata,  # type: ignore[arg-type]
+            orientation=orientation,
+            metadata=pairs,
+            replicas=replicas,  # type: ignore[arg-type]
             compression=compression,
         )
     finally:

@@ -226,9 +226,7 @@ def open_matrix(cluster: Cluster, dataset: str) -> StoredMatrix:
     try:
         entry = cluster.entry(qualified)
     except DatasetNotFound:
-        matrices = [
-            e.qualified for e in cluster.catalog.values() if DESCRIPTION_KEY in e.metadata
-        ]
+        matrices = [e.qualified for e in cluster.catalog.values() if DESCRIPTION_KEY in e.metadata]
         raise DatasetNotFound(
             f"no expression matrix {qualified} on this cluster; matrices are: "
             f"{', '.join(matrices) or 'none'} (store one with quarry.genes.ingest)"

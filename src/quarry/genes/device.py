@@ -122,8 +122,9 @@ class PartitionWork:
 
 
 @register(PROGRAM)
-def accumulate_program(ctx: ProgramContext, header: dict[str, Any], payload: bytes
-                       ) -> ProgramResult:
+def accumulate_program(
+    ctx: ProgramContext, header: dict[str, Any], payload: bytes
+) -> ProgramResult:
     started = time.perf_counter()
     request = Request.from_header(header)
     works = [_plan_partition(ctx, request, partition) for partition in request.partitions]
@@ -132,8 +133,11 @@ def accumulate_program(ctx: ProgramContext, header: dict[str, Any], payload: byt
     if needs_grouping and group_of_cell is None:
         # Not an error: the host asked first without the grouping, hoping for a cache hit.
         # Answer at once, having read nothing but metadata, and let it send the grouping.
-        summary = {"program": PROGRAM, "grouping_needed": True,
-                   "program_s": time.perf_counter() - started}
+        summary = {
+            "program": PROGRAM,
+            "grouping_needed": True,
+            "program_s": time.perf_counter() - started,
+        }
         return ProgramResult(PARTIAL_SCHEMA, iter(()), summary)
 
     adaptive = None
@@ -154,14 +158,13 @@ def accumulate_program(ctx: ProgramContext, header: dict[str, Any], payload: byt
             batch = ctx.read_slice(work.meta, number)
             assert group_of_cell is not None
             compute_started = time.perf_counter()
-            partial = ctx.compute(
-                lambda b=batch: accumulate(b, group_of_cell, request.group_count)
-            )
+            partial = ctx.compute(lambda b=batch: accumulate(b, group_of_cell, request.group_count))
             seconds = time.perf_counter() - compute_started
             compute_s += seconds
             if adaptive is not None:
-                adaptive.observe("full", work.meta.slices[number].bytes_stored,
-                                 partial.nbytes, seconds)
+                adaptive.observe(
+                    "full", work.meta.slices[number].bytes_stored, partial.nbytes, seconds
+                )
             partials.append(partial)
             work.executed.append(number)
             work.annotation.record(Decision(number, number + 1, "full", reason))
@@ -187,7 +190,8 @@ def _plan_partition(ctx: ProgramContext, request: Request, partition: int) -> Pa
         )
     slice_count = len(meta.slices)
     forced = {
-        n for first, end in request.push_back.get(partition, [])
+        n
+        for first, end in request.push_back.get(partition, [])
         for n in range(max(first, 0), min(end, slice_count))
     }
     stored = _load(ctx, request, partition, meta)
@@ -212,11 +216,13 @@ def _decide(adaptive: Adaptive | None, number: int) -> tuple[str, str]:
     return ("full", reason) if stage == "full" else ("raw", reason)
 
 
-def _reduce(partials: list[pa.RecordBatch | pa.Table], sides: tuple[tuple[int, ...], ...]
-            ) -> tuple[pa.RecordBatch, list[pa.RecordBatch]]:
+def _reduce(
+    partials: list[pa.RecordBatch | pa.Table], sides: tuple[tuple[int, ...], ...]
+) -> tuple[pa.RecordBatch, list[pa.RecordBatch]]:
     statistics = combine(partials)
-    return statistics, [select_groups(statistics, list(ids), as_group=i)
-                        for i, ids in enumerate(sides)]
+    return statistics, [
+        select_groups(statistics, list(ids), as_group=i) for i, ids in enumerate(sides)
+    ]
 
 
 def _grouping(request: Request, payload: bytes) -> np.ndarray:
@@ -236,19 +242,28 @@ def _grouping(request: Request, payload: bytes) -> np.ndarray:
 
 
 def _cache_key(ctx: ProgramContext, request: Request, partition: int) -> str:
-    return ctx.cache_key(request.domain, request.dataset, PROGRAM, request.version,
-                         request.grouping, f"{partition:04d}")
+    return ctx.cache_key(
+        request.domain,
+        request.dataset,
+        PROGRAM,
+        request.version,
+        request.grouping,
+        f"{partition:04d}",
+    )
 
 
-def _load(ctx: ProgramContext, request: Request, partition: int, meta: PartitionMeta
-          ) -> Cached | None:
+def _load(
+    ctx: ProgramContext, request: Request, partition: int, meta: PartitionMeta
+) -> Cached | None:
     raw = ctx.cache_get(_cache_key(ctx, request, partition))
     if raw is None:
         return None
     table = pa.ipc.open_stream(pa.py_buffer(raw)).read_all()
     metadata = table.schema.metadata or {}
-    if (metadata.get(b"format") != CACHE_FORMAT
-            or metadata.get(b"ingest", b"").decode() != meta.ingest["id"]):
+    if (
+        metadata.get(b"format") != CACHE_FORMAT
+        or metadata.get(b"ingest", b"").decode() != meta.ingest["id"]
+    ):
         return None  # written for other data: recompute (the put below replaces it)
     covered = {int(n) for n in json.loads(metadata[b"covered"])}
     if covered and max(covered) >= len(meta.slices):
@@ -256,16 +271,20 @@ def _load(ctx: ProgramContext, request: Request, partition: int, meta: Partition
     return Cached(covered, table.replace_schema_metadata(None))
 
 
-def _store(ctx: ProgramContext, request: Request, work: PartitionWork,
-           statistics: pa.RecordBatch) -> None:
+def _store(
+    ctx: ProgramContext, request: Request, work: PartitionWork, statistics: pa.RecordBatch
+) -> None:
     if not work.executed:
         return
     previous = work.usable.covered if work.usable is not None else set()
     covered = previous | set(work.executed)
     if work.stored is not None and not work.stored.covered <= covered:
         return  # the cache covers slices this request did not: keep the larger coverage
-    metadata = {b"format": CACHE_FORMAT, b"ingest": work.meta.ingest["id"].encode(),
-                b"covered": json.dumps(sorted(covered)).encode()}
+    metadata = {
+        b"format": CACHE_FORMAT,
+        b"ingest": work.meta.ingest["id"].encode(),
+        b"covered": json.dumps(sorted(covered)).encode(),
+    }
     sink = pa.BufferOutputStream()
     schema = statistics.schema.with_metadata(metadata)
     with pa.ipc.new_stream(sink, schema) as writer:
@@ -280,7 +299,7 @@ def _evict(ctx: ProgramContext, request: Request) -> None:
     keys = ctx.store.list(base)
     stale = [k for k in keys if not k.startswith(f"{base}{request.version}/")]
     current = f"{base}{request.version}/"
-    groupings = sorted({k[len(current):].split("/")[0] for k in keys if k.startswith(current)})
+    groupings = sorted({k[len(current) :].split("/")[0] for k in keys if k.startswith(current)})
     others = [g for g in groupings if g != request.grouping]
     excess = others[: max(0, len(groupings) + 1 - CACHED_GROUPINGS_MAX)]
     doomed = stale + [k for k in keys if any(k.startswith(f"{current}{g}/") for g in excess)]
@@ -293,8 +312,9 @@ def _evict(ctx: ProgramContext, request: Request) -> None:
 # ---- output ---------------------------------------------------------------------------------
 
 
-def _summary(request: Request, works: list[PartitionWork], compute_s: float, program_s: float
-             ) -> dict[str, Any]:
+def _summary(
+    request: Request, works: list[PartitionWork], compute_s: float, program_s: float
+) -> dict[str, Any]:
     partitions = {}
     for work in works:
         cached = sorted(work.usable.covered) if work.usable is not None else []

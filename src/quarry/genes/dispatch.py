@@ -71,9 +71,18 @@ class Report:
     devices: list[dict[str, Any]] = field(default_factory=list)
 
     def add(self, other: Report) -> None:
-        for name in ("bytes_shipped", "bytes_shipped_raw", "bytes_read", "bytes_sent",
-                     "slices_executed", "slices_pushed_back", "slices_cached", "slices_raw",
-                     "requests", "host_accumulate_s"):
+        for name in (
+            "bytes_shipped",
+            "bytes_shipped_raw",
+            "bytes_read",
+            "bytes_sent",
+            "slices_executed",
+            "slices_pushed_back",
+            "slices_cached",
+            "slices_raw",
+            "requests",
+            "host_accumulate_s",
+        ):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self.devices.extend(other.devices)
 
@@ -111,16 +120,25 @@ def side_statistics(
         partitions = assignments[device]
         if pushdown == "never":
             return _host_only(matrix, client, partitions, grouping, sides_list)
-        return _on_device(matrix, client, partitions, grouping, sides_list, pushdown,
-                          {p: push_back[p] for p in partitions if p in push_back}, policy)
+        return _on_device(
+            matrix,
+            client,
+            partitions,
+            grouping,
+            sides_list,
+            pushdown,
+            {p: push_back[p] for p in partitions if p in push_back},
+            policy,
+        )
 
     results: list[pa.RecordBatch] = []
     with ThreadPoolExecutor(max_workers=max(1, len(assignments))) as pool:
         for batches, device_report in pool.map(run, sorted(assignments)):
             results.extend(batches)
             report.add(device_report)
-    statistics = combine(results) if results else pa.RecordBatch.from_pylist(
-        [], schema=PARTIAL_SCHEMA)
+    statistics = (
+        combine(results) if results else pa.RecordBatch.from_pylist([], schema=PARTIAL_SCHEMA)
+    )
     report.wall_s = time.perf_counter() - started
     return statistics, report
 
@@ -195,8 +213,9 @@ def _on_device(
     partials: list[pa.RecordBatch] = []
     for partition, detail in sorted(summary["partitions"].items(), key=lambda i: int(i[0])):
         for first, end in detail["pushed_back"]:
-            partials.extend(_accumulate_raw(matrix, client, int(partition), grouping, report,
-                                            first, end))
+            partials.extend(
+                _accumulate_raw(matrix, client, int(partition), grouping, report, first, end)
+            )
     if partials:
         outputs.extend(_sides(partials, sides, report))
     return outputs, report
@@ -248,8 +267,9 @@ def _accumulate_raw(
     return partials
 
 
-def _sides(partials: list[pa.RecordBatch], sides: list[list[int]], report: Report
-           ) -> list[pa.RecordBatch]:
+def _sides(
+    partials: list[pa.RecordBatch], sides: list[list[int]], report: Report
+) -> list[pa.RecordBatch]:
     started = time.perf_counter()
     statistics = combine(partials)
     result = [select_groups(statistics, ids, as_group=i) for i, ids in enumerate(sides)]
@@ -283,8 +303,14 @@ def host_accumulate_s_per_byte() -> float:
     """The host's Accumulate cost per stored byte, measured once per process on a synthetic
     slice (10% dense, 4,096 cells, 10 groups)."""
     rng = np.random.default_rng(0)
-    values = sparse.random(CALIBRATION_GENES, CALIBRATION_CELLS, density=CALIBRATION_DENSITY,
-                           format="csr", dtype=np.float32, random_state=rng)
+    values = sparse.random(
+        CALIBRATION_GENES,
+        CALIBRATION_CELLS,
+        density=CALIBRATION_DENSITY,
+        format="csr",
+        dtype=np.float32,
+        random_state=rng,
+    )
     schema = stored_schema("genes", pa.float32(), CALIBRATION_CELLS)
     batch = rows_batch(values, schema, 0, CALIBRATION_GENES)
     assert batch.schema.names[0] == ROW_ID_COLUMN["genes"]
@@ -295,4 +321,3 @@ def host_accumulate_s_per_byte() -> float:
         accumulate(batch, groups, 10)
         best = min(best, time.perf_counter() - started)
     return best / pa.ipc.get_record_batch_size(batch)
-

@@ -39,6 +39,7 @@ class CellAxis(Protocol):
     @property
     def cell_ids(self) -> np.ndarray: ...
 
+
 # Labels listed in an error message before "...": enough to spot a typo, short enough to read.
 LABELS_SHOWN_MAX = 20
 

@@ -153,10 +153,17 @@ def rank_genes(
     if pushdown not in PUSHDOWNS:
         raise GenesInputError(f"pushdown must be one of {PUSHDOWNS}, not {pushdown!r}")
     options = {
-        "groupby": groupby, "group": group, "reference": reference, "method": method,
-        "pushdown": pushdown, "cells": cells, "reference_dataset": reference_dataset,
-        "reference_groupby": reference_groupby, "reference_cells": reference_cells,
-        "push_back": push_back, "policy": policy,
+        "groupby": groupby,
+        "group": group,
+        "reference": reference,
+        "method": method,
+        "pushdown": pushdown,
+        "cells": cells,
+        "reference_dataset": reference_dataset,
+        "reference_groupby": reference_groupby,
+        "reference_cells": reference_cells,
+        "push_back": push_back,
+        "policy": policy,
     }
     for attempt in range(STALE_RETRIES + 1):
         cluster.refresh()  # another process may have re-ingested: versions must be current
@@ -191,8 +198,14 @@ def _rank_on_cluster(
     matrix = open_matrix(cluster, dataset)
     other = open_matrix(cluster, reference_dataset) if reference_dataset is not None else None
     side_a, side_b = plan_comparison(
-        matrix, groupby, group, reference, method,
-        reference_axis=other, reference_groupby=reference_groupby, cells=cells,
+        matrix,
+        groupby,
+        group,
+        reference,
+        method,
+        reference_axis=other,
+        reference_groupby=reference_groupby,
+        cells=cells,
         reference_cells=reference_cells,
     )
     forced = dict(push_back or {})
@@ -202,28 +215,37 @@ def _rank_on_cluster(
     options = {"pushdown": pushdown, "policy": policy}
     if other is None:
         statistics, report = side_statistics(
-            matrix, side_a.grouping, [side_a.group_ids, side_b.group_ids],
-            push_back=forced.get(matrix.dataset), **options,
+            matrix,
+            side_a.grouping,
+            [side_a.group_ids, side_b.group_ids],
+            push_back=forced.get(matrix.dataset),
+            **options,
         )
         stats_a, stats_b = _side(statistics, 0), _side(statistics, 1)
         reports = [report]
     else:
         statistics_a, report_a = side_statistics(
-            matrix, side_a.grouping, [side_a.group_ids],
-            push_back=forced.get(matrix.dataset), **options,
+            matrix,
+            side_a.grouping,
+            [side_a.group_ids],
+            push_back=forced.get(matrix.dataset),
+            **options,
         )
         statistics_b, report_b = side_statistics(
-            other, side_b.grouping, [side_b.group_ids],
-            push_back=forced.get(other.dataset), **options,
+            other,
+            side_b.grouping,
+            [side_b.group_ids],
+            push_back=forced.get(other.dataset),
+            **options,
         )
         stats_a, stats_b = _side(statistics_a, 0), _side(statistics_b, 0)
         reports = [report_a, report_b]
     host_started = time.perf_counter()
-    frame = _rank(side_a, side_b, _named(stats_a, side_a.axis), _named(stats_b, side_b.axis),
-                  method)
+    frame = _rank(
+        side_a, side_b, _named(stats_a, side_a.axis), _named(stats_b, side_b.axis), method
+    )
     tstat_s = time.perf_counter() - host_started
-    frame.attrs["quarry"] = _quarry_attrs(reports, pushdown, tstat_s,
-                                          time.perf_counter() - started)
+    frame.attrs["quarry"] = _quarry_attrs(reports, pushdown, tstat_s, time.perf_counter() - started)
     frame.attrs["dataset"] = matrix.dataset
     frame.attrs["reference_dataset"] = (other or matrix).dataset
     frame.attrs["version"] = matrix.version
@@ -260,8 +282,14 @@ def rank_genes_local(
     layout `quarry.genes.ingest` stores; then the answer equals `rank_genes`' bit for bit.
     """
     side_a, side_b = plan_comparison(
-        matrix, groupby, group, reference, method,
-        reference_axis=reference_matrix, reference_groupby=reference_groupby, cells=cells,
+        matrix,
+        groupby,
+        group,
+        reference,
+        method,
+        reference_axis=reference_matrix,
+        reference_groupby=reference_groupby,
+        cells=cells,
     )
     layout_options = {
         "orientation": orientation,
@@ -281,8 +309,9 @@ def rank_genes_local(
     return _rank(side_a, side_b, stats_a, stats_b, method)
 
 
-def _rank(side_a: Side, side_b: Side, stats_a: pa.Table, stats_b: pa.Table, method: Method
-          ) -> pd.DataFrame:
+def _rank(
+    side_a: Side, side_b: Side, stats_a: pa.Table, stats_b: pa.Table, method: Method
+) -> pd.DataFrame:
     """TStat on the host, as a scanpy-like frame carrying both datasets' metadata."""
     if side_a.axis is side_b.axis:
         log1p_base = side_a.axis.metadata.get("log1p_base")
@@ -319,13 +348,23 @@ def _side(statistics: pa.RecordBatch, side: int) -> pa.RecordBatch:
     return chosen.to_batches()[0]
 
 
-def _quarry_attrs(reports: list[Any], pushdown: str, tstat_s: float, wall_s: float
-                  ) -> dict[str, Any]:
+def _quarry_attrs(
+    reports: list[Any], pushdown: str, tstat_s: float, wall_s: float
+) -> dict[str, Any]:
     total = {
         key: sum(getattr(r, key) for r in reports)
-        for key in ("bytes_shipped", "bytes_shipped_raw", "bytes_read", "bytes_sent",
-                    "slices_executed", "slices_pushed_back", "slices_cached", "slices_raw",
-                    "requests", "host_accumulate_s")
+        for key in (
+            "bytes_shipped",
+            "bytes_shipped_raw",
+            "bytes_read",
+            "bytes_sent",
+            "slices_executed",
+            "slices_pushed_back",
+            "slices_cached",
+            "slices_raw",
+            "requests",
+            "host_accumulate_s",
+        )
     }
     return {
         "pushdown": pushdown,

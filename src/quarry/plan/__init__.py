@@ -12,5 +12,16 @@ from quarry.plan.prune import slice_may_match
 from quarry.plan.stage import run_stage
 from quarry.plan.superplan import complete, run_super
 
-__all__ = ["RULES", "Capabilities", "Decomposition", "Fragment", "PlanError", "StageError",
-           "complete", "decompose", "run_stage", "run_super", "slice_may_match"]
+__all__ = [
+    "RULES",
+    "Capabilities",
+    "Decomposition",
+    "Fragment",
+    "PlanError",
+    "StageError",
+    "complete",
+    "decompose",
+    "run_stage",
+    "run_super",
+    "slice_may_match",
+]

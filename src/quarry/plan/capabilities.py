@@ -15,8 +15,9 @@ from substrait import algebra_pb2
 
 from quarry.plan import expressions
 
-SCAN_FILTER_FUNCTIONS = frozenset({"equal", "not_equal", "lt", "lte", "gt", "gte",
-                                   "is_null", "is_not_null", "and", "or"})
+SCAN_FILTER_FUNCTIONS = frozenset(
+    {"equal", "not_equal", "lt", "lte", "gt", "gte", "is_null", "is_not_null", "and", "or"}
+)
 
 
 @dataclass(frozen=True)
@@ -34,8 +35,13 @@ class Capabilities:
 
     @classmethod
     def scan_filter(cls) -> Capabilities:
-        return cls("scan_filter", SCAN_FILTER_FUNCTIONS, project_expressions=False,
-                   aggregate=False, limit=False)
+        return cls(
+            "scan_filter",
+            SCAN_FILTER_FUNCTIONS,
+            project_expressions=False,
+            aggregate=False,
+            limit=False,
+        )
 
     @classmethod
     def named(cls, name: str) -> Capabilities:
@@ -46,11 +52,16 @@ class Capabilities:
 
     @property
     def is_full(self) -> bool:
-        return (self.filter_functions is None and self.project_expressions and self.aggregate
-                and self.limit)
+        return (
+            self.filter_functions is None
+            and self.project_expressions
+            and self.aggregate
+            and self.limit
+        )
 
-    def supports_predicate(self, expression: algebra_pb2.Expression,
-                           names: Mapping[int, str]) -> bool:
+    def supports_predicate(
+        self, expression: algebra_pb2.Expression, names: Mapping[int, str]
+    ) -> bool:
         """Whether a device with these capabilities can evaluate this (row-local) predicate."""
         if self.filter_functions is None:
             return True
@@ -68,7 +79,8 @@ class Capabilities:
         # A comparison: a scan engine compares stored fields and constants, nothing computed.
         return len(parts) == 2 and all(
             expressions.field_index(part) is not None or part.WhichOneof("rex_type") == "literal"
-            for part in parts)
+            for part in parts
+        )
 
     def intersect(self, other: Capabilities) -> Capabilities:
         """What both can do: for a dataset spread over devices of different profiles."""
@@ -79,12 +91,21 @@ class Capabilities:
         else:
             functions = self.filter_functions & other.filter_functions
         name = self.name if self == other else f"{self.name}&{other.name}"
-        return Capabilities(name, functions, self.project_expressions and other.project_expressions,
-                            self.aggregate and other.aggregate, self.limit and other.limit)
+        return Capabilities(
+            name,
+            functions,
+            self.project_expressions and other.project_expressions,
+            self.aggregate and other.aggregate,
+            self.limit and other.limit,
+        )
 
     def to_json(self) -> dict:
-        return {"name": self.name,
-                "filter_functions": (None if self.filter_functions is None
-                                     else sorted(self.filter_functions)),
-                "project_expressions": self.project_expressions,
-                "aggregate": self.aggregate, "limit": self.limit}
+        return {
+            "name": self.name,
+            "filter_functions": (
+                None if self.filter_functions is None else sorted(self.filter_functions)
+            ),
+            "project_expressions": self.project_expressions,
+            "aggregate": self.aggregate,
+            "limit": self.limit,
+        }

@@ -29,19 +29,19 @@ SelectivityEstimate = Callable[[dict], "float | None"]
 class FragmentDraft:
     index: int
     dataset: str
-    rel: algebra_pb2.Rel                 # the fragment; its one read reads the dataset
+    rel: algebra_pb2.Rel  # the fragment; its one read reads the dataset
     capabilities: Capabilities
-    raw_empty: bool = False              # the query reads no column: one travels for row counts
+    raw_empty: bool = False  # the query reads no column: one travels for row counts
     # Fields the super-plan reads from the fragment, by position: every rule keeps it equal to
     # what the moved operators produced, and `finalize` checks the built fragment against it.
     width: int = 0
-    raw_level: bool = True               # only filters absorbed so far: they see raw columns
+    raw_level: bool = True  # only filters absorbed so far: they see raw columns
     raw_conjuncts: list[algebra_pb2.Expression] = field(default_factory=list)
     device_conjuncts: list[algebra_pb2.Expression] | None = None  # filter stage, in order
     host_conjuncts: list[algebra_pb2.Expression] = field(default_factory=list)
     pushed: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
-    open: bool = True                    # whether operators above may still move in
+    open: bool = True  # whether operators above may still move in
 
     @property
     def name(self) -> str:
@@ -60,16 +60,21 @@ class FragmentDraft:
 
 @dataclass
 class Cut:
-    plan: plan_pb2.Plan                  # the super-plan in progress
+    plan: plan_pb2.Plan  # the super-plan in progress
     fragments: list[FragmentDraft]
-    ctx: SessionContext                  # empty dataset tables and typed fragment tables
+    ctx: SessionContext  # empty dataset tables and typed fragment tables
     catalog: engine.Catalog
     selectivity: SelectivityEstimate | None = None
 
     def copy(self) -> Cut:
         """A deep copy of the plan and drafts; rules never mutate the cut they were given."""
-        return Cut(tree.copy_plan(self.plan), copy.deepcopy(self.fragments), self.ctx,
-                   self.catalog, self.selectivity)
+        return Cut(
+            tree.copy_plan(self.plan),
+            copy.deepcopy(self.fragments),
+            self.ctx,
+            self.catalog,
+            self.selectivity,
+        )
 
     def function_names(self) -> dict[int, str]:
         return tree.function_names(self.plan)
@@ -79,7 +84,7 @@ class Cut:
         names = tree.named_table(rel)
         if names is None or len(names) != 1 or not names[0].startswith(FRAGMENT_PREFIX):
             return None
-        fragment = self.fragments[int(names[0][len(FRAGMENT_PREFIX):])]
+        fragment = self.fragments[int(names[0][len(FRAGMENT_PREFIX) :])]
         return fragment if fragment.open else None
 
     def sites(self, rel_kind: str) -> Iterator[tuple[algebra_pb2.Rel, FragmentDraft]]:
@@ -115,9 +120,13 @@ def placeholder(name: str) -> algebra_pb2.Rel:
     return rel
 
 
-def initial_cut(plan: plan_pb2.Plan, catalog: engine.Catalog, ctx: SessionContext,
-                capabilities: Mapping[str, Capabilities],
-                selectivity: SelectivityEstimate | None = None) -> Cut:
+def initial_cut(
+    plan: plan_pb2.Plan,
+    catalog: engine.Catalog,
+    ctx: SessionContext,
+    capabilities: Mapping[str, Capabilities],
+    selectivity: SelectivityEstimate | None = None,
+) -> Cut:
     """Every read of a stored dataset becomes a fragment that reads only the needed columns."""
     super_plan = tree.copy_plan(plan)
     fragments: list[FragmentDraft] = []
@@ -130,12 +139,14 @@ def initial_cut(plan: plan_pb2.Plan, catalog: engine.Catalog, ctx: SessionContex
             continue
         read = rel.read
         assert not read.HasField("filter") and not read.HasField("best_effort_filter"), (
-            "filters are planned as FilterRel over in-memory tables; a read filter would be lost")
+            "filters are planned as FilterRel over in-memory tables; a read filter would be lost"
+        )
         fragment_rel, raw_empty = _column_pruned_read(read)
         caps = capabilities.get(dataset, capabilities.get("*", Capabilities.full()))
         width = len(tree.read_output_fields(read))
-        fragment = FragmentDraft(len(fragments), dataset, fragment_rel, caps, raw_empty=raw_empty,
-                                 width=width)
+        fragment = FragmentDraft(
+            len(fragments), dataset, fragment_rel, caps, raw_empty=raw_empty, width=width
+        )
         if len(tree.read_field_names(fragment.read)) < len(tree.read_field_names(read)):
             fragment.push("projection")
         fragments.append(fragment)
@@ -144,8 +155,19 @@ def initial_cut(plan: plan_pb2.Plan, catalog: engine.Catalog, ctx: SessionContex
 
 
 # Byte widths used to pick the cheapest column to carry row counts when a query reads none.
-_TYPE_WIDTHS = {"bool": 1, "i8": 1, "i16": 2, "i32": 4, "date": 4, "fp32": 4, "i64": 8,
-                "fp64": 8, "precision_timestamp": 8, "precision_timestamp_tz": 8, "decimal": 16}
+_TYPE_WIDTHS = {
+    "bool": 1,
+    "i8": 1,
+    "i16": 2,
+    "i32": 4,
+    "date": 4,
+    "fp32": 4,
+    "i64": 8,
+    "fp64": 8,
+    "precision_timestamp": 8,
+    "precision_timestamp_tz": 8,
+    "decimal": 16,
+}
 _VARIABLE_WIDTH = 64
 
 
@@ -183,6 +205,6 @@ def _name_slices(read: algebra_pb2.ReadRel) -> list[list[str]]:
     position = 0
     for substrait_type in read.base_schema.struct.types:
         width = 1 + tree.nested_name_count(substrait_type)
-        slices.append(names[position:position + width])
+        slices.append(names[position : position + width])
         position += width
     return slices

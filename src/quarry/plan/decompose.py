@@ -64,39 +64,51 @@ def _fingerprint(cut: Cut) -> bytes:
     return cut.plan.SerializeToString(deterministic=True)
 
 
-RULES: tuple[Rule, ...] = (push_rows, split_predicate_by_capability, holistic, split_aggregate,
-                           push_limit)
+RULES: tuple[Rule, ...] = (
+    push_rows,
+    split_predicate_by_capability,
+    holistic,
+    split_aggregate,
+    push_limit,
+)
 
 
 @dataclass
 class Fragment:
-    name: str                      # host-side table name for its output
-    dataset: str                   # "domain/name"
-    stages: dict[str, bytes]       # "raw", "filter", "full" -> Substrait Plan bytes
-    output_schema: pa.Schema       # of "full"
-    raw_schema: pa.Schema          # of "raw" and "filter"
-    predicates: list[dict]         # zone-map-prunable conjuncts (JSON-serializable)
-    pushed: list[str]              # operators pushed down, for EXPLAIN
-    device_stages: tuple[str, ...] = STAGES   # the stages this fragment's devices can run
+    name: str  # host-side table name for its output
+    dataset: str  # "domain/name"
+    stages: dict[str, bytes]  # "raw", "filter", "full" -> Substrait Plan bytes
+    output_schema: pa.Schema  # of "full"
+    raw_schema: pa.Schema  # of "raw" and "filter"
+    predicates: list[dict]  # zone-map-prunable conjuncts (JSON-serializable)
+    pushed: list[str]  # operators pushed down, for EXPLAIN
+    device_stages: tuple[str, ...] = STAGES  # the stages this fragment's devices can run
     capabilities: str = "full"
-    device_filter: list[str] = field(default_factory=list)   # filter stage conjuncts, in order
-    host_filter: list[str] = field(default_factory=list)     # conjuncts only the host checks
+    device_filter: list[str] = field(default_factory=list)  # filter stage conjuncts, in order
+    host_filter: list[str] = field(default_factory=list)  # conjuncts only the host checks
     notes: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict:
-        return {"name": self.name, "dataset": self.dataset, "pushed": list(self.pushed),
-                "device_stages": list(self.device_stages), "capabilities": self.capabilities,
-                "predicates": list(self.predicates), "device_filter": list(self.device_filter),
-                "host_filter": list(self.host_filter), "notes": list(self.notes),
-                "raw_schema": _schema_json(self.raw_schema),
-                "output_schema": _schema_json(self.output_schema),
-                "stage_bytes": {stage: len(data) for stage, data in self.stages.items()},
-                "plan": stage_display(self, "full")}
+        return {
+            "name": self.name,
+            "dataset": self.dataset,
+            "pushed": list(self.pushed),
+            "device_stages": list(self.device_stages),
+            "capabilities": self.capabilities,
+            "predicates": list(self.predicates),
+            "device_filter": list(self.device_filter),
+            "host_filter": list(self.host_filter),
+            "notes": list(self.notes),
+            "raw_schema": _schema_json(self.raw_schema),
+            "output_schema": _schema_json(self.output_schema),
+            "stage_bytes": {stage: len(data) for stage, data in self.stages.items()},
+            "plan": stage_display(self, "full"),
+        }
 
 
 @dataclass
 class Decomposition:
-    super_plan: bytes              # Substrait; reads fragments by name
+    super_plan: bytes  # Substrait; reads fragments by name
     fragments: list[Fragment]
     output_schema: pa.Schema
     pushdown: str = "always"
@@ -116,8 +128,10 @@ class Decomposition:
         lines += ["  " + line for line in self.super_display().splitlines()]
         for fragment in self.fragments:
             pushed = ", ".join(fragment.pushed) or "nothing (raw scan)"
-            lines.append(f"sub-plan {fragment.name} <- {fragment.dataset} "
-                         f"[{fragment.capabilities}]: pushed {pushed}")
+            lines.append(
+                f"sub-plan {fragment.name} <- {fragment.dataset} "
+                f"[{fragment.capabilities}]: pushed {pushed}"
+            )
             lines.append(f"  device stages: {', '.join(fragment.device_stages)}")
             if fragment.device_filter:
                 lines.append(f"  device filter: {' AND '.join(fragment.device_filter)}")
@@ -131,9 +145,12 @@ class Decomposition:
         return "\n".join(lines)
 
     def to_json(self) -> dict:
-        return {"pushdown": self.pushdown, "super_plan": self.super_display(),
-                "output_schema": _schema_json(self.output_schema),
-                "fragments": [fragment.to_json() for fragment in self.fragments]}
+        return {
+            "pushdown": self.pushdown,
+            "super_plan": self.super_display(),
+            "output_schema": _schema_json(self.output_schema),
+            "fragments": [fragment.to_json() for fragment in self.fragments],
+        }
 
 
 def _schema_json(schema: pa.Schema) -> list[dict]:
@@ -149,9 +166,13 @@ def stage_display(fragment: Fragment, stage: str) -> str:
     return engine.consume(ctx, fragment.stages[stage]).logical_plan().display_indent()
 
 
-def decompose(sql: str, tables: Mapping[str, pa.Schema], pushdown: str = "always",
-              capabilities: Mapping[str, Capabilities | str] | None = None,
-              selectivity: SelectivityEstimate | None = None) -> Decomposition:
+def decompose(
+    sql: str,
+    tables: Mapping[str, pa.Schema],
+    pushdown: str = "always",
+    capabilities: Mapping[str, Capabilities | str] | None = None,
+    selectivity: SelectivityEstimate | None = None,
+) -> Decomposition:
     """Cut `sql` into a super-plan and sub-plans.
 
     `tables` maps "domain/name" to each stored dataset's schema; SQL names a dataset as
@@ -171,24 +192,30 @@ def decompose(sql: str, tables: Mapping[str, pa.Schema], pushdown: str = "always
     return finalize(cut, output, pushdown)
 
 
-def plan_cut(sql: str, tables: Mapping[str, pa.Schema],
-             capabilities: Mapping[str, Capabilities | str] | None = None,
-             selectivity: SelectivityEstimate | None = None) -> tuple[Cut, pa.Schema]:
+def plan_cut(
+    sql: str,
+    tables: Mapping[str, pa.Schema],
+    capabilities: Mapping[str, Capabilities | str] | None = None,
+    selectivity: SelectivityEstimate | None = None,
+) -> tuple[Cut, pa.Schema]:
     """The starting cut of `sql` (before any rule) and the query's output schema."""
     try:
         catalog = engine.Catalog(dict(tables))
-        resolved = {dataset: (Capabilities.named(c) if isinstance(c, str) else c)
-                    for dataset, c in (capabilities or {}).items()}
+        resolved = {
+            dataset: (Capabilities.named(c) if isinstance(c, str) else c)
+            for dataset, c in (capabilities or {}).items()
+        }
         unknown = sorted(set(resolved) - set(tables) - {"*"})
         if unknown:
-            raise ValueError(f"capabilities given for unknown dataset(s) {', '.join(unknown)}; "
-                             f"datasets: {', '.join(sorted(tables))}")
+            raise ValueError(
+                f"capabilities given for unknown dataset(s) {', '.join(unknown)}; "
+                f"datasets: {', '.join(sorted(tables))}"
+            )
     except ValueError as error:
         raise PlanError(str(error)) from None
     ctx = engine.session()
     catalog.register(ctx)
-    options = SQLOptions().with_allow_ddl(False).with_allow_dml(False) \
-        .with_allow_statements(False)
+    options = SQLOptions().with_allow_ddl(False).with_allow_dml(False).with_allow_statements(False)
     try:
         frame = ctx.sql_with_options(sql, options)
         output = frame.schema()
@@ -200,8 +227,10 @@ def plan_cut(sql: str, tables: Mapping[str, pa.Schema],
     except Exception as error:
         # DataFusion appends the whole plan to this message; its first clause says it all.
         reason = _clean(str(error)).split(" {", 1)[0][:PRODUCER_MESSAGE_CHARS_MAX]
-        raise PlanError(f"the query cannot be expressed as a Substrait plan: {reason}"
-                        "\nhint: only SELECT queries run on quarry") from None
+        raise PlanError(
+            f"the query cannot be expressed as a Substrait plan: {reason}"
+            "\nhint: only SELECT queries run on quarry"
+        ) from None
     return initial_cut(plan, catalog, ctx, resolved, selectivity), output
 
 
@@ -235,7 +264,7 @@ def plan_error(message: str, catalog: engine.Catalog) -> PlanError:
 class _Built:
     draft: FragmentDraft
     fragment: Fragment
-    hidden: bool      # the placeholder masks the one column the fragment ships (count(*))
+    hidden: bool  # the placeholder masks the one column the fragment ships (count(*))
 
 
 def finalize(cut: Cut, output: pa.Schema, pushdown: str) -> Decomposition:
@@ -245,8 +274,11 @@ def finalize(cut: Cut, output: pa.Schema, pushdown: str) -> Decomposition:
     renames: dict[str, str] = {}
     for draft in cut.fragments:
         item = _build_fragment(cut, draft)
-        key = (item.fragment.dataset, item.hidden,
-               *(item.fragment.stages[stage] for stage in STAGES))
+        key = (
+            item.fragment.dataset,
+            item.hidden,
+            *(item.fragment.stages[stage] for stage in STAGES),
+        )
         if key in canonical:
             # Identical sub-plans (Q21 reads lineitem thrice, twice alike): ship one, read twice.
             renames[draft.name] = canonical[key]
@@ -256,8 +288,7 @@ def finalize(cut: Cut, output: pa.Schema, pushdown: str) -> Decomposition:
 
     super_plan = tree.copy_plan(cut.plan)
     by_name = {item.draft.name: item for item in built}
-    typed = {name: _typed_read(name, item.fragment.output_schema)
-             for name, item in by_name.items()}
+    typed = {name: _typed_read(name, item.fragment.output_schema) for name, item in by_name.items()}
     for rel in list(tree.iter_rels(super_plan)):
         names = tree.named_table(rel)
         if names is None or len(names) != 1:
@@ -280,7 +311,8 @@ def finalize(cut: Cut, output: pa.Schema, pushdown: str) -> Decomposition:
     fragments = [item.fragment for item in built]
     schema = _host_frame(super_plan, fragments).schema()
     assert schema.types == output.types, (
-        f"decomposition changed the result types: {schema.types} != {output.types}")
+        f"decomposition changed the result types: {schema.types} != {output.types}"
+    )
     return Decomposition(super_plan.SerializeToString(), fragments, output, pushdown)
 
 
@@ -317,8 +349,9 @@ def _build_fragment(cut: Cut, draft: FragmentDraft) -> _Built:
 
     device_conjuncts = draft.device_conjuncts
     if device_conjuncts is None:
-        device_conjuncts = [c for c in draft.raw_conjuncts
-                            if draft.capabilities.supports_predicate(c, names)]
+        device_conjuncts = [
+            c for c in draft.raw_conjuncts if draft.capabilities.supports_predicate(c, names)
+        ]
     if device_conjuncts:
         filter_rel = algebra_pb2.Rel()
         filter_rel.filter.input.CopyFrom(raw_rel)
@@ -344,7 +377,8 @@ def _build_fragment(cut: Cut, draft: FragmentDraft) -> _Built:
         hidden = True
     visible = 0 if hidden else len(output)
     assert visible == draft.width, (
-        f"{draft.name} outputs {visible} fields where the super-plan reads {draft.width}")
+        f"{draft.name} outputs {visible} fields where the super-plan reads {draft.width}"
+    )
     output_names = engine.unique_names(output.names)
     raw_schema = engine.plan_schema(cut.ctx, tree.make_plan(cut.plan, raw_rel))
     assert raw_schema.names == raw_fields, "the raw stage ships exactly the needed columns"
@@ -355,21 +389,32 @@ def _build_fragment(cut: Cut, draft: FragmentDraft) -> _Built:
         flat = not any(pa.types.is_nested(f.type) for f in schema)
         return tree.make_plan(cut.plan, rel, names if flat else None).SerializeToString()
 
-    stages = {"raw": encode(raw_rel, raw_schema, raw_fields),
-              "filter": encode(filter_rel, raw_schema, raw_fields),
-              "full": encode(full_rel, output, output_names)}
-    output_schema = pa.schema([pa.field(n, f.type, f.nullable)
-                               for n, f in zip(output_names, output)])
+    stages = {
+        "raw": encode(raw_rel, raw_schema, raw_fields),
+        "filter": encode(filter_rel, raw_schema, raw_fields),
+        "full": encode(full_rel, output, output_names),
+    }
+    output_schema = pa.schema(
+        [pa.field(n, f.type, f.nullable) for n, f in zip(output_names, output)]
+    )
     fragment = Fragment(
-        name=draft.name, dataset=draft.dataset, stages=stages, output_schema=output_schema,
+        name=draft.name,
+        dataset=draft.dataset,
+        stages=stages,
+        output_schema=output_schema,
         raw_schema=raw_schema,
-        predicates=[p for c in draft.raw_conjuncts
-                    if (p := expressions.simple_predicate(c, names, raw_fields)) is not None],
-        pushed=list(draft.pushed), device_stages=_device_stages(cut, draft, names),
+        predicates=[
+            p
+            for c in draft.raw_conjuncts
+            if (p := expressions.simple_predicate(c, names, raw_fields)) is not None
+        ],
+        pushed=list(draft.pushed),
+        device_stages=_device_stages(cut, draft, names),
         capabilities=draft.capabilities.name,
         device_filter=[expressions.render(c, names, raw_fields) for c in device_conjuncts],
         host_filter=[expressions.render(c, names, raw_fields) for c in draft.host_conjuncts],
-        notes=list(draft.notes))
+        notes=list(draft.notes),
+    )
     return _Built(draft, fragment, hidden)
 
 
@@ -394,7 +439,8 @@ def _device_stages(cut: Cut, draft: FragmentDraft, names: Mapping[int, str]) -> 
             if all(caps.supports_predicate(part, names) for part in parts):
                 continue
         if rel_kind == "project" and all(
-                expressions.field_index(e) is not None for e in rel.project.expressions):
+            expressions.field_index(e) is not None for e in rel.project.expressions
+        ):
             continue
         return ("raw", "filter")
     return STAGES

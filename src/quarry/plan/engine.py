@@ -34,8 +34,13 @@ def empty_batch(schema: pa.Schema) -> pa.RecordBatch:
     return pa.RecordBatch.from_pylist([], schema=schema)
 
 
-def register_batches(ctx: SessionContext, reference: str, schema: pa.Schema,
-                     batches: Iterable[pa.RecordBatch], partitions: int = 1) -> None:
+def register_batches(
+    ctx: SessionContext,
+    reference: str,
+    schema: pa.Schema,
+    batches: Iterable[pa.RecordBatch],
+    partitions: int = 1,
+) -> None:
     """Register an in-memory table; a table with no batches still carries its schema.
 
     Batches are dealt round-robin into `partitions` partitions so that DataFusion can scan
@@ -88,8 +93,12 @@ def unique_names(names: Iterable[str]) -> list[str]:
 
 # Substrait -> Arrow for the types DataFusion's producer writes; type variation 1 / 2 mark
 # DataFusion's wider or view variants (unsigned ints, large and view strings, date64).
-_INTEGERS = {"i8": (pa.int8(), pa.uint8()), "i16": (pa.int16(), pa.uint16()),
-             "i32": (pa.int32(), pa.uint32()), "i64": (pa.int64(), pa.uint64())}
+_INTEGERS = {
+    "i8": (pa.int8(), pa.uint8()),
+    "i16": (pa.int16(), pa.uint16()),
+    "i32": (pa.int32(), pa.uint32()),
+    "i64": (pa.int64(), pa.uint64()),
+}
 _TIME_UNITS = {0: "s", 3: "ms", 6: "us", 9: "ns"}
 
 
@@ -152,8 +161,11 @@ class Catalog:
         parts = list(names)
         if len(parts) == 3 and parts[0] == "datafusion":
             parts = parts[1:]
-        if len(parts) == 2 and parts[0] == "public" and ("public", parts[1]) not in \
-                self._by_reference:
+        if (
+            len(parts) == 2
+            and parts[0] == "public"
+            and ("public", parts[1]) not in self._by_reference
+        ):
             parts = parts[1:]
         return self._by_reference.get(tuple(parts))
 
@@ -167,8 +179,10 @@ def split_dataset(dataset: str) -> tuple[str, str]:
     if not slash or not domain or not name or "/" in name:
         raise ValueError(f"dataset names are 'domain/name', got {dataset!r}")
     if domain.startswith(RESERVED_PREFIX) or name.startswith(RESERVED_PREFIX):
-        raise ValueError(f"dataset {dataset!r}: names starting with {RESERVED_PREFIX!r} are "
-                         "reserved for quarry's fragment tables")
+        raise ValueError(
+            f"dataset {dataset!r}: names starting with {RESERVED_PREFIX!r} are "
+            "reserved for quarry's fragment tables"
+        )
     return domain, name
 
 

@@ -15,18 +15,29 @@ Expression = algebra_pb2.Expression
 
 # Functions whose value differs between evaluations: evaluating them per device, or twice
 # (the filter stage and again in the full stage), would change the answer.
-NONDETERMINISTIC_FUNCTIONS = frozenset({"random", "uuid", "rand", "now", "current_time",
-                                        "current_date", "current_timestamp"})
+NONDETERMINISTIC_FUNCTIONS = frozenset(
+    {"random", "uuid", "rand", "now", "current_time", "current_date", "current_timestamp"}
+)
 
 COMPARISONS = {"equal": "=", "not_equal": "!=", "lt": "<", "lte": "<=", "gt": ">", "gte": ">="}
 # a op b  ==  b op' a
 FLIPPED = {"=": "=", "!=": "!=", "<": ">", "<=": ">=", ">": "<", ">=": "<="}
 NULL_TESTS = {"is_null": "is_null", "is_not_null": "is_not_null"}
 
-_BINARY_SYMBOLS = {**COMPARISONS, "and": "AND", "or": "OR", "add": "+", "subtract": "-",
-                   "multiply": "*", "divide": "/", "modulus": "%", "like": "LIKE",
-                   "ilike": "ILIKE", "is_distinct_from": "IS DISTINCT FROM",
-                   "is_not_distinct_from": "IS NOT DISTINCT FROM"}
+_BINARY_SYMBOLS = {
+    **COMPARISONS,
+    "and": "AND",
+    "or": "OR",
+    "add": "+",
+    "subtract": "-",
+    "multiply": "*",
+    "divide": "/",
+    "modulus": "%",
+    "like": "LIKE",
+    "ilike": "ILIKE",
+    "is_distinct_from": "IS DISTINCT FROM",
+    "is_not_distinct_from": "IS NOT DISTINCT FROM",
+}
 
 
 def field_ref(index: int) -> Expression:
@@ -119,8 +130,12 @@ def is_row_local(message, names: Mapping[int, str]) -> bool:
     for item in tree.iter_messages(message):
         if isinstance(item, Expression):
             rex = item.WhichOneof("rex_type")
-            if rex in ("subquery", "window_function", "dynamic_parameter",
-                       "execution_context_variable"):
+            if rex in (
+                "subquery",
+                "window_function",
+                "dynamic_parameter",
+                "execution_context_variable",
+            ):
                 return False
             if rex == "scalar_function":
                 name = names.get(item.scalar_function.function_reference)
@@ -174,8 +189,9 @@ def json_value(value: object, type_tag: str) -> object:
     return value
 
 
-def simple_predicate(expression: Expression, names: Mapping[int, str],
-                     field_names: Sequence[str]) -> dict | None:
+def simple_predicate(
+    expression: Expression, names: Mapping[int, str], field_names: Sequence[str]
+) -> dict | None:
     """The zone-map-prunable form of a conjunct, or None when it is not that simple.
 
     Simple means: column op literal (either side), column IS NULL, column IS NOT NULL.
@@ -202,12 +218,17 @@ def simple_predicate(expression: Expression, names: Mapping[int, str],
     if decoded is None:
         return None
     value, type_tag = decoded
-    return {"column": field_names[index], "op": op, "value": json_value(value, type_tag),
-            "type": type_tag}
+    return {
+        "column": field_names[index],
+        "op": op,
+        "value": json_value(value, type_tag),
+        "type": type_tag,
+    }
 
 
-def render(expression: Expression, names: Mapping[int, str],
-           field_names: Sequence[str] | None = None) -> str:
+def render(
+    expression: Expression, names: Mapping[int, str], field_names: Sequence[str] | None = None
+) -> str:
     """A SQL-like rendering for EXPLAIN; not meant to be parsed back."""
     rex = expression.WhichOneof("rex_type")
     if rex == "selection":
@@ -242,14 +263,16 @@ def render(expression: Expression, names: Mapping[int, str],
         return f"CAST({inner} AS {expression.cast.type.WhichOneof('kind')})"
     if rex == "singular_or_list":
         value = render(expression.singular_or_list.value, names, field_names)
-        options = ", ".join(render(option, names, field_names)
-                            for option in expression.singular_or_list.options)
+        options = ", ".join(
+            render(option, names, field_names) for option in expression.singular_or_list.options
+        )
         return f"{value} IN ({options})"
     if rex == "if_then":
         clauses = " ".join(
             f"WHEN {render(getattr(clause, 'if'), names, field_names)} "
             f"THEN {render(clause.then, names, field_names)}"
-            for clause in expression.if_then.ifs)
+            for clause in expression.if_then.ifs
+        )
         otherwise = render(getattr(expression.if_then, "else"), names, field_names)
         return f"CASE {clauses} ELSE {otherwise} END"
     if rex == "subquery":
@@ -272,5 +295,4 @@ def _render_literal(literal: Expression.Literal) -> str:
 
 
 def structurally_equal(left: Expression, right: Expression) -> bool:
-    return left.SerializeToString(deterministic=True) == right.SerializeToString(
-        deterministic=True)
+    return left.SerializeToString(deterministic=True) == right.SerializeToString(deterministic=True)

@@ -58,9 +58,11 @@ class _MomentsMerge(Accumulator):
 
     def merge(self, states: list[pa.Array]) -> None:
         counts, means, m2s = states
-        self._absorb(counts.fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64),
-                     means.fill_null(0.0).to_numpy(zero_copy_only=False).astype(np.float64),
-                     m2s.fill_null(0.0).to_numpy(zero_copy_only=False).astype(np.float64))
+        self._absorb(
+            counts.fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64),
+            means.fill_null(0.0).to_numpy(zero_copy_only=False).astype(np.float64),
+            m2s.fill_null(0.0).to_numpy(zero_copy_only=False).astype(np.float64),
+        )
 
     def _absorb(self, count: np.ndarray, mean: np.ndarray, m2: np.ndarray) -> None:
         keep = count > 0
@@ -83,8 +85,11 @@ class _MomentsMerge(Accumulator):
         self._count = merged
 
     def state(self) -> list[pa.Scalar]:
-        return [pa.scalar(self._count, pa.int64()), pa.scalar(self._mean, pa.float64()),
-                pa.scalar(self._m2, pa.float64())]
+        return [
+            pa.scalar(self._count, pa.int64()),
+            pa.scalar(self._mean, pa.float64()),
+            pa.scalar(self._m2, pa.float64()),
+        ]
 
     def evaluate(self) -> pa.Scalar:
         m2 = max(self._m2, 0.0) if not math.isnan(self._m2) else self._m2
@@ -103,9 +108,14 @@ def _moment_accumulator(kind: str) -> type[_MomentsMerge]:
 
 
 def _moment_udaf(kind: str):
-    return udaf(_moment_accumulator(kind), [pa.int64(), pa.float64(), pa.float64()],
-                pa.float64(), [pa.int64(), pa.float64(), pa.float64()], "immutable",
-                name=moment_merge_name(kind))
+    return udaf(
+        _moment_accumulator(kind),
+        [pa.int64(), pa.float64(), pa.float64()],
+        pa.float64(),
+        [pa.int64(), pa.float64(), pa.float64()],
+        "immutable",
+        name=moment_merge_name(kind),
+    )
 
 
 def _avg_decimal_udf(sum_scale: int, precision: int, scale: int):
@@ -121,12 +131,18 @@ def _avg_decimal_udf(sum_scale: int, precision: int, scale: int):
                     continue
                 shifted = int(total.scaleb(sum_scale)) * shift
                 quotient = abs(shifted) // count  # truncation toward zero, like DataFusion
-                values.append(decimal.Decimal(quotient if shifted >= 0 else -quotient)
-                              .scaleb(-scale))
+                values.append(
+                    decimal.Decimal(quotient if shifted >= 0 else -quotient).scaleb(-scale)
+                )
         return pa.array(values, result_type)
 
-    return udf(average, [pa.decimal128(38, sum_scale), pa.int64()], result_type, "immutable",
-               name=avg_decimal_name(sum_scale, precision, scale))
+    return udf(
+        average,
+        [pa.decimal128(38, sum_scale), pa.int64()],
+        result_type,
+        "immutable",
+        name=avg_decimal_name(sum_scale, precision, scale),
+    )
 
 
 def register_merge_functions(ctx: SessionContext, names: Iterable[str]) -> None:

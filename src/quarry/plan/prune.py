@@ -31,8 +31,9 @@ def decode_value(predicate: Mapping) -> object:
 
 def slice_may_match(predicates: Sequence[Mapping], zone_map: Mapping[str, Mapping]) -> bool:
     """False only when some conjunct can match no row of the slice."""
-    return all(_may_match(predicate, zone_map.get(predicate.get("column")))
-               for predicate in predicates)
+    return all(
+        _may_match(predicate, zone_map.get(predicate.get("column"))) for predicate in predicates
+    )
 
 
 def _may_match(predicate: Mapping, stats: Mapping | None) -> bool:

@@ -27,11 +27,11 @@ TARGET_PARTITIONS_DEFAULT = 1
 
 @dataclass(frozen=True)
 class PreparedStage:
-    plan: bytes                              # the stage with its table renamed to INPUT_TABLE
-    table: tuple[str, ...]                   # the dataset table the stage names
-    columns: tuple[str, ...]                 # the columns it reads, in order
-    types: tuple[pa.DataType | None, ...]    # their Arrow types (None: whatever arrives)
-    merge_functions: tuple[str, ...]         # quarry merge functions it calls (host only)
+    plan: bytes  # the stage with its table renamed to INPUT_TABLE
+    table: tuple[str, ...]  # the dataset table the stage names
+    columns: tuple[str, ...]  # the columns it reads, in order
+    types: tuple[pa.DataType | None, ...]  # their Arrow types (None: whatever arrives)
+    merge_functions: tuple[str, ...]  # quarry merge functions it calls (host only)
 
 
 @functools.lru_cache(maxsize=PREPARED_CACHE_ENTRIES_MAX)
@@ -39,31 +39,42 @@ def prepare(stage: bytes) -> PreparedStage:
     try:
         plan = tree.parse_plan(stage)
     except DecodeError as error:
-        raise StageError(f"cannot decode sub-plan: not a Substrait plan ({error})",
-                         "plan") from None
+        raise StageError(
+            f"cannot decode sub-plan: not a Substrait plan ({error})", "plan"
+        ) from None
     if len(plan.relations) != 1:
-        raise StageError(f"cannot decode sub-plan: {len(plan.relations)} roots, expected 1",
-                         "plan")
+        raise StageError(f"cannot decode sub-plan: {len(plan.relations)} roots, expected 1", "plan")
     reads = [rel for rel in tree.iter_rels(plan) if tree.kind(rel) == "read"]
     tables = {tree.named_table(rel) for rel in reads}
     if len(tables) != 1 or None in tables:
-        raise StageError(f"cannot decode sub-plan: a stage reads one named table, this one reads "
-                         f"{sorted(str(t) for t in tables)}", "read")
+        raise StageError(
+            f"cannot decode sub-plan: a stage reads one named table, this one reads "
+            f"{sorted(str(t) for t in tables)}",
+            "read",
+        )
     schemas = {rel.read.base_schema.SerializeToString(deterministic=True) for rel in reads}
     if len(schemas) != 1:
-        raise StageError("cannot decode sub-plan: reads of one table disagree on its schema",
-                         "read")
+        raise StageError(
+            "cannot decode sub-plan: reads of one table disagree on its schema", "read"
+        )
     for rel in reads:
         tree.set_named_table(rel, [INPUT_TABLE])
     typed = engine.read_arrow_schema(reads[0].read)
-    return PreparedStage(plan.SerializeToString(), tables.pop(), tuple(typed),
-                         tuple(typed.values()),
-                         tuple(n for n in tree.function_names(plan).values()
-                               if n.startswith(merge.PREFIX)))
+    return PreparedStage(
+        plan.SerializeToString(),
+        tables.pop(),
+        tuple(typed),
+        tuple(typed.values()),
+        tuple(n for n in tree.function_names(plan).values() if n.startswith(merge.PREFIX)),
+    )
 
 
-def run_stage(stage: bytes, schema: pa.Schema, batches: Iterable[pa.RecordBatch],
-              target_partitions: int = TARGET_PARTITIONS_DEFAULT) -> Iterator[pa.RecordBatch]:
+def run_stage(
+    stage: bytes,
+    schema: pa.Schema,
+    batches: Iterable[pa.RecordBatch],
+    target_partitions: int = TARGET_PARTITIONS_DEFAULT,
+) -> Iterator[pa.RecordBatch]:
     """Execute `stage` over `batches` (rows of its dataset, of `schema`) with DataFusion.
 
     `schema` may hold more columns than the stage reads; it is what an empty input looks like.
@@ -98,23 +109,26 @@ def _input_schema(prepared: PreparedStage, schema: pa.Schema) -> pa.Schema:
     for name, arrow_type in zip(prepared.columns, prepared.types):
         index = schema.get_field_index(name)
         if index < 0:
-            raise StageError(f"the stage reads column {name!r}, which the input lacks "
-                             f"(input columns: {', '.join(schema.names)})", "read")
+            raise StageError(
+                f"the stage reads column {name!r}, which the input lacks "
+                f"(input columns: {', '.join(schema.names)})",
+                "read",
+            )
         given = schema.field(index)
         fields.append(pa.field(name, arrow_type or given.type, given.nullable))
     return pa.schema(fields)
 
 
-def _bind(batch: pa.RecordBatch, prepared: PreparedStage,
-          input_schema: pa.Schema) -> pa.RecordBatch:
+def _bind(
+    batch: pa.RecordBatch, prepared: PreparedStage, input_schema: pa.Schema
+) -> pa.RecordBatch:
     if batch.schema.names == list(prepared.columns) and batch.schema.types == input_schema.types:
         return batch
     columns = []
     for field in input_schema:
         index = batch.schema.get_field_index(field.name)
         if index < 0:
-            raise StageError(f"the stage reads column {field.name!r}, which a batch lacks",
-                             "read")
+            raise StageError(f"the stage reads column {field.name!r}, which a batch lacks", "read")
         column = batch.column(index)
         columns.append(column if column.type == field.type else column.cast(field.type))
     return pa.RecordBatch.from_arrays(columns, schema=input_schema)

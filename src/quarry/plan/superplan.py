@@ -16,8 +16,11 @@ from quarry.plan.stage import run_stage
 COMPLETION_GROUP_BYTES_MAX = 64 * 1024 * 1024
 
 
-def complete(fragment: Fragment, batches: Iterable[pa.RecordBatch],
-             group_bytes_max: int = COMPLETION_GROUP_BYTES_MAX) -> Iterator[pa.RecordBatch]:
+def complete(
+    fragment: Fragment,
+    batches: Iterable[pa.RecordBatch],
+    group_bytes_max: int = COMPLETION_GROUP_BYTES_MAX,
+) -> Iterator[pa.RecordBatch]:
     """Run the fragment's `full` stage over rows that came back `raw` or `filter`-ed.
 
     The full stage contains the complete filter, so it also re-checks rows that a restricted
@@ -39,8 +42,7 @@ def complete(fragment: Fragment, batches: Iterable[pa.RecordBatch],
 
 def _complete_group(fragment: Fragment, group: list[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     schema = group[0].schema
-    return run_stage(fragment.stages["full"], schema, group,
-                     target_partitions=engine.cpu_count())
+    return run_stage(fragment.stages["full"], schema, group, target_partitions=engine.cpu_count())
 
 
 def conform(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
@@ -48,15 +50,20 @@ def conform(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
     if batch.schema.equals(schema):
         return batch
     if batch.num_columns != len(schema):
-        raise ValueError(f"a batch has {batch.num_columns} columns, expected {len(schema)}: "
-                         f"{', '.join(schema.names)}")
-    columns = [column if column.type == field.type else column.cast(field.type)
-               for column, field in zip(batch.columns, schema)]
+        raise ValueError(
+            f"a batch has {batch.num_columns} columns, expected {len(schema)}: "
+            f"{', '.join(schema.names)}"
+        )
+    columns = [
+        column if column.type == field.type else column.cast(field.type)
+        for column, field in zip(batch.columns, schema)
+    ]
     return pa.RecordBatch.from_arrays(columns, schema=schema)
 
 
-def run_super(decomposition: Decomposition,
-              fragment_outputs: Mapping[str, Iterable[pa.RecordBatch]]) -> pa.RecordBatchReader:
+def run_super(
+    decomposition: Decomposition, fragment_outputs: Mapping[str, Iterable[pa.RecordBatch]]
+) -> pa.RecordBatchReader:
     """Run the super-plan over each fragment's (completed) output; the result streams.
 
     Fragment outputs are held in memory as DataFusion tables (a fragment may be read more
@@ -67,14 +74,18 @@ def run_super(decomposition: Decomposition,
         raise ValueError(f"no output given for fragment(s) {', '.join(missing)}")
     ctx = engine.session()
     merge.register_merge_functions(
-        ctx, tree.function_names(tree.parse_plan(decomposition.super_plan)).values())
+        ctx, tree.function_names(tree.parse_plan(decomposition.super_plan)).values()
+    )
     for fragment in decomposition.fragments:
-        batches = [conform(batch, fragment.output_schema)
-                   for batch in fragment_outputs[fragment.name]]
-        engine.register_batches(ctx, fragment.name, fragment.output_schema, batches,
-                                engine.cpu_count())
+        batches = [
+            conform(batch, fragment.output_schema) for batch in fragment_outputs[fragment.name]
+        ]
+        engine.register_batches(
+            ctx, fragment.name, fragment.output_schema, batches, engine.cpu_count()
+        )
     frame = engine.consume(ctx, decomposition.super_plan)
     stream = frame.execute_stream()
     schema = decomposition.output_schema
     return pa.RecordBatchReader.from_batches(
-        schema, (conform(batch.to_pyarrow(), schema) for batch in stream))
+        schema, (conform(batch.to_pyarrow(), schema) for batch in stream)
+    )

@@ -122,8 +122,11 @@ def declare_function(plan: plan_pb2.Plan, name: str) -> int:
     for anchor, declared in function_names(plan).items():
         if declared == name:
             return anchor
-    anchors = [d.extension_function.function_anchor for d in plan.extensions
-               if d.HasField("extension_function")]
+    anchors = [
+        d.extension_function.function_anchor
+        for d in plan.extensions
+        if d.HasField("extension_function")
+    ]
     anchor = max(anchors, default=-1) + 1
     declaration = plan.extensions.add()
     declaration.extension_function.function_anchor = anchor
@@ -144,32 +147,48 @@ def _urn_reference_convention(plan: plan_pb2.Plan) -> int | None:
 def used_function_anchors(message: Message) -> set[int]:
     anchors: set[int] = set()
     for item in iter_messages(message):
-        if isinstance(item, (algebra_pb2.Expression.ScalarFunction, algebra_pb2.AggregateFunction,
-                             algebra_pb2.Expression.WindowFunction)):
+        if isinstance(
+            item,
+            (
+                algebra_pb2.Expression.ScalarFunction,
+                algebra_pb2.AggregateFunction,
+                algebra_pb2.Expression.WindowFunction,
+            ),
+        ):
             anchors.add(item.function_reference)
     return anchors
 
 
 def remap_function_anchors(message: Message, mapping: dict[int, int]) -> None:
     for item in iter_messages(message):
-        if isinstance(item, (algebra_pb2.Expression.ScalarFunction, algebra_pb2.AggregateFunction,
-                             algebra_pb2.Expression.WindowFunction)):
+        if isinstance(
+            item,
+            (
+                algebra_pb2.Expression.ScalarFunction,
+                algebra_pb2.AggregateFunction,
+                algebra_pb2.Expression.WindowFunction,
+            ),
+        ):
             item.function_reference = mapping[item.function_reference]
 
 
-def import_rel(target: plan_pb2.Plan, source: plan_pb2.Plan,
-               rel: algebra_pb2.Rel) -> algebra_pb2.Rel:
+def import_rel(
+    target: plan_pb2.Plan, source: plan_pb2.Plan, rel: algebra_pb2.Rel
+) -> algebra_pb2.Rel:
     """A copy of `rel` (from `source`) whose function anchors are valid in `target`."""
     imported = copy_rel(rel)
     source_names = function_names(source)
-    mapping = {anchor: declare_function(target, source_names[anchor])
-               for anchor in used_function_anchors(imported)}
+    mapping = {
+        anchor: declare_function(target, source_names[anchor])
+        for anchor in used_function_anchors(imported)
+    }
     remap_function_anchors(imported, mapping)
     return imported
 
 
-def make_plan(template: plan_pb2.Plan, rel: algebra_pb2.Rel,
-              names: list[str] | None = None) -> plan_pb2.Plan:
+def make_plan(
+    template: plan_pb2.Plan, rel: algebra_pb2.Rel, names: list[str] | None = None
+) -> plan_pb2.Plan:
     """A standalone plan for `rel`, declaring only the functions `rel` uses.
 
     Unused declarations are dropped so that a device never has to resolve a function its
@@ -179,8 +198,10 @@ def make_plan(template: plan_pb2.Plan, rel: algebra_pb2.Rel,
     plan.version.CopyFrom(template.version)
     used = used_function_anchors(rel)
     for declaration in template.extensions:
-        if (declaration.HasField("extension_function")
-                and declaration.extension_function.function_anchor in used):
+        if (
+            declaration.HasField("extension_function")
+            and declaration.extension_function.function_anchor in used
+        ):
             plan.extensions.append(declaration)
     for urn in template.extension_urns:
         plan.extension_urns.append(urn)

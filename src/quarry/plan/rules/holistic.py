@@ -18,9 +18,17 @@ from quarry.plan.rules import rewrite_sites
 from quarry.plan.rules.split_aggregate import group_count, plan_measure
 
 _DISTINCT = algebra_pb2.AggregateFunction.AGGREGATION_INVOCATION_DISTINCT
-HOLISTIC_FUNCTIONS = frozenset({"median", "approx_median", "approx_percentile_cont",
-                                "approx_percentile_cont_with_weight", "percentile_cont",
-                                "approx_distinct", "mode"})
+HOLISTIC_FUNCTIONS = frozenset(
+    {
+        "median",
+        "approx_median",
+        "approx_percentile_cont",
+        "approx_percentile_cont_with_weight",
+        "percentile_cont",
+        "approx_distinct",
+        "mode",
+    }
+)
 DUPLICATE_INSENSITIVE = frozenset({"min", "max", "bool_and", "bool_or", "approx_distinct"})
 DUPLICATE_INSENSITIVE_WHEN_DISTINCT = frozenset({"count", "sum", "avg"})
 
@@ -58,9 +66,12 @@ def _handle(cut: Cut, rel: algebra_pb2.Rel, fragment: FragmentDraft) -> bool:
     if not found:
         return False  # nothing holistic: split_aggregate's case
     groups = group_count(aggregate)
-    if (groups is not None and fragment.capabilities.aggregate
-            and all(_duplicate_insensitive(cut, m) for m in aggregate.measures)
-            and _push_distinct(cut, rel, fragment, groups)):
+    if (
+        groups is not None
+        and fragment.capabilities.aggregate
+        and all(_duplicate_insensitive(cut, m) for m in aggregate.measures)
+        and _push_distinct(cut, rel, fragment, groups)
+    ):
         fragment.notes.append(f"{', '.join(found)} on the host over distinct rows")
     else:
         fragment.notes.append(f"{', '.join(found)} on the host: holistic")
@@ -68,8 +79,7 @@ def _handle(cut: Cut, rel: algebra_pb2.Rel, fragment: FragmentDraft) -> bool:
     return True
 
 
-def _push_distinct(cut: Cut, rel: algebra_pb2.Rel, fragment: FragmentDraft,
-                   groups: int) -> bool:
+def _push_distinct(cut: Cut, rel: algebra_pb2.Rel, fragment: FragmentDraft, groups: int) -> bool:
     aggregate = rel.aggregate
     keys = [algebra_pb2.Expression() for _ in range(groups)]
     for key, expression in zip(keys, aggregate.grouping_expressions):
@@ -83,8 +93,10 @@ def _push_distinct(cut: Cut, rel: algebra_pb2.Rel, fragment: FragmentDraft,
             if not expressions.referenced_fields(value):
                 measure_positions.append(None)  # a literal or constant: stays as it is
                 continue
-            match = next((i for i, key in enumerate(keys)
-                          if expressions.structurally_equal(key, value)), None)
+            match = next(
+                (i for i, key in enumerate(keys) if expressions.structurally_equal(key, value)),
+                None,
+            )
             if match is None:
                 keys.append(algebra_pb2.Expression())
                 keys[-1].CopyFrom(value)

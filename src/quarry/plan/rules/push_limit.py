@@ -73,5 +73,8 @@ def _push_top_k(cut: Cut) -> Cut:
 
 
 def _fetch_rels(cut: Cut) -> list[algebra_pb2.Rel]:
-    return [rel for rel in tree.iter_rels(cut.plan)
-            if tree.kind(rel) == "fetch" and tree.kind(rel.fetch.input) == "sort"]
+    return [
+        rel
+        for rel in tree.iter_rels(cut.plan)
+        if tree.kind(rel) == "fetch" and tree.kind(rel.fetch.input) == "sort"
+    ]

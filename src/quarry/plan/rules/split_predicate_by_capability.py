@@ -21,9 +21,18 @@ from quarry.plan import expressions, tree
 from quarry.plan.cut import Cut, FragmentDraft
 
 # Textbook default selectivities (System R) when the caller has no estimate.
-_SELECTIVITY_DEFAULT = {"equal": 0.1, "not_equal": 0.9, "lt": 1 / 3, "lte": 1 / 3, "gt": 1 / 3,
-                        "gte": 1 / 3, "is_null": 0.1, "is_not_null": 0.9, "like": 0.25,
-                        "ilike": 0.25}
+_SELECTIVITY_DEFAULT = {
+    "equal": 0.1,
+    "not_equal": 0.9,
+    "lt": 1 / 3,
+    "lte": 1 / 3,
+    "gt": 1 / 3,
+    "gte": 1 / 3,
+    "is_null": 0.1,
+    "is_not_null": 0.9,
+    "like": 0.25,
+    "ilike": 0.25,
+}
 _SELECTIVITY_UNKNOWN = 0.5
 # Relative evaluation costs: comparing fixed-width values is the unit; strings cost more
 # because they are compared byte by byte, pattern matching more again.
@@ -38,15 +47,20 @@ def split_predicate_by_capability(cut: Cut) -> Cut:
     for fragment in cut.fragments:
         if not fragment.raw_conjuncts:
             continue
-        supported = [c for c in fragment.raw_conjuncts
-                     if fragment.capabilities.supports_predicate(c, names)]
-        fragment.host_conjuncts = [c for c in fragment.raw_conjuncts
-                                   if not fragment.capabilities.supports_predicate(c, names)]
+        supported = [
+            c for c in fragment.raw_conjuncts if fragment.capabilities.supports_predicate(c, names)
+        ]
+        fragment.host_conjuncts = [
+            c
+            for c in fragment.raw_conjuncts
+            if not fragment.capabilities.supports_predicate(c, names)
+        ]
         fragment.device_conjuncts = order_conjuncts(cut, fragment, supported)
         if fragment.host_conjuncts:
             fragment.notes.append(
                 f"{len(fragment.host_conjuncts)} of {len(fragment.raw_conjuncts)} filter "
-                f"conjuncts are beyond {fragment.capabilities.name} devices: host re-checks")
+                f"conjuncts are beyond {fragment.capabilities.name} devices: host re-checks"
+            )
     return cut
 
 
@@ -54,18 +68,21 @@ def describe(cut: Cut, fragment: FragmentDraft, conjunct: algebra_pb2.Expression
     """The plain description a selectivity estimator receives."""
     names = cut.function_names()
     fields = raw_field_names(fragment)
-    return {"dataset": fragment.dataset,
-            "sql": expressions.render(conjunct, names, fields),
-            "columns": sorted(fields[i] for i in expressions.referenced_fields(conjunct)),
-            "predicate": expressions.simple_predicate(conjunct, names, fields)}
+    return {
+        "dataset": fragment.dataset,
+        "sql": expressions.render(conjunct, names, fields),
+        "columns": sorted(fields[i] for i in expressions.referenced_fields(conjunct)),
+        "predicate": expressions.simple_predicate(conjunct, names, fields),
+    }
 
 
 def raw_field_names(fragment: FragmentDraft) -> list[str]:
     return tree.read_field_names(fragment.read)
 
 
-def order_conjuncts(cut: Cut, fragment: FragmentDraft,
-                    conjuncts: Sequence[algebra_pb2.Expression]) -> list[algebra_pb2.Expression]:
+def order_conjuncts(
+    cut: Cut, fragment: FragmentDraft, conjuncts: Sequence[algebra_pb2.Expression]
+) -> list[algebra_pb2.Expression]:
     names = cut.function_names()
     ranked = []
     for position, conjunct in enumerate(conjuncts):
@@ -100,8 +117,9 @@ def default_selectivity(conjunct: algebra_pb2.Expression, names: Mapping[int, st
     return _SELECTIVITY_DEFAULT.get(name or "", _SELECTIVITY_UNKNOWN)
 
 
-def evaluation_cost(conjunct: algebra_pb2.Expression, names: Mapping[int, str],
-                    fragment: FragmentDraft) -> float:
+def evaluation_cost(
+    conjunct: algebra_pb2.Expression, names: Mapping[int, str], fragment: FragmentDraft
+) -> float:
     """Relative cost of evaluating the conjunct on one row (at least 1)."""
     string_fields = _string_fields(fragment)
     cost = 0.0
@@ -124,5 +142,8 @@ def evaluation_cost(conjunct: algebra_pb2.Expression, names: Mapping[int, str],
 
 def _string_fields(fragment: FragmentDraft) -> set[int]:
     types = fragment.read.base_schema.struct.types
-    return {i for i, t in enumerate(types) if t.WhichOneof("kind") in ("string", "varchar",
-                                                                         "fixed_char", "binary")}
+    return {
+        i
+        for i, t in enumerate(types)
+        if t.WhichOneof("kind") in ("string", "varchar", "fixed_char", "binary")
+    }
