@@ -72,7 +72,7 @@ def _queries(console: Console, cluster: quarry.Cluster) -> None:
             elapsed = time.perf_counter() - started
             shipped = planned.explain(analyze=True)["analyze"]["bytes_shipped"]
             table.add_row(
-                sql.split(" WHERE")[0],
+                sql.split(" FROM")[0],
                 mode,
                 f"{rows:,}",
                 f"{elapsed:.2f}",
