@@ -51,6 +51,21 @@ CALIBRATION_DENSITY = 0.1
 CALIBRATION_REPEATS = 3
 
 
+# the additive fields of a Report: summed across requests, devices and datasets
+REPORT_COUNTERS = (
+    "bytes_shipped",
+    "bytes_shipped_raw",
+    "bytes_read",
+    "bytes_sent",
+    "slices_executed",
+    "slices_pushed_back",
+    "slices_cached",
+    "slices_raw",
+    "requests",
+    "host_accumulate_s",
+)
+
+
 @dataclass
 class Report:
     """Where the work ran and what moved; `rank_genes` puts it in `attrs["quarry"]`."""
@@ -71,18 +86,7 @@ class Report:
     devices: list[dict[str, Any]] = field(default_factory=list)
 
     def add(self, other: Report) -> None:
-        for name in (
-            "bytes_shipped",
-            "bytes_shipped_raw",
-            "bytes_read",
-            "bytes_sent",
-            "slices_executed",
-            "slices_pushed_back",
-            "slices_cached",
-            "slices_raw",
-            "requests",
-            "host_accumulate_s",
-        ):
+        for name in REPORT_COUNTERS:
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self.devices.extend(other.devices)
 

@@ -351,21 +351,9 @@ def _side(statistics: pa.RecordBatch, side: int) -> pa.RecordBatch:
 def _quarry_attrs(
     reports: list[Any], pushdown: str, tstat_s: float, wall_s: float
 ) -> dict[str, Any]:
-    total = {
-        key: sum(getattr(r, key) for r in reports)
-        for key in (
-            "bytes_shipped",
-            "bytes_shipped_raw",
-            "bytes_read",
-            "bytes_sent",
-            "slices_executed",
-            "slices_pushed_back",
-            "slices_cached",
-            "slices_raw",
-            "requests",
-            "host_accumulate_s",
-        )
-    }
+    from quarry.genes.dispatch import REPORT_COUNTERS
+
+    total = {key: sum(getattr(r, key) for r in reports) for key in REPORT_COUNTERS}
     return {
         "pushdown": pushdown,
         **total,
