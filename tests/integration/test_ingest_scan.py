@@ -152,3 +152,19 @@ def test_categorical_columns_are_stored_decoded(cluster):
     assert back.column("label").to_pylist() == ["b", "a", "b", "c"]
     assert back.schema.field("label").type == pa.string()
     cluster.drop("src/categorical")
+
+
+def test_parallel_scan_ordered_scan_and_early_close(cluster, particle_table):
+    cluster.ingest(particle_table, "physics/scan_modes")
+    parallel = cluster.scan("physics/scan_modes").read_all()
+    ordered = cluster.scan("physics/scan_modes", ordered=True).read_all()
+    assert parallel.num_rows == ordered.num_rows == particle_table.num_rows
+    assert parallel.sort_by("id").equals(ordered.sort_by("id"))
+    # ordered: partitions in turn, each in write order
+    first = cluster.entry("physics/scan_modes").partitions[0]
+    assert ordered.slice(0, first.rows).column("id").to_pylist() == sorted(
+        ordered.slice(0, first.rows).column("id").to_pylist())
+    reader = cluster.scan("physics/scan_modes")
+    reader.read_next_batch()
+    reader.close()  # the producers stop; nothing hangs
+    cluster.drop("physics/scan_modes")

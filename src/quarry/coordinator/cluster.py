@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import queue
+import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -17,6 +19,7 @@ from quarry.errors import ClusterError, DatasetNotFound, DeviceUnavailable
 from quarry.store import naming
 
 CLUSTER_FILE_FORMAT = 1
+SCAN_QUEUE_BATCHES_MAX = 16  # batches waiting for the reader of a parallel scan
 
 
 class Cluster:
@@ -167,21 +170,77 @@ class Cluster:
         self.refresh()
         return deleted
 
-    def scan(self, dataset: str, columns: list[str] | None = None) -> pa.RecordBatchReader:
-        """Every row of a dataset, streamed partition by partition from a replica that answers."""
+    def scan(
+        self, dataset: str, columns: list[str] | None = None, ordered: bool = False
+    ) -> pa.RecordBatchReader:
+        """Every row of a dataset, streamed from a replica of each partition that answers.
+
+        Devices stream in parallel, so batches of different partitions interleave;
+        ``ordered=True`` streams partition after partition, in write order.
+        """
         entry = self.entry(dataset)
         if entry.unavailable:
             raise DeviceUnavailable(_unavailable_message(entry))
         schema = (
             entry.schema if columns is None else pa.schema([entry.schema.field(c) for c in columns])
         )
-        return pa.RecordBatchReader.from_batches(schema, self._scan_batches(entry, columns))
+        batches = (
+            self._scan_batches(entry, columns) if ordered else self._scan_parallel(entry, columns)
+        )
+        return pa.RecordBatchReader.from_batches(schema, batches)
 
     def _scan_batches(
         self, entry: DatasetEntry, columns: list[str] | None
     ) -> Iterator[pa.RecordBatch]:
         for p in entry.partitions:
             yield from self._scan_partition(entry, p.partition, p.devices, columns)
+
+    def _scan_parallel(
+        self, entry: DatasetEntry, columns: list[str] | None
+    ) -> Iterator[pa.RecordBatch]:
+        """One stream per device at a time, through a bounded queue; closing the reader early
+        stops the producers."""
+        results: queue.Queue = queue.Queue(maxsize=SCAN_QUEUE_BATCHES_MAX)
+        stop = threading.Event()
+        done = object()
+
+        def put(item: object) -> None:
+            while not stop.is_set():
+                try:
+                    results.put(item, timeout=0.1)
+                    return
+                except queue.Full:
+                    continue
+
+        def produce(p: Any) -> None:
+            try:
+                for batch in self._scan_partition(entry, p.partition, p.devices, columns):
+                    if stop.is_set():
+                        return
+                    put(batch)
+            except BaseException as error:  # handed to the reader, which raises it
+                put(error)
+            finally:
+                put(done)
+
+        partitions = [p for p in entry.partitions if p.rows]
+        workers = max(1, min(len(self.live_devices()), len(partitions)))
+        pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="quarry-scan")
+        for p in partitions:
+            pool.submit(produce, p)
+        pool.shutdown(wait=False)
+        remaining = len(partitions)
+        try:
+            while remaining:
+                item = results.get()
+                if item is done:
+                    remaining -= 1
+                elif isinstance(item, BaseException):
+                    raise item
+                else:
+                    yield item
+        finally:
+            stop.set()
 
     def _scan_partition(
         self, entry: DatasetEntry, partition: int, devices: list[str], columns: list[str] | None
