@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import queue
-import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -15,6 +13,7 @@ import pyarrow as pa
 from quarry.coordinator import catalog as catalog_module
 from quarry.coordinator.catalog import DatasetEntry
 from quarry.coordinator.client import DeviceClient
+from quarry.coordinator.streams import merge
 from quarry.errors import ClusterError, DatasetNotFound, DeviceUnavailable
 from quarry.store import naming
 
@@ -198,49 +197,14 @@ class Cluster:
     def _scan_parallel(
         self, entry: DatasetEntry, columns: list[str] | None
     ) -> Iterator[pa.RecordBatch]:
-        """One stream per device at a time, through a bounded queue; closing the reader early
-        stops the producers."""
-        results: queue.Queue = queue.Queue(maxsize=SCAN_QUEUE_BATCHES_MAX)
-        stop = threading.Event()
-        done = object()
-
-        def put(item: object) -> None:
-            while not stop.is_set():
-                try:
-                    results.put(item, timeout=0.1)
-                    return
-                except queue.Full:
-                    continue
-
-        def produce(p: Any) -> None:
-            try:
-                for batch in self._scan_partition(entry, p.partition, p.devices, columns):
-                    if stop.is_set():
-                        return
-                    put(batch)
-            except BaseException as error:  # handed to the reader, which raises it
-                put(error)
-            finally:
-                put(done)
-
+        """One stream per device at a time, through a bounded queue."""
         partitions = [p for p in entry.partitions if p.rows]
+        producers = [
+            (lambda p=p: self._scan_partition(entry, p.partition, p.devices, columns))
+            for p in partitions
+        ]
         workers = max(1, min(len(self.live_devices()), len(partitions)))
-        pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="quarry-scan")
-        for p in partitions:
-            pool.submit(produce, p)
-        pool.shutdown(wait=False)
-        remaining = len(partitions)
-        try:
-            while remaining:
-                item = results.get()
-                if item is done:
-                    remaining -= 1
-                elif isinstance(item, BaseException):
-                    raise item
-                else:
-                    yield item
-        finally:
-            stop.set()
+        return merge(producers, workers, SCAN_QUEUE_BATCHES_MAX, "quarry-scan")
 
     def _scan_partition(
         self, entry: DatasetEntry, partition: int, devices: list[str], columns: list[str] | None

@@ -7,7 +7,6 @@ exactly the fragment outputs it would have seen had every device executed everyt
 
 from __future__ import annotations
 
-import queue
 import threading
 import time
 import uuid
@@ -19,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from quarry import protocol
+from quarry.coordinator.streams import merge
 from quarry.device.query import cpu_seconds
 from quarry.errors import DeviceUnavailable, PlanNotSupported, QueryError
 from quarry.protocol import Exchange, Get
@@ -34,7 +34,6 @@ PUSHDOWNS = ("never", "always", "auto")
 WORKERS_PER_DEVICE = 2
 FETCHERS_PER_EXCHANGE = 2  # concurrent fetches of pushed-back ranges per device stream
 FIGURES_CACHE_MAX = 256
-_DONE = object()
 
 
 @dataclass
@@ -220,37 +219,13 @@ class Query:
             from quarry.coordinator.cluster import _unavailable_message
 
             raise DeviceUnavailable(_unavailable_message(entry))
-        results: queue.Queue = queue.Queue()
         partitions = [p for p in entry.partitions if p.rows]  # an empty partition has no slices
-        pool = ThreadPoolExecutor(
-            max_workers=max(1, WORKERS_PER_DEVICE * len(self.cluster.live_devices())),
-            thread_name_prefix=f"quarry-{fragment.name}",
+        # Unbounded: the super-plan may read one fragment whole before the next.
+        return merge(
+            [(lambda p=p: self._run_partition(fragment, entry, p)) for p in partitions],
+            workers=max(1, WORKERS_PER_DEVICE * len(self.cluster.live_devices())),
+            name=f"quarry-{fragment.name}",
         )
-
-        def produce(p: PartitionEntry) -> None:
-            try:
-                for batch in self._run_partition(fragment, entry, p):
-                    results.put(batch)
-                results.put(_DONE)
-            except BaseException as error:  # surfaces in the consumer, naming the device
-                results.put(error)
-
-        for p in partitions:
-            pool.submit(produce, p)
-        pool.shutdown(wait=False)
-
-        def consume() -> Iterator[pa.RecordBatch]:
-            remaining = len(partitions)
-            while remaining:
-                item = results.get()
-                if item is _DONE:
-                    remaining -= 1
-                elif isinstance(item, BaseException):
-                    raise item
-                else:
-                    yield item
-
-        return consume()
 
     def _device_for(self, entry: DatasetEntry, p: PartitionEntry) -> DeviceClient:
         for name in p.devices:

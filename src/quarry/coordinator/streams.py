@@ -1,0 +1,71 @@
+"""Merging streams that producers fill in parallel: device streams, partition by partition.
+
+Each producer runs in a thread pool and its items are yielded as they arrive; the first error
+a producer raises is raised in the reader (it names the device); closing the reader early stops
+the producers at their next item.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
+
+T = TypeVar("T")
+PUT_WAIT_S = 0.1  # how often a producer blocked on a full queue checks for a closed reader
+
+
+def merge(
+    producers: list[Callable[[], Iterable[T]]],
+    workers: int,
+    queue_items_max: int = 0,
+    name: str = "quarry-stream",
+) -> Iterator[T]:
+    """Items of every producer, interleaved. ``queue_items_max`` bounds what waits for the
+    reader (0: unbounded, for readers that take one stream whole before the next)."""
+    assert workers >= 1
+    results: queue.Queue = queue.Queue(maxsize=queue_items_max)
+    stop = threading.Event()
+    done = object()
+
+    def put(item: object) -> None:
+        while not stop.is_set():
+            try:
+                results.put(item, timeout=PUT_WAIT_S)
+                return
+            except queue.Full:
+                continue
+
+    def produce(producer: Callable[[], Iterable[T]]) -> None:
+        try:
+            for item in producer():
+                if stop.is_set():
+                    return
+                put(item)
+        except BaseException as error:  # handed to the reader, which raises it
+            put(error)
+        finally:
+            put(done)
+
+    pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix=name)
+    for producer in producers:
+        pool.submit(produce, producer)
+    pool.shutdown(wait=False)
+
+    def read() -> Iterator[T]:
+        remaining = len(producers)
+        try:
+            while remaining:
+                item = results.get()
+                if item is done:
+                    remaining -= 1
+                elif isinstance(item, BaseException):
+                    raise item
+                else:
+                    yield item
+        finally:
+            stop.set()
+
+    return read()
