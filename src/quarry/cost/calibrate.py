@@ -23,9 +23,11 @@ EXTERNAL_BYTES = 256 << 20
 EXTERNAL_BYTES_MAX = 4 << 30
 MEASURE_S = 1.0
 TOLERANCE = 0.10
-KERNEL_ROUNDS_MIN = 5
+KERNEL_ROUNDS_MIN = 6
+KERNEL_RUNS = 3  # runs per side per round, best taken
 KERNEL_ROUNDS_MAX = 15
-SPREAD_TARGET = 0.03  # relative median absolute deviation of the ratios
+SETTLED = 0.01  # the estimate moved less than this ...
+SETTLED_ROUNDS = 3  # ... over this many rounds
 
 
 def _external_bytes_per_s(client: DeviceClient, total_bytes: int) -> float:
@@ -45,35 +47,32 @@ def _within(expected: float | None, measured: float) -> bool | None:
 
 
 def compute_factor(client: DeviceClient) -> tuple[float, float, float, float]:
-    """Median over rounds of (device kernel time / host kernel time), the two taken back to
-    back in each round so a change in the machine's load hits both alike.
+    """The drive's best kernel time over the host's best, the two taken back to back in each
+    round so a change in the machine's load hits both alike.
 
-    The drive's time is its work stretched by its compute factor, so noise in one run is
-    stretched too; rounds continue (bounded) until the median is steady: the ratios' median
-    absolute deviation under ``SPREAD_TARGET`` of the median. Returns the factor, its spread
-    and the median host and device kernel times.
+    Other work on the machine can only make a kernel slower, never faster, so each side's
+    fastest run is its truest figure; the ratio of medians would carry the noise of both.
+    Rounds continue (bounded) until the estimate holds within ``SETTLED`` for
+    ``SETTLED_ROUNDS`` rounds. Returns the factor, the spread of the per-round ratios (their
+    median absolute deviation over their median, shown in the report) and the best host and
+    device kernel times.
     """
-    ratios, hosts, devices = [], [], []
-    spread = float("inf")
+    ratios, hosts, devices, estimates = [], [], [], []
     for round_number in range(KERNEL_ROUNDS_MAX):
-        host_s = time_kernel(None, 2)
-        device_s = client.action_json(
-            Action.CALIBRATE, {"part": "kernel", "repeat": 2}, timeout_s=600
-        )["kernel_s"]
-        ratios.append(device_s / host_s)
-        hosts.append(host_s)
-        devices.append(device_s)
-        if round_number + 1 >= KERNEL_ROUNDS_MIN:
-            median = statistics.median(ratios)
-            spread = statistics.median(abs(r - median) for r in ratios) / median
-            if spread <= SPREAD_TARGET:
-                break
-    return (
-        statistics.median(ratios),
-        spread,
-        statistics.median(hosts),
-        statistics.median(devices),
-    )
+        hosts.append(time_kernel(None, KERNEL_RUNS))
+        devices.append(
+            client.action_json(
+                Action.CALIBRATE, {"part": "kernel", "repeat": KERNEL_RUNS}, timeout_s=600
+            )["kernel_s"]
+        )
+        ratios.append(devices[-1] / hosts[-1])
+        estimates.append(min(devices) / min(hosts))
+        recent = estimates[-SETTLED_ROUNDS:]
+        if round_number + 1 >= KERNEL_ROUNDS_MIN and max(recent) <= min(recent) * (1 + SETTLED):
+            break
+    median = statistics.median(ratios)
+    spread = statistics.median(abs(r - median) for r in ratios) / median
+    return estimates[-1], spread, min(hosts), min(devices)
 
 
 def calibrate_device(client: DeviceClient) -> dict[str, Any]:
