@@ -70,7 +70,11 @@ def print_json(value: Any) -> None:
 def up(
     devices: Annotated[int, typer.Option(help="number of device processes")] = 3,
     profile: Annotated[
-        str, typer.Option(help="device profile (host, kinetic, newport, ...)")
+        str,
+        typer.Option(
+            help="device profile (host, kinetic, newport, ...), or one per device, "
+            "comma-separated: host,kinetic,newport"
+        ),
     ] = "host",
     data: Annotated[Path, typer.Option(help="folder for the devices' data")] = Path(DEFAULT_DATA),
     detach: Annotated[bool, typer.Option(help="start in the background and return")] = False,
@@ -93,7 +97,8 @@ def up(
                 f"a cluster is already running from {file} ({len(alive)} devices): "
                 "`quarry down` first, or use another --data folder"
             )
-    started, _root, _ = start_local(devices, profile, data, detach=detach, profiles_file=profiles)
+    chosen: str | list[str] = profile.split(",") if "," in profile else profile
+    started, _root, _ = start_local(devices, chosen, data, detach=detach, profiles_file=profiles)
     processes = [d.pop("_process") for d in started]
     write_cluster_file(file, started)
     cluster = Cluster(started, source=str(file))

@@ -67,3 +67,15 @@ def test_errors_are_one_clear_line(tmp_path):
     assert done.returncode == 2
     assert "no cluster file" in done.stderr and "quarry up" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_up_with_one_profile_per_device(tmp_path):
+    wrong = _quarry("up", "--devices", "3", "--profile", "host,kinetic", "--detach", cwd=tmp_path,
+                    check=False)
+    assert wrong.returncode == 2 and "2 profiles given for 3 devices" in wrong.stderr
+    _quarry("up", "--devices", "2", "--profile", "host,kinetic", "--detach", cwd=tmp_path)
+    try:
+        status = json.loads(_quarry("status", "--json", cwd=tmp_path).stdout)
+        assert [row["profile"] for row in status] == ["host", "kinetic"]
+    finally:
+        _quarry("down", cwd=tmp_path)
