@@ -248,3 +248,14 @@ def test_result_is_a_record_batch_reader(particle_cluster):
     reader = particle_cluster.sql("SELECT id FROM particles WHERE id < 10")
     assert isinstance(reader, pa.RecordBatchReader)
     assert sorted(reader.read_all().column("id").to_pylist()) == list(range(10))
+
+
+def test_a_filter_scan_streams_and_can_be_closed_early(particle_cluster):
+    sql = "SELECT id, ke FROM particles WHERE ke > 0.5"
+    planned = particle_cluster.query(sql, pushdown="always")
+    assert "pass-through" in planned.explain(analyze=False)["plan"]
+    reader = planned.execute()
+    assert reader.read_next_batch().num_rows > 0
+    reader.close()  # the devices' producers stop; the cluster answers the next query
+    expected = particle_cluster.sql(sql, pushdown="never").read_all()
+    assert_same_rows(particle_cluster.sql(sql).read_all(), expected, ordered=False)

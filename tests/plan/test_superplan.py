@@ -6,6 +6,7 @@ import pyarrow as pa
 import pytest
 
 from quarry.plan import complete, decompose, run_stage, run_super
+from quarry.plan.passthrough import passthrough_fragment
 
 from .harness import assert_same_rows
 
@@ -48,3 +49,42 @@ def test_missing_fragment_output(small) -> None:
     decomposition = decompose(QUERIES[0], small.schemas)
     with pytest.raises(ValueError, match="__quarry_fragment_0"):
         run_super(decomposition, {})
+
+
+PASSTHROUGH = ("SELECT * FROM t WHERE i > 0",
+               "SELECT x, id FROM t WHERE s LIKE 'b%'",
+               "SELECT id AS ident, x * 2 AS twice FROM t WHERE x IS NOT NULL")
+NOT_PASSTHROUGH = ("SELECT * FROM t WHERE i > 0 LIMIT 5",
+                   "SELECT id FROM t ORDER BY id",
+                   "SELECT count(*) AS n FROM t",
+                   "SELECT DISTINCT k FROM t")
+
+
+@pytest.mark.parametrize("sql", PASSTHROUGH)
+def test_a_plain_read_streams_its_fragment_straight_out(small, sql: str) -> None:
+    decomposition = decompose(sql, small.schemas)
+    (fragment,) = decomposition.fragments
+    assert passthrough_fragment(decomposition) is fragment
+    assert "pass-through" in decomposition.explain()
+    assert decomposition.to_json()["super_plan_passthrough"] == fragment.name
+    outputs = [b for s in small.table.to_batches(max_chunksize=100)
+               for b in run_stage(fragment.stages["full"], small.table.schema, [s])]
+    assert_same_rows(run_super(decomposition, {fragment.name: outputs}).read_all(),
+                     small.expected(sql), ordered=False, float_absolute=1e-9)
+
+    def first_then_fail():
+        yield outputs[0]
+        raise RuntimeError("a device died after its first batch")
+
+    # Nothing is held back: the first batch reaches the reader before the stream goes on.
+    reader = run_super(decomposition, {fragment.name: first_then_fail()})
+    assert reader.read_next_batch().num_rows == outputs[0].num_rows
+    with pytest.raises(RuntimeError, match="after its first batch"):
+        reader.read_next_batch()
+
+
+@pytest.mark.parametrize("sql", NOT_PASSTHROUGH)
+def test_anything_above_the_read_runs_on_the_host(small, sql: str) -> None:
+    decomposition = decompose(sql, small.schemas)
+    assert passthrough_fragment(decomposition) is None
+    assert decomposition.to_json()["super_plan_passthrough"] is None

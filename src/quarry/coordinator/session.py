@@ -32,6 +32,7 @@ if TYPE_CHECKING:
 
 PUSHDOWNS = ("never", "always", "auto")
 WORKERS_PER_DEVICE = 2
+STREAM_BATCHES_MAX = 16  # batches a streaming answer holds for its reader
 FETCHERS_PER_EXCHANGE = 2  # concurrent fetches of pushed-back ranges per device stream
 FIGURES_CACHE_MAX = 256
 
@@ -197,11 +198,18 @@ class Query:
     # ---- execution ------------------------------------------------------------------------------
 
     def execute(self) -> pa.RecordBatchReader:
+        from quarry.plan.passthrough import passthrough_fragment
         from quarry.plan.superplan import run_super
 
         self.started = time.perf_counter()
         cpu_started = cpu_seconds()
-        outputs = {f.name: self._fragment_output(f) for f in self.decomposition.fragments}
+        # A pass-through answer streams, so its fragment's producers wait for the reader; any
+        # other super-plan may read one fragment whole before the next.
+        streaming = passthrough_fragment(self.decomposition) is not None
+        outputs = {
+            f.name: self._fragment_output(f, STREAM_BATCHES_MAX if streaming else 0)
+            for f in self.decomposition.fragments
+        }
         result = run_super(self.decomposition, outputs)
 
         def stream() -> Iterator[pa.RecordBatch]:
@@ -213,17 +221,19 @@ class Query:
 
         return pa.RecordBatchReader.from_batches(result.schema, stream())
 
-    def _fragment_output(self, fragment: Fragment) -> Iterator[pa.RecordBatch]:
+    def _fragment_output(
+        self, fragment: Fragment, queue_batches_max: int
+    ) -> Iterator[pa.RecordBatch]:
         entry = self.cluster.entry(fragment.dataset)
         if entry.unavailable:
             from quarry.coordinator.cluster import _unavailable_message
 
             raise DeviceUnavailable(_unavailable_message(entry))
         partitions = [p for p in entry.partitions if p.rows]  # an empty partition has no slices
-        # Unbounded: the super-plan may read one fragment whole before the next.
         return merge(
             [(lambda p=p: self._run_partition(fragment, entry, p)) for p in partitions],
             workers=max(1, WORKERS_PER_DEVICE * len(self.cluster.live_devices())),
+            queue_items_max=queue_batches_max,
             name=f"quarry-{fragment.name}",
         )
 

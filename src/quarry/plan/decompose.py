@@ -124,8 +124,17 @@ class Decomposition:
         return _host_frame(plan, self.fragments).logical_plan().display_indent()
 
     def explain(self) -> str:
-        lines = [f"pushdown: {self.pushdown}", "super-plan (host):"]
-        lines += ["  " + line for line in self.super_display().splitlines()]
+        from quarry.plan.passthrough import passthrough_fragment
+
+        only = passthrough_fragment(self)
+        if only is not None:
+            lines = [
+                f"pushdown: {self.pushdown}",
+                f"super-plan (host): pass-through of {only.name}, streamed as it arrives",
+            ]
+        else:
+            lines = [f"pushdown: {self.pushdown}", "super-plan (host):"]
+            lines += ["  " + line for line in self.super_display().splitlines()]
         for fragment in self.fragments:
             pushed = ", ".join(fragment.pushed) or "nothing (raw scan)"
             lines.append(
@@ -145,9 +154,13 @@ class Decomposition:
         return "\n".join(lines)
 
     def to_json(self) -> dict:
+        from quarry.plan.passthrough import passthrough_fragment
+
+        only = passthrough_fragment(self)
         return {
             "pushdown": self.pushdown,
             "super_plan": self.super_display(),
+            "super_plan_passthrough": only.name if only is not None else None,
             "output_schema": _schema_json(self.output_schema),
             "fragments": [fragment.to_json() for fragment in self.fragments],
         }

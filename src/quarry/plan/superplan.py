@@ -8,6 +8,7 @@ import pyarrow as pa
 
 from quarry.plan import engine, merge, tree
 from quarry.plan.decompose import Decomposition, Fragment
+from quarry.plan.passthrough import passthrough_fragment
 from quarry.plan.stage import run_stage
 
 # Completion runs the full stage over bounded groups of pushed-back rows, so host memory stays
@@ -67,11 +68,22 @@ def run_super(
     """Run the super-plan over each fragment's (completed) output; the result streams.
 
     Fragment outputs are held in memory as DataFusion tables (a fragment may be read more
-    than once by the super-plan); the result is produced batch by batch.
+    than once by the super-plan); the result is produced batch by batch. A super-plan that only
+    reads one fragment (``passthrough``) is not run at all: its batches stream straight out.
     """
     missing = [f.name for f in decomposition.fragments if f.name not in fragment_outputs]
     if missing:
         raise ValueError(f"no output given for fragment(s) {', '.join(missing)}")
+    schema = decomposition.output_schema
+    only = passthrough_fragment(decomposition)
+    if only is not None:  # nothing to run on the host: the fragment's rows are the answer
+        return pa.RecordBatchReader.from_batches(
+            schema,
+            (
+                conform(conform(batch, only.output_schema), schema)
+                for batch in fragment_outputs[only.name]
+            ),
+        )
     ctx = engine.session()
     merge.register_merge_functions(
         ctx, tree.function_names(tree.parse_plan(decomposition.super_plan)).values()
@@ -85,7 +97,6 @@ def run_super(
         )
     frame = engine.consume(ctx, decomposition.super_plan)
     stream = frame.execute_stream()
-    schema = decomposition.output_schema
     return pa.RecordBatchReader.from_batches(
         schema, (conform(batch.to_pyarrow(), schema) for batch in stream)
     )

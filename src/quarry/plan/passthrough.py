@@ -1,0 +1,40 @@
+"""Super-plans with nothing to do: the answer is one fragment's output, as it arrives.
+
+A filter-and-project query (``SELECT a, b FROM t WHERE ...``) decomposes into one fragment that
+does all the work and a super-plan that only reads it. Running that super-plan in DataFusion
+would hold the whole result in host memory before the first row reaches the user; passing the
+fragment's batches straight through streams the answer in constant memory, with the devices
+kept busy only as fast as the reader takes rows.
+"""
+
+from __future__ import annotations
+
+from quarry.plan import tree
+from quarry.plan.decompose import Decomposition, Fragment
+
+
+def passthrough_fragment(decomposition: Decomposition) -> Fragment | None:
+    """The fragment whose output is the answer column for column, if the super-plan is only a
+    plain read of it (no filter, no reordering of columns, nothing above the read)."""
+    plan = tree.parse_plan(decomposition.super_plan)
+    if len(plan.relations) != 1 or not plan.relations[0].HasField("root"):
+        return None
+    rel = plan.relations[0].root.input
+    if tree.kind(rel) != "read":
+        return None
+    read = rel.read
+    if read.HasField("filter") or read.HasField("best_effort_filter"):
+        return None
+    names = tree.named_table(rel)
+    if names is None or len(names) != 1:
+        return None
+    try:
+        fragment = decomposition.fragment(names[0])
+    except KeyError:
+        return None
+    width = len(fragment.output_schema)
+    if tree.read_output_fields(read) != list(range(width)):
+        return None
+    if len(decomposition.output_schema) != width:
+        return None
+    return fragment
