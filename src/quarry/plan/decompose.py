@@ -126,14 +126,12 @@ class Decomposition:
     def explain(self) -> str:
         from quarry.plan.passthrough import passthrough_fragment
 
+        lines = [f"pushdown: {self.pushdown}"]
         only = passthrough_fragment(self)
         if only is not None:
-            lines = [
-                f"pushdown: {self.pushdown}",
-                f"super-plan (host): pass-through of {only.name}, streamed as it arrives",
-            ]
+            lines.append(f"super-plan (host): pass-through of {only.name}, streamed as it arrives")
         else:
-            lines = [f"pushdown: {self.pushdown}", "super-plan (host):"]
+            lines.append("super-plan (host):")
             lines += ["  " + line for line in self.super_display().splitlines()]
         for fragment in self.fragments:
             pushed = ", ".join(fragment.pushed) or "nothing (raw scan)"

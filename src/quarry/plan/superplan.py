@@ -77,13 +77,8 @@ def run_super(
     schema = decomposition.output_schema
     only = passthrough_fragment(decomposition)
     if only is not None:  # nothing to run on the host: the fragment's rows are the answer
-        return pa.RecordBatchReader.from_batches(
-            schema,
-            (
-                conform(conform(batch, only.output_schema), schema)
-                for batch in fragment_outputs[only.name]
-            ),
-        )
+        batches = fragment_outputs[only.name]
+        return pa.RecordBatchReader.from_batches(schema, (conform(b, schema) for b in batches))
     ctx = engine.session()
     merge.register_merge_functions(
         ctx, tree.function_names(tree.parse_plan(decomposition.super_plan)).values()
