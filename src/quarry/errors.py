@@ -69,6 +69,12 @@ class ProtocolMismatch(QuarryError):
     code = "protocol_mismatch"
 
 
+class ProtocolError(QuarryError, ValueError):
+    """A message that does not decode: a field of the wrong type or out of bounds, named."""
+
+    code = "protocol_error"
+
+
 class IngestFailed(QuarryError):
     code = "ingest_failed"
 
@@ -84,9 +90,16 @@ class QueryError(QuarryError, ValueError):
 
 
 class PlanNotSupported(QuarryError):
-    """A device cannot decode or run a sub-plan; the host runs that part itself."""
+    """A device cannot decode or plan a sub-plan; the host runs that part itself."""
 
     code = "plan_not_supported"
+
+
+class ExecutionError(QueryError):
+    """A query failed while running (division by zero, a bad cast): the engine's message, and
+    the device that met it. Running it elsewhere would fail the same way, so nothing retries."""
+
+    code = "execution_error"
 
 
 def error_class(code: str) -> type[QuarryError]:

@@ -59,9 +59,9 @@ def test_value_over_the_limit(cluster):
 
 
 def test_protocol_version_mismatch(cluster, monkeypatch):
-    monkeypatch.setattr(protocol, "PROTOCOL_VERSION", 99)  # a client from another release
+    monkeypatch.setattr(protocol.frame, "PROTOCOL_VERSION", 99)  # a client from another release
     with pytest.raises(
-        ProtocolMismatch, match="client speaks quarry protocol 99, this device speaks 1"
+        ProtocolMismatch, match="client speaks quarry protocol 99, this device speaks 2"
     ):
         cluster.devices["dev0"].hello()
 

@@ -1,17 +1,21 @@
-"""The coordinator's handle on one device: typed calls over Flight, typed errors back."""
+"""The coordinator's handle on one device: typed calls over Flight, typed errors back.
+
+Every request is a message of ``quarry.protocol``; every answer is decoded into its message
+before it is returned, so a device that answers nonsense fails here, by name.
+"""
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pyarrow as pa
 from pyarrow import flight
 
-from quarry import protocol
-from quarry.errors import DeviceUnavailable, QuarryError
-from quarry.protocol import Action, Exchange, Get, Put
+from quarry.errors import DeviceUnavailable, ProtocolError, QuarryError
+from quarry.protocol import control, frame, ingest, work
+from quarry.protocol.message import Message
 
 CONNECT_TIMEOUT_S = 5.0
 CALL_TIMEOUT_S = 120.0
@@ -36,7 +40,7 @@ class DeviceClient:
     def translate(self, error: Exception) -> Exception:
         """A Flight error as the quarry error it carries, naming this device."""
         text = str(error)
-        typed = protocol.decode_error(text)
+        typed = frame.decode_error(text)
         if typed is not None:
             return typed
         if (
@@ -59,86 +63,94 @@ class DeviceClient:
             )
         return QuarryError(f"device {self.name} at {self.address}: {text.splitlines()[0]}")
 
-    def action(
-        self,
-        kind: str,
-        header: dict[str, Any] | None = None,
-        payload: bytes = b"",
-        timeout_s: float | None = None,
-    ) -> bytes:
-        body = protocol.encode(kind, header, payload)
+    def guard(self, call: Callable[[], Any]) -> Any:
+        """Run a call on this device's streams, translating Flight errors."""
         try:
-            results = list(
-                self._client.do_action(flight.Action(str(kind), body), self._options(timeout_s))
-            )
+            return call()
         except (flight.FlightError, OSError) as error:
             raise self.translate(error) from None
-        assert len(results) == 1, f"action {kind} answered {len(results)} messages"
+
+    # ---- actions -------------------------------------------------------------------------
+
+    def action(
+        self, request: Message, payload: bytes = b"", timeout_s: float | None = None
+    ) -> bytes:
+        body = request.encode(payload)
+        action = flight.Action(str(request.KIND), body)
+        results = self.guard(lambda: list(self._client.do_action(action, self._options(timeout_s))))
+        if len(results) != 1:
+            raise ProtocolError(
+                f"device {self.name}: action {request.KIND} answered {len(results)} messages"
+            )
         return results[0].body.to_pybytes()
 
-    def action_json(
+    def ask(
         self,
-        kind: str,
-        header: dict[str, Any] | None = None,
+        request: Message,
+        reply: type[Any],
         payload: bytes = b"",
         timeout_s: float | None = None,
     ) -> Any:
-        return protocol.decode_json(self.action(kind, header, payload, timeout_s))
+        """An action and its typed reply."""
+        return reply.from_bytes(self.action(request, payload, timeout_s))
 
-    # ---- control -------------------------------------------------------------------------
-
-    def hello(self, timeout_s: float = CONNECT_TIMEOUT_S) -> dict[str, Any]:
-        info = self.action_json(Action.HELLO, timeout_s=timeout_s)
-        assert info["protocol"] == protocol.PROTOCOL_VERSION
+    def hello(self, timeout_s: float = CONNECT_TIMEOUT_S) -> control.HelloReply:
+        info = self.ask(control.Hello(), control.HelloReply, timeout_s=timeout_s)
+        assert info.protocol == frame.PROTOCOL_VERSION
         return info
 
-    def inventory(self) -> list[dict[str, Any]]:
-        return self.action_json(Action.INVENTORY)
+    def inventory(self) -> list[control.PartitionSummary]:
+        return self.ask(control.Inventory(), control.InventoryReply).partitions
 
-    def describe(self, domain: str, dataset: str, partition: int) -> dict[str, Any]:
-        return self.action_json(
-            Action.DESCRIBE, {"domain": domain, "dataset": dataset, "partition": partition}
-        )
+    def describe(self, domain: str, dataset: str, partition: int) -> control.PartitionDescription:
+        request = control.PartitionRef(domain, dataset, partition)
+        return self.ask(request, control.PartitionDescription)
 
     def commit(self, ingest_id: str) -> list[int]:
-        return self.action_json(Action.COMMIT, {"ingest_id": ingest_id})["committed"]
+        return self.ask(ingest.Commit(ingest_id), ingest.Committed).committed
 
     def abort(self, ingest_id: str) -> int:
-        return self.action_json(Action.ABORT, {"ingest_id": ingest_id})["deleted"]
+        return self.ask(ingest.Abort(ingest_id), control.Deleted).deleted
 
     def drop(self, domain: str, dataset: str) -> int:
-        return self.action_json(Action.DROP, {"domain": domain, "dataset": dataset})["deleted"]
+        return self.ask(ingest.Drop(domain, dataset), control.Deleted).deleted
 
-    def stats(self) -> dict[str, Any]:
-        return self.action_json(Action.STATS)
+    def stats(self) -> control.StatsReply:
+        return self.ask(control.Stats(), control.StatsReply)
+
+    def load(self, cpu: float, seconds: float) -> control.LoadStarted:
+        return self.ask(control.Load(cpu, seconds), control.LoadStarted)
+
+    def load_status(self) -> control.LoadStatus:
+        return self.ask(control.LoadStatusRequest(), control.LoadStatus)
+
+    def calibrate(
+        self, part: control.CalibratePart, repeat: int = 1, timeout_s: float | None = None
+    ) -> control.CalibrateReply:
+        return self.ask(
+            control.Calibrate(part, repeat), control.CalibrateReply, timeout_s=timeout_s
+        )
 
     def kv_get(self, key: str) -> tuple[bytes, int]:
-        _, header, payload = protocol.decode(self.action(Action.KV_GET, {"key": key}))
-        return payload, header["version"]
+        value, payload = control.KvValue.decode(self.action(control.KvGet(key)))
+        return payload, value.version
 
     def kv_put(self, key: str, value: bytes, expected_version: int | None = None) -> int:
-        return self.action_json(
-            Action.KV_PUT, {"key": key, "expected_version": expected_version}, value
-        )["version"]
+        return self.ask(control.KvPut(key, expected_version), control.Version, value).version
 
     def kv_delete(self, key: str, expected_version: int | None = None) -> bool:
-        return self.action_json(
-            Action.KV_DELETE, {"key": key, "expected_version": expected_version}
-        )["deleted"]
+        return bool(self.ask(control.KvDelete(key, expected_version), control.Deleted).deleted)
 
     def kv_list(self, prefix: str = "", limit: int = 1000) -> list[str]:
-        return self.action_json(Action.KV_LIST, {"prefix": prefix, "limit": limit})["keys"]
+        return self.ask(control.KvList(prefix, limit), control.KvKeys).keys
 
-    # ---- data ----------------------------------------------------------------------------
+    # ---- writes --------------------------------------------------------------------------
 
     def open_put(
-        self, kind: str, header: dict[str, Any], schema: pa.Schema
+        self, request: ingest.PutPartition | ingest.UpdateSlice, schema: pa.Schema
     ) -> tuple[flight.FlightStreamWriter, flight.FlightMetadataReader]:
-        descriptor = flight.FlightDescriptor.for_command(protocol.encode(kind, header))
-        try:
-            return self._client.do_put(descriptor, schema, self._options())
-        except (flight.FlightError, OSError) as error:
-            raise self.translate(error) from None
+        descriptor = flight.FlightDescriptor.for_command(request.encode())
+        return self.guard(lambda: self._client.do_put(descriptor, schema, self._options()))
 
     def update_slice(
         self,
@@ -149,15 +161,17 @@ class DeviceClient:
         batch: pa.RecordBatch,
         expected_version: int,
     ) -> int:
-        header = {
-            "domain": domain,
-            "dataset": dataset,
-            "partition": partition,
-            "slice": number,
-            "expected_version": expected_version,
-        }
-        writer, reader = self.open_put(Put.UPDATE_SLICE, header, batch.schema)
-        return self.guard(lambda: _finish_put(writer, reader, [batch]))["version"]
+        request = ingest.UpdateSlice(domain, dataset, partition, number, expected_version)
+        writer, reader = self.open_put(request, batch.schema)
+        ack = self.guard(lambda: _finish_put(writer, reader, [batch]))
+        return control.Version.from_bytes(ack).version
+
+    # ---- reads ---------------------------------------------------------------------------
+
+    def get(self, request: Message, payload: bytes = b"") -> flight.FlightStreamReader:
+        """A do_get stream for a ticket (scan, pushed-back slices, calibration)."""
+        ticket = flight.Ticket(request.encode(payload))
+        return self.guard(lambda: self._client.do_get(ticket, self._options()))
 
     def scan(
         self,
@@ -168,82 +182,125 @@ class DeviceClient:
         end: int | None = None,
         columns: list[str] | None = None,
     ) -> flight.FlightStreamReader:
-        ticket = flight.Ticket(
-            protocol.encode(
-                Get.SCAN,
-                {
-                    "domain": domain,
-                    "dataset": dataset,
-                    "partition": partition,
-                    "first": first,
-                    "end": end,
-                    "columns": columns,
-                },
-            )
-        )
-        try:
-            return self._client.do_get(ticket, self._options())
-        except (flight.FlightError, OSError) as error:
-            raise self.translate(error) from None
+        columns_ = tuple(columns) if columns is not None else None
+        return self.get(work.ScanRequest(domain, dataset, partition, first, end, columns_))
+
+    def batches(self, reader: flight.FlightStreamReader) -> Iterator[pa.RecordBatch]:
+        """A stream's batches, its errors translated."""
+        while (chunk := self.guard(lambda: _next(reader))) is not None:
+            if chunk.data is not None:
+                yield chunk.data
+
+    # ---- work near the data ----------------------------------------------------------------
+
+    def work(self, request: work.WorkRequest, payload: bytes = b"") -> WorkStream:
+        """Run a unit of work; iterate the stream for its batches and, in stream order, the
+        device's notices (``PushedBack``) and its last word (``WorkDone``)."""
+        descriptor = flight.FlightDescriptor.for_command(request.encode(payload))
+        writer, reader = self.guard(lambda: self._client.do_exchange(descriptor, self._options()))
+        return WorkStream(self, writer, reader)
 
     def program(
-        self, name: str, header: dict[str, Any] | None = None, payload: bytes = b""
+        self, unit: str, header: dict[str, Any] | None = None, payload: bytes = b""
     ) -> tuple[pa.Table, dict[str, Any]]:
-        """Run a built-in device program; returns its output and its summary."""
-        writer, reader = self.exchange(
-            Exchange.PROGRAM, {"program": name, **(header or {})}, payload
+        """Run a unit of work on this device alone, nothing pushed back: its output, and its
+        summary with the loop's figures (bytes and rows read, bytes shipped, CPU and wall
+        seconds). ``header`` names ``domain``, ``dataset``, ``partition`` or ``partitions``; the
+        rest are the unit's arguments."""
+        args = dict(header or {})
+        domain, dataset = args.pop("domain", ""), args.pop("dataset", "")
+        if "partitions" in args:
+            partitions = tuple(args.pop("partitions"))
+        elif "partition" in args:
+            partitions = (args.pop("partition"),)
+        else:
+            raise ProtocolError(f"unit {unit}: give 'partition' (a number) or 'partitions'")
+        request = work.WorkRequest.from_json(
+            {
+                "unit": unit,
+                "domain": domain,
+                "dataset": dataset,
+                "partitions": partitions,
+                "args": args,
+            }
         )
         batches: list[pa.RecordBatch] = []
-        summary: dict[str, Any] = {}
+        done: work.WorkDone | None = None
+        stream = self.work(request, payload)
+        for item in stream:
+            if isinstance(item, pa.RecordBatch):
+                batches.append(item)
+            elif isinstance(item, work.WorkDone):
+                done = item
+            else:
+                raise ProtocolError(f"unit {unit} pushed back work to a caller that takes none")
+        if done is None:
+            raise ProtocolError(f"device {self.name}: unit {unit} ended without its last message")
+        return pa.Table.from_batches(batches, schema=stream.schema), _summary(done)
+
+
+class WorkStream:
+    """A work exchange's answer: batches, ``PushedBack`` notices and ``WorkDone``, in order."""
+
+    def __init__(self, client: DeviceClient, writer: Any, reader: Any):
+        self.client = client
+        self.writer = writer
+        self.reader = reader
+
+    @property
+    def schema(self) -> pa.Schema:
+        return self.client.guard(lambda: self.reader.schema)
+
+    def __iter__(self) -> Iterator[pa.RecordBatch | work.PushedBack | work.WorkDone]:
+        guard = self.client.guard
         try:
-            while True:
-                try:
-                    chunk = self.guard(reader.read_chunk)
-                except StopIteration:
-                    break
+            guard(self.writer.done_writing)
+            while (chunk := guard(lambda: _next(self.reader))) is not None:
                 if chunk.data is not None and chunk.data.num_rows:
-                    batches.append(chunk.data)
+                    yield chunk.data
                 if chunk.app_metadata is not None:
-                    message = protocol.decode_json(chunk.app_metadata.to_pybytes())
-                    summary = message.get("summary", {})
+                    yield work.decode_stream_message(chunk.app_metadata.to_pybytes())
         finally:  # also when the device raised: an unclosed exchange complains at exit
-            with contextlib.suppress(flight.FlightError, OSError):
-                writer.close()
-        return pa.Table.from_batches(batches, schema=reader.schema), summary
+            self.close()
 
-    def get(self, kind: str, header: dict[str, Any], payload: bytes = b"") -> Any:
-        """A do_get stream for any ticket kind (scan, slices, calibration)."""
-        ticket = flight.Ticket(protocol.encode(kind, header, payload))
-        return self.guard(lambda: self._client.do_get(ticket, self._options()))
+    def close(self) -> None:
+        with contextlib.suppress(flight.FlightError, OSError):
+            self.writer.close()
 
-    def exchange(self, kind: str, header: dict[str, Any], payload: bytes = b"") -> tuple[Any, Any]:
-        """A do_exchange whose request is all in its descriptor: (writer, reader)."""
-        descriptor = flight.FlightDescriptor.for_command(protocol.encode(kind, header, payload))
-        writer, reader = self.guard(lambda: self._client.do_exchange(descriptor, self._options()))
-        self.guard(writer.done_writing)
-        return writer, reader
 
-    def guard(self, call: Callable[[], Any]) -> Any:
-        """Run a call on this device's streams, translating Flight errors."""
-        try:
-            return call()
-        except (flight.FlightError, OSError) as error:
-            raise self.translate(error) from None
+def _summary(done: work.WorkDone) -> dict[str, Any]:
+    metrics = [p.metrics for p in done.partitions]
+    return {
+        **done.summary,
+        "bytes_read": sum(m.bytes_read for m in metrics),
+        "rows_read": sum(m.rows_read for m in metrics),
+        "bytes_shipped": sum(m.bytes_shipped for m in metrics),
+        "device_cpu_s": done.device_cpu_s,
+        "wall_s": done.wall_s,
+    }
+
+
+def _next(reader: Any) -> Any:
+    try:
+        return reader.read_chunk()
+    except StopIteration:
+        return None
 
 
 def _finish_put(
     writer: flight.FlightStreamWriter,
     reader: flight.FlightMetadataReader,
     batches: list[pa.RecordBatch],
-) -> Any:
+) -> bytes:
     for batch in batches:
         writer.write_batch(batch)
     writer.done_writing()
     ack = reader.read()
     writer.close()
-    assert ack is not None, "device closed the stream without an answer"
-    return protocol.decode_json(ack.to_pybytes())
+    if ack is None:
+        raise ProtocolError("the device closed the stream without an answer")
+    return ack.to_pybytes()
 
 
-def finish_put(writer: flight.FlightStreamWriter, reader: flight.FlightMetadataReader) -> Any:
+def finish_put(writer: flight.FlightStreamWriter, reader: flight.FlightMetadataReader) -> bytes:
     return _finish_put(writer, reader, [])

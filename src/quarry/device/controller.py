@@ -13,30 +13,25 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import replace
 from typing import Any
 
-STAGES = ("full", "filter", "raw")
+from quarry.protocol.stage import Skip, Stage
+from quarry.protocol.work import Decision, HostCost, Policy
+from quarry.cost.eq1 import (
+    cut_s_per_byte,
+    device_path_s_per_byte,
+    host_path_s_per_byte,
+    on_host_share,
+)
 
 
-@dataclass
-class Decision:
-    first: int  # slice numbers [first, end)
-    end: int
-    stage: str
-    reason: str
-    retry_after_s: float | None = None
-
-    def __post_init__(self) -> None:
-        assert self.stage in (*STAGES, "pruned"), self.stage
-        assert 0 <= self.first <= self.end, (self.first, self.end)
-
-
-@dataclass
 class Annotation:
-    """What a device did with a sub-plan, slice range by slice range."""
+    """What a device did with a unit of work, slice range by slice range: one entry per run of
+    equal decisions (the annotated sub-plan of Skytether §4)."""
 
-    decisions: list[Decision] = field(default_factory=list)
+    def __init__(self) -> None:
+        self.decisions: list[Decision] = []
 
     def record(self, decision: Decision) -> None:
         last = self.decisions[-1] if self.decisions else None
@@ -46,71 +41,12 @@ class Annotation:
             and last.stage == decision.stage
             and last.reason == decision.reason
         ):
-            last.end = decision.end  # one entry per run of equal decisions
+            self.decisions[-1] = replace(last, end=decision.end)
         else:
             self.decisions.append(decision)
 
-    def slices(self, stage: str) -> int:
+    def slices(self, stage: Stage | Skip) -> int:
         return sum(d.end - d.first for d in self.decisions if d.stage == stage)
-
-    def to_json(self) -> list[dict[str, Any]]:
-        return [asdict(d) for d in self.decisions]
-
-
-class ForcedDecisions:
-    """Decisions dictated by the request (tests and experiments force push-back this way)."""
-
-    def __init__(self, forced: list[dict[str, Any]]):
-        self.forced = [(int(f["first"]), int(f["end"]), f["stage"]) for f in forced]
-        for _, _, stage in self.forced:
-            assert stage in STAGES, stage
-
-    def stage_for(self, number: int) -> str | None:
-        for first, end, stage in self.forced:
-            if first <= number < end:
-                return stage
-        return None
-
-
-@dataclass
-class Policy:
-    """Thresholds of the real-time decision (documented in docs/adaptive.md)."""
-
-    warmup_chunks: int = 1  # first measurements ignored: plan setup, cold caches (Exp 2)
-    sample_chunks: int = 2  # measured chunks needed before the first decision
-    window: int = 4  # recent measurements the decision looks at (median)
-    probe_after_s: float = 0.5  # while pushing back, re-measure after this long ...
-    probe_after_s_max: float = 8.0  # ... doubling each time the probe confirms, up to this
-    hysteresis: float = 0.10  # switch only when the other choice is this much cheaper
-    probe_budget: float = 0.10  # a probe may cost at most this share of the work left
-    warmup_factor: float = 5.0  # a first execution costs this many steady chunks (Exp 2)
-
-    @classmethod
-    def from_json(cls, body: dict[str, Any] | None) -> Policy:
-        fields = cls.__dataclass_fields__
-        return cls(**{k: v for k, v in (body or {}).items() if k in fields})
-
-
-@dataclass
-class HostCost:
-    """What the host told the device about doing the work itself (ActivePy Eq. 1 inputs)."""
-
-    full_s_per_byte: float  # host CPU seconds per stored byte to run the whole sub-plan
-    raw_ratio: float  # bytes shipped raw per stored byte (the needed columns)
-    filter_ratio: float  # bytes shipped after the filter per stored byte
-    link_bytes_per_s: float  # device -> host
-    host_share: float  # fraction of the host this device's completion work may count on
-    start: str = "full"  # the cut the host chose; the device starts there
-    filter_s_per_byte: float = 0.0  # host CPU seconds per stored byte for scan + filter
-    # the host's estimate of this device's seconds per stored byte for the whole sub-plan
-    # (its compute factor and load applied): what a probe would cost before any is measured
-    device_full_s_per_byte: float = 0.0
-
-    @classmethod
-    def from_json(cls, body: dict[str, Any] | None) -> HostCost | None:
-        if not body:
-            return None
-        return cls(**{k: body[k] for k in cls.__dataclass_fields__ if k in body})
 
 
 class Adaptive:
@@ -129,17 +65,17 @@ class Adaptive:
         self.host = host
         self.load = load  # callable -> {"cpu_busy", "run_queue", "background_load"}
         # (device s per stored byte, output bytes per stored byte), per stage the device ran
-        self.samples: dict[str, list[tuple[float, float]]] = {"full": [], "filter": []}
+        self.samples: dict[Stage, list[tuple[float, float]]] = {Stage.FULL: [], Stage.FILTER: []}
         self.seen = 0
-        self.current = host.start if host.start in STAGES else "full"
-        self.measuring = self.current in ("full", "filter")
+        self.current = host.start
+        self.measuring = self.current in (Stage.FULL, Stage.FILTER)
         self.reason = f"{self.current}: the host's cut"
         self.probe_after_s = policy.probe_after_s
         self.next_probe_at = time.monotonic() + self.probe_after_s
         self.probing = False
         self._lock = threading.Lock()
 
-    def observe(self, stage: str, stored_bytes: int, output_bytes: int, seconds: float) -> None:
+    def observe(self, stage: Stage, stored_bytes: int, output_bytes: int, seconds: float) -> None:
         if stage not in self.samples or stored_bytes <= 0:
             return
         with self._lock:
@@ -149,13 +85,13 @@ class Adaptive:
             samples = self.samples[stage]
             samples.append((seconds / stored_bytes, output_bytes / stored_bytes))
             del samples[: -self.policy.window]
-            if self.probing and stage == "full":
+            if self.probing and stage is Stage.FULL:
                 self.probing = False
                 del samples[:-1]  # the probe is the news: judge by it alone
 
-    def costs(self) -> dict[str, float] | None:
+    def costs(self) -> dict[Stage, float] | None:
         """Seconds per stored byte of each choice, from the recent measurements."""
-        full, filtered = self.samples["full"], self.samples["filter"]
+        full, filtered = self.samples[Stage.FULL], self.samples[Stage.FILTER]
         if not full and not filtered:
             return None
 
@@ -163,9 +99,9 @@ class Adaptive:
             return sorted(values)[len(values) // 2]
 
         bw = self.host.link_bytes_per_s
-        host_s = self.host.full_s_per_byte / max(self.host.host_share, 1e-6)
-        host_rest_s = max(self.host.full_s_per_byte - self.host.filter_s_per_byte, 0.0) / max(
-            self.host.host_share, 1e-6
+        host_s = on_host_share(self.host.full_s_per_byte, self.host.host_share)
+        host_rest_s = on_host_share(
+            max(self.host.full_s_per_byte - self.host.filter_s_per_byte, 0.0), self.host.host_share
         )
         # a stage not measured yet is estimated from the other: filtering is at most the whole
         # sub-plan's work, and the whole sub-plan at least the filter's
@@ -174,10 +110,10 @@ class Adaptive:
         out_ratio = median([o for _, o in full]) if full else self.host.filter_ratio
         filter_ratio = median([o for _, o in filtered]) if filtered else self.host.filter_ratio
         return {
-            "full": full_s + out_ratio / bw,
-            "raw": self.host.raw_ratio / bw + host_s,
+            Stage.FULL: device_path_s_per_byte(full_s, out_ratio, bw),
+            Stage.RAW: host_path_s_per_byte(self.host.raw_ratio, bw, host_s),
             # the host then finishes the sub-plan on what passed the filter
-            "filter": filter_s + filter_ratio / bw + host_rest_s,
+            Stage.FILTER: cut_s_per_byte(filter_s, filter_ratio, bw, host_rest_s),
         }
 
     def probe_worth_it(self, slice_bytes: int, remaining_bytes: int) -> bool:
@@ -187,7 +123,7 @@ class Adaptive:
         the host's estimate), several times that if the device has not run the sub-plan yet
         (warm-up); the work left costs the remaining bytes at the current decision's price.
         """
-        full = self.samples["full"]
+        full = self.samples[Stage.FULL]
         if full:
             per_byte = sorted(s for s, _ in full)[len(full) // 2]
             warmup = 1.0
@@ -203,17 +139,16 @@ class Adaptive:
         probe_s = slice_bytes * per_byte * warmup
         return probe_s <= self.policy.probe_budget * remaining_bytes * current
 
-    def _static_cost(self, stage: str) -> float | None:
+    def _static_cost(self, stage: Stage) -> float | None:
         """The host's price of a stage per stored byte, before the device measured anything."""
-        bw = self.host.link_bytes_per_s
-        share = max(self.host.host_share, 1e-6)
-        if stage == "raw":
-            return self.host.raw_ratio / bw + self.host.full_s_per_byte / share
+        if stage is Stage.RAW:
+            host_s = on_host_share(self.host.full_s_per_byte, self.host.host_share)
+            return host_path_s_per_byte(self.host.raw_ratio, self.host.link_bytes_per_s, host_s)
         return None
 
     def stage_for(
         self, number: int, slice_bytes: int = 0, remaining_bytes: int = 0
-    ) -> tuple[str, str, float | None]:
+    ) -> tuple[Stage, str, float | None]:
         """(stage, reason, retry_after_s) for the next chunk, starting at slice ``number``;
         ``slice_bytes`` and ``remaining_bytes`` (this slice and every one left, stored) let the
         device judge whether a probe pays."""
@@ -226,7 +161,7 @@ class Adaptive:
                     return self.current, reason, self._retry_after(now)
                 self.measuring = False
             if (
-                self.current != "full"
+                self.current is not Stage.FULL
                 and not self.probing
                 and now >= self.next_probe_at
                 and (not remaining_bytes or self.probe_worth_it(slice_bytes, remaining_bytes))
@@ -234,7 +169,11 @@ class Adaptive:
                 self.probing = True
                 self.probe_after_s = min(self.probe_after_s * 2, self.policy.probe_after_s_max)
                 self.next_probe_at = now + self.probe_after_s
-                return "full", "executed: probing whether the device can take the work back", None
+                return (
+                    Stage.FULL,
+                    "executed: probing whether the device can take the work back",
+                    None,
+                )
             costs = self.costs()
             if costs is not None:
                 best = min(costs, key=costs.__getitem__)
@@ -244,7 +183,7 @@ class Adaptive:
                 ):
                     load = self.load()
                     self.current = best
-                    if best == "full":
+                    if best is Stage.FULL:
                         self.probe_after_s = self.policy.probe_after_s
                     self.reason = (
                         f"{best}: {costs[best] * 1e9:.2f} ns/B vs {self._others(costs, best)} "
@@ -255,12 +194,12 @@ class Adaptive:
 
     def _retry_after(self, now: float) -> float | None:
         """QoS hint with every decline: when the device expects to try the work again."""
-        if self.current == "full":
+        if self.current is Stage.FULL:
             return None
         return round(max(0.0, self.next_probe_at - now), 3)
 
     @staticmethod
-    def _others(costs: dict[str, float], best: str) -> str:
+    def _others(costs: dict[Stage, float], best: Stage) -> str:
         return ", ".join(f"{k} {v * 1e9:.2f} ns/B" for k, v in costs.items() if k != best)
 
 

@@ -2,6 +2,9 @@
 
 It is autonomous: it can list and describe everything it holds (``inventory``, ``describe``)
 without the coordinator, and on start it collects the debris of ingests that never committed.
+Every request is decoded into its typed message (``quarry.protocol``) before anything runs, so
+a malformed one is refused with the message and field named. Work near the data (SQL stages,
+gene statistics, capacity kernels...) runs in the one loop of ``quarry.device.loop``.
 """
 
 from __future__ import annotations
@@ -17,21 +20,19 @@ from typing import Any
 import pyarrow as pa
 from pyarrow import flight
 
-from quarry import protocol
-from quarry.device import calibration, programs, query
+from quarry.device import calibration, loop
 from quarry.device import identity as identity_file
-from quarry.device.controller import Controllers
-from quarry.device.emulation import Emulator
 from quarry.device.profile import Profile
-from quarry.errors import QuarryError
-from quarry.protocol import Action, Exchange, Get, Put
+from quarry.errors import ProtocolError, QuarryError
+from quarry.protocol import control, frame, ingest, work
+from quarry.protocol.frame import Exchange, Get, Put
+from quarry.protocol.message import Message
 from quarry.store import naming
 from quarry.store import partition as partitions
 from quarry.store.kv import KeyValueStore
+from quarry.store.partition import PartitionMeta
 
 log = logging.getLogger("quarry.device")
-
-KV_LIST_LIMIT_MAX = 100_000
 
 
 def _flight_errors(method: Callable) -> Callable:
@@ -44,14 +45,32 @@ def _flight_errors(method: Callable) -> Callable:
         except flight.FlightError:
             raise
         except QuarryError as error:
-            raise flight.FlightServerError(protocol.encode_error(error)) from None
+            raise flight.FlightServerError(frame.encode_error(error)) from None
         except Exception as error:  # a bug: say so, with the type, rather than hang the client
             log.exception("device error")
             raise flight.FlightServerError(
-                protocol.encode_error(QuarryError(f"device error: {type(error).__name__}: {error}"))
+                frame.encode_error(QuarryError(f"device error: {type(error).__name__}: {error}"))
             ) from None
 
     return wrapper
+
+
+def _decode(message: type[Message], data: bytes) -> tuple[Any, bytes]:
+    kind, header, payload = frame.decode(data)
+    if kind != message.KIND:
+        raise ProtocolError(f"expected a {message.KIND!r} request, got {kind!r}")
+    return message.from_json(header), payload
+
+
+def summary_message(meta: PartitionMeta) -> control.PartitionSummary:
+    return control.PartitionSummary.from_json(meta.summary())
+
+
+def description_message(meta: PartitionMeta) -> control.PartitionDescription:
+    body = meta.to_json()
+    return control.PartitionDescription.from_json(
+        {"summary": meta.summary(), "slices": body["slices"]}
+    )
 
 
 class DeviceServer(flight.FlightServerBase):
@@ -62,13 +81,17 @@ class DeviceServer(flight.FlightServerBase):
         self.identity = identity_file.load_or_create(self.data, name, profile.name)
         self.name = self.identity["name"]
         self.store = KeyValueStore(self.data / "kv", kv_bytes_max=profile.kv_bytes_max)
-        self.emulator = Emulator(profile)
-        self.controllers = Controllers()
-        self.parked = query.Parked()
+        from quarry.device.emulation import Emulator
+
+        self.runtime = loop.Runtime(self.store, Emulator(profile), self.name)
         collected = partitions.collect_debris(self.store)
         if collected:
             log.warning("%s: collected %d key-values of unfinished ingests", self.name, collected)
         self.started_at = time.time()
+
+    @property
+    def emulator(self):
+        return self.runtime.emulator
 
     # ---- actions -------------------------------------------------------------------------
 
@@ -76,92 +99,112 @@ class DeviceServer(flight.FlightServerBase):
     def do_action(
         self, context: flight.ServerCallContext, action: flight.Action
     ) -> Iterator[bytes]:
-        kind, header, payload = protocol.decode(action.body.to_pybytes())
+        kind, header, payload = frame.decode(action.body.to_pybytes())
         if kind != action.type:
-            raise QuarryError(f"action type {action.type!r} does not match its body ({kind!r})")
-        handler = self._actions().get(kind)
-        if handler is None:
-            raise QuarryError(
-                f"unknown action {kind!r}; this device knows {sorted(self._actions())}"
-            )
-        result = handler(header, payload)
-        if isinstance(result, bytes):
-            return iter([result])
-        return iter([protocol.encode_json(result)])
+            raise ProtocolError(f"action type {action.type!r} does not match its body ({kind!r})")
+        handlers = self._actions()
+        if kind not in handlers:
+            raise ProtocolError(f"unknown action {kind!r}; this device knows {sorted(handlers)}")
+        request_class, handler = handlers[kind]
+        reply = handler(request_class.from_json(header), payload)
+        return iter([reply if isinstance(reply, bytes) else reply.to_bytes()])
 
     def list_actions(self, context: flight.ServerCallContext) -> list[tuple[str, str]]:
-        return [(str(a), "") for a in Action]
+        return [(str(a), "") for a in frame.Action]
 
-    def _actions(self) -> dict[str, Callable[[dict[str, Any], bytes], Any]]:
+    def _actions(self) -> dict[str, tuple[type[Message], Callable[[Any, bytes], Any]]]:
         return {
-            Action.HELLO: self._hello,
-            Action.INVENTORY: lambda h, p: partitions.inventory(self.store),
-            Action.DESCRIBE: self._describe,
-            Action.COMMIT: lambda h, p: {
-                "committed": partitions.commit(self.store, h["ingest_id"], self.name)
-            },
-            Action.ABORT: lambda h, p: {"deleted": partitions.abort(self.store, h["ingest_id"])},
-            Action.DROP: lambda h, p: {
-                "deleted": partitions.drop(self.store, h["domain"], h["dataset"])
-            },
-            Action.STATS: self._stats,
-            Action.LOAD: lambda h, p: {
-                **self.emulator.start_load(float(h["cpu"]), float(h.get("seconds", 60.0))),
-                "device": self.name,
-            },
-            Action.STATUS_LOAD: lambda h, p: self.emulator.load(),
-            Action.CALIBRATE: lambda h, p: (
-                {"kernel_s": calibration.time_kernel(self.emulator, int(h.get("repeat", 1)))}
-                if h.get("part") == "kernel"
-                else {
-                    "internal_bytes_per_s": calibration.time_internal_reads(
-                        self.store, self.emulator
-                    )
-                }
+            control.Hello.KIND: (control.Hello, self._hello),
+            control.Inventory.KIND: (
+                control.Inventory,
+                lambda r, p: control.InventoryReply(
+                    [
+                        control.PartitionSummary.from_json(s)
+                        for s in partitions.inventory(self.store)
+                    ]
+                ),
             ),
-            Action.KV_GET: self._kv_get,
-            Action.KV_PUT: self._kv_put,
-            Action.KV_DELETE: lambda h, p: {
-                "deleted": self.store.delete(h["key"], h.get("expected_version"))
-            },
-            Action.KV_LIST: lambda h, p: {
-                "keys": self.store.list(
-                    h.get("prefix", ""), min(int(h.get("limit", 1000)), KV_LIST_LIMIT_MAX)
-                )
-            },
+            control.PartitionRef.KIND: (control.PartitionRef, self._describe),
+            ingest.Commit.KIND: (
+                ingest.Commit,
+                lambda r, p: ingest.Committed(
+                    partitions.commit(self.store, r.ingest_id, self.name)
+                ),
+            ),
+            ingest.Abort.KIND: (
+                ingest.Abort,
+                lambda r, p: control.Deleted(partitions.abort(self.store, r.ingest_id)),
+            ),
+            ingest.Drop.KIND: (
+                ingest.Drop,
+                lambda r, p: control.Deleted(partitions.drop(self.store, r.domain, r.dataset)),
+            ),
+            control.Stats.KIND: (control.Stats, self._stats),
+            control.Load.KIND: (control.Load, self._load),
+            control.LoadStatusRequest.KIND: (
+                control.LoadStatusRequest,
+                lambda r, p: control.LoadStatus(**self.emulator.load()),
+            ),
+            control.Calibrate.KIND: (control.Calibrate, self._calibrate),
+            control.KvGet.KIND: (control.KvGet, self._kv_get),
+            control.KvPut.KIND: (
+                control.KvPut,
+                lambda r, p: control.Version(self.store.put(r.key, p, r.expected_version)),
+            ),
+            control.KvDelete.KIND: (
+                control.KvDelete,
+                lambda r, p: control.Deleted(int(self.store.delete(r.key, r.expected_version))),
+            ),
+            control.KvList.KIND: (
+                control.KvList,
+                lambda r, p: control.KvKeys(self.store.list(r.prefix, r.limit)),
+            ),
         }
 
-    def _hello(self, header: dict[str, Any], payload: bytes) -> dict[str, Any]:
-        return {
-            "protocol": protocol.PROTOCOL_VERSION,
-            "id": self.identity["id"],
-            "name": self.name,
-            "profile": self.profile.to_json(),
-            "pid": os.getpid(),
-            "data": str(self.data),
-            "started_at": self.started_at,
-        }
-
-    def _describe(self, header: dict[str, Any], payload: bytes) -> dict[str, Any]:
-        meta = partitions.read_meta(
-            self.store, header["domain"], header["dataset"], int(header["partition"])
+    def _hello(self, request: control.Hello, payload: bytes) -> control.HelloReply:
+        return control.HelloReply(
+            protocol=frame.PROTOCOL_VERSION,
+            id=self.identity["id"],
+            name=self.name,
+            profile=control.ProfileInfo.from_json(self.profile.to_json()),
+            pid=os.getpid(),
+            data=str(self.data),
+            started_at=self.started_at,
         )
-        return meta.to_json()
 
-    def _stats(self, header: dict[str, Any], payload: bytes) -> dict[str, Any]:
+    def _describe(
+        self, request: control.PartitionRef, payload: bytes
+    ) -> control.PartitionDescription:
+        meta = partitions.read_meta(self.store, request.domain, request.dataset, request.partition)
+        return description_message(meta)
+
+    def _stats(self, request: control.Stats, payload: bytes) -> control.StatsReply:
         stats = self.store.stats()
-        stats["pending_partitions"] = sum(
-            1 for k in self.store.list(naming.PENDING_PREFIX) if k.count("/") == 3
+        return control.StatsReply(
+            keys=stats["keys"],
+            file_bytes=stats["file_bytes"],
+            partitions=len(self.store.list(partitions.CATALOG_PREFIX)),
+            pending_partitions=sum(
+                1 for k in self.store.list(naming.PENDING_PREFIX) if k.count("/") == 3
+            ),
         )
-        stats["partitions"] = len(self.store.list(partitions.CATALOG_PREFIX))
-        return stats
 
-    def _kv_get(self, header: dict[str, Any], payload: bytes) -> bytes:
-        value, version = self.store.get(header["key"])
-        return protocol.encode("kv_value", {"version": version}, value)
+    def _load(self, request: control.Load, payload: bytes) -> control.LoadStarted:
+        started = self.emulator.start_load(request.cpu, request.seconds)
+        return control.LoadStarted(started["cpu"], started["seconds"], self.name)
 
-    def _kv_put(self, header: dict[str, Any], payload: bytes) -> dict[str, Any]:
-        return {"version": self.store.put(header["key"], payload, header.get("expected_version"))}
+    def _calibrate(self, request: control.Calibrate, payload: bytes) -> control.CalibrateReply:
+        if request.part is control.CalibratePart.KERNEL:
+            return control.CalibrateReply(
+                kernel_s=calibration.time_kernel(self.emulator, request.repeat)
+            )
+        return control.CalibrateReply(
+            internal_bytes_per_s=calibration.time_internal_reads(self.store, self.emulator)
+        )
+
+    def _kv_get(self, request: control.KvGet, payload: bytes) -> bytes:
+        value, version = self.store.get(request.key)
+        return control.KvValue(version).encode(value)
 
     # ---- streams -------------------------------------------------------------------------
 
@@ -173,42 +216,27 @@ class DeviceServer(flight.FlightServerBase):
         reader: flight.MetadataRecordBatchReader,
         writer: flight.FlightMetadataWriter,
     ) -> None:
-        kind, header, _ = protocol.decode(descriptor.command)
+        kind, header, _ = frame.decode(descriptor.command)
         if kind == Put.PARTITION:
-            result = self._put_partition(header, reader)
+            reply: Message = self._put_partition(ingest.PutPartition.from_json(header), reader)
         elif kind == Put.UPDATE_SLICE:
-            table = reader.read_all()
-            batch = (
-                table.combine_chunks().to_batches()[0]
-                if table.num_rows
-                else pa.RecordBatch.from_pylist([], schema=table.schema)
-            )
-            version = partitions.update_slice(
-                self.store,
-                header["domain"],
-                header["dataset"],
-                int(header["partition"]),
-                int(header["slice"]),
-                batch,
-                int(header["expected_version"]),
-            )
-            result = {"version": version}
+            reply = self._update_slice(ingest.UpdateSlice.from_json(header), reader)
         else:
-            raise QuarryError(f"unknown put {kind!r}")
-        writer.write(pa.py_buffer(protocol.encode_json(result)))
+            raise ProtocolError(f"unknown put {kind!r}")
+        writer.write(pa.py_buffer(reply.to_bytes()))
 
     def _put_partition(
-        self, header: dict[str, Any], reader: flight.MetadataRecordBatchReader
-    ) -> dict[str, Any]:
+        self, request: ingest.PutPartition, reader: flight.MetadataRecordBatchReader
+    ) -> ingest.PartitionWritten:
         meta = partitions.PartitionMeta(
-            domain=naming.check_identifier("domain", header["domain"]),
-            dataset=naming.check_identifier("dataset", header["dataset"]),
-            partition=int(header["partition"]),
-            ingest=header["ingest"],
+            domain=naming.check_identifier("domain", request.domain),
+            dataset=naming.check_identifier("dataset", request.dataset),
+            partition=request.partition,
+            ingest=request.ingest.to_json(),
             schema=reader.schema,
-            compression=header.get("compression", "none"),
-            metadata=header.get("metadata", {}),
-            hints=header.get("hints", {}),
+            compression=request.compression,
+            metadata=request.metadata,
+            hints=request.hints,
             device=self.name,
         )
         writer = partitions.PartitionWriter(self.store, meta)
@@ -219,14 +247,31 @@ class DeviceServer(flight.FlightServerBase):
             written = writer.finish()
         except BaseException:
             # The stream broke (client gone) or the rows were bad: leave nothing pending behind.
-            partitions.abort(self.store, meta.ingest["id"])
+            partitions.abort(self.store, request.ingest.id)
             raise
-        return {
-            "partition": written.partition,
-            "rows": written.rows,
-            "slices": len(written.slices),
-            "bytes_stored": written.bytes_stored,
-        }
+        return ingest.PartitionWritten(
+            written.partition, written.rows, len(written.slices), written.bytes_stored
+        )
+
+    def _update_slice(
+        self, request: ingest.UpdateSlice, reader: flight.MetadataRecordBatchReader
+    ) -> control.Version:
+        table = reader.read_all()
+        batch = (
+            table.combine_chunks().to_batches()[0]
+            if table.num_rows
+            else pa.RecordBatch.from_pylist([], schema=table.schema)
+        )
+        version = partitions.update_slice(
+            self.store,
+            request.domain,
+            request.dataset,
+            request.partition,
+            request.slice,
+            batch,
+            request.expected_version,
+        )
+        return control.Version(version)
 
     @_flight_errors
     def do_exchange(
@@ -236,75 +281,45 @@ class DeviceServer(flight.FlightServerBase):
         reader: flight.MetadataRecordBatchReader,
         writer: flight.MetadataRecordBatchWriter,
     ) -> None:
-        kind, header, payload = protocol.decode(descriptor.command)
-        if kind == Exchange.QUERY:
-            query.run_query(
-                self.store, self.emulator, header, payload, writer, self.controllers, self.parked
-            )
-        elif kind == Exchange.PROGRAM:
-            self._run_program(header, payload, writer)
-        else:
-            raise QuarryError(f"unknown exchange {kind!r}")
-
-    def _run_program(
-        self, header: dict[str, Any], payload: bytes, writer: flight.MetadataRecordBatchWriter
-    ) -> None:
-        started, cpu_started = time.perf_counter(), query.cpu_seconds()
-        context = programs.ProgramContext(self.store, self.emulator, self.name)
-        result = programs.lookup(header["program"])(context, header, payload)
-        writer.begin(result.schema)
-        bytes_shipped = 0
-        for batch in result.batches:
-            size = pa.ipc.get_record_batch_size(batch)
-            self.emulator.ship(size)
-            bytes_shipped += size
-            writer.write_batch(batch)
-        summary = {
-            **result.summary,
-            "device": self.name,
-            "bytes_read": context.bytes_read,
-            "rows_read": context.rows_read,
-            "bytes_shipped": bytes_shipped,
-            "device_cpu_s": query.cpu_seconds() - cpu_started,
-            "wall_s": time.perf_counter() - started,
-        }
-        writer.write_metadata(pa.py_buffer(protocol.encode_json({"summary": summary})))
+        kind, header, payload = frame.decode(descriptor.command)
+        if kind != Exchange.WORK:
+            raise ProtocolError(f"unknown exchange {kind!r}")
+        loop.run_work(self.runtime, work.WorkRequest.from_json(header), payload, writer)
 
     @_flight_errors
     def do_get(
         self, context: flight.ServerCallContext, ticket: flight.Ticket
     ) -> flight.FlightDataStream:
-        kind, header, payload = protocol.decode(ticket.ticket)
+        kind, header, payload = frame.decode(ticket.ticket)
         if kind == Get.CALIBRATION:
-            schema, batches = calibration.calibration_stream(self.emulator, int(header["bytes"]))
-            return flight.GeneratorStream(schema, batches)
-        if kind == Get.SLICES:
-            schema, batches = query.scan_stage(
-                self.store, self.emulator, header, payload, self.parked
-            )
-            return flight.GeneratorStream(schema, batches)
-        if kind != Get.SCAN:
-            raise QuarryError(f"unknown ticket {kind!r}")
-        meta = partitions.read_meta(
-            self.store, header["domain"], header["dataset"], int(header["partition"])
-        )
-        columns = header.get("columns")
+            request = work.CalibrationTransfer.from_json(header)
+            schema, batches = calibration.calibration_stream(self.emulator, request.bytes)
+        elif kind == Get.SLICES:
+            request = work.SliceRequest.from_json(header)
+            schema, batches = loop.fetch_slices(self.runtime, request, payload)
+        elif kind == Get.SCAN:
+            schema, batches = self._scan(work.ScanRequest.from_json(header))
+        else:
+            raise ProtocolError(f"unknown ticket {kind!r}")
+        return flight.GeneratorStream(schema, batches)
+
+    def _scan(self, request: work.ScanRequest) -> tuple[pa.Schema, Iterator[pa.RecordBatch]]:
+        """Raw slices, through the profile's internal and external bandwidth limits."""
+        meta = partitions.read_meta(self.store, request.domain, request.dataset, request.partition)
+        columns = list(request.columns) if request.columns is not None else None
         schema = (
             meta.schema if columns is None else pa.schema([meta.schema.field(c) for c in columns])
         )
-        first, end = int(header.get("first", 0)), header.get("end")
-        return flight.GeneratorStream(schema, self._scan(meta, first, end, columns))
+        end = len(meta.slices) if request.end is None else min(request.end, len(meta.slices))
 
-    def _scan(
-        self, meta: partitions.PartitionMeta, first: int, end: int | None, columns: list[str] | None
-    ) -> Iterator[pa.RecordBatch]:
-        """Raw slices, through the profile's internal and external bandwidth limits."""
-        end = len(meta.slices) if end is None else min(int(end), len(meta.slices))
-        for number in range(first, end):
-            self.emulator.read(meta.slices[number].bytes_stored)
-            batch = partitions.read_slice(self.store, meta, number, columns)
-            self.emulator.ship(pa.ipc.get_record_batch_size(batch))
-            yield batch
+        def batches() -> Iterator[pa.RecordBatch]:
+            for number in range(request.first, end):
+                self.emulator.read(meta.slices[number].bytes_stored)
+                batch = partitions.read_slice(self.store, meta, number, columns)
+                self.emulator.ship(pa.ipc.get_record_batch_size(batch))
+                yield batch
+
+        return schema, batches()
 
 
 def serve(

@@ -8,7 +8,7 @@ re-checks the whole predicate when it completes the fragment.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from substrait import algebra_pb2
@@ -109,3 +109,33 @@ class Capabilities:
             "aggregate": self.aggregate,
             "limit": self.limit,
         }
+
+
+def of_profile(kind: str) -> Capabilities:
+    """What a device of a profile's capability class evaluates of a sub-plan."""
+    if kind == "kernels":  # an FPGA running built-in kernels evaluates no SQL
+        return Capabilities(
+            "kernels", frozenset(), project_expressions=False, aggregate=False, limit=False
+        )
+    return Capabilities.named(kind)
+
+
+def per_dataset(
+    holders: Mapping[str, Iterable[str]], device_kinds: Mapping[str, str]
+) -> dict[str, Capabilities]:
+    """What every device holding a dataset can evaluate: the intersection of their profiles.
+
+    ``holders`` maps a dataset to the devices that hold any of its partitions, ``device_kinds``
+    a device to its profile's capability class. Datasets every holder runs in full are left out.
+    """
+    result: dict[str, Capabilities] = {}
+    for dataset, devices in holders.items():
+        names = sorted(set(devices))
+        if not names:
+            continue
+        combined = of_profile(device_kinds.get(names[0], "full"))
+        for name in names[1:]:
+            combined = combined.intersect(of_profile(device_kinds.get(name, "full")))
+        if not combined.is_full:
+            result[dataset] = combined
+    return result

@@ -14,9 +14,12 @@ class PlanError(ValueError):
 class StageError(RuntimeError):
     """A sub-plan stage cannot be decoded or run; the message names the operator.
 
-    A device answers with this error and the coordinator runs that part itself.
+    One that cannot be decoded or planned makes a device hand the work back (the coordinator
+    runs that part itself); one met ``while_running`` (division by zero, a bad cast) is the
+    query's own error, the same wherever it runs.
     """
 
-    def __init__(self, message: str, operator: str = "") -> None:
+    def __init__(self, message: str, operator: str = "", while_running: bool = False) -> None:
         super().__init__(message)
         self.operator = operator
+        self.while_running = while_running

@@ -92,7 +92,11 @@ def run_stage(
         stream = frame.execute_stream()
     except Exception as error:
         operator = failing_operator(prepared, input_schema)
-        raise StageError(f"cannot run sub-plan: {operator} failed: {error}", operator) from None
+        # Every operator plans on an empty input: the rows themselves made it fail.
+        data = operator == "plan"
+        raise StageError(
+            f"cannot run sub-plan: {operator} failed: {_first_line(error)}", operator, data
+        ) from None
     return _batches(stream)
 
 
@@ -101,7 +105,15 @@ def _batches(stream) -> Iterator[pa.RecordBatch]:
         for batch in stream:
             yield batch.to_pyarrow()
     except Exception as error:
-        raise StageError(f"sub-plan failed while running: {error}", "execution") from None
+        raise StageError(
+            f"sub-plan failed while running: {_first_line(error)}", "execution", while_running=True
+        ) from None
+
+
+def _first_line(error: Exception) -> str:
+    """DataFusion's message without its backtrace."""
+    lines = [line for line in str(error).splitlines() if line.strip()]
+    return lines[0] if lines else type(error).__name__
 
 
 def _input_schema(prepared: PreparedStage, schema: pa.Schema) -> pa.Schema:

@@ -1,30 +1,13 @@
-"""Every message between the coordinator and the devices, in one place (see docs/protocol.md).
+"""The bytes on the wire: frames, protocol version, and errors (docs/protocol.md).
 
-Transport is Arrow Flight. Control messages are Flight actions; data moves as Flight streams:
+Transport is Arrow Flight. Control messages are Flight actions; data moves as Flight streams.
+Every request body (action body, put descriptor, ticket, exchange descriptor) is one frame:
+``MAGIC`` + u32 length + JSON header + binary payload. The JSON header always carries
+``protocol`` and ``kind``; a device answers a different version with a clear error. The typed
+messages that fill the header live in ``control``, ``ingest`` and ``work``.
 
-    action   hello           -> device identity, profile, protocol version
-    action   inventory       -> every committed partition the device holds (no zone maps)
-    action   describe        -> one partition's metadata slice, zone maps included
-    action   commit / abort  -> second phase of an ingest: pending partitions visible / dropped
-    action   drop            -> delete a dataset's partitions from this device
-    action   stats           -> key count, file bytes, pending partitions
-    action   kv_get / kv_put / kv_delete / kv_list   -> the raw key-value namespace (Kinetic-style)
-    action   load / load_status -> start emulated background load; read the drive's load
-    action   calibrate       -> compute-kernel time and internal read bandwidth on the device
-    do_get   calibration     -> N bytes through the external link, for the host to time
-    do_exchange program      -> run a built-in device program by name; stream its batches, then
-                                a JSON summary (bytes read and shipped, device CPU seconds)
-    do_put   put_partition   -> stream one partition's rows; the device slices, stores, pends
-    do_put   update_slice    -> replace one slice, compare-and-swap on its version
-    do_get   scan            -> a partition's slices raw (optionally a slice range and columns)
-    do_get   slices          -> slice ranges a device pushed back: raw columns or after the filter
-    do_exchange query        -> run a Substrait sub-plan over a partition; stream results, then
-                                the annotated sub-plan (decisions per slice range) and metrics
-
-Every request body is one frame: ``MAGIC`` + u32 length + JSON header + binary payload. The JSON
-header always carries ``protocol``; a device answers a different version with a clear error.
-Errors travel as ``QUARRY|<code>|<message>`` inside the Flight error, and the client rebuilds the
-typed ``quarry.errors`` exception.
+Errors travel as ``QUARRY|<code>|<message>|END`` inside the Flight error, and the client rebuilds
+the typed ``quarry.errors`` exception.
 """
 
 from __future__ import annotations
@@ -35,9 +18,10 @@ import struct
 from enum import StrEnum
 from typing import Any
 
-from quarry.errors import ProtocolMismatch, QuarryError, error_class
+from quarry.errors import ProtocolError, ProtocolMismatch, QuarryError, error_class
 
-PROTOCOL_VERSION = 1
+# 2: every message typed; one work exchange for every kind of work (was query and program)
+PROTOCOL_VERSION = 2
 MAGIC = b"QRY"
 HEADER_BYTES_MAX = 16 << 20  # a JSON header above this is a bug, not a request
 _LENGTH = struct.Struct(">I")
@@ -72,8 +56,7 @@ class Get(StrEnum):
 
 
 class Exchange(StrEnum):
-    QUERY = "query"
-    PROGRAM = "program"  # a built-in device program, by name (Kinetic exec)
+    WORK = "work"  # a unit of work over partitions: SQL stage, device program, ...
 
 
 def encode(kind: str, header: dict[str, Any] | None = None, payload: bytes = b"") -> bytes:
@@ -95,7 +78,12 @@ def decode(frame: bytes) -> tuple[str, dict[str, Any], bytes]:
     (length,) = _LENGTH.unpack(frame[len(MAGIC) : start])
     if length > HEADER_BYTES_MAX or start + length > len(frame):
         raise ProtocolMismatch("truncated quarry request frame")
-    header = json.loads(frame[start : start + length])
+    try:
+        header = json.loads(frame[start : start + length])
+    except (ValueError, UnicodeDecodeError) as error:
+        raise ProtocolError(f"quarry request frame: the header is not JSON ({error})") from None
+    if not isinstance(header, dict) or not isinstance(header.get("kind"), str):
+        raise ProtocolError("quarry request frame: the header must be an object with a kind")
     version = header.get("protocol")
     if version != PROTOCOL_VERSION:
         raise ProtocolMismatch(

@@ -1,0 +1,213 @@
+"""The one host dispatch: work requests out, completed streams back (DESIGN §3, one pipeline).
+
+For every kind of work (SQL fragments, gene statistics, samples ...) the host does the same:
+open one work exchange per task, stream the device's output on, fetch each pushed-back range as
+soon as it is announced and complete it with the *same unit of work* run on the host, and
+collect what each device did into ``WorkReport`` rows. ``pushdown="never"`` is the same path
+with every slice read raw; a device that cannot plan the work hands all of it back.
+
+Bounded everywhere: a task's pushed-back ranges are fetched by ``FETCHERS_PER_EXCHANGE``
+threads, tasks run on a fixed pool, and the merged output waits in a queue of at most
+``queue_items_max`` batches for its reader.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+
+import pyarrow as pa
+
+from quarry.coordinator.client import DeviceClient
+from quarry.coordinator.report import WorkReport
+from quarry.coordinator.streams import merge
+from quarry.device.unit import Unit
+from quarry.errors import PlanNotSupported, ProtocolError
+from quarry.protocol.stage import Stage
+from quarry.protocol.work import PushedBack, SliceRequest, WorkDone, WorkRequest
+
+FETCHERS_PER_EXCHANGE = 2  # concurrent fetches of pushed-back ranges per device stream
+PAYLOAD_ROUNDS_MAX = 2  # a unit asks for its payload at most once
+
+
+@dataclass
+class Task:
+    """One work exchange: a unit of work on one device, over some of its partitions."""
+
+    client: DeviceClient
+    request: WorkRequest
+    host: Unit  # the same unit, on the host: completes what the device hands back
+    payload: bytes = b""
+    deferred_payload: bytes | None = None  # sent only if the device says it needs it
+    label: str = ""  # what the reports call the work (a fragment, a dataset)
+    host_only: bool = False  # pushdown never: read every slice raw, the host does everything
+    # the device can run only part of the unit (a scan engine filters): what it streams is
+    # completed on the host from this stage
+    complete_output_from: Stage | None = None
+
+
+class Dispatch:
+    """Runs tasks; ``reports`` says afterwards what every device did, partition by partition."""
+
+    def __init__(self) -> None:
+        self.reports: dict[tuple[str, str, int], WorkReport] = {}
+        self.requests = 0  # work exchanges opened
+        self.bytes_sent = 0  # payload bytes sent to devices
+        self.host_complete_s = 0.0  # host time completing handed-back work
+        self._lock = threading.Lock()
+
+    def report(self, task: Task, partition: int) -> WorkReport:
+        key = (task.label, task.client.name, partition)
+        with self._lock:
+            if key not in self.reports:
+                mode = "scan" if task.host_only else "subplan"
+                self.reports[key] = WorkReport(task.client.name, task.label, partition, mode)
+            return self.reports[key]
+
+    def sorted_reports(self) -> list[WorkReport]:
+        return [self.reports[key] for key in sorted(self.reports)]
+
+    # ---- many tasks ---------------------------------------------------------------------------
+
+    def run(
+        self, tasks: list[Task], workers: int, queue_items_max: int, name: str = "quarry-work"
+    ) -> Iterator[pa.RecordBatch]:
+        """Every task's completed output, interleaved as it arrives, through a bounded queue."""
+        return merge(
+            [(lambda task=task: self.stream(task)) for task in tasks],
+            workers=max(1, workers),
+            queue_items_max=queue_items_max,
+            name=name,
+        )
+
+    # ---- one task -----------------------------------------------------------------------------
+
+    def stream(self, task: Task) -> Iterator[pa.RecordBatch]:
+        """One task's output: what the device ran, then what the host completed."""
+        if task.host_only:
+            yield from self._host_only(task)
+        else:
+            try:
+                yield from self._exchange(task)
+            except PlanNotSupported as error:
+                reports = [self.report(task, p) for p in task.request.partitions]
+                if any(r.rows_shipped for r in reports):
+                    raise
+                for r in reports:
+                    r.mode = "scan"
+                    r.fallback = f"{error}; the host ran this sub-plan over raw slices"
+                yield from self._host_only(task)
+        yield from self._timed(lambda: task.host.finish())
+
+    def _timed(self, produce) -> Iterator[pa.RecordBatch]:
+        started = time.perf_counter()
+        batches = list(produce())
+        with self._lock:
+            self.host_complete_s += time.perf_counter() - started
+        yield from batches
+
+    def _host_only(self, task: Task) -> Iterator[pa.RecordBatch]:
+        request = task.request
+        for partition in request.partitions:
+            report = self.report(task, partition)
+            reader = task.client.scan(request.domain, request.dataset, partition)
+            raw = self._count_raw(task, report, task.client.batches(reader))
+            yield from self._complete(task.host, Stage.RAW, raw)
+
+    def _count_raw(
+        self, task: Task, report: WorkReport, batches: Iterable[pa.RecordBatch]
+    ) -> Iterator[pa.RecordBatch]:
+        """Raw slices as they arrive, each counted as read (whole, as stored) and shipped."""
+        for batch in batches:
+            size = pa.ipc.get_record_batch_size(batch)
+            report.add_raw(1, batch.num_rows, size)
+            report.add_shipped(batch.num_rows, size, raw=True)
+            yield batch
+
+    def _complete(
+        self, host: Unit, stage: Stage, batches: Iterable[pa.RecordBatch]
+    ) -> Iterator[pa.RecordBatch]:
+        started = time.perf_counter()
+        out = list(host.complete(stage, batches))
+        with self._lock:
+            self.host_complete_s += time.perf_counter() - started
+        yield from out
+
+    def _exchange(self, task: Task) -> Iterator[pa.RecordBatch]:
+        payload = task.payload
+        for _ in range(PAYLOAD_ROUNDS_MAX):
+            with self._lock:
+                self.requests += 1
+                self.bytes_sent += len(payload)
+            done = yield from self._one_exchange(task, payload)
+            if not done.payload_needed:
+                return
+            if task.deferred_payload is None or payload is task.deferred_payload:
+                raise ProtocolError(f"unit {task.request.unit} needs a payload it was sent")
+            payload = task.deferred_payload
+        raise AssertionError("payload rounds exhausted")
+
+    def _one_exchange(self, task: Task, payload: bytes):
+        """Stream one exchange; pushed-back ranges are fetched and completed while the device
+        goes on deciding, so its probes and its work never hold up rows it already declined.
+        Returns the device's ``WorkDone``."""
+        stream = task.client.work(task.request, payload)
+        fetchers = ThreadPoolExecutor(FETCHERS_PER_EXCHANGE, thread_name_prefix="quarry-fetch")
+        fetches: list[Future] = []
+        held: list[pa.RecordBatch] = []  # device output the host must complete
+        done: WorkDone | None = None
+        try:
+            for item in stream:
+                if isinstance(item, pa.RecordBatch):
+                    if task.complete_output_from is not None:
+                        held.append(item)
+                    else:
+                        yield item
+                elif isinstance(item, PushedBack):
+                    fetches.append(fetchers.submit(self._fetch, task, item, payload))
+                else:
+                    done = item
+        except BaseException:  # a device that failed mid-stream leaves no fetch running
+            fetchers.shutdown(wait=False, cancel_futures=True)
+            raise
+        fetchers.shutdown(wait=False)
+        if done is None:
+            raise ProtocolError(f"device {task.client.name}: the work stream ended unfinished")
+        if done.payload_needed:
+            return done
+        for partition in done.partitions:
+            trace = list(done.trace) if done.trace is not None else None
+            self.report(task, partition.partition).add_device(partition, trace)
+        if held:
+            yield from self._complete(task.host, task.complete_output_from, held)
+        for future in fetches:
+            yield from future.result()
+        return done
+
+    def _fetch(self, task: Task, notice: PushedBack, payload: bytes) -> list[pa.RecordBatch]:
+        """Fetch a pushed-back range and complete it on the host."""
+        request = task.request
+        fetch = SliceRequest(
+            unit=request.unit,
+            domain=request.domain,
+            dataset=request.dataset,
+            partition=notice.partition,
+            ranges=notice.ranges,
+            stage=notice.stage,
+            query_id=request.query_id,
+            args=request.args,
+        )
+        report = self.report(task, notice.partition)
+        raw = notice.stage is Stage.RAW
+        if raw:  # read when fetched: counted here (a filtered range was counted by the device)
+            report.add_raw(notice.slices, notice.rows, notice.bytes_stored)
+
+        def arriving() -> Iterator[pa.RecordBatch]:
+            for batch in task.client.batches(task.client.get(fetch, payload)):
+                report.add_shipped(batch.num_rows, pa.ipc.get_record_batch_size(batch), raw)
+                yield batch
+
+        return list(self._complete(task.host, notice.stage, arriving()))

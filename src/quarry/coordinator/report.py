@@ -1,0 +1,117 @@
+"""What each device did for one piece of work, as the host saw it: a row of EXPLAIN ANALYZE.
+
+The device's own account (``PartitionReport``: its decisions and metrics over the work stream)
+plus what the host added (pushed-back ranges it fetched, raw scans of ``pushdown="never"``, a
+fallback when the device could not run the work). Each slice range is counted once: a range the
+device filtered was read there; a raw range is read when the host fetches it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from quarry.protocol.stage import Skip, Stage
+from quarry.protocol.work import Decision, PartitionReport, TraceEntry, WorkMetrics
+
+# the counters of a partition's report, summed per device in EXPLAIN ANALYZE
+COUNTERS = (
+    "slices_pruned",
+    "slices_cached",
+    "slices_scanned",
+    "slices_executed",
+    "slices_pushed_back",
+    "rows_read",
+    "bytes_read",
+    "rows_shipped",
+    "bytes_shipped",
+    "device_cpu_s",
+)
+
+
+@dataclass
+class WorkReport:
+    """One device, one piece of work (a query fragment, a dataset), one partition."""
+
+    device: str
+    label: str  # the fragment (SQL) or dataset (genes) the work was for
+    partition: int
+    mode: str  # "subplan": the device ran the unit; "scan": raw slices, the host ran it
+    decisions: list[Decision] = field(default_factory=list)
+    slices_total: int = 0
+    slices_pruned: int = 0
+    slices_cached: int = 0
+    slices_scanned: int = 0
+    slices_executed: int = 0
+    slices_pushed_back: int = 0
+    rows_read: int = 0
+    bytes_read: int = 0
+    rows_shipped: int = 0  # everything this device sent the host for this work
+    bytes_shipped: int = 0
+    bytes_shipped_raw: int = 0  # of which slices shipped raw (pushed back, or a scan)
+    slices_raw: int = 0  # slices the host completed from raw rows
+    device_cpu_s: float = 0.0
+    drive_s: float = 0.0
+    wall_s: float = 0.0
+    fallback: str | None = None
+    trace: list[TraceEntry] | None = None
+
+    def add_device(self, report: PartitionReport, trace: list[TraceEntry] | None) -> None:
+        """The device's own account of the partition (its ``WorkDone``)."""
+        m: WorkMetrics = report.metrics
+        self.decisions = list(report.decisions)
+        self.slices_total = m.slices_total
+        for name in ("slices_pruned", "slices_cached", "slices_scanned", "slices_executed"):
+            setattr(self, name, getattr(self, name) + getattr(m, name))
+        self.slices_pushed_back += m.slices_pushed_back
+        self.rows_read += m.rows_read
+        self.bytes_read += m.bytes_read
+        self.rows_shipped += m.rows_shipped
+        self.bytes_shipped += m.bytes_shipped
+        self.device_cpu_s += m.device_cpu_s
+        self.drive_s += m.drive_s
+        self.wall_s = max(self.wall_s, m.wall_s)
+        if trace is not None:
+            self.trace = [t for t in trace if t.partition == self.partition]
+
+    def add_raw(self, slices: int, rows_read: int, bytes_read: int) -> None:
+        """Raw slices the host read through the device (a fetched push back, or a scan)."""
+        self.slices_scanned += slices
+        self.slices_raw += slices
+        self.rows_read += rows_read
+        self.bytes_read += bytes_read
+
+    def add_shipped(self, rows: int, size_bytes: int, raw: bool) -> None:
+        self.rows_shipped += rows
+        self.bytes_shipped += size_bytes
+        if raw:
+            self.bytes_shipped_raw += size_bytes
+
+    def ranges(self, stage: Stage | Skip) -> list[list[int]]:
+        return [[d.first, d.end] for d in self.decisions if d.stage == stage]
+
+    def to_json(self) -> dict[str, Any]:
+        body = {f.name: getattr(self, f.name) for f in fields(self)}
+        body["fragment"] = body.pop("label")
+        body["decisions"] = [d.to_json() for d in self.decisions]
+        if self.trace is None:
+            del body["trace"]
+        else:
+            body["trace"] = [t.to_json() for t in self.trace]
+        return body
+
+
+def per_device(reports: list[WorkReport]) -> list[dict[str, Any]]:
+    """EXPLAIN ANALYZE's table: the partitions' counters summed per device."""
+    devices: dict[str, dict[str, Any]] = {}
+    for report in reports:
+        row = devices.setdefault(
+            report.device,
+            {"device": report.device, "partitions": 0, **dict.fromkeys(COUNTERS, 0), "fallbacks": []},
+        )
+        row["partitions"] += 1
+        for name in COUNTERS:
+            row[name] += getattr(report, name)
+        if report.fallback:
+            row["fallbacks"].append(report.fallback)
+    return [devices[name] for name in sorted(devices)]

@@ -1,0 +1,431 @@
+"""The one device loop, for every kind of work: prune → decide → execute → stream → push back →
+annotate (DESIGN §3, Skytether §4-5).
+
+For each partition of a ``WorkRequest`` the loop skips what the unit need not run (zone maps, a
+cache), then walks the remaining slices in order. Per range it decides a stage (forced by the
+request, or the controller's choice from measured drive time), runs it, streams the output
+through the drive's external link, and records the decision with its reason. Ranges it declines
+are announced at once (``PushedBack``) so the host fetches them while the device goes on; the
+last message (``WorkDone``) carries every decision and the metrics, each slice counted once.
+"""
+
+from __future__ import annotations
+
+import resource
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import pyarrow as pa
+from pyarrow import flight
+
+from quarry.device.controller import Adaptive, Annotation, Controllers
+from quarry.device.emulation import Emulator
+from quarry.device.parked import Parked
+from quarry.device.unit import Chunk, Unit, UnitContext, UnitError, conform, lookup
+from quarry.protocol.stage import Skip, Stage
+from quarry.protocol.work import (
+    Decision,
+    PartitionReport,
+    PushedBack,
+    SliceRange,
+    SliceRequest,
+    TraceEntry,
+    WorkDone,
+    WorkMetrics,
+    WorkRequest,
+    ranges_of,
+)
+from quarry.store import partition as partitions
+from quarry.store.kv import KeyValueStore
+from quarry.store.partition import PartitionMeta
+
+TRACE_ENTRIES_MAX = 100_000  # per-chunk timings kept when a request asks for a trace
+PUSHBACK_NOTICE_SLICES = 16  # announce pushed-back slices in groups so the host starts early
+
+
+def cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+@dataclass
+class Runtime:
+    """What a device lends every unit of work it runs."""
+
+    store: KeyValueStore
+    emulator: Emulator
+    device: str
+    controllers: Controllers = field(default_factory=Controllers)
+    parked: Parked = field(default_factory=Parked)
+
+
+class Stream:
+    """The exchange's writer, with the drive's external link in front of it."""
+
+    def __init__(self, writer: flight.MetadataRecordBatchWriter, emulator: Emulator):
+        self.writer = writer
+        self.emulator = emulator
+
+    def batches(
+        self, batches: Iterable[pa.RecordBatch], schema: pa.Schema, metrics: Counters
+    ) -> int:
+        shipped = 0
+        for batch in batches:
+            if not batch.num_rows:
+                continue
+            size = pa.ipc.get_record_batch_size(batch)
+            self.emulator.ship(size)
+            self.writer.write_batch(conform(batch, schema))
+            shipped += size
+            metrics.rows_shipped += batch.num_rows
+        metrics.bytes_shipped += shipped
+        return shipped
+
+    def message(self, message: PushedBack | WorkDone) -> None:
+        self.writer.write_metadata(pa.py_buffer(message.encode()))
+
+
+@dataclass
+class Counters:
+    """WorkMetrics while they are counted."""
+
+    slices_total: int = 0
+    slices_pruned: int = 0
+    slices_cached: int = 0
+    slices_scanned: int = 0
+    slices_executed: int = 0
+    slices_pushed_back: int = 0
+    rows_read: int = 0
+    bytes_read: int = 0
+    rows_shipped: int = 0
+    bytes_shipped: int = 0
+    drive_s: float = 0.0
+
+    def read(self, chunk: Chunk) -> None:
+        self.slices_scanned += len(chunk.numbers)
+        self.rows_read += chunk.rows_read
+        self.bytes_read += chunk.bytes_read
+
+    def frozen(self, cpu_s: float, wall_s: float) -> WorkMetrics:
+        return WorkMetrics(**vars(self), device_cpu_s=cpu_s, wall_s=wall_s)
+
+
+class PartitionRun:
+    """One partition of a work request, from its metadata to its report."""
+
+    def __init__(self, runtime: Runtime, request: WorkRequest, partition: int, unit: Unit):
+        self.runtime = runtime
+        self.request = request
+        self.unit = unit
+        self.meta: PartitionMeta = partitions.read_meta(
+            runtime.store, request.domain, request.dataset, partition
+        )
+        self.forced = _forced(request, self.meta)
+        self.counters = Counters(slices_total=len(self.meta.slices))
+        self.annotation = Annotation()
+        skipped_numbers: set[int] = set()
+        for skipped in unit.plan(self.meta, frozenset(self.forced)):
+            self.annotation.record(
+                Decision(skipped.range.first, skipped.range.end, skipped.skip, skipped.reason)
+            )
+            skipped_numbers.update(skipped.range.numbers())
+            if skipped.skip is Skip.PRUNED:
+                self.counters.slices_pruned += len(skipped.range)
+            else:
+                self.counters.slices_cached += len(skipped.range)
+        self.candidates = [n for n in range(len(self.meta.slices)) if n not in skipped_numbers]
+        self.pushed: list[int] = []
+        self.pushed_stage = Stage.RAW
+        self.started = time.perf_counter()
+
+    @property
+    def partition(self) -> int:
+        return self.meta.partition
+
+    # ---- the loop ------------------------------------------------------------------------------
+
+    def run(
+        self, controller: Adaptive | None, stream: Stream, trace: list[TraceEntry] | None
+    ) -> None:
+        # stored bytes of every candidate slice from each position on: the work left
+        remaining = [0] * (len(self.candidates) + 1)
+        for index in range(len(self.candidates) - 1, -1, -1):
+            remaining[index] = (
+                remaining[index + 1] + self.meta.slices[self.candidates[index]].bytes_stored
+            )
+        position = 0
+        while position < len(self.candidates):
+            first = self.candidates[position]
+            stage, reason, retry = self._decide(controller, first, remaining[position])
+            numbers = self._chunk(position, stage, controller)
+            position += len(numbers)
+            if stage is Stage.FULL:
+                self._execute(numbers, reason, controller, stream, trace)
+            else:
+                self._push_back(numbers, stage, reason, retry, controller, stream)
+        self._flush(stream)
+
+    def _decide(
+        self, controller: Adaptive | None, number: int, remaining_bytes: int
+    ) -> tuple[Stage, str, float | None]:
+        stage = self.forced.get(number)
+        if stage is not None:
+            decided: tuple[Stage, str, float | None] = (stage, "forced by the request", None)
+        elif controller is not None:
+            slice_bytes = self.meta.slices[number].bytes_stored
+            stage, reason, retry = controller.stage_for(number, slice_bytes, remaining_bytes)
+            decided = (Stage(stage), reason, retry)
+        else:
+            decided = (Stage.FULL, "executed: the host asked for the whole sub-plan", None)
+        stage, reason, retry = decided
+        if stage is Stage.FILTER and Stage.FILTER not in self.unit.STAGES:
+            # a unit without a filter stage pushes back raw rather than half-running
+            return Stage.RAW, reason, retry
+        return stage, reason, retry
+
+    def _chunk(self, position: int, stage: Stage, controller: Adaptive | None) -> list[int]:
+        """Contiguous slices with the same decision, run together."""
+        numbers = [self.candidates[position]]
+        if stage is not Stage.FULL or (controller is not None and controller.probing):
+            return numbers
+        limit = self.unit.CHUNK_SLICES_MAX or len(self.meta.slices)
+        if self.request.chunk_slices is not None:
+            limit = max(1, min(limit, self.request.chunk_slices))
+        while (
+            len(numbers) < limit
+            and position + len(numbers) < len(self.candidates)
+            and self.candidates[position + len(numbers)] == numbers[-1] + 1
+            and self.forced.get(numbers[-1] + 1, Stage.FULL) is Stage.FULL
+        ):
+            numbers.append(numbers[-1] + 1)
+        return numbers
+
+    def _new_chunk(self, numbers: list[int]) -> Chunk:
+        return Chunk(
+            self.meta, numbers, self.runtime.store, self.runtime.emulator, self.unit.columns()
+        )
+
+    def _execute(
+        self,
+        numbers: list[int],
+        reason: str,
+        controller: Adaptive | None,
+        stream: Stream,
+        trace: list[TraceEntry] | None,
+    ) -> None:
+        chunk = self._new_chunk(numbers)
+        context = self.unit.context
+        started, drive_before = time.perf_counter(), context.drive_s
+        outputs = list(self.unit.execute(chunk))
+        drive_s = context.drive_s - drive_before
+        shipped = stream.batches(outputs, self.unit.output_schema, self.counters)
+        self.counters.read(chunk)
+        self.counters.slices_executed += len(numbers)
+        self.counters.drive_s += drive_s
+        if controller is not None:
+            # the drive's own time: emulated compute, and shipping at its link's rate
+            link_s = shipped / controller.host.link_bytes_per_s
+            controller.observe(Stage.FULL, chunk.bytes_stored, shipped, drive_s + link_s)
+        if trace is not None and len(trace) < TRACE_ENTRIES_MAX:
+            trace.append(
+                TraceEntry(
+                    self.partition,
+                    numbers[0],
+                    numbers[-1] + 1,
+                    time.perf_counter() - started,
+                    drive_s,
+                    chunk.bytes_stored,
+                    shipped,
+                )
+            )
+        self.annotation.record(Decision(numbers[0], numbers[-1] + 1, Stage.FULL, reason))
+
+    def _push_back(
+        self,
+        numbers: list[int],
+        stage: Stage,
+        reason: str,
+        retry: float | None,
+        controller: Adaptive | None,
+        stream: Stream,
+    ) -> None:
+        if Stage.RAW not in self.unit.STAGES:
+            raise UnitError(f"unit {self.unit.NAME} cannot push back: it runs whole partitions")
+        if self.pushed and (
+            self.pushed_stage is not stage or len(self.pushed) >= PUSHBACK_NOTICE_SLICES
+        ):
+            self._flush(stream)
+        if stage is Stage.FILTER:
+            self._filter_now(numbers, controller)
+        self.pushed_stage = stage
+        self.pushed.extend(numbers)
+        self.counters.slices_pushed_back += len(numbers)
+        self.annotation.record(Decision(numbers[0], numbers[-1] + 1, stage, reason, retry))
+
+    def _filter_now(self, numbers: list[int], controller: Adaptive | None) -> None:
+        """The device filters now, timed like any work it does, and parks the rows for the host
+        to fetch with the rest of the range (the read is counted here, once)."""
+        chunk = self._new_chunk(numbers)
+        drive_before = self.unit.context.drive_s
+        outputs = self.unit.filter(chunk)
+        drive_s = self.unit.context.drive_s - drive_before
+        self.counters.read(chunk)
+        self.counters.drive_s += drive_s
+        filtered = sum(pa.ipc.get_record_batch_size(b) for bs in outputs.values() for b in bs)
+        if controller is not None:
+            link_s = filtered / controller.host.link_bytes_per_s
+            controller.observe(Stage.FILTER, chunk.bytes_stored, filtered, drive_s + link_s)
+        if self.request.query_id:
+            for number, batches in outputs.items():
+                key = (self.request.query_id, self.partition, number)
+                if not self.runtime.parked.put(key, batches):
+                    break
+
+    def _flush(self, stream: Stream) -> None:
+        if not self.pushed:
+            return
+        raw = self.pushed_stage is Stage.RAW
+        # Raw ranges are read when the host fetches them; it accounts them with these figures.
+        # Filtered ranges were read above and are counted already.
+        notice = PushedBack(
+            partition=self.partition,
+            ranges=tuple(ranges_of(self.pushed)),
+            stage=self.pushed_stage,
+            rows=sum(self.meta.slices[n].rows for n in self.pushed) if raw else 0,
+            bytes_stored=sum(self.meta.slices[n].bytes_stored for n in self.pushed) if raw else 0,
+        )
+        stream.message(notice)
+        self.pushed = []
+
+    def report(self, cpu_s: float) -> PartitionReport:
+        wall_s = time.perf_counter() - self.started
+        return PartitionReport(
+            self.partition, tuple(self.annotation.decisions), self.counters.frozen(cpu_s, wall_s)
+        )
+
+
+def _forced(request: WorkRequest, meta: PartitionMeta) -> dict[int, Stage]:
+    forced: dict[int, Stage] = {}
+    for decision in request.forced:
+        if decision.partition != meta.partition:
+            continue
+        for number in range(decision.first, min(decision.end, len(meta.slices))):
+            forced[number] = decision.stage
+    return forced
+
+
+def _controller(runtime: Runtime, request: WorkRequest) -> Adaptive | None:
+    """One controller per query fragment on this device, shared by its partitions, so what one
+    partition measured informs the others."""
+    if request.host is None:
+        return None
+
+    def create() -> Adaptive:
+        return Adaptive(request.policy, request.host, runtime.emulator.load)
+
+    if request.query_id:
+        return runtime.controllers.get(request.query_id, create)
+    return create()
+
+
+def run_work(
+    runtime: Runtime, request: WorkRequest, payload: bytes, writer: flight.MetadataRecordBatchWriter
+) -> None:
+    """Run a work request; stream its output, its push-back notices, then ``WorkDone``."""
+    started, cpu_started = time.perf_counter(), cpu_seconds()
+    context = UnitContext(runtime.store, runtime.emulator, runtime.device)
+    unit = lookup(request.unit)(request, payload, context)
+    writer.begin(unit.output_schema)
+    stream = Stream(writer, runtime.emulator)
+    runs = [PartitionRun(runtime, request, partition, unit) for partition in request.partitions]
+    if unit.payload_needed():
+        # Not an error: the host asked first without its payload, hoping nothing needs it.
+        stream.message(WorkDone((), unit.summary(), None, True, time.perf_counter() - started))
+        return
+    controller = _controller(runtime, request)
+    trace: list[TraceEntry] | None = [] if request.trace else None
+    for run in runs:
+        run.run(controller, stream, trace)
+        stream.batches(
+            _computed(context, run.counters, lambda run=run: unit.finish_partition(run.meta)),
+            unit.output_schema,
+            run.counters,
+        )
+    stream.batches(
+        _computed(context, runs[-1].counters, unit.finish), unit.output_schema, runs[-1].counters
+    )
+    cpu_s = cpu_seconds() - cpu_started
+    done = WorkDone(
+        partitions=tuple(run.report(cpu_s / len(runs)) for run in runs),
+        summary=unit.summary(),
+        trace=tuple(trace) if trace is not None else None,
+        wall_s=time.perf_counter() - started,
+        device_cpu_s=cpu_s,
+    )
+    stream.message(done)
+
+
+def _computed(context: UnitContext, counters: Counters, produce) -> list[pa.RecordBatch]:
+    drive_before = context.drive_s
+    outputs = list(produce())
+    counters.drive_s += context.drive_s - drive_before
+    return outputs
+
+
+# ---- pushed-back ranges, fetched by the host ----------------------------------------------------
+
+
+def fetch_slices(
+    runtime: Runtime, request: SliceRequest, payload: bytes
+) -> tuple[pa.Schema, Iterable[pa.RecordBatch]]:
+    """Slices a device pushed back: raw (the unit's raw columns), or after the unit's filter
+    (parked during the work when it could be, computed again otherwise)."""
+    work = WorkRequest(
+        unit=request.unit,
+        domain=request.domain,
+        dataset=request.dataset,
+        partitions=(request.partition,),
+        query_id=request.query_id,
+        args=request.args,
+    )
+    context = UnitContext(runtime.store, runtime.emulator, runtime.device)
+    unit = lookup(request.unit)(work, payload, context)
+    meta = partitions.read_meta(runtime.store, request.domain, request.dataset, request.partition)
+    numbers = [n for r in request.ranges for n in r.numbers()]
+    if not all(0 <= n < len(meta.slices) for n in numbers):
+        raise UnitError(
+            f"slices {[(r.first, r.end) for r in request.ranges]} out of range: partition "
+            f"{request.partition} has {len(meta.slices)}"
+        )
+    schema = unit.raw_schema or meta.schema
+
+    def batches() -> Iterable[pa.RecordBatch]:
+        for number in numbers:
+            for batch in _fetch_one(runtime, unit, meta, request, number, schema):
+                runtime.emulator.ship(pa.ipc.get_record_batch_size(batch))
+                yield batch
+
+    return schema, batches()
+
+
+def _fetch_one(
+    runtime: Runtime,
+    unit: Unit,
+    meta: PartitionMeta,
+    request: SliceRequest,
+    number: int,
+    schema: pa.Schema,
+) -> list[pa.RecordBatch]:
+    chunk = Chunk(meta, [number], runtime.store, runtime.emulator)
+    if request.stage is Stage.RAW:
+        return [batch.select(schema.names) for batch in chunk.batches()]
+    if request.query_id:
+        ready = runtime.parked.take((request.query_id, request.partition, number))
+        if ready is not None:  # filtered during the work: ship what was parked
+            return ready
+    chunk.columns = unit.columns()
+    return [conform(b, schema) for b in unit.filter(chunk).get(number, []) if b.num_rows]
+
+
+__all__ = ["Runtime", "SliceRange", "cpu_seconds", "fetch_slices", "run_work"]

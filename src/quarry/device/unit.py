@@ -1,0 +1,244 @@
+"""A unit of work: what the one device loop runs over slice ranges (DESIGN §3, one pipeline).
+
+The loop (``quarry.device.loop``) owns everything every kind of work shares: it reads the
+partition's metadata, asks the unit which ranges it need not run (pruned by zone maps, covered by
+a cache), decides per range how much to run (forced by the request, or the controller's Eq. 1
+on measured drive time), reads slices through the drive's internal link, streams output through
+its external link, announces pushed-back ranges, and annotates. A unit says only what its work
+is:
+
+- ``execute(chunk)``: the whole unit (stage ``full``) over a run of slices; output batches;
+- ``filter(chunk)``: scan + filter only (stage ``filter``), for units that have one;
+- ``raw(batch)``: what a pushed-back slice ships (the columns the host needs);
+- ``plan(meta, forced)``: ranges to skip (pruned, cached);
+- ``finish_partition(meta)`` / ``finish()``: output that exists only once everything is seen.
+
+CPU work goes through ``context.compute`` (a slot of the drive, stretched by its compute
+factor), which also measures the drive's time: that is what the controller judges by, the same
+for every kind of work.
+
+A new kind of work is one module: a ``Unit`` subclass decorated with ``@register``. Modules in
+``quarry.device.units`` are found by themselves; applications list theirs in ``UNIT_MODULES``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+import threading
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, TypeVar
+
+import pyarrow as pa
+
+from quarry.device.emulation import Emulator
+from quarry.errors import KeyNotFound, QuarryError
+from quarry.protocol.stage import Skip, Stage
+from quarry.protocol.work import SliceRange, WorkRequest
+from quarry.store import naming
+from quarry.store import partition as partitions
+from quarry.store.kv import KeyValueStore
+from quarry.store.partition import PartitionMeta
+
+T = TypeVar("T")
+UNITS_PACKAGE = "quarry.device.units"
+# Applications whose import registers units of their own; loaded on first use.
+UNIT_MODULES = ("quarry.genes.device", "quarry.capacity.device")
+
+
+class UnitError(QuarryError, ValueError):
+    """A request a unit cannot take (unknown unit, bad arguments): the message names it."""
+
+    code = "unit_error"
+
+
+@dataclass
+class UnitContext:
+    """What a unit may use of its device: the store (for caches), and compute slots that
+    count the drive's time."""
+
+    store: KeyValueStore
+    emulator: Emulator
+    device: str
+    drive_s: float = 0.0
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def compute(self, work: Callable[[], T]) -> T:
+        """Run CPU work in a slot of the drive, stretched by its compute factor (and load)."""
+        result, drive_s = self.emulator.run_timed(work)
+        with self._lock:
+            self.drive_s += drive_s
+        return result
+
+    # ---- a small cache of derived results in the device's own store -------------------------
+
+    def cache_key(self, domain: str, dataset: str, *parts: str) -> str:
+        return f"{naming.CACHE_PREFIX}{domain}/{dataset}/" + "/".join(parts)
+
+    def cache_get(self, key: str) -> bytes | None:
+        try:
+            keys = [k for k in self.store.list(key) if k == key or k.startswith(key + ".")]
+            if not keys:
+                return None
+            return b"".join(self.store.get_many(keys))
+        except KeyNotFound:
+            return None
+
+    def cache_put(self, key: str, value: bytes) -> None:
+        """Store a cached result (striped when over the value limit), replacing any older one."""
+        limit = self.store.kv_bytes_max
+        with self.store.transaction() as txn:
+            for old in txn.list(key):
+                if old == key or old.startswith(key + "."):
+                    txn.delete(old)
+            if len(value) <= limit:
+                txn.put(key, value)
+            else:
+                for i in range(0, len(value), limit):
+                    txn.put(naming.stripe_key(key, i // limit), value[i : i + limit])
+
+
+@dataclass
+class Chunk:
+    """A run of slices of one partition that the loop hands to a unit. ``batches()`` reads them
+    off the store as the unit consumes them, through the drive's internal link, and counts them."""
+
+    meta: PartitionMeta
+    numbers: list[int]
+    store: KeyValueStore
+    emulator: Emulator
+    columns: list[str] | None = None
+    rows_read: int = 0
+    bytes_read: int = 0
+
+    def batches(self) -> Iterator[pa.RecordBatch]:
+        for number in self.numbers:
+            info = self.meta.slices[number]
+            self.emulator.read(info.bytes_stored)
+            batch = partitions.read_slice(self.store, self.meta, number, self.columns)
+            # Paired with the write side: each slice holds the rows its metadata promised.
+            assert batch.num_rows == info.rows, (number, batch.num_rows, info.rows)
+            self.rows_read += batch.num_rows
+            self.bytes_read += info.bytes_stored
+            yield batch
+
+    @property
+    def bytes_stored(self) -> int:
+        return sum(self.meta.slices[n].bytes_stored for n in self.numbers)
+
+    @property
+    def range(self) -> SliceRange:
+        return SliceRange(self.numbers[0], self.numbers[-1] + 1)
+
+
+def conform(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
+    """DataFusion may report nullability differently chunk to chunk; the stream's schema rules."""
+    if batch.schema.equals(schema):
+        return batch
+    return pa.RecordBatch.from_arrays(batch.columns, schema=schema)
+
+
+@dataclass(frozen=True)
+class Skipped:
+    """Slices a unit need not run, and why."""
+
+    range: SliceRange
+    skip: Skip
+    reason: str
+
+
+class Unit:
+    """One kind of work near the data. Subclasses set NAME and implement ``execute``."""
+
+    NAME: ClassVar[str] = ""
+    # What the device may do with a range besides running the whole unit. A unit without RAW
+    # cannot push back: the device always runs it (capacity kernels need whole partitions).
+    STAGES: ClassVar[frozenset[Stage]] = frozenset({Stage.FULL, Stage.RAW})
+    # Slices run together: amortises per-call setup, bounds device memory. None: a whole
+    # partition is one chunk.
+    CHUNK_SLICES_MAX: ClassVar[int | None] = 4
+
+    def __init__(self, request: WorkRequest, payload: bytes, context: UnitContext):
+        self.request = request
+        self.payload = payload
+        self.context = context
+
+    @property
+    def output_schema(self) -> pa.Schema:
+        raise NotImplementedError
+
+    def columns(self) -> list[str] | None:
+        """The columns ``execute`` and ``filter`` read (None: all)."""
+        return None
+
+    def plan(self, meta: PartitionMeta, forced: frozenset[int]) -> list[Skipped]:
+        """Ranges of this partition the unit need not run (``forced``: slices the request
+        pushes back)."""
+        return []
+
+    def payload_needed(self) -> bool:
+        """After ``plan`` of every partition: the unit cannot go on without its payload."""
+        return False
+
+    def execute(self, chunk: Chunk) -> Iterable[pa.RecordBatch]:
+        raise NotImplementedError
+
+    def filter(self, chunk: Chunk) -> dict[int, list[pa.RecordBatch]]:
+        """Scan + filter, per slice number (units with Stage.FILTER in STAGES)."""
+        raise NotImplementedError
+
+    @property
+    def raw_schema(self) -> pa.Schema | None:
+        """What a raw push back ships (None: the slices whole)."""
+        return None
+
+    def finish_partition(self, meta: PartitionMeta) -> Iterable[pa.RecordBatch]:
+        return ()
+
+    def complete(self, stage: Stage, batches: Iterable[pa.RecordBatch]) -> Iterable[pa.RecordBatch]:
+        """On the host: the rest of the unit over rows of ranges handed back at ``stage``."""
+        raise NotImplementedError(f"unit {self.NAME} cannot be completed on the host")
+
+    def finish(self) -> Iterable[pa.RecordBatch]:
+        return ()
+
+    def summary(self) -> dict[str, Any]:
+        return {}
+
+
+REGISTRY: dict[str, type[Unit]] = {}
+_discovered = False
+
+
+def register(cls: type[Unit]) -> type[Unit]:
+    assert cls.NAME, f"{cls.__name__} has no NAME"
+    assert cls.NAME not in REGISTRY or REGISTRY[cls.NAME] is cls, f"unit {cls.NAME} twice"
+    REGISTRY[cls.NAME] = cls
+    return cls
+
+
+def _discover() -> None:
+    global _discovered
+    if _discovered:
+        return
+    package = importlib.import_module(UNITS_PACKAGE)
+    for info in pkgutil.iter_modules(package.__path__):
+        importlib.import_module(f"{UNITS_PACKAGE}.{info.name}")
+    for module in UNIT_MODULES:
+        try:
+            importlib.import_module(module)
+        except ModuleNotFoundError as error:  # an application not installed on this device
+            if error.name != module:
+                raise
+    _discovered = True
+
+
+def lookup(name: str) -> type[Unit]:
+    if name not in REGISTRY:
+        _discover()
+    if name not in REGISTRY:
+        raise UnitError(
+            f"no unit of work named {name!r}; this device runs: {', '.join(sorted(REGISTRY))}"
+        )
+    return REGISTRY[name]

@@ -1,0 +1,157 @@
+"""A SQL sub-plan: the three Substrait stages of a fragment (raw, filter, full) over slices.
+
+The payload is the stages' bytes back to back, their lengths in ``SubstraitArgs``. Zone-map
+predicates prune slices before anything is read. A plan this device cannot decode or plan is
+``PlanNotSupported`` (the host then runs the fragment itself over raw slices); an error while
+running (division by zero, a bad cast) is the query's error: running it on the host would fail
+the same way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+
+from quarry.device.unit import Chunk, Skipped, Unit, conform, register
+from quarry.errors import ExecutionError, PlanNotSupported, QueryError
+from quarry.plan.errors import StageError
+from quarry.plan.prune import slice_may_match
+from quarry.plan.stage import run_stage
+from quarry.protocol.message import Message, bounded
+from quarry.protocol.stage import Skip, Stage
+from quarry.protocol.work import ranges_of
+from quarry.store.partition import PartitionMeta
+
+STAGE_BYTES_MAX = 64 << 20
+PREDICATES_MAX = 10_000
+
+
+@dataclass(frozen=True)
+class SubstraitArgs(Message):
+    raw_bytes: int = bounded(low=0, high=STAGE_BYTES_MAX)
+    filter_bytes: int = bounded(low=0, high=STAGE_BYTES_MAX)
+    full_bytes: int = bounded(low=1, high=STAGE_BYTES_MAX)
+    output_schema: pa.Schema
+    raw_schema: pa.Schema
+    predicates: tuple[Any, ...] = bounded(items_max=PREDICATES_MAX, default=())  # zone maps
+
+
+def stages_payload(stages: dict[Stage, bytes]) -> bytes:
+    return stages[Stage.RAW] + stages[Stage.FILTER] + stages[Stage.FULL]
+
+
+def split_payload(args: SubstraitArgs, payload: bytes) -> dict[Stage, bytes]:
+    lengths = (args.raw_bytes, args.filter_bytes, args.full_bytes)
+    if sum(lengths) != len(payload):
+        from quarry.errors import ProtocolError
+
+        raise ProtocolError(
+            f"SubstraitArgs: stage lengths {lengths} do not add up to the payload ({len(payload)})"
+        )
+    raw_end, filter_end = lengths[0], lengths[0] + lengths[1]
+    return {
+        Stage.RAW: payload[:raw_end],
+        Stage.FILTER: payload[raw_end:filter_end],
+        Stage.FULL: payload[filter_end:],
+    }
+
+
+@register
+class SubstraitUnit(Unit):
+    NAME = "substrait"
+    STAGES = frozenset({Stage.FULL, Stage.FILTER, Stage.RAW})
+    CHUNK_SLICES_MAX = 4
+
+    def __init__(self, request, payload, context):
+        super().__init__(request, payload, context)
+        self.args = SubstraitArgs.from_json(request.args)
+        self.stages = split_payload(self.args, payload)
+
+    @property
+    def output_schema(self) -> pa.Schema:
+        return self.args.output_schema
+
+    @property
+    def raw_schema(self) -> pa.Schema:
+        return self.args.raw_schema
+
+    def plan(self, meta: PartitionMeta, forced: frozenset[int]) -> list[Skipped]:
+        predicates = list(self.args.predicates)
+        if not predicates:
+            return []
+        excluded = [
+            n
+            for n, info in enumerate(meta.slices)
+            if not slice_may_match(predicates, info.zone_map)
+        ]
+        return [Skipped(r, Skip.PRUNED, "zone maps exclude every row") for r in ranges_of(excluded)]
+
+    def execute(self, chunk: Chunk) -> list[pa.RecordBatch]:
+        # Read first: the read costs the same whatever is decided, so the drive's time for the
+        # decision is the work that follows it.
+        batches = list(chunk.batches())
+        stage, schema = self.stages[Stage.FULL], chunk.meta.schema
+        return self.context.compute(lambda: list(_run(stage, schema, batches)))
+
+    def complete(self, stage: Stage, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        """On the host: the full stage over rows handed back raw or filtered. It contains the
+        whole filter, so it also re-checks rows a restricted device filtered with only part of
+        the predicate."""
+        return _complete(self.stages[Stage.FULL], batches, COMPLETION_GROUP_BYTES_MAX)
+
+    def filter(self, chunk: Chunk) -> dict[int, list[pa.RecordBatch]]:
+        stage, schema = self.stages[Stage.FILTER], chunk.meta.schema
+        out = {}
+        for number, batch in zip(chunk.numbers, chunk.batches(), strict=True):
+            filtered = self.context.compute(lambda b=batch: list(_run(stage, schema, [b])))
+            out[number] = [conform(b, self.args.raw_schema) for b in filtered]
+        return out
+
+
+def _run(
+    stage: bytes, schema: pa.Schema, batches: Iterable[pa.RecordBatch]
+) -> Iterator[pa.RecordBatch]:
+    """A stage's non-empty output batches, its errors as the user should see them."""
+    try:
+        for batch in run_stage(stage, schema, batches):
+            if batch.num_rows:
+                yield batch
+    except StageError as error:
+        if error.while_running:
+            raise ExecutionError(str(error)) from None
+        raise PlanNotSupported(f"this device cannot run the sub-plan: {error}") from None
+
+
+# Completion on the host runs the full stage over bounded groups of handed-back rows, so host
+# memory stays bounded and output streams while rows still arrive. Any grouping is correct: the
+# full stage of a union equals the union of full stages up to what the super-plan merges anyway.
+COMPLETION_GROUP_BYTES_MAX = 64 * 1024 * 1024
+
+
+def _complete(
+    stage: bytes, batches: Iterable[pa.RecordBatch], group_bytes_max: int
+) -> Iterator[pa.RecordBatch]:
+    from quarry.plan.engine import cpu_count
+
+    group: list[pa.RecordBatch] = []
+    group_bytes = 0
+    for batch in batches:
+        group.append(batch)
+        group_bytes += batch.nbytes
+        if group_bytes >= group_bytes_max:
+            yield from _run_host(stage, group, cpu_count())
+            group, group_bytes = [], 0
+    if group:
+        yield from _run_host(stage, group, cpu_count())
+
+
+def _run_host(stage: bytes, group: list[pa.RecordBatch], partitions: int) -> Iterator[pa.RecordBatch]:
+    try:
+        yield from run_stage(stage, group[0].schema, group, target_partitions=partitions)
+    except StageError as error:
+        if error.while_running:
+            raise ExecutionError(str(error)) from None
+        raise QueryError(str(error)) from None

@@ -1,0 +1,276 @@
+"""Control-plane messages: who a device is, what it holds, its store, its load, calibration.
+
+Each request names its ``KIND`` (the Flight action type); each has one reply class. Replies travel
+as bare JSON (``to_bytes``) except ``KvValue``, which carries the value as a frame payload.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+import pyarrow as pa
+
+from quarry.protocol.frame import Action
+from quarry.protocol.message import Message, bounded
+
+NAME_CHARS_MAX = 256
+KEY_CHARS_MAX = 511  # LMDB's key limit
+KV_LIST_LIMIT_MAX = 100_000
+LOAD_SECONDS_MAX = 3600.0
+KERNEL_REPEAT_MAX = 1024
+PARTITION_MAX = 1 << 20
+DEVICE_PARTITIONS_MAX = 1 << 20
+
+
+# ---- who a device is ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Hello(Message):
+    KIND = Action.HELLO
+
+
+@dataclass(frozen=True)
+class ProfileInfo(Message):
+    """A device's resource profile, as it reports it (quarry.device.profile.Profile)."""
+
+    name: str = bounded(chars_max=NAME_CHARS_MAX)
+    description: str = ""
+    compute_factor: float = bounded(low=1e-6, high=1e6, default=1.0)
+    cores: int | None = bounded(low=1, high=4096, default=None)
+    memory_bytes: int | None = bounded(low=0, default=None)
+    internal_bytes_per_s: float | None = bounded(low=0, default=None)
+    external_bytes_per_s: float | None = bounded(low=0, default=None)
+    kv_bytes_max: int = bounded(low=4096, default=4 << 20)
+    capabilities: str = "full"
+    expressions: tuple[str, ...] = bounded(items_max=1024, default=())
+
+
+@dataclass(frozen=True)
+class HelloReply(Message):
+    protocol: int
+    id: str = bounded(chars_max=NAME_CHARS_MAX)
+    name: str = bounded(chars_max=NAME_CHARS_MAX)
+    profile: ProfileInfo = ProfileInfo(name="host")
+    pid: int = bounded(low=0, default=0)
+    data: str = ""
+    started_at: float = 0.0
+
+
+# ---- what a device holds --------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class IngestRecord(Message):
+    """One ingest, as every partition it wrote remembers it (and the catalog rebuilds from)."""
+
+    id: str = bounded(chars_max=64)
+    first_partition: int = bounded(low=0, high=PARTITION_MAX)
+    partitions: int = bounded(low=1, high=PARTITION_MAX)
+    replicas: int = bounded(low=1, high=64)
+    mode: str = "create"
+    created_at: float = 0.0
+    # partition number (as text) -> the devices it was placed on, in placement order
+    placement: dict[str, list[str]] = bounded(default_factory=dict)
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        assert self.mode in ("create", "append"), f"mode must be create or append: {self.mode!r}"
+
+
+@dataclass(frozen=True)
+class Inventory(Message):
+    KIND = Action.INVENTORY
+
+
+@dataclass(frozen=True)
+class PartitionSummary(Message):
+    """A committed partition, without its zone maps (an entry of a device's inventory)."""
+
+    domain: str = bounded(chars_max=NAME_CHARS_MAX)
+    dataset: str = bounded(chars_max=NAME_CHARS_MAX)
+    partition: int = bounded(low=0, high=PARTITION_MAX)
+    ingest: IngestRecord
+    schema: pa.Schema
+    compression: str = "none"
+    metadata: dict[str, str] = bounded(default_factory=dict)
+    hints: dict[str, Any] = bounded(default_factory=dict)
+    rows: int = bounded(low=0, default=0)
+    slices: int = bounded(low=0, default=0)
+    bytes_stored: int = bounded(low=0, default=0)
+    bytes_arrow: int = bounded(low=0, default=0)
+    device: str = ""
+
+
+@dataclass(frozen=True)
+class InventoryReply(Message):
+    partitions: list[PartitionSummary] = bounded(items_max=DEVICE_PARTITIONS_MAX)
+
+
+@dataclass(frozen=True)
+class PartitionRef(Message):
+    """One partition of one dataset (``describe``)."""
+
+    KIND = Action.DESCRIBE
+
+    domain: str = bounded(chars_max=NAME_CHARS_MAX)
+    dataset: str = bounded(chars_max=NAME_CHARS_MAX)
+    partition: int = bounded(low=0, high=PARTITION_MAX)
+
+
+@dataclass(frozen=True)
+class ZoneMap(Message):
+    """One column of one slice: its range and nulls. Dates and decimals are tagged values
+    (``{"$date": ...}``, see quarry.store.zonemap)."""
+
+    min: Any = None
+    max: Any = None
+    null_count: int = bounded(low=0, default=0)
+    rows: int = bounded(low=0, default=0)
+
+
+@dataclass(frozen=True)
+class SliceDescription(Message):
+    rows: int = bounded(low=0)
+    bytes_stored: int = bounded(low=0)
+    bytes_arrow: int = bounded(low=0)
+    stripes: int = bounded(low=0)
+    zone_map: dict[str, ZoneMap] = bounded(default_factory=dict)
+    version: int = bounded(low=0, default=1)
+
+
+@dataclass(frozen=True)
+class PartitionDescription(Message):
+    """A partition's metadata slice: the summary and, per slice, its size and zone maps."""
+
+    summary: PartitionSummary
+    slices: list[SliceDescription]
+
+
+# ---- the store ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Stats(Message):
+    KIND = Action.STATS
+
+
+@dataclass(frozen=True)
+class StatsReply(Message):
+    keys: int = bounded(low=0)
+    file_bytes: int = bounded(low=0)
+    partitions: int = bounded(low=0, default=0)
+    pending_partitions: int = bounded(low=0, default=0)
+
+
+@dataclass(frozen=True)
+class KvGet(Message):
+    KIND = Action.KV_GET
+
+    key: str = bounded(chars_max=KEY_CHARS_MAX)
+
+
+@dataclass(frozen=True)
+class KvValue(Message):
+    """The answer to ``kv_get``: the version here, the value as the frame's payload."""
+
+    KIND = "kv_value"
+
+    version: int = bounded(low=0)
+
+
+@dataclass(frozen=True)
+class KvPut(Message):
+    """The value is the payload. ``expected_version``: None writes unconditionally, 0 only if
+    the key does not exist, n only if the key is at version n (compare-and-swap)."""
+
+    KIND = Action.KV_PUT
+
+    key: str = bounded(chars_max=KEY_CHARS_MAX)
+    expected_version: int | None = bounded(low=0, default=None)
+
+
+@dataclass(frozen=True)
+class KvDelete(Message):
+    KIND = Action.KV_DELETE
+
+    key: str = bounded(chars_max=KEY_CHARS_MAX)
+    expected_version: int | None = bounded(low=0, default=None)
+
+
+@dataclass(frozen=True)
+class KvList(Message):
+    KIND = Action.KV_LIST
+
+    prefix: str = bounded(chars_max=KEY_CHARS_MAX, default="")
+    limit: int = bounded(low=1, high=KV_LIST_LIMIT_MAX, default=1000)
+
+
+@dataclass(frozen=True)
+class KvKeys(Message):
+    keys: list[str] = bounded(items_max=KV_LIST_LIMIT_MAX)
+
+
+@dataclass(frozen=True)
+class Version(Message):
+    version: int = bounded(low=0)
+
+
+@dataclass(frozen=True)
+class Deleted(Message):
+    """How many key-values a request deleted (``drop``, ``abort``; 0 or 1 for ``kv_delete``)."""
+
+    deleted: int = bounded(low=0)
+
+
+# ---- load and calibration -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Load(Message):
+    """Emulated background load on the drive, ending by itself."""
+
+    KIND = Action.LOAD
+
+    cpu: float = bounded(low=0.0, high=0.999)
+    seconds: float = bounded(low=0.001, high=LOAD_SECONDS_MAX, default=60.0)
+
+
+@dataclass(frozen=True)
+class LoadStarted(Message):
+    cpu: float
+    seconds: float
+    device: str
+
+
+@dataclass(frozen=True)
+class LoadStatusRequest(Message):
+    KIND = Action.STATUS_LOAD
+
+
+@dataclass(frozen=True)
+class LoadStatus(Message):
+    cpu_busy: float = bounded(low=0.0, high=1.0)
+    run_queue: float = bounded(low=0.0)
+    background_load: float = bounded(low=0.0, high=1.0)
+
+
+class CalibratePart(StrEnum):
+    KERNEL = "kernel"  # time the compute kernel on the drive
+    READS = "reads"  # internal read bandwidth
+
+
+@dataclass(frozen=True)
+class Calibrate(Message):
+    KIND = Action.CALIBRATE
+
+    part: CalibratePart
+    repeat: int = bounded(low=1, high=KERNEL_REPEAT_MAX, default=1)
+
+
+@dataclass(frozen=True)
+class CalibrateReply(Message):
+    kernel_s: float | None = bounded(low=0.0, default=None)
+    internal_bytes_per_s: float | None = bounded(low=0.0, default=None)

@@ -1,0 +1,82 @@
+"""Writing messages: a partition's rows in, one slice replaced, an ingest committed or aborted,
+a dataset dropped. Rows travel as the Flight stream of a ``do_put``; these are its descriptor
+and its one answer."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from quarry.protocol.control import NAME_CHARS_MAX, PARTITION_MAX, IngestRecord
+from quarry.protocol.frame import Action, Put
+from quarry.protocol.message import Message, bounded
+
+SLICES_MAX = 1 << 24
+METADATA_ITEMS_MAX = 10_000
+
+
+@dataclass(frozen=True)
+class PutPartition(Message):
+    """Phase one of an ingest: the device cuts the rows into slices and stores them pending."""
+
+    KIND = Put.PARTITION
+
+    domain: str = bounded(chars_max=NAME_CHARS_MAX)
+    dataset: str = bounded(chars_max=NAME_CHARS_MAX)
+    partition: int = bounded(low=0, high=PARTITION_MAX)
+    ingest: IngestRecord
+    compression: str = "none"
+    metadata: dict[str, str] = bounded(items_max=METADATA_ITEMS_MAX, default_factory=dict)
+    hints: dict[str, Any] = bounded(items_max=METADATA_ITEMS_MAX, default_factory=dict)
+
+
+@dataclass(frozen=True)
+class PartitionWritten(Message):
+    """The answer once the partition is durable (pending until ``commit``)."""
+
+    partition: int = bounded(low=0, high=PARTITION_MAX)
+    rows: int = bounded(low=0)
+    slices: int = bounded(low=0, high=SLICES_MAX)
+    bytes_stored: int = bounded(low=0)
+
+
+@dataclass(frozen=True)
+class UpdateSlice(Message):
+    """Replace one slice, compare-and-swap on its version; the answer is a ``Version``."""
+
+    KIND = Put.UPDATE_SLICE
+
+    domain: str = bounded(chars_max=NAME_CHARS_MAX)
+    dataset: str = bounded(chars_max=NAME_CHARS_MAX)
+    partition: int = bounded(low=0, high=PARTITION_MAX)
+    slice: int = bounded(low=0, high=SLICES_MAX)
+    expected_version: int = bounded(low=0)
+
+
+@dataclass(frozen=True)
+class Commit(Message):
+    """Phase two: every pending partition of the ingest becomes visible, in one transaction."""
+
+    KIND = Action.COMMIT
+
+    ingest_id: str = bounded(chars_max=64)
+
+
+@dataclass(frozen=True)
+class Committed(Message):
+    committed: list[int]
+
+
+@dataclass(frozen=True)
+class Abort(Message):
+    KIND = Action.ABORT
+
+    ingest_id: str = bounded(chars_max=64)
+
+
+@dataclass(frozen=True)
+class Drop(Message):
+    KIND = Action.DROP
+
+    domain: str = bounded(chars_max=NAME_CHARS_MAX)
+    dataset: str = bounded(chars_max=NAME_CHARS_MAX)

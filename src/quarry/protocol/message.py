@@ -1,0 +1,283 @@
+"""The base of every typed message: one encode, one decode that checks types and bounds.
+
+A message is a frozen dataclass whose fields are typed with what JSON can carry (int, float,
+str, bool, enums, lists, tuples, string-keyed dicts, other messages, ``X | None``) plus Arrow
+schemas (carried as base64 Arrow IPC). ``decode`` checks every field against its annotation and
+its bounds, and a wrong field fails with a ``ProtocolError`` that names the message and the field
+("WorkRequest.partitions[2]: expected an integer, got 'x'"), so a malformed request is refused at
+the door instead of failing somewhere deep inside a device.
+
+Bounds come from ``bounded(...)``; every list, dict and string has one (the defaults below), so
+no message can make a process allocate without limit.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import dataclasses
+import enum
+import functools
+import json
+import math
+import types
+import typing
+from collections.abc import Mapping
+from typing import Any, ClassVar, Self
+
+import pyarrow as pa
+
+from quarry.errors import ProtocolError
+from quarry.protocol import frame
+
+ITEMS_MAX_DEFAULT = 1_000_000  # list and dict entries
+CHARS_MAX_DEFAULT = 16 << 20  # string characters (a header is at most 16 MiB anyway)
+DEPTH_MAX = 32  # nesting of free-form JSON values (``Any`` fields)
+
+
+def bounded(
+    *,
+    low: float | None = None,
+    high: float | None = None,
+    items_max: int | None = None,
+    chars_max: int | None = None,
+    default: Any = dataclasses.MISSING,
+    default_factory: Any = dataclasses.MISSING,
+) -> Any:
+    """A dataclass field with bounds: numbers in [low, high], at most items_max entries,
+    strings of at most chars_max characters."""
+    metadata = {"low": low, "high": high, "items_max": items_max, "chars_max": chars_max}
+    return dataclasses.field(default=default, default_factory=default_factory, metadata=metadata)
+
+
+@dataclasses.dataclass(frozen=True)
+class Message:
+    """A typed wire message. ``KIND`` names it in a frame; replies may leave it empty."""
+
+    KIND: ClassVar[str] = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {f.name: _encode(getattr(self, f.name)) for f in dataclasses.fields(self)}
+
+    @classmethod
+    def from_json(cls, body: Any, where: str | None = None) -> Self:
+        where = where or cls.__name__
+        if not isinstance(body, Mapping):
+            raise ProtocolError(f"{where}: expected an object, got {_show(body)}")
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(body) - known - {"protocol", "kind"})
+        if unknown:
+            raise ProtocolError(f"{where}: unknown field(s) {', '.join(unknown)}")
+        values = {}
+        hints = _hints(cls)
+        for f in dataclasses.fields(cls):
+            if f.name not in body:
+                if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+                    raise ProtocolError(f"{where}.{f.name}: missing")
+                continue
+            values[f.name] = _decode(hints[f.name], body[f.name], f"{where}.{f.name}", f.metadata)
+        try:
+            return cls(**values)
+        except (AssertionError, ValueError, TypeError) as error:  # __post_init__ checks
+            raise ProtocolError(f"{where}: {error}") from None
+
+    # ---- as a frame (requests) and as bare JSON (replies, stream metadata) -----------------
+
+    def encode(self, payload: bytes = b"") -> bytes:
+        assert self.KIND, f"{type(self).__name__} has no KIND: it is not sent as a frame"
+        return frame.encode(self.KIND, self.to_json(), payload)
+
+    @classmethod
+    def decode(cls, data: bytes) -> tuple[Self, bytes]:
+        kind, header, payload = frame.decode(data)
+        if kind != cls.KIND:
+            raise ProtocolError(f"expected a {cls.KIND!r} message, got {kind!r}")
+        return cls.from_json(header), payload
+
+    def to_bytes(self) -> bytes:
+        return json.dumps(self.to_json(), separators=(",", ":")).encode()
+
+    @classmethod
+    def from_bytes(cls, data: bytes | memoryview) -> Self:
+        try:
+            body = json.loads(bytes(data))
+        except (ValueError, UnicodeDecodeError) as error:
+            raise ProtocolError(f"{cls.__name__}: not JSON ({error})") from None
+        return cls.from_json(body)
+
+
+@functools.cache
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+# ---- encode -----------------------------------------------------------------------------------
+
+
+def _encode(value: Any) -> Any:
+    if isinstance(value, Message):
+        return value.to_json()
+    if isinstance(value, enum.Enum):
+        return value.value
+    if isinstance(value, pa.Schema):
+        return base64.b64encode(value.serialize().to_pybytes()).decode()
+    if isinstance(value, (list, tuple)):
+        return [_encode(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _encode(v) for k, v in value.items()}
+    return value
+
+
+# ---- decode -----------------------------------------------------------------------------------
+
+
+def _show(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _decode(hint: Any, value: Any, where: str, bounds: Mapping[str, Any]) -> Any:
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        return _decode_union(typing.get_args(hint), value, where, bounds)
+    if hint is Any:
+        _check_json(value, where, 0)
+        return value
+    if origin in (list, tuple):
+        return _decode_sequence(hint, origin, value, where, bounds)
+    if origin is dict:
+        return _decode_dict(hint, value, where, bounds)
+    if isinstance(hint, type):
+        if issubclass(hint, Message):
+            return hint.from_json(value, where)
+        if issubclass(hint, enum.Enum):
+            return _decode_enum(hint, value, where)
+        if hint is pa.Schema:
+            return _decode_schema(value, where)
+        if hint in (bool, int, float, str):
+            return _decode_scalar(hint, value, where, bounds)
+    raise AssertionError(f"{where}: no decoder for {hint!r}")
+
+
+def _decode_union(args: tuple, value: Any, where: str, bounds: Mapping[str, Any]) -> Any:
+    if value is None:
+        if type(None) in args:
+            return None
+        raise ProtocolError(f"{where}: must not be null")
+    problems = []
+    for arg in args:
+        if arg is type(None):
+            continue
+        try:
+            return _decode(arg, value, where, bounds)
+        except ProtocolError as error:
+            problems.append(str(error).removeprefix(f"{where}: "))
+    raise ProtocolError(f"{where}: {'; or '.join(problems)}")
+
+
+def _decode_scalar(hint: type, value: Any, where: str, bounds: Mapping[str, Any]) -> Any:
+    if hint is bool:
+        if not isinstance(value, bool):
+            raise ProtocolError(f"{where}: expected true or false, got {_show(value)}")
+        return value
+    if hint is str:
+        if not isinstance(value, str):
+            raise ProtocolError(f"{where}: expected a string, got {_show(value)}")
+        chars_max = bounds.get("chars_max") or CHARS_MAX_DEFAULT
+        if len(value) > chars_max:
+            raise ProtocolError(f"{where}: longer than {chars_max} characters")
+        return value
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        kind = "an integer" if hint is int else "a number"
+        raise ProtocolError(f"{where}: expected {kind}, got {_show(value)}")
+    if hint is int and not isinstance(value, int):
+        if not (math.isfinite(value) and value == int(value)):
+            raise ProtocolError(f"{where}: expected an integer, got {_show(value)}")
+        value = int(value)
+    if hint is float:
+        value = float(value)
+        if not math.isfinite(value):
+            raise ProtocolError(f"{where}: must be finite, got {value}")
+    low, high = bounds.get("low"), bounds.get("high")
+    if low is not None and value < low:
+        raise ProtocolError(f"{where}: must be at least {low}, got {value}")
+    if high is not None and value > high:
+        raise ProtocolError(f"{where}: must be at most {high}, got {value}")
+    return value
+
+
+def _decode_enum(hint: type[enum.Enum], value: Any, where: str) -> Any:
+    try:
+        return hint(value)
+    except ValueError:
+        choices = ", ".join(str(m.value) for m in hint)
+        raise ProtocolError(f"{where}: {_show(value)} is not one of {choices}") from None
+
+
+def _decode_schema(value: Any, where: str) -> pa.Schema:
+    if not isinstance(value, str):
+        raise ProtocolError(f"{where}: expected an Arrow schema (base64 IPC), got {_show(value)}")
+    try:
+        return pa.ipc.read_schema(pa.py_buffer(base64.b64decode(value, validate=True)))
+    except (binascii.Error, pa.ArrowInvalid, ValueError) as error:
+        raise ProtocolError(f"{where}: not an Arrow schema ({error})") from None
+
+
+def _items_max(bounds: Mapping[str, Any]) -> int:
+    return bounds.get("items_max") or ITEMS_MAX_DEFAULT
+
+
+def _decode_sequence(
+    hint: Any, origin: type, value: Any, where: str, bounds: Mapping[str, Any]
+) -> Any:
+    if not isinstance(value, (list, tuple)):
+        raise ProtocolError(f"{where}: expected a list, got {_show(value)}")
+    if len(value) > _items_max(bounds):
+        raise ProtocolError(f"{where}: more than {_items_max(bounds)} entries ({len(value)})")
+    args = typing.get_args(hint)
+    if origin is tuple and not (len(args) == 2 and args[1] is Ellipsis):
+        if len(value) != len(args):
+            raise ProtocolError(f"{where}: expected {len(args)} entries, got {len(value)}")
+        return tuple(
+            _decode(arg, item, f"{where}[{i}]", bounds)
+            for i, (arg, item) in enumerate(zip(args, value, strict=True))
+        )
+    item_hint = args[0] if args else Any
+    items = [_decode(item_hint, item, f"{where}[{i}]", bounds) for i, item in enumerate(value)]
+    return tuple(items) if origin is tuple else items
+
+
+def _decode_dict(hint: Any, value: Any, where: str, bounds: Mapping[str, Any]) -> dict:
+    if not isinstance(value, Mapping):
+        raise ProtocolError(f"{where}: expected an object, got {_show(value)}")
+    if len(value) > _items_max(bounds):
+        raise ProtocolError(f"{where}: more than {_items_max(bounds)} entries ({len(value)})")
+    args = typing.get_args(hint)
+    value_hint = args[1] if len(args) == 2 else Any
+    out = {}
+    for key, item in value.items():
+        if not isinstance(key, str):
+            raise ProtocolError(f"{where}: keys must be strings, got {_show(key)}")
+        out[key] = _decode(value_hint, item, f"{where}[{key!r}]", bounds)
+    return out
+
+
+def _check_json(value: Any, where: str, depth: int) -> None:
+    """A free-form value (application metadata, hints): plain JSON, bounded in depth."""
+    if depth > DEPTH_MAX:
+        raise ProtocolError(f"{where}: nested deeper than {DEPTH_MAX}")
+    if value is None or isinstance(value, (bool, int, str)):
+        return
+    if isinstance(value, float):
+        return
+    if isinstance(value, (list, tuple)):
+        for item in value:
+            _check_json(item, where, depth + 1)
+        return
+    if isinstance(value, Mapping):
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise ProtocolError(f"{where}: keys must be strings, got {_show(key)}")
+            _check_json(item, where, depth + 1)
+        return
+    raise ProtocolError(f"{where}: not a JSON value: {_show(value)}")
