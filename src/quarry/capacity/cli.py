@@ -464,7 +464,7 @@ def _measure_cluster(
             "inputs": measurement.inputs.to_dict(),
             "runs": measurement.to_dict(),
         }
-    from quarry.cost.calibrate import stored
+    from quarry.coordinator.calibrate import stored
 
     single = measuring.single_device(live, device)
     try:

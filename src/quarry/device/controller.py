@@ -16,6 +16,13 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from quarry.cost.eq1 import (
+    cut_s_per_byte,
+    device_path_s_per_byte,
+    host_path_s_per_byte,
+    on_host_share,
+)
+
 STAGES = ("full", "filter", "raw")
 
 
@@ -163,9 +170,9 @@ class Adaptive:
             return sorted(values)[len(values) // 2]
 
         bw = self.host.link_bytes_per_s
-        host_s = self.host.full_s_per_byte / max(self.host.host_share, 1e-6)
-        host_rest_s = max(self.host.full_s_per_byte - self.host.filter_s_per_byte, 0.0) / max(
-            self.host.host_share, 1e-6
+        host_s = on_host_share(self.host.full_s_per_byte, self.host.host_share)
+        host_rest_s = on_host_share(
+            max(self.host.full_s_per_byte - self.host.filter_s_per_byte, 0.0), self.host.host_share
         )
         # a stage not measured yet is estimated from the other: filtering is at most the whole
         # sub-plan's work, and the whole sub-plan at least the filter's
@@ -174,10 +181,10 @@ class Adaptive:
         out_ratio = median([o for _, o in full]) if full else self.host.filter_ratio
         filter_ratio = median([o for _, o in filtered]) if filtered else self.host.filter_ratio
         return {
-            "full": full_s + out_ratio / bw,
-            "raw": self.host.raw_ratio / bw + host_s,
+            "full": device_path_s_per_byte(full_s, out_ratio, bw),
+            "raw": host_path_s_per_byte(self.host.raw_ratio, bw, host_s),
             # the host then finishes the sub-plan on what passed the filter
-            "filter": filter_s + filter_ratio / bw + host_rest_s,
+            "filter": cut_s_per_byte(filter_s, filter_ratio, bw, host_rest_s),
         }
 
     def probe_worth_it(self, slice_bytes: int, remaining_bytes: int) -> bool:
@@ -205,10 +212,9 @@ class Adaptive:
 
     def _static_cost(self, stage: str) -> float | None:
         """The host's price of a stage per stored byte, before the device measured anything."""
-        bw = self.host.link_bytes_per_s
-        share = max(self.host.host_share, 1e-6)
         if stage == "raw":
-            return self.host.raw_ratio / bw + self.host.full_s_per_byte / share
+            host_s = on_host_share(self.host.full_s_per_byte, self.host.host_share)
+            return host_path_s_per_byte(self.host.raw_ratio, self.host.link_bytes_per_s, host_s)
         return None
 
     def stage_for(
