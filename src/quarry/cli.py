@@ -1,9 +1,8 @@
-"""The ``quarry`` command."""
+"""The ``quarry`` command. What it shares with `quarry de` and `quarry capacity` (the cluster
+option, printing, errors) is in ``quarry.cli_common``; those two are mounted at the end."""
 
 from __future__ import annotations
 
-import json
-import os
 import signal
 import sys
 import time
@@ -11,9 +10,20 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
+from quarry.cli_common import (
+    DEFAULT_DATA,
+    ClusterOption,
+    JsonOption,
+    cluster_file,
+    console,
+    human_bytes,
+    open_cluster,
+    print_json,
+    run,
+)
 from quarry.errors import ClusterError, QuarryError
 
 app = typer.Typer(
@@ -25,42 +35,7 @@ app = typer.Typer(
 device_app = typer.Typer(help="Run and drive device processes.", no_args_is_help=True)
 app.add_typer(device_app, name="device")
 
-console = Console()
-errors = Console(stderr=True)
-
-DEFAULT_DATA = ".quarry"
 MATRIX_FORMATS = ("h5ad", "mtx", "tsv")
-ClusterOption = Annotated[
-    Path | None,
-    typer.Option(
-        "--cluster", help="cluster file (default: $QUARRY_CLUSTER or .quarry/cluster.json)"
-    ),
-]
-JsonOption = Annotated[bool, typer.Option("--json", help="print JSON")]
-
-
-def cluster_file(path: Path | None) -> Path:
-    if path is not None:
-        return path
-    return Path(os.environ.get("QUARRY_CLUSTER", f"{DEFAULT_DATA}/cluster.json"))
-
-
-def open_cluster(path: Path | None):
-    from quarry.coordinator.cluster import connect
-
-    return connect(cluster_file(path))
-
-
-def human_bytes(value: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(value) < 1024 or unit == "TiB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    return f"{value}"
-
-
-def print_json(value: Any) -> None:
-    sys.stdout.write(json.dumps(value, indent=2, default=str) + "\n")
 
 
 # ---- cluster lifecycle -------------------------------------------------------------------------
@@ -324,11 +299,7 @@ def sql(
             body["result"] = result.to_pylist()
         if report is not None:
             body["explain"] = report
-        text = json.dumps(body, indent=2, default=str)
-        if output:
-            output.write_text(text)
-        else:
-            sys.stdout.write(text + "\n")
+        print_json(body, output)
         return
     if report is not None:
         _print_explain(report)
@@ -341,13 +312,12 @@ def sql(
         if output:
             pacsv.write_csv(result, output)
         else:
-            sink = pa_buffer_stdout()
-            pacsv.write_csv(result, sink)
+            pacsv.write_csv(result, _stdout_sink())
     else:
         _print_result(result, max_rows)
 
 
-def pa_buffer_stdout():
+def _stdout_sink() -> Any:
     import pyarrow as pa
 
     return pa.PythonFile(sys.stdout.buffer, mode="w")
@@ -373,6 +343,9 @@ def _cell(value: Any) -> str:
 def _print_explain(report: dict[str, Any]) -> None:
     console.rule(f"plan (pushdown {report['pushdown']})")
     console.print(report["plan"], highlight=False, markup=False)
+    cost_model = report.get("cost_model")
+    if cost_model:
+        _print_cost_model(cost_model)
     analyzed = report.get("analyze")
     if not analyzed:
         return
@@ -413,6 +386,41 @@ def _print_explain(report: dict[str, Any]) -> None:
         f"{human_bytes(analyzed['bytes_shipped'])} shipped to the host, "
         f"{analyzed['rows']:,} result rows"
     )
+
+
+CUTS_SHOWN = ("full", "filter", "raw")  # the cost model's cuts, least data moved first
+SHIPPED_RATIO_OF_CUT = {"full": "output_ratio", "filter": "filter_ratio", "raw": "raw_ratio"}
+
+
+def _print_cost_model(cost_model: dict[str, Any]) -> None:
+    """The cut `auto` chose for each fragment, beside what the model estimated for every cut and
+    the sampled figures those estimates rest on (`Choice.to_json` in quarry.cost.model). One row
+    per cut rather than one column keeps the table inside 80 columns."""
+    table = Table(
+        title="cost model: the cut per fragment",
+        caption="* the cut chosen; host s/byte: the whole sub-plan on the host, per stored byte",
+    )
+    table.add_column("fragment", no_wrap=True)
+    table.add_column("cut", no_wrap=True)
+    table.add_column("estimated s", justify="right")
+    table.add_column("shipped/stored", justify="right")
+    for fragment, choice in cost_model.items():
+        chosen = choice["cut"]
+        assert chosen in CUTS_SHOWN, f"fragment {fragment}: unknown cut {chosen!r}"
+        estimates_s = choice["estimates_s"]
+        figures = choice["figures"]
+        # what sampling a slice on the host measured: it prices the host's side of every cut
+        left = [escape(fragment), f"host {figures['full_s_per_byte']:.3g} s/byte", ""]
+        for index, cut in enumerate(CUTS_SHOWN):
+            ratio = f"{figures[SHIPPED_RATIO_OF_CUT[cut]]:.3g}"
+            if cut not in estimates_s:  # not offered: a filter-only fragment has no filter cut
+                row = (cut, "-", ratio)
+            elif cut == chosen:
+                row = (f"[bold]{cut} *[/bold]", f"[bold]{estimates_s[cut]:.3g}[/bold]", ratio)
+            else:
+                row = (cut, f"{estimates_s[cut]:.3g}", ratio)
+            table.add_row(left[index], *row, end_section=cut == CUTS_SHOWN[-1])
+    console.print(table)
 
 
 @app.command()
@@ -501,26 +509,20 @@ def device_load(
 
 
 def _mount_optional() -> None:
-    """Sub-commands that live with their feature."""
+    """Sub-commands that live with their feature, each registered once. Of genes/cli.py only
+    `de` is mounted, as `quarry de` (the documented name; `quarry ingest` stores matrices); its
+    `ingest` and `drop`, with the matrix-only options, run as `python -m quarry.genes.cli`."""
     from quarry.capacity.cli import app as capacity_app
-    from quarry.genes.cli import app as genes_app
-    from quarry.genes.cli import de as genes_de
+    from quarry.genes.cli import de
 
     app.add_typer(
         capacity_app, name="capacity", help="Capacity planning for computational storage."
     )
-    app.command("de")(genes_de)
-    app.add_typer(genes_app, name="genes", help="Expression matrices: ingest, de, drop.")
+    app.command("de")(de)
 
 
 _mount_optional()
 
 
 def main() -> None:
-    try:
-        app()
-    except QuarryError as error:
-        errors.print(f"[red]error:[/red] {error}", highlight=False)
-        raise SystemExit(2) from None
-    except KeyboardInterrupt:
-        raise SystemExit(130) from None
+    run(app)

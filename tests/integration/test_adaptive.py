@@ -32,7 +32,7 @@ def test_calibration_finds_the_kinetic_figures():
         assert host["external_bytes_per_s"]["expected"] is None  # unlimited: nothing to meet
         assert 0.8 < host["compute_factor"]["measured"] < 1.25
         # stored with the cluster: a fresh coordinator reads it back from the device
-        from quarry.cost.calibrate import stored
+        from quarry.coordinator.calibrate import stored
 
         assert stored(cluster.devices["dev0"])["compute_factor"]["expected"] == 15.0
 

@@ -2,13 +2,18 @@
 
 import json
 import os
+import re
 import subprocess
 import sys
 
 import pyarrow.parquet as pq
+from typer.testing import CliRunner
 
 import quarry
+from quarry.cli import app
 from quarry.samples import particles
+
+CUTS = ("full", "filter", "raw")
 
 
 def _quarry(*args: str, cwd, check: bool = True) -> subprocess.CompletedProcess:
@@ -51,6 +56,7 @@ def test_up_ingest_datasets_scan_down(tmp_path):
         with quarry.connect(tmp_path / ".quarry" / "cluster.json") as cluster:
             back = cluster.scan("physics/particles").read_all().sort_by("id")
         assert back.equals(pq.read_table(path).sort_by("id"))
+        _explain_shows_the_cut(tmp_path)
         again = _quarry(
             "ingest", str(path), "--dataset", "physics/particles", cwd=tmp_path, check=False
         )
@@ -70,8 +76,9 @@ def test_errors_are_one_clear_line(tmp_path):
 
 
 def test_up_with_one_profile_per_device(tmp_path):
-    wrong = _quarry("up", "--devices", "3", "--profile", "host,kinetic", "--detach", cwd=tmp_path,
-                    check=False)
+    wrong = _quarry(
+        "up", "--devices", "3", "--profile", "host,kinetic", "--detach", cwd=tmp_path, check=False
+    )
     assert wrong.returncode == 2 and "2 profiles given for 3 devices" in wrong.stderr
     _quarry("up", "--devices", "2", "--profile", "host,kinetic", "--detach", cwd=tmp_path)
     try:
@@ -79,3 +86,44 @@ def test_up_with_one_profile_per_device(tmp_path):
         assert [row["profile"] for row in status] == ["host", "kinetic"]
     finally:
         _quarry("down", cwd=tmp_path)
+
+
+def _explain_shows_the_cut(cwd) -> None:
+    """`--explain` under auto prints, in table output, the cut the cost model chose: one row per
+    cut, the chosen one marked, with its estimate and what it ships."""
+    shown = _quarry(
+        "sql",
+        "SELECT count(*) FROM physics.particles WHERE ke > 10",
+        "--pushdown",
+        "auto",
+        "--explain",
+        cwd=cwd,
+    ).stdout
+    assert "cost model: the cut per fragment" in shown, shown
+    rows = [
+        [cell.strip() for cell in re.split(r"[│|]", line)[1:-1]]
+        for line in shown.splitlines()
+        if re.search(r"[│|]\s*(full|filter|raw)( \*)?\s*[│|]", line)
+    ]
+    assert [row[1].removesuffix(" *") for row in rows] == list(CUTS), shown
+    assert rows[0][0].startswith("__quarry_fragment_"), shown
+    chosen = [row for row in rows if row[1].endswith(" *")]
+    assert len(chosen) == 1, shown
+    assert chosen[0][1].removesuffix(" *") in CUTS and float(chosen[0][2]) >= 0, shown
+
+
+def test_de_is_one_command():
+    """`quarry de` is registered once, the documented way; `quarry genes` is not a second."""
+    listed = CliRunner().invoke(app, ["--help"], env={"COLUMNS": "200"})
+    assert listed.exit_code == 0, listed.output
+    assert len(re.findall(r"^│ de\b", listed.output, re.MULTILINE)) == 1, listed.output
+    assert not re.search(r"^│ genes\b", listed.output, re.MULTILINE), listed.output
+    helped = CliRunner().invoke(app, ["de", "--help"])
+    assert helped.exit_code == 0 and "--groupby" in helped.output
+
+
+def test_an_error_is_one_line_however_long(tmp_path):
+    missing = tmp_path / ("deep-" * 40) / "cluster.json"
+    done = _quarry("status", "--cluster", str(missing), cwd=tmp_path, check=False)
+    assert done.returncode == 2
+    assert done.stderr.count("\n") == 1 and str(missing) in done.stderr, done.stderr

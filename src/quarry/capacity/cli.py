@@ -1,6 +1,7 @@
 """``quarry capacity``: break-even points, hardware sweeps and cost of CSD-based nodes (CSDPLAN).
 
-Runnable on its own as ``python -m quarry.capacity.cli``.
+Runnable on its own as ``python -m quarry.capacity.cli``. The cluster option, the console, JSON
+printing and error lines are ``quarry.cli_common``'s, as in every quarry command.
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from quarry.capacity.break_even import BreakEven, break_even
@@ -20,16 +20,24 @@ from quarry.capacity.kernel_data import KernelInputError, make_inputs, working_s
 from quarry.capacity.kernels import KERNELS, check_kernel, run_kernel
 from quarry.capacity.model import CapacityInputError, CapacityInputs, HostConfig
 from quarry.capacity.presets import PRESETS, load_inputs, preset
-from quarry.capacity.report import dumps, write_json
+from quarry.capacity.report import jsonable, write_json
 from quarry.capacity.tco import SystemCost, compute_tco, load_spec
-from quarry.errors import ClusterError, QuarryError
+from quarry.cli_common import (
+    ClusterOption,
+    JsonOption,
+    cluster_file,
+    console,
+    open_cluster,
+    print_json,
+    run,
+    user_errors,
+)
+from quarry.errors import ClusterError
 
 app = typer.Typer(
     help="Capacity planning for computational storage (CSDPLAN): how many CSDs beat a host.",
     no_args_is_help=True,
 )
-console = Console()
-errors = Console(stderr=True)
 
 WorkloadOption = Annotated[
     str | None,
@@ -51,19 +59,15 @@ InputsOption = Annotated[
 ]
 HostCoresOption = Annotated[int, typer.Option(help="Active host cores n (Eq. 2).")]
 KLimitOption = Annotated[int, typer.Option(help="SSDs that saturate the host bus (Eq. 6).")]
-JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
 
-
-def _fail(error: Exception) -> typer.Exit:
-    errors.print(f"[bold red]error:[/] {error}", highlight=False)
-    return typer.Exit(code=2)
+# The planner's inputs are checked by ValueErrors of its own, not QuarryErrors (it runs without a
+# cluster); to the user they are mistakes to fix like any other, so they end the same way.
+INPUT_ERRORS = (CapacityInputError, KernelInputError)
 
 
 def _guarded(function: Callable[[], None]) -> None:
-    try:
+    with user_errors(*INPUT_ERRORS):
         function()
-    except (CapacityInputError, KernelInputError) as error:
-        raise _fail(error) from None
 
 
 def _numbers(field: str, text: str, count: int) -> list[float]:
@@ -113,7 +117,7 @@ def _emit(document: dict[str, Any], filename: str, as_json: bool, out: Path | No
         if not as_json:
             console.print(f"wrote {path}")
     if as_json:
-        typer.echo(dumps(document))
+        print_json(jsonable(document))
 
 
 def _bep_table(inputs: CapacityInputs, host: HostConfig, result: BreakEven) -> Table:
@@ -240,7 +244,7 @@ def sweep(
         config = replace(config, factors=tuple(range(1, factor_max + 1)))
         summary = run_sweep(config, out)
         if as_json:
-            typer.echo(dumps(summary))
+            print_json(jsonable(summary))
             return
         for name in ("figure10", "figure14"):
             figure = summary[name]
@@ -302,7 +306,7 @@ def workloads(as_json: JsonOption = False) -> None:
     """The preset workloads (the paper's, reconstructed; see docs/capacity.md)."""
     document = {name: inputs.to_dict() for name, inputs in PRESETS.items()}
     if as_json:
-        typer.echo(dumps(document))
+        print_json(jsonable(document))
         return
     table = Table(title="Preset workloads (seconds for the paper's working sets)")
     table.add_column("name", no_wrap=True)
@@ -332,10 +336,7 @@ def measure(
             "--host-only this host's (default 1)."
         ),
     ] = None,
-    cluster: Annotated[
-        Path | None,
-        typer.Option(help="Cluster file (default: $QUARRY_CLUSTER or .quarry/cluster.json)."),
-    ] = None,
+    cluster: ClusterOption = None,
     device: Annotated[
         str | None, typer.Option(help="The device to measure (default: the first that answers).")
     ] = None,
@@ -374,12 +375,9 @@ def measure(
         if host_only:
             _measure_host_only(kernel, data_bytes, threads or 1, as_json)
             return
-        from quarry.cli import cluster_file
-        from quarry.coordinator.cluster import connect
-
         path = cluster_file(cluster)
         try:
-            live = connect(path)
+            live = open_cluster(path)
         except ClusterError as error:
             raise ClusterError(
                 f"{error}; or give --host-only to time the kernel on this machine alone"
@@ -401,7 +399,7 @@ def measure(
                     f"-w {inputs.name})"
                 )
         if as_json:
-            typer.echo(dumps(document))
+            print_json(jsonable(document))
             return
         console.print(_bep_table(inputs, host, result))
         source = (
@@ -413,17 +411,14 @@ def measure(
             f"drive {inputs.t_csd_tx_s + inputs.t_csd_comp_s:.3f} s."
         )
 
-    try:
-        _guarded(run)
-    except QuarryError as error:
-        raise _fail(error) from None
+    _guarded(run)
 
 
 def _measure_host_only(kernel: str, data_bytes: int, threads: int, as_json: bool) -> None:
     report = run_kernel(kernel, make_inputs(kernel, data_bytes), threads)
     report.pop("result")
     if as_json:
-        typer.echo(dumps(report))
+        print_json(jsonable(report))
         return
     console.print(
         f"{kernel}: {report['bytes']:,} bytes, {threads} thread(s): "
@@ -464,7 +459,7 @@ def _measure_cluster(
             "inputs": measurement.inputs.to_dict(),
             "runs": measurement.to_dict(),
         }
-    from quarry.cost.calibrate import stored
+    from quarry.coordinator.calibrate import stored
 
     single = measuring.single_device(live, device)
     try:
@@ -522,4 +517,4 @@ def add_measured_inputs(path: Path, inputs: CapacityInputs) -> Path:
 
 
 if __name__ == "__main__":
-    app()
+    run(app)

@@ -1,7 +1,8 @@
 """PNG figures of the capacity sweeps (Figures 7, 8, 10 and 14 of CSDPLAN).
 
 Figures are built with the object API (``matplotlib.figure.Figure``), not pyplot, so drawing
-keeps no global state and needs no display.
+keeps no global state and needs no display. They draw the sweeps' plain data (the dicts that go
+into sweep.json), so this module does not import sweep.py, which imports it to draw.
 """
 
 from __future__ import annotations
@@ -15,8 +16,6 @@ import mpl_toolkits.mplot3d  # noqa: F401  registers the "3d" projection
 import numpy as np
 from matplotlib import ticker
 from matplotlib.figure import Figure
-
-from quarry.capacity.sweep import Surface
 
 DPI = 120
 DEVICE_LABELS = {"smartssd": "CSD-S (SmartSSD)", "newport": "CSD-N (Newport)"}
@@ -152,10 +151,11 @@ def plot_k_limit(curve: Mapping[str, Any], path: Path) -> Path:
     return Path(path)
 
 
-def plot_surface(surface: Surface, combinations: Mapping[str, Any], path: Path) -> Path:
-    """Figures 10 and 14: the BEP surface in 3-D, and the same grid as a labelled heat map."""
-    xs, ys = np.asarray(surface.xs), np.asarray(surface.ys)
-    grid = np.asarray(surface.bep, dtype=float)
+def plot_surface(surface: Mapping[str, Any], combinations: Mapping[str, Any], path: Path) -> Path:
+    """Figures 10 and 14: the BEP surface in 3-D, and the same grid as a labelled heat map.
+    ``surface`` is ``sweep.Surface.to_dict()``: ``bep[j][i]`` is the BEP at xs[i], ys[j]."""
+    xs, ys = np.asarray(surface["xs"]), np.asarray(surface["ys"])
+    grid = np.asarray(surface["bep"], dtype=float)
     target = combinations["target"]
     corners = combinations["corners"]
     figure = Figure(figsize=(15, 6.5), dpi=DPI, layout="constrained")
@@ -182,8 +182,8 @@ def plot_surface(surface: Surface, combinations: Mapping[str, Any], path: Path) 
             label=f"least hardware change for BEP <= {target}",
         )
         left.legend(loc="upper right", fontsize=8)
-    left.set_xlabel(surface.x_label, fontsize=9)
-    left.set_ylabel(surface.y_label, fontsize=9)
+    left.set_xlabel(surface["x_label"], fontsize=9)
+    left.set_ylabel(surface["y_label"], fontsize=9)
     left.set_zlabel("BEP (number of drives)", fontsize=9)
     # Looking from the large-factor corner keeps the tall (1, 1) end at the back, so it hides
     # nothing.
@@ -223,10 +223,10 @@ def plot_surface(surface: Surface, combinations: Mapping[str, Any], path: Path) 
     right.set_yticks(range(len(ys)), [f"{y:g}" for y in ys])
     colorbar = figure.colorbar(image, ax=right)
     colorbar.set_label("BEP (number of drives)")
-    right.set_xlabel(surface.x_label)
-    right.set_ylabel(surface.y_label)
+    right.set_xlabel(surface["x_label"])
+    right.set_ylabel(surface["y_label"])
     stars = ", ".join(f"({c['x']:g}, {c['y']:g})" for c in corners) or "none in this grid"
     right.set_title(f"red stars reach BEP <= {target}: {stars}", fontsize=10)
-    figure.suptitle(surface.title)
+    figure.suptitle(surface["title"])
     figure.savefig(path)
     return Path(path)

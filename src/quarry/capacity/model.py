@@ -17,6 +17,8 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from quarry.cost.eq1 import device_path_s, host_path_s
+
 HOST_CORES_MAX = 4096
 K_LIMIT_MAX = 4096
 SLOW_DOWN_MAX = 1e6
@@ -270,13 +272,17 @@ def t_ssd_comp_n_s(inputs: CapacityInputs, host_cores: int) -> float:
 
 
 def t_ssd_system_s(inputs: CapacityInputs, host: HostConfig) -> float:
-    """Eq. 1, and Eq. 4 when the host is overloaded (sd_tx, sd_comp > 1)."""
-    return host.sd_tx * inputs.t_ssd_tx_s + host.sd_comp * t_ssd_comp_n_s(inputs, host.host_cores)
+    """Eq. 1, and Eq. 4 when the host is overloaded (sd_tx, sd_comp > 1): ActivePy's host path,
+    the host reads the data over its bus and computes on it."""
+    return host_path_s(
+        host.sd_tx * inputs.t_ssd_tx_s, host.sd_comp * t_ssd_comp_n_s(inputs, host.host_cores)
+    )
 
 
 def t_csd_system_s(inputs: CapacityInputs) -> float:
-    """Eq. 3: the drive is not affected by the host's overload."""
-    return inputs.t_csd_tx_s + inputs.t_csd_comp_s
+    """Eq. 3: ActivePy's device path, the drive computing on what it loaded over its own bus;
+    the drive is not affected by the host's overload."""
+    return device_path_s(inputs.t_csd_comp_s, inputs.t_csd_tx_s)
 
 
 def m_ssd(m: int, k_limit: int) -> int:
@@ -287,15 +293,16 @@ def m_ssd(m: int, k_limit: int) -> int:
 def t_ssd_array_s(inputs: CapacityInputs, host: HostConfig, m: int) -> float:
     """Eq. 5: transfer divides over the SSDs the bus can use; computation stays on the host."""
     effective = m_ssd(m, host.k_limit)
-    return host.sd_tx * inputs.t_ssd_tx_s / effective + host.sd_comp * t_ssd_comp_n_s(
-        inputs, host.host_cores
+    return host_path_s(
+        host.sd_tx * inputs.t_ssd_tx_s / effective,
+        host.sd_comp * t_ssd_comp_n_s(inputs, host.host_cores),
     )
 
 
 def t_csd_array_s(inputs: CapacityInputs, m: int) -> float:
     """Eq. 7: each CSD has its own bus and compute, so both terms divide by m."""
     devices = _devices(m)
-    return (inputs.t_csd_tx_s + inputs.t_csd_comp_s) / devices
+    return device_path_s(inputs.t_csd_comp_s, inputs.t_csd_tx_s) / devices
 
 
 def throughput_bytes_per_s(data_bytes: int, time_s: float) -> float:

@@ -268,11 +268,12 @@ def run_sweep(config: SweepConfig, out_dir: Path, *, prefix: str = "") -> dict[s
     combinations = {
         name: combinations_for_bep(surface, config.target_bep) for name, surface in surfaces.items()
     }
+    drawn = {name: surface.to_dict() for name, surface in surfaces.items()}
     files = {
         "figure7": figures.plot_throughput(figure7, out_dir / f"{prefix}figure7_throughput.png"),
         "figure8": figures.plot_k_limit(figure8, out_dir / f"{prefix}figure8_k_limit.png"),
     }
-    for name, surface in surfaces.items():
+    for name, surface in drawn.items():
         stem = "figure10_bep_csd_hardware" if name == "figure10" else "figure14_bep_host_overload"
         files[name] = figures.plot_surface(
             surface, combinations[name], out_dir / f"{prefix}{stem}.png"
@@ -282,8 +283,8 @@ def run_sweep(config: SweepConfig, out_dir: Path, *, prefix: str = "") -> dict[s
         "target_bep": config.target_bep,
         "figure7": figure7,
         "figure8": figure8,
-        "figure10": {**surfaces["figure10"].to_dict(), "combinations": combinations["figure10"]},
-        "figure14": {**surfaces["figure14"].to_dict(), "combinations": combinations["figure14"]},
+        "figure10": {**drawn["figure10"], "combinations": combinations["figure10"]},
+        "figure14": {**drawn["figure14"], "combinations": combinations["figure14"]},
         "files": {name: path.name for name, path in files.items()},
         "json": f"{prefix}sweep.json",
     }

@@ -242,7 +242,7 @@ class Cluster:
 
     def calibrate(self) -> list[dict[str, Any]]:
         """Measure each device's compute factor and bandwidths beside its profile's figures."""
-        from quarry.cost.calibrate import calibrate
+        from quarry.coordinator.calibrate import calibrate
 
         reports = calibrate(self)
         self.calibration_cache = {r["device"]: r for r in reports}

@@ -154,8 +154,8 @@ class Query:
 
     def _choose_cuts(self) -> None:
         """pushdown="auto": the cost model picks each fragment's cut; devices start from it."""
-        from quarry.cost.figures import device_figures, host_cores, sample_subplan
-        from quarry.cost.model import choose, device_full_s_per_byte
+        from quarry.coordinator.figures import device_figures, host_cores, sample_subplan
+        from quarry.cost.model import choose, device_full_s_per_byte, host_share
 
         cores = host_cores()
         for fragment in self.decomposition.fragments:
@@ -182,7 +182,7 @@ class Query:
             allowed = ("full", "raw") if identical else ("full", "filter", "raw")
             choice = choose(devices, figures, cores, allowed)
             self.choices[fragment.name] = choice.to_json()
-            share = cores / max(1, len(devices))
+            share = host_share(cores, len(devices))
             for d in devices:
                 self.host_costs[(fragment.name, d.name)] = {
                     "full_s_per_byte": figures.full_s_per_byte,
@@ -191,7 +191,7 @@ class Query:
                     "raw_ratio": figures.raw_ratio,
                     "filter_ratio": figures.filter_ratio,
                     "link_bytes_per_s": d.link_bytes_per_s,
-                    "host_share": min(1.0, share),
+                    "host_share": share,
                     "start": choice.cut,
                 }
 

@@ -1,4 +1,5 @@
-"""The one cost model (DESIGN §4): ActivePy Eq. 1 per sub-plan, over the devices of a scan.
+"""The one cost model (DESIGN §4): ActivePy Eq. 1 (``cost.eq1``) per sub-plan, over the devices
+of a scan.
 
     push down when   DS_raw / BW + CT_host   >   CT_device + DS_processed / BW       (Eq. 1)
 
@@ -13,6 +14,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 from typing import Any
+
+from quarry.cost.eq1 import device_path_s, transfer_s
 
 LINK_BYTES_PER_S_DEFAULT = 2.0e9  # loopback Flight on a small machine, when nothing is measured
 CUTS = ("full", "filter", "raw")  # in order of data moved, least first
@@ -34,7 +37,18 @@ class DeviceFigures:
 
     @property
     def link_bytes_per_s(self) -> float:
-        return self.external_bytes_per_s or LINK_BYTES_PER_S_DEFAULT
+        return link_bytes_per_s(self.external_bytes_per_s)
+
+
+def link_bytes_per_s(external_bytes_per_s: float | None) -> float:
+    """The device -> host link the model prices: measured or profiled, else the default."""
+    return external_bytes_per_s or LINK_BYTES_PER_S_DEFAULT
+
+
+def host_share(host_cores: int, devices: int) -> float:
+    """The fraction of the host one device's completion work may count on: the host's cores
+    split evenly over the devices that may push work back at once, at most the whole host."""
+    return min(1.0, host_cores / max(1, devices))
 
 
 @dataclass
@@ -92,15 +106,16 @@ def estimate(
         read_s = d.stored_bytes / d.internal_bytes_per_s if d.internal_bytes_per_s else 0.0
         if cut == "full":
             work_s = _device_compute_s(d, f.full_s_per_byte)
-            ship_s = d.stored_bytes * f.output_ratio / d.link_bytes_per_s
+            shipped_bytes = d.stored_bytes * f.output_ratio
         elif cut == "filter":
             work_s = _device_compute_s(d, f.filter_s_per_byte)
-            ship_s = d.stored_bytes * f.filter_ratio / d.link_bytes_per_s
+            shipped_bytes = d.stored_bytes * f.filter_ratio
         else:
             work_s = 0.0
-            ship_s = d.stored_bytes * f.raw_ratio / d.link_bytes_per_s
+            shipped_bytes = d.stored_bytes * f.raw_ratio
         # reading, computing and shipping overlap slice by slice; the slowest stage paces it
-        per_device[d.name] = max(read_s, work_s + ship_s)
+        device_s = device_path_s(work_s, transfer_s(shipped_bytes, d.link_bytes_per_s))
+        per_device[d.name] = max(read_s, device_s)
     cores = max(1, host_cores)
     if cut == "full":
         host_s = 0.0
@@ -111,6 +126,8 @@ def estimate(
         host_s = total_bytes * remaining / cores
     else:
         host_s = total_bytes * f.full_s_per_byte / cores
+    # Eq. 1 adds CT_host to the transfer; over several devices the host completes one
+    # device's rows while the others still ship, so the wall time is the longer of the two
     slowest = max(per_device.values(), default=0.0)
     return Estimate(cut, max(slowest, host_s), per_device, host_s)
 

@@ -1,23 +1,29 @@
 """`quarry de` (differential expression) and the expression-matrix side of `quarry ingest`.
 
-Runnable on its own as `python -m quarry.genes.cli de ...` / `ingest ...` / `drop ...`. The
-cluster is found like every quarry command finds it: `--cluster FILE`, else $QUARRY_CLUSTER,
-else `.quarry/cluster.json` (written by `quarry up`).
+The main CLI mounts `de` as `quarry de`. All three commands run on their own as
+`python -m quarry.genes.cli de ...` / `ingest ...` / `drop ...`. The cluster is found like every
+quarry command finds it (`quarry.cli_common.cluster_file`): `--cluster FILE`, else
+$QUARRY_CLUSTER, else `.quarry/cluster.json` (written by `quarry up`).
 """
 
 from __future__ import annotations
 
-import json
 import math
-import os
-import sys
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
+from quarry.cli_common import (
+    ClusterOption,
+    JsonOption,
+    console,
+    human_bytes,
+    open_cluster,
+    print_json,
+    run,
+)
 from quarry.errors import QuarryError
 
 app = typer.Typer(
@@ -26,35 +32,13 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     add_completion=False,
 )
-console = Console()
-errors = Console(stderr=True)
 
-DEFAULT_CLUSTER_FILE = ".quarry/cluster.json"
 TOP_DEFAULT = 20
-
-ClusterOption = Annotated[
-    Path | None,
-    typer.Option(
-        "--cluster", help="cluster file (default: $QUARRY_CLUSTER or .quarry/cluster.json)"
-    ),
-]
 
 
 @app.callback()
 def _group() -> None:
     """Keeps `de` a sub-command even while it is this app's only command that matters."""
-
-
-def cluster_file(path: Path | None) -> Path:
-    if path is not None:
-        return path
-    return Path(os.environ.get("QUARRY_CLUSTER", DEFAULT_CLUSTER_FILE))
-
-
-def open_cluster(path: Path | None) -> Any:
-    from quarry.coordinator.cluster import connect
-
-    return connect(cluster_file(path))
 
 
 @app.command()
@@ -79,7 +63,7 @@ def de(
     ] = None,
     top: Annotated[int, typer.Option(help="genes shown (0: all)")] = TOP_DEFAULT,
     output: Annotated[Path | None, typer.Option(help="write every gene to this CSV")] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="print JSON")] = False,
+    as_json: JsonOption = False,
     cluster: ClusterOption = None,
 ) -> None:
     """Rank genes by a t-test of one group of cells against the rest, another group, or a
@@ -120,7 +104,7 @@ def de(
             "metadata": frame.attrs["metadata"],
             "quarry": {k: v for k, v in stats.items() if k != "datasets"},
         }
-        sys.stdout.write(json.dumps(body, indent=2, default=str) + "\n")
+        print_json(body)
         return
     table = Table(title=f"{dataset}: {group or 'cells'} vs {reference} ({method})")
     for column in ("names", "scores", "pvals", "pvals_adj", "logfoldchanges"):
@@ -135,10 +119,10 @@ def de(
         )
     console.print(table)
     console.print(
-        f"{len(frame):,} genes; shipped {_bytes(stats['bytes_shipped'])} to the host, read "
-        f"{_bytes(stats['bytes_read'])} on devices; slices executed {stats['slices_executed']}, "
-        f"pushed back {stats['slices_pushed_back']}, cached {stats['slices_cached']}; "
-        f"{stats['wall_s']:.2f} s",
+        f"{len(frame):,} genes; shipped {human_bytes(stats['bytes_shipped'])} to the host, "
+        f"read {human_bytes(stats['bytes_read'])} on devices; slices executed "
+        f"{stats['slices_executed']}, pushed back {stats['slices_pushed_back']}, cached "
+        f"{stats['slices_cached']}; {stats['wall_s']:.2f} s",
         highlight=False,
     )
 
@@ -180,7 +164,7 @@ def ingest(
         c.close()
     console.print(
         f"stored {stored.dataset}: {stored.gene_count:,} genes x {stored.cell_count:,} cells, "
-        f"{_bytes(stored.entry.bytes_stored)} in {len(stored.entry.partitions)} partitions "
+        f"{human_bytes(stored.entry.bytes_stored)} in {len(stored.entry.partitions)} partitions "
         f"(version {stored.version})",
         highlight=False,
     )
@@ -223,20 +207,8 @@ def _json_row(row: dict[str, Any]) -> dict[str, Any]:
     return {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in row.items()}
 
 
-def _bytes(value: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(value) < 1024 or unit == "GiB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    return f"{value}"
-
-
 def main() -> None:
-    try:
-        app()
-    except QuarryError as error:
-        errors.print(f"[red]error:[/red] {error}", highlight=False)
-        raise SystemExit(2) from None
+    run(app)
 
 
 if __name__ == "__main__":

@@ -30,7 +30,7 @@ import pyarrow as pa
 from scipy import sparse
 
 from quarry.coordinator.client import DeviceClient
-from quarry.cost.model import LINK_BYTES_PER_S_DEFAULT
+from quarry.cost.model import host_share, link_bytes_per_s
 from quarry.device.controller import HostCost
 from quarry.errors import DeviceUnavailable
 from quarry.genes.datasets import StoredMatrix
@@ -290,14 +290,13 @@ def _check_output(table: pa.Table, device: str) -> None:
 def _host_cost(matrix: StoredMatrix, device: str, device_count: int) -> HostCost:
     """What the host would pay to accumulate a slice itself, for the device's decision."""
     profile = matrix.cluster.info.get(device, {}).get("profile", {})
-    link = profile.get("external_bytes_per_s") or LINK_BYTES_PER_S_DEFAULT
     host_cores = os.cpu_count() or 1
     return HostCost(
         full_s_per_byte=host_accumulate_s_per_byte(),
         raw_ratio=1.0,  # a pushed-back slice ships whole
         filter_ratio=1.0,  # Accumulate has no filter stage: "filter" is never cheaper than raw
-        link_bytes_per_s=float(link),
-        host_share=min(1.0, host_cores / max(device_count, 1)),
+        link_bytes_per_s=float(link_bytes_per_s(profile.get("external_bytes_per_s"))),
+        host_share=host_share(host_cores, device_count),
         start="full",
     )
 

@@ -58,7 +58,7 @@ def device_figures(
     cluster: Cluster, entry: DatasetEntry, stored: dict[str, int]
 ) -> list[DeviceFigures]:
     """Calibrated figures where a calibration was stored, the profile's otherwise."""
-    from quarry.cost.calibrate import stored as stored_calibration
+    from quarry.coordinator.calibrate import stored as stored_calibration
     from quarry.protocol import Action
 
     figures = []

@@ -1,0 +1,112 @@
+"""What every quarry command line shares: finding the cluster, printing, and failing.
+
+`quarry` (cli.py), `quarry de` (genes/cli.py) and `quarry capacity` (capacity/cli.py) each run on
+their own too (`python -m quarry.genes.cli`, `python -m quarry.capacity.cli`), so they cannot
+borrow from one another without import circles: the main CLI mounts the other two. What they
+have in common lives here, and this module imports none of them:
+
+- `ClusterOption`, `cluster_file`, `open_cluster`: one `--cluster FILE` option, found the same
+  way by every command (the option, else $QUARRY_CLUSTER, else `.quarry/cluster.json`);
+- `console`, `human_bytes`, `JsonOption`, `print_json`: one console and one way to print sizes
+  and JSON;
+- `user_errors`, `run`: a `QuarryError` (or another error a command names as the user's) becomes
+  one red line on stderr and exit code `EXIT_USER_ERROR`, never a traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+
+from quarry.errors import QuarryError
+
+if TYPE_CHECKING:
+    from quarry.coordinator.cluster import Cluster
+
+DEFAULT_DATA = ".quarry"
+CLUSTER_FILE_ENV = "QUARRY_CLUSTER"
+# Exit code 2 is what click gives a wrong option, and what quarry has always given an error the
+# user can fix: scripts tell these apart from a crash (1) or Ctrl-C (130).
+EXIT_USER_ERROR = 2
+EXIT_INTERRUPTED = 130
+
+ClusterOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--cluster", help="cluster file (default: $QUARRY_CLUSTER or .quarry/cluster.json)"
+    ),
+]
+JsonOption = Annotated[bool, typer.Option("--json", help="print JSON")]
+
+console = Console()
+errors = Console(stderr=True)
+
+
+def cluster_file(path: Path | None) -> Path:
+    """The cluster file a command uses: `--cluster`, else $QUARRY_CLUSTER, else the default."""
+    if path is not None:
+        return path
+    return Path(os.environ.get(CLUSTER_FILE_ENV, f"{DEFAULT_DATA}/cluster.json"))
+
+
+def open_cluster(path: Path | None) -> Cluster:
+    # Imported here: the coordinator pulls in Flight and DataFusion, which commands that never
+    # touch a cluster (capacity bep, --help) should not pay for.
+    from quarry.coordinator.cluster import connect
+
+    return connect(cluster_file(path))
+
+
+def human_bytes(value: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(value) < 1024 or unit == "TiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{value}"
+
+
+def print_json(value: Any, output: Path | None = None) -> None:
+    """Indented JSON on stdout, or into ``output``; values JSON lacks (paths, times) as text."""
+    text = json.dumps(value, indent=2, default=str)
+    if output is not None:
+        output.write_text(text)
+    else:
+        sys.stdout.write(text + "\n")
+
+
+def report_error(error: BaseException) -> None:
+    """One red line on stderr. The message is printed as text (not rich markup, which would eat
+    brackets in it) and not wrapped, so `grep` finds it whole."""
+    errors.print(f"[red]error:[/red] {escape(str(error))}", highlight=False, soft_wrap=True)
+
+
+@contextmanager
+def user_errors(*also: type[Exception]) -> Iterator[None]:
+    """Inside a command: a `QuarryError` or one of ``also`` ends it with one red line and
+    `EXIT_USER_ERROR`. For apps that run under typer's test runner, where `run` is not."""
+    try:
+        yield
+    except (QuarryError, *also) as error:
+        report_error(error)
+        raise typer.Exit(code=EXIT_USER_ERROR) from None
+
+
+def run(app: typer.Typer) -> None:
+    """The entry point of a quarry command line: an error the user can act on is one red line,
+    not a traceback; anything else is a bug and keeps its traceback."""
+    try:
+        app()
+    except QuarryError as error:
+        report_error(error)
+        raise SystemExit(EXIT_USER_ERROR) from None
+    except KeyboardInterrupt:
+        raise SystemExit(EXIT_INTERRUPTED) from None
