@@ -14,7 +14,7 @@ kinetic profile.
 
 Device time is what a device would take: the work runs for real inside the device emulator's
 slot, which is then held for (compute factor - 1) x the work's CPU seconds
-(`quarry.device.emulation`, the mechanism `ProgramContext.compute` uses on a running device). Writes
+(`quarry.device.emulation`, the mechanism `UnitContext.compute` uses on a running device). Writes
 bench/results/slice_shape.json and .png. Run: python bench/slice_shape.py [--quick]
 """
 

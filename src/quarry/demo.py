@@ -39,7 +39,7 @@ def run_demo(console: Console, rows: int, devices: int, profile: str) -> None:
         for device, (count, device_rows, slices, stored) in sorted(per_device.items()):
             table.add_row(
                 device,
-                cluster.info[device]["profile"]["name"],
+                cluster.info[device].profile.name,
                 str(count),
                 f"{device_rows:,}",
                 str(slices),

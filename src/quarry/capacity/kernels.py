@@ -9,7 +9,7 @@ Threads split the data into contiguous ranges; numpy releases the GIL inside the
 the ranges run in parallel. (Page Rank's matrix-vector product may also use BLAS threads.)
 
 Every piece of work goes through ``run`` (default: call it). A device passes its
-``ProgramContext.compute``, so each piece holds one of the drive's emulated cores and is stretched
+``UnitContext.compute``, so each piece holds one of the drive's emulated cores and is stretched
 by its compute factor (``quarry.capacity.device``); the kernels themselves do not know.
 """
 
@@ -207,7 +207,7 @@ def run_kernel(
 
     Returns ``kernel``, ``threads``, ``bytes`` (input bytes in memory), ``transfer_s`` (time to
     bring the inputs into contiguous numpy arrays), ``compute_s`` and ``result``. ``run`` wraps
-    every piece of the computation (a device passes its ``ProgramContext.compute``).
+    every piece of the computation (a device passes its ``UnitContext.compute``).
     """
     check_kernel(name, threads)
     started = time.perf_counter()

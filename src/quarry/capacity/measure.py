@@ -489,8 +489,8 @@ def single_device(cluster: Cluster, device: str | None = None) -> Cluster:
 
 def device_cores(cluster: Cluster, device: str) -> int:
     """The emulated cores of a device's profile (1 when it has no limit: use the host's own)."""
-    profile = cluster.info.get(device, {}).get("profile", {})
-    return int(profile.get("cores") or 1)
+    info = cluster.info.get(device)
+    return int((info.profile.cores if info is not None else None) or 1)
 
 
 def measure_kernel(
@@ -521,7 +521,7 @@ def measure_kernel(
         name = single.live_devices()[0].name
         threads = device_threads or device_cores(single, name)
         check_kernel(kernel, threads)
-        profile = single.info[name]["profile"]["name"]
+        profile = single.info[name].profile.name
         entry = ingest_kernel_inputs(
             single, kernel, data_bytes, dataset_name(kernel, data_bytes, name), seed=seed
         )

@@ -6,19 +6,20 @@ device (key ``~sys/calibration``) so any coordinator, and the cost model, can re
 
 from __future__ import annotations
 
-import json
 import statistics
 import time
 from typing import TYPE_CHECKING, Any
 
 from quarry.device.calibration import time_kernel
-from quarry.protocol import Action, Get
+from quarry.protocol.control import CalibratePart, CalibrationReport, Measured
+from quarry.protocol.work import CalibrationTransfer
 
 if TYPE_CHECKING:
     from quarry.coordinator.client import DeviceClient
-    from quarry.coordinator.cluster import Cluster
+    from quarry.coordinator.membership import Membership
 
 CALIBRATION_KEY = "~sys/calibration"
+CALIBRATE_TIMEOUT_S = 600.0
 EXTERNAL_BYTES = 256 << 20
 EXTERNAL_BYTES_MAX = 4 << 30
 MEASURE_S = 1.0
@@ -32,7 +33,7 @@ CONFIRMED_ROUNDS = 3  # ... once this many rounds did
 
 
 def _external_bytes_per_s(client: DeviceClient, total_bytes: int) -> float:
-    reader = client.get(Get.CALIBRATION, {"bytes": total_bytes})
+    reader = client.get(CalibrationTransfer(total_bytes))
     received = 0
     started = time.perf_counter()
     while (chunk := client.guard(lambda: next(reader, None))) is not None:
@@ -64,9 +65,7 @@ def compute_factor(client: DeviceClient) -> tuple[float, float, float, float]:
     for round_number in range(KERNEL_ROUNDS_MAX):
         hosts.append(time_kernel(None, KERNEL_RUNS))
         devices.append(
-            client.action_json(
-                Action.CALIBRATE, {"part": "kernel", "repeat": KERNEL_RUNS}, timeout_s=600
-            )["kernel_s"]
+            client.calibrate(CalibratePart.KERNEL, KERNEL_RUNS, timeout_s=CALIBRATE_TIMEOUT_S).kernel_s
         )
         if round_number + 1 >= KERNEL_ROUNDS_MIN and _confirmed(hosts) and _confirmed(devices):
             break
@@ -82,42 +81,38 @@ def _confirmed(times_s: list[float]) -> bool:
 
 
 def calibrate_device(client: DeviceClient) -> dict[str, Any]:
-    info = client.hello()
-    profile = info["profile"]
+    profile = client.hello().profile
     factor, spread, host_kernel_s, device_kernel_s = compute_factor(client)
-    internal = client.action_json(Action.CALIBRATE, {"part": "reads"}, timeout_s=600)
+    internal = client.calibrate(CalibratePart.READS, timeout_s=CALIBRATE_TIMEOUT_S)
     # About a second of traffic at the expected rate, so the bucket's small idle credit does
     # not count (bounded for very fast or unlimited links). The first run warms the link (the
     # first second after idle ran 30% slow over loopback); then the best of a few, since other
     # work on the machine only slows a transfer and the bucket keeps it under the profile.
-    expected = profile["external_bytes_per_s"] or 0
+    expected = profile.external_bytes_per_s or 0
     transfer_bytes = int(min(EXTERNAL_BYTES_MAX, max(EXTERNAL_BYTES, expected * MEASURE_S)))
     _external_bytes_per_s(client, transfer_bytes)
     external = max(_external_bytes_per_s(client, transfer_bytes) for _ in range(EXTERNAL_RUNS))
-    report = {
-        "device": client.name,
-        "profile": profile["name"],
-        "compute_factor": {
-            "expected": profile["compute_factor"],
-            "measured": factor,
-            "spread": round(spread, 4),
-        },
-        "internal_bytes_per_s": {
-            "expected": profile["internal_bytes_per_s"],
-            "measured": internal["internal_bytes_per_s"],
-        },
-        "external_bytes_per_s": {"expected": profile["external_bytes_per_s"], "measured": external},
-        "host_kernel_s": host_kernel_s,
-        "device_kernel_s": device_kernel_s,
-        "measured_at": time.time(),
-    }
-    for key in ("compute_factor", "internal_bytes_per_s", "external_bytes_per_s"):
-        report[key]["within_10_percent"] = _within(report[key]["expected"], report[key]["measured"])
-    client.kv_put(CALIBRATION_KEY, json.dumps(report).encode())
-    return report
+
+    def measured(expected: float | None, value: float, spread: float | None = None) -> Measured:
+        return Measured(expected, value, _within(expected, value), spread)
+
+    report = CalibrationReport(
+        device=client.name,
+        profile=profile.name,
+        compute_factor=measured(profile.compute_factor, factor, round(spread, 4)),
+        internal_bytes_per_s=measured(
+            profile.internal_bytes_per_s, internal.internal_bytes_per_s or 0.0
+        ),
+        external_bytes_per_s=measured(profile.external_bytes_per_s, external),
+        host_kernel_s=host_kernel_s,
+        device_kernel_s=device_kernel_s,
+        measured_at=time.time(),
+    )
+    client.kv_put(CALIBRATION_KEY, report.to_bytes())
+    return report.to_json()
 
 
-def calibrate(cluster: Cluster) -> list[dict[str, Any]]:
+def calibrate(cluster: Membership) -> list[dict[str, Any]]:
     """One report per device; devices are measured one at a time so they do not disturb each
     other's numbers."""
     return [calibrate_device(client) for client in cluster.live_devices()]
@@ -131,4 +126,4 @@ def stored(client: DeviceClient) -> dict[str, Any] | None:
         value, _ = client.kv_get(CALIBRATION_KEY)
     except KeyNotFound:
         return None
-    return json.loads(value)
+    return CalibrationReport.from_bytes(value).to_json()

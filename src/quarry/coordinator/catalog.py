@@ -14,7 +14,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from quarry.store.partition import schema_from_text
+from quarry.protocol.control import IngestRecord, PartitionSummary
 
 
 @dataclass
@@ -35,7 +35,7 @@ class DatasetEntry:
     compression: str
     metadata: dict[str, str]
     hints: dict[str, Any]
-    ingests: list[dict[str, Any]]
+    ingests: list[IngestRecord]
     partitions: list[PartitionEntry] = field(default_factory=list)
     # Partitions whose every replica sits on a device that does not answer right now.
     unavailable: dict[int, list[str]] = field(default_factory=dict)
@@ -59,8 +59,16 @@ class DatasetEntry:
     @property
     def version(self) -> str:
         """Changes whenever the dataset is re-ingested or appended to (cache keys use it)."""
-        ids = ",".join(sorted(i["id"] for i in self.ingests))
+        ids = ",".join(sorted(i.id for i in self.ingests))
         return hashlib.blake2b(ids.encode(), digest_size=8).hexdigest()
+
+    def unavailable_message(self) -> str:
+        devices = sorted({d for ds in self.unavailable.values() for d in ds})
+        return (
+            f"dataset {self.qualified} is unavailable: partitions "
+            f"{sorted(self.unavailable)} are only on device(s) {', '.join(devices)}, which do "
+            "not answer. Start them (quarry status shows which) and try again."
+        )
 
     def partitions_by_device(self) -> dict[str, list[int]]:
         placement: dict[str, list[int]] = defaultdict(list)
@@ -83,7 +91,7 @@ class DatasetEntry:
             "bytes_stored": self.bytes_stored,
             "bytes_arrow": self.bytes_arrow,
             "compression": self.compression,
-            "replicas": self.ingests[0]["replicas"],
+            "replicas": self.ingests[0].replicas,
             "columns": [{"name": f.name, "type": str(f.type)} for f in self.schema],
             "devices": dict(sorted(by_device.items())),
             "metadata": self.metadata,
@@ -93,55 +101,60 @@ class DatasetEntry:
         }
 
 
+@dataclass
+class _Ingest:
+    """One ingest of a dataset as the devices report it: its record, and per partition the
+    devices holding it (with their summaries)."""
+
+    record: IngestRecord
+    parts: dict[int, list[tuple[str, PartitionSummary]]] = field(default_factory=dict)
+
+
 def build(
-    inventories: dict[str, list[dict[str, Any]]], down: frozenset[str] = frozenset()
+    inventories: dict[str, list[PartitionSummary]], down: frozenset[str] = frozenset()
 ) -> dict[str, DatasetEntry]:
     """Assemble datasets from each device's inventory (device name -> partition summaries).
 
     ``down`` names devices that did not answer: a partition missing only because its devices
     are down keeps its dataset listed, marked unavailable, rather than making it vanish.
     """
-    holders: dict[tuple[str, str, int], list[tuple[str, dict[str, Any]]]] = defaultdict(list)
-    for device, entries in inventories.items():
-        for entry in entries:
-            holders[(entry["domain"], entry["dataset"], entry["partition"])].append((device, entry))
-
-    by_dataset: dict[tuple[str, str], dict[str, Any]] = defaultdict(dict)
-    for (domain, dataset, partition), held in holders.items():
-        ingest = held[0][1]["ingest"]
-        by_dataset[(domain, dataset)].setdefault(ingest["id"], {"ingest": ingest, "parts": {}})
-        by_dataset[(domain, dataset)][ingest["id"]]["parts"][partition] = held
+    by_dataset: dict[tuple[str, str], dict[str, _Ingest]] = defaultdict(dict)
+    for device, summaries in inventories.items():
+        for summary in summaries:
+            ingests = by_dataset[(summary.domain, summary.dataset)]
+            ingest = ingests.setdefault(summary.ingest.id, _Ingest(summary.ingest))
+            ingest.parts.setdefault(summary.partition, []).append((device, summary))
 
     catalog: dict[str, DatasetEntry] = {}
     for (domain, dataset), ingests in by_dataset.items():
-        complete = [i for i in ingests.values() if _complete(i["ingest"], i["parts"], down)]
-        complete.sort(key=lambda i: i["ingest"]["created_at"])
-        if not complete or complete[0]["ingest"]["mode"] != "create":
+        complete = [i for i in ingests.values() if _complete(i, down)]
+        complete.sort(key=lambda i: i.record.created_at)
+        if not complete or complete[0].record.mode != "create":
             continue
-        first = next(iter(complete[0]["parts"].values()))[0][1]
+        first = next(iter(complete[0].parts.values()))[0][1]
         entry = DatasetEntry(
             domain=domain,
             name=dataset,
-            schema=schema_from_text(first["schema"]),
-            compression=first["compression"],
-            metadata=first.get("metadata", {}),
-            hints=first.get("hints", {}),
-            ingests=[i["ingest"] for i in complete],
+            schema=first.schema,
+            compression=first.compression,
+            metadata=first.metadata,
+            hints=first.hints,
+            ingests=[i.record for i in complete],
         )
         for ingest in complete:
-            for partition in _expected(ingest["ingest"]):
-                held = ingest["parts"].get(partition)
+            for partition in _expected(ingest.record):
+                held = ingest.parts.get(partition)
                 if not held:
-                    entry.unavailable[partition] = _placement(ingest["ingest"], partition)
+                    entry.unavailable[partition] = _placement(ingest.record, partition)
                     continue
                 summary = held[0][1]
                 entry.partitions.append(
                     PartitionEntry(
                         partition=partition,
-                        rows=summary["rows"],
-                        slices=summary["slices"],
-                        bytes_stored=summary["bytes_stored"],
-                        bytes_arrow=summary["bytes_arrow"],
+                        rows=summary.rows,
+                        slices=summary.slices,
+                        bytes_stored=summary.bytes_stored,
+                        bytes_arrow=summary.bytes_arrow,
                         devices=[device for device, _ in held],
                     )
                 )
@@ -149,18 +162,18 @@ def build(
     return dict(sorted(catalog.items()))
 
 
-def _expected(ingest: dict[str, Any]) -> range:
-    return range(ingest["first_partition"], ingest["first_partition"] + ingest["partitions"])
+def _expected(ingest: IngestRecord) -> range:
+    return range(ingest.first_partition, ingest.first_partition + ingest.partitions)
 
 
-def _placement(ingest: dict[str, Any], partition: int) -> list[str]:
-    return list(ingest.get("placement", {}).get(str(partition), []))
+def _placement(ingest: IngestRecord, partition: int) -> list[str]:
+    return list(ingest.placement.get(str(partition), []))
 
 
-def _complete(ingest: dict[str, Any], parts: dict[int, list[Any]], down: frozenset[str]) -> bool:
-    for partition in _expected(ingest):
-        holders = {device for device, _ in parts.get(partition, [])}
-        missing = [d for d in _placement(ingest, partition) if d not in holders]
-        if len(holders) < ingest["replicas"] and not (missing and set(missing) <= down):
+def _complete(ingest: _Ingest, down: frozenset[str]) -> bool:
+    for partition in _expected(ingest.record):
+        holders = [device for device, _ in ingest.parts.get(partition, [])]
+        missing = [d for d in _placement(ingest.record, partition) if d not in holders]
+        if len(holders) < ingest.record.replicas and not (missing and set(missing) <= down):
             return False
     return True

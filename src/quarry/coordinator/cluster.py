@@ -1,114 +1,52 @@
-"""``Cluster``: what a user holds after ``quarry.local(...)`` or ``quarry.connect(file)``."""
+"""``Cluster``: what a user holds after ``quarry.local(...)`` or ``quarry.connect(file)``.
+
+Membership and catalog live in ``Membership``; ingest, SQL and calibration are functions over
+it in their own modules, which this handle only calls (so none of them imports it).
+"""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Self
 
 import pyarrow as pa
 
-from quarry.coordinator import catalog as catalog_module
+from quarry.coordinator.calibrate import calibrate
 from quarry.coordinator.catalog import DatasetEntry
-from quarry.coordinator.client import DeviceClient
+from quarry.coordinator.fragments import Forced
+from quarry.coordinator.ingest import ingest
+from quarry.coordinator.membership import Membership
+from quarry.coordinator.query import Query
 from quarry.coordinator.streams import merge
-from quarry.errors import ClusterError, DatasetNotFound, DeviceUnavailable
-from quarry.store import naming
+from quarry.errors import ClusterError, DeviceUnavailable
 
 CLUSTER_FILE_FORMAT = 1
 SCAN_QUEUE_BATCHES_MAX = 16  # batches waiting for the reader of a parallel scan
 
 
-class Cluster:
-    def __init__(self, devices: list[dict[str, Any]], source: str | None = None):
-        if not devices:
-            raise ClusterError("a cluster needs at least one device")
-        names = [d["name"] for d in devices]
-        if len(set(names)) != len(names):
-            raise ClusterError(f"device names must be unique, got {names}")
-        self.spec = devices
-        self.source = source
-        self.devices = {d["name"]: DeviceClient(d["name"], d["address"]) for d in devices}
-        self.down: dict[str, str] = {}
-        self.info: dict[str, dict[str, Any]] = {}
-        self.catalog: dict[str, DatasetEntry] = {}
-        self.calibration_cache: dict[str, dict[str, Any]] = {}
-        self.figures_cache: dict[tuple[bytes, str], Any] = {}  # auto's sampled sub-plan costs
-        self.refresh()
-
-    def __repr__(self) -> str:
-        return f"Cluster({len(self.devices)} devices, {len(self.catalog)} datasets)"
-
-    def close(self) -> None:
-        for client in self.devices.values():
-            client.close()
-
+class Cluster(Membership):
     def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    # ---- membership and catalog ------------------------------------------------------------
-
-    def _each(self, call: Any) -> dict[str, Any]:
-        """Call every device in parallel; a device that does not answer is recorded as down."""
-        results: dict[str, Any] = {}
-
-        def run(name: str) -> tuple[str, Any]:
-            try:
-                return name, call(self.devices[name])
-            except DeviceUnavailable as error:
-                return name, error
-
-        with ThreadPoolExecutor(max_workers=min(16, len(self.devices))) as pool:
-            for name, result in pool.map(run, sorted(self.devices)):
-                results[name] = result
-        return results
-
-    def refresh(self) -> None:
-        """Rebuild the catalog from the devices' own metadata (no central metadata server)."""
-
-        def probe(client: DeviceClient) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-            return client.hello(), client.inventory()
-
-        inventories: dict[str, list[dict[str, Any]]] = {}
-        self.down = {}
-        for name, result in self._each(probe).items():
-            if isinstance(result, Exception):
-                self.down[name] = str(result)
-                continue
-            self.info[name], inventories[name] = result
-        self.catalog = catalog_module.build(inventories, frozenset(self.down))
-
-    def live_devices(self) -> list[DeviceClient]:
-        return [c for n, c in sorted(self.devices.items()) if n not in self.down]
-
-    def device(self, name: str) -> DeviceClient:
-        if name not in self.devices:
-            raise ClusterError(f"no device named {name!r}; devices are {sorted(self.devices)}")
-        return self.devices[name]
-
     def status(self) -> list[dict[str, Any]]:
         rows = []
-        stats = self._each(lambda c: c.stats())
+        stats = self.each(lambda c: c.stats())
         for name in sorted(self.devices):
             client = self.devices[name]
             entry: dict[str, Any] = {"device": name, "address": client.address}
             result = stats[name]
             if isinstance(result, Exception) or name in self.down:
-                entry.update(
-                    {
-                        "up": False,
-                        "error": str(result if isinstance(result, Exception) else self.down[name]),
-                    }
-                )
+                error = result if isinstance(result, Exception) else self.down[name]
+                entry.update({"up": False, "error": str(error)})
             else:
                 info = self.info[name]
                 entry.update(
-                    {"up": True, "profile": info["profile"]["name"], "pid": info["pid"], **result}
+                    {"up": True, "profile": info.profile.name, "pid": info.pid, **result.to_json()}
                 )
             rows.append(entry)
         return rows
@@ -117,23 +55,10 @@ class Cluster:
 
     def ingest(self, source: Any, dataset: str, **options: Any) -> DatasetEntry:
         """Store a file, table or DataFrame as ``domain/name``; all or nothing."""
-        from quarry.coordinator.ingest import ingest
-
         return ingest(self, source, dataset, **options)
 
     def datasets(self) -> list[dict[str, Any]]:
         return [entry.to_json() for entry in self.catalog.values()]
-
-    def entry(self, dataset: str) -> DatasetEntry:
-        domain, name = naming.split_dataset(dataset)
-        entry = self.catalog.get(f"{domain}/{name}")
-        if entry is None:
-            self.refresh()
-            entry = self.catalog.get(f"{domain}/{name}")
-        if entry is None:
-            known = ", ".join(self.catalog) or "none"
-            raise DatasetNotFound(f"no dataset {domain}/{name}; datasets are: {known}")
-        return entry
 
     def describe(self, dataset: str) -> dict[str, Any]:
         entry = self.entry(dataset)
@@ -148,7 +73,9 @@ class Cluster:
             }
             for p in entry.partitions
         ]
-        body["ingests"] = [{k: v for k, v in i.items() if k != "placement"} for i in entry.ingests]
+        body["ingests"] = [
+            {k: v for k, v in i.to_json().items() if k != "placement"} for i in entry.ingests
+        ]
         body["hints"] = entry.hints
         return body
 
@@ -179,7 +106,7 @@ class Cluster:
         """
         entry = self.entry(dataset)
         if entry.unavailable:
-            raise DeviceUnavailable(_unavailable_message(entry))
+            raise DeviceUnavailable(entry.unavailable_message())
         schema = (
             entry.schema if columns is None else pa.schema([entry.schema.field(c) for c in columns])
         )
@@ -242,22 +169,16 @@ class Cluster:
 
     def calibrate(self) -> list[dict[str, Any]]:
         """Measure each device's compute factor and bandwidths beside its profile's figures."""
-        from quarry.coordinator.calibrate import calibrate
-
         reports = calibrate(self)
         self.calibration_cache = {r["device"]: r for r in reports}
         return reports
 
     def load(self, device: str, cpu: float, seconds: float = 60.0) -> dict[str, Any]:
         """Emulated background CPU load on one device, ending by itself after ``seconds``."""
-        from quarry.protocol import Action
-
-        return self.device(device).action_json(Action.LOAD, {"cpu": cpu, "seconds": seconds})
+        return self.device(device).load(cpu, seconds).to_json()
 
     def device_load(self, device: str) -> dict[str, float]:
-        from quarry.protocol import Action
-
-        return self.device(device).action_json(Action.STATUS_LOAD)
+        return self.device(device).load_status().to_json()
 
     # ---- queries ------------------------------------------------------------------------------
 
@@ -265,23 +186,21 @@ class Cluster:
         self,
         sql: str,
         pushdown: str = "auto",
-        decisions: dict[tuple[str, int], list[dict[str, Any]]] | None = None,
+        decisions: Forced | None = None,
         **options: Any,
-    ) -> Any:
-        """A planned query (``quarry.coordinator.session.Query``): ``execute()``, ``explain()``.
+    ) -> Query:
+        """A planned query (``quarry.coordinator.query.Query``): ``execute()``, ``explain()``.
 
         ``decisions`` forces device decisions per (dataset, partition), e.g.
         ``{("physics/particles", 0): [{"first": 0, "end": 3, "stage": "raw"}]}``.
         """
-        from quarry.coordinator.session import Query
-
         return Query(self, sql, pushdown, decisions, **options)
 
     def sql(
         self,
         sql: str,
         pushdown: str = "auto",
-        decisions: dict[tuple[str, int], list[dict[str, Any]]] | None = None,
+        decisions: Forced | None = None,
     ) -> pa.RecordBatchReader:
         """Run SQL; tables are named ``domain.dataset`` (or the bare name when unambiguous)."""
         return self.query(sql, pushdown, decisions).execute()
@@ -291,7 +210,7 @@ class Cluster:
         sql: str,
         analyze: bool = False,
         pushdown: str = "auto",
-        decisions: dict[tuple[str, int], list[dict[str, Any]]] | None = None,
+        decisions: Forced | None = None,
     ) -> dict[str, Any]:
         """The cut (super-plan and sub-plans); with ``analyze``, what each device did."""
         planned = self.query(sql, pushdown, decisions)
@@ -310,15 +229,6 @@ def _next_chunk(reader: Any) -> Any:
         return reader.read_chunk()
     except StopIteration:
         return None
-
-
-def _unavailable_message(entry: DatasetEntry) -> str:
-    devices = sorted({d for ds in entry.unavailable.values() for d in ds})
-    return (
-        f"dataset {entry.qualified} is unavailable: partitions "
-        f"{sorted(entry.unavailable)} are only on device(s) {', '.join(devices)}, which do "
-        "not answer. Start them (quarry status shows which) and try again."
-    )
 
 
 def write_cluster_file(path: str | Path, devices: list[dict[str, Any]]) -> Path:

@@ -12,7 +12,7 @@ from quarry.cost.model import DeviceFigures, SubPlanFigures
 
 if TYPE_CHECKING:
     from quarry.coordinator.catalog import DatasetEntry
-    from quarry.coordinator.cluster import Cluster
+    from quarry.coordinator.membership import Membership
     from quarry.plan.decompose import Fragment
 
 SAMPLE_REPEAT = 2
@@ -22,7 +22,7 @@ def _ipc_bytes(batches: list[pa.RecordBatch]) -> int:
     return sum(pa.ipc.get_record_batch_size(b) for b in batches)
 
 
-def sample_subplan(cluster: Cluster, fragment: Fragment, entry: DatasetEntry) -> SubPlanFigures:
+def sample_subplan(cluster: Membership, fragment: Fragment, entry: DatasetEntry) -> SubPlanFigures:
     """Run the fragment's stages on one real slice on the host, timing them (ActivePy's
     sampling phase, one slice instead of four scaled inputs: a slice is already small)."""
     from quarry.plan.stage import run_stage
@@ -32,7 +32,7 @@ def sample_subplan(cluster: Cluster, fragment: Fragment, entry: DatasetEntry) ->
     reader = device.scan(entry.domain, entry.name, partition.partition, first=0, end=1)
     batches = device.guard(lambda: [c.data for c in reader])
     meta = device.describe(entry.domain, entry.name, partition.partition)
-    stored_bytes = max(1, meta["slices"][0]["bytes_stored"])
+    stored_bytes = max(1, meta.slices[0].bytes_stored)
 
     def timed(stage: str) -> tuple[float, list[pa.RecordBatch]]:
         best, out = float("inf"), []
@@ -55,19 +55,17 @@ def sample_subplan(cluster: Cluster, fragment: Fragment, entry: DatasetEntry) ->
 
 
 def device_figures(
-    cluster: Cluster, entry: DatasetEntry, stored: dict[str, int]
+    cluster: Membership, entry: DatasetEntry, stored: dict[str, int]
 ) -> list[DeviceFigures]:
     """Calibrated figures where a calibration was stored, the profile's otherwise."""
     from quarry.coordinator.calibrate import stored as stored_calibration
-    from quarry.protocol import Action
-
     figures = []
     partitions: dict[str, int] = {}
     for p in entry.partitions:
         partitions[p.devices[0]] = partitions.get(p.devices[0], 0) + 1
     for name, stored_bytes in sorted(stored.items()):
         client = cluster.devices[name]
-        profile = cluster.info[name]["profile"]
+        profile = cluster.info[name].profile
         calibration: dict[str, Any] = cluster.calibration_cache.get(name) or {}
         if name not in cluster.calibration_cache:
             calibration = stored_calibration(client) or {}
@@ -77,25 +75,25 @@ def device_figures(
             entry_ = calibration.get(key)
             return entry_["measured"] if entry_ else default
 
-        load = client.action_json(Action.STATUS_LOAD)
+        load = client.load_status()
         figures.append(
             DeviceFigures(
                 name=name,
                 stored_bytes=stored_bytes,
                 partitions=partitions.get(name, 1),
-                compute_factor=measured("compute_factor", profile["compute_factor"]),
-                cores=profile["cores"],
+                compute_factor=measured("compute_factor", profile.compute_factor),
+                cores=profile.cores,
                 internal_bytes_per_s=measured(
-                    "internal_bytes_per_s", profile["internal_bytes_per_s"]
+                    "internal_bytes_per_s", profile.internal_bytes_per_s
                 )
-                if profile["internal_bytes_per_s"]
+                if profile.internal_bytes_per_s
                 else None,
                 external_bytes_per_s=measured(
-                    "external_bytes_per_s", profile["external_bytes_per_s"]
+                    "external_bytes_per_s", profile.external_bytes_per_s
                 )
-                if profile["external_bytes_per_s"]
+                if profile.external_bytes_per_s
                 else None,
-                cpu_busy=load["cpu_busy"],
+                cpu_busy=load.cpu_busy,
             )
         )
     return figures

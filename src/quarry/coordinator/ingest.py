@@ -29,12 +29,13 @@ from quarry.errors import (
     SourceError,
 )
 from quarry.progress import Bar
-from quarry.protocol import Put
+from quarry.protocol.control import IngestRecord
+from quarry.protocol.ingest import PutPartition
 from quarry.store import naming
 from quarry.store.codec import check_compression
 
 if TYPE_CHECKING:
-    from quarry.coordinator.cluster import Cluster
+    from quarry.coordinator.membership import Membership
 
 ROW_GROUP_BYTES = 1 << 20  # rows travel to a partition in groups of whole rows, about this big
 PARTITIONS_PER_DEVICE = 4  # enough partitions that rendezvous hashing spreads them evenly
@@ -42,7 +43,7 @@ MODES = ("create", "append")
 
 
 def ingest(
-    cluster: Cluster,
+    cluster: Membership,
     source: Any,
     dataset: str,
     *,
@@ -101,31 +102,31 @@ def ingest(
             f"{domain}/{name}", range(first, first + partition_count), sorted(by_id), replicas
         ).items()
     }
-    record = {
-        "id": ingest_id,
-        "first_partition": first,
-        "partitions": partition_count,
-        "replicas": replicas,
-        "mode": mode,
-        "created_at": time.time(),
-        "placement": placement,
-        "source": opened.name,
-    }
-    header_base = {
-        "domain": domain,
-        "dataset": name,
-        "ingest": record,
-        "compression": compression,
-        "metadata": metadata or {},
-        "hints": hints or {},
-    }
+    record = IngestRecord(
+        id=ingest_id,
+        first_partition=first,
+        partitions=partition_count,
+        replicas=replicas,
+        mode=mode,
+        created_at=time.time(),
+        placement=placement,
+        source=opened.name,
+    )
     streams: dict[tuple[int, str], tuple[Any, Any]] = {}
 
     def stream(partition: int, device: str) -> tuple[Any, Any]:
         key = (partition, device)
         if key not in streams:
-            header = {**header_base, "partition": partition}
-            streams[key] = by_id[device].open_put(Put.PARTITION, header, schema)
+            request = PutPartition(
+                domain=domain,
+                dataset=name,
+                partition=partition,
+                ingest=record,
+                compression=compression,
+                metadata=metadata or {},
+                hints=hints or {},
+            )
+            streams[key] = by_id[device].open_put(request, schema)
         return streams[key]
 
     involved = sorted({d for names in placement.values() for d in names})

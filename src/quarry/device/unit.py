@@ -58,7 +58,7 @@ class UnitContext:
     """What a unit may use of its device: the store (for caches), and compute slots that
     count the drive's time."""
 
-    store: KeyValueStore
+    store: KeyValueStore | None  # None on the host
     emulator: Emulator
     device: str
     drive_s: float = 0.0
@@ -97,6 +97,13 @@ class UnitContext:
             else:
                 for i in range(0, len(value), limit):
                     txn.put(naming.stripe_key(key, i // limit), value[i : i + limit])
+
+
+def host_context() -> UnitContext:
+    """Where the host runs a unit to complete handed-back work: its own CPU, no emulation."""
+    from quarry.device.profile import get_profile
+
+    return UnitContext(store=None, emulator=Emulator(get_profile("host")), device="host")
 
 
 @dataclass

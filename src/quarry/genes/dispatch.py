@@ -3,9 +3,10 @@
 `side_statistics` returns, per gene, the (n, mean, m2) of the one or two cell sets a comparison
 needs (group 0: the group, group 1: the reference). How it gets them is the pushdown:
 
-- `always`: every device runs `genes.accumulate` over its partitions (from its cache where it
-  can) and ships side statistics; slices it pushes back (forced by `push_back`) the host fetches
-  raw and accumulates itself.
+- `always`: every device runs the unit of work `genes.accumulate` over its partitions (from its
+  cache where it can) and ships side statistics; slices it pushes back (forced by `push_back`)
+  the host fetches raw and completes with the same unit (the one host dispatch,
+  `quarry.coordinator.dispatch`).
 - `auto`: the same, but each device decides per slice, at run time, whether running Accumulate
   pays off against shipping the slice (ActivePy Eq. 1 with the host's measured Accumulate cost;
   `quarry.device.controller.Adaptive`).
@@ -20,7 +21,6 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from functools import cache
 from typing import Any, Literal
@@ -29,16 +29,18 @@ import numpy as np
 import pyarrow as pa
 from scipy import sparse
 
-from quarry.coordinator.client import DeviceClient
+from quarry.coordinator.dispatch import Dispatch, Task
 from quarry.cost.model import host_share, link_bytes_per_s
-from quarry.device.controller import HostCost
+from quarry.device.unit import host_context
 from quarry.errors import DeviceUnavailable
 from quarry.genes.datasets import StoredMatrix
-from quarry.genes.device import PROGRAM
+from quarry.genes.device import Accumulate, AccumulateArgs
 from quarry.genes.errors import GenesInputError
 from quarry.genes.groups import Grouping
 from quarry.genes.layout import ROW_ID_COLUMN, rows_batch, stored_schema
-from quarry.genes.stats import PARTIAL_SCHEMA, accumulate, combine, select_groups
+from quarry.genes.stats import PARTIAL_SCHEMA, accumulate, combine
+from quarry.protocol.stage import Skip, Stage
+from quarry.protocol.work import ForcedDecision, HostCost, Policy, WorkRequest
 
 Pushdown = Literal["always", "never", "auto"]
 PUSHDOWNS = ("always", "never", "auto")
@@ -49,6 +51,7 @@ CALIBRATION_GENES = 256
 CALIBRATION_CELLS = 4096
 CALIBRATION_DENSITY = 0.1
 CALIBRATION_REPEATS = 3
+RESULT_BATCHES_MAX = 64  # side statistics waiting for the host's Combine
 
 
 # the additive fields of a Report: summed across requests, devices and datasets
@@ -109,42 +112,104 @@ def side_statistics(
     assert 1 <= len(sides) <= 2, sides
     assert len(grouping.group_of_cell) == matrix.cell_count, "grouping of another dataset"
     started = time.perf_counter()
-    report = Report(matrix.dataset, pushdown)
-    assignments = _assign(matrix)
-    sides_list = [list(map(int, side)) for side in sides]
     push_back = dict(push_back or {})
     unknown = sorted(set(push_back) - {p.partition for p in matrix.entry.partitions})
     if unknown:
         raise GenesInputError(
             f"dataset {matrix.dataset!r}: push_back names partitions {unknown} it does not have"
         )
-
-    def run(device: str) -> tuple[list[pa.RecordBatch], Report]:
-        client = matrix.cluster.devices[device]
-        partitions = assignments[device]
-        if pushdown == "never":
-            return _host_only(matrix, client, partitions, grouping, sides_list)
-        return _on_device(
-            matrix,
-            client,
-            partitions,
-            grouping,
-            sides_list,
-            pushdown,
-            {p: push_back[p] for p in partitions if p in push_back},
-            policy,
-        )
-
-    results: list[pa.RecordBatch] = []
-    with ThreadPoolExecutor(max_workers=max(1, len(assignments))) as pool:
-        for batches, device_report in pool.map(run, sorted(assignments)):
-            results.extend(batches)
-            report.add(device_report)
+    dispatch = Dispatch()
+    tasks = _tasks(matrix, grouping, sides, pushdown, push_back, policy)
+    results = list(dispatch.run(tasks, len(tasks), RESULT_BATCHES_MAX, "quarry-genes"))
     statistics = (
         combine(results) if results else pa.RecordBatch.from_pylist([], schema=PARTIAL_SCHEMA)
     )
+    report = _report(matrix.dataset, pushdown, dispatch)
     report.wall_s = time.perf_counter() - started
     return statistics, report
+
+
+def _tasks(
+    matrix: StoredMatrix,
+    grouping: Grouping,
+    sides: Sequence[Sequence[int]],
+    pushdown: str,
+    push_back: PushBack,
+    policy: Mapping[str, Any] | None,
+) -> list[Task]:
+    """One task per device: every partition it serves, in one request (its cache is per
+    partition, its output one Combine over them)."""
+    args = AccumulateArgs(
+        version=matrix.version,
+        ingest_ids=tuple(sorted(i.id for i in matrix.entry.ingests)),
+        grouping=grouping.digest(),
+        group_count=grouping.group_count,
+        cell_count=matrix.cell_count,
+        sides=tuple(tuple(int(g) for g in side) for side in sides),
+    )
+    payload = np.ascontiguousarray(grouping.group_of_cell, dtype="<i4").tobytes()
+    assignments = _assign(matrix)
+    tasks = []
+    for device, partitions in sorted(assignments.items()):
+        forced = tuple(
+            ForcedDecision(p, int(first), int(end), Stage.RAW)
+            for p in partitions
+            for first, end in push_back.get(p, ())
+        )
+        request = WorkRequest(
+            unit=Accumulate.NAME,
+            domain=matrix.domain,
+            dataset=matrix.name,
+            partitions=tuple(partitions),
+            forced=forced,
+            host=_host_cost(matrix, device, len(matrix.cluster.devices))
+            if pushdown == "auto"
+            else None,
+            policy=Policy.from_json(dict(policy or {})),
+            args=args.to_json(),
+        )
+        tasks.append(
+            Task(
+                client=matrix.cluster.devices[device],
+                request=request,
+                host=Accumulate(request, payload, host_context()),
+                # Ask without the grouping first: a device with every partition cached needs
+                # only the digest, so a repeated request moves almost nothing. A miss costs one
+                # more round trip.
+                payload=b"",
+                deferred_payload=payload,
+                label=matrix.dataset,
+                host_only=pushdown == "never",
+            )
+        )
+    return tasks
+
+
+def _report(dataset: str, pushdown: str, dispatch: Dispatch) -> Report:
+    report = Report(dataset, pushdown)
+    reports = dispatch.sorted_reports()
+    report.bytes_shipped = sum(r.bytes_shipped for r in reports)
+    report.bytes_shipped_raw = sum(r.bytes_shipped_raw for r in reports)
+    report.bytes_read = sum(r.bytes_read for r in reports)
+    report.bytes_sent = dispatch.bytes_sent
+    report.slices_executed = sum(r.slices_executed for r in reports)
+    report.slices_pushed_back = sum(r.slices_pushed_back for r in reports)
+    report.slices_cached = sum(r.slices_cached for r in reports)
+    report.slices_raw = sum(r.slices_raw for r in reports)
+    report.requests = dispatch.requests
+    report.host_accumulate_s = dispatch.host_complete_s
+    by_device: dict[str, dict[str, Any]] = {}
+    for r in reports:
+        device = by_device.setdefault(r.device, {"device": r.device, "partitions": {}})
+        device["partitions"][str(r.partition)] = {
+            "slices": r.slices_total,
+            "executed": r.ranges(Stage.FULL),
+            "pushed_back": r.ranges(Stage.RAW),
+            "cached": r.ranges(Skip.CACHED),
+            "decisions": [d.to_json() for d in r.decisions],
+        }
+    report.devices = [by_device[name] for name in sorted(by_device)]
+    return report
 
 
 def _assign(matrix: StoredMatrix) -> dict[str, list[int]]:
@@ -167,137 +232,17 @@ def _assign(matrix: StoredMatrix) -> dict[str, list[int]]:
     return assignments
 
 
-def _on_device(
-    matrix: StoredMatrix,
-    client: DeviceClient,
-    partitions: list[int],
-    grouping: Grouping,
-    sides: list[list[int]],
-    pushdown: str,
-    push_back: dict[int, Sequence[tuple[int, int]]],
-    policy: Mapping[str, Any] | None,
-) -> tuple[list[pa.RecordBatch], Report]:
-    report = Report(matrix.dataset, pushdown)
-    header: dict[str, Any] = {
-        "domain": matrix.domain,
-        "dataset": matrix.name,
-        "version": matrix.version,
-        "ingest_ids": sorted(i["id"] for i in matrix.entry.ingests),
-        "partitions": partitions,
-        "grouping": grouping.digest(),
-        "group_count": grouping.group_count,
-        "cell_count": matrix.cell_count,
-        "sides": sides,
-        "mode": "auto" if pushdown == "auto" else "always",
-        "push_back": {str(p): [list(r) for r in ranges] for p, ranges in push_back.items()},
-        "policy": dict(policy or {}),
-    }
-    if pushdown == "auto":
-        header["host"] = asdict(_host_cost(matrix, client.name, len(matrix.cluster.devices)))
-    # Ask without the grouping first: a device with every partition cached needs only the
-    # digest, so a repeated request moves almost nothing. A miss costs one more round trip.
-    report.requests += 1
-    table, summary = client.program(PROGRAM, header, b"")
-    if summary.get("grouping_needed"):
-        payload = np.ascontiguousarray(grouping.group_of_cell, dtype="<i4").tobytes()
-        report.requests += 1
-        report.bytes_sent += len(payload)
-        report.bytes_shipped += int(summary.get("bytes_shipped", 0))
-        table, summary = client.program(PROGRAM, header, payload)
-        assert not summary.get("grouping_needed"), "the device was sent the grouping"
-    _check_output(table, client.name)
-    report.bytes_shipped += int(summary["bytes_shipped"])
-    report.bytes_read += int(summary["bytes_read"])
-    report.slices_executed += int(summary["slices_executed"])
-    report.slices_pushed_back += int(summary["slices_pushed_back"])
-    report.slices_cached += int(summary["slices_cached"])
-    report.devices.append(summary)
-    outputs = [batch for batch in table.to_batches() if batch.num_rows]
-
-    partials: list[pa.RecordBatch] = []
-    for partition, detail in sorted(summary["partitions"].items(), key=lambda i: int(i[0])):
-        for first, end in detail["pushed_back"]:
-            partials.extend(
-                _accumulate_raw(matrix, client, int(partition), grouping, report, first, end)
-            )
-    if partials:
-        outputs.extend(_sides(partials, sides, report))
-    return outputs, report
-
-
-def _host_only(
-    matrix: StoredMatrix,
-    client: DeviceClient,
-    partitions: list[int],
-    grouping: Grouping,
-    sides: list[list[int]],
-) -> tuple[list[pa.RecordBatch], Report]:
-    report = Report(matrix.dataset, "never")
-    partials: list[pa.RecordBatch] = []
-    for partition in partitions:
-        partials.extend(_accumulate_raw(matrix, client, partition, grouping, report, 0, None))
-    report.devices.append({"device": client.name, "partitions": partitions})
-    return (_sides(partials, sides, report) if partials else []), report
-
-
-def _accumulate_raw(
-    matrix: StoredMatrix,
-    client: DeviceClient,
-    partition: int,
-    grouping: Grouping,
-    report: Report,
-    first: int,
-    end: int | None,
-) -> list[pa.RecordBatch]:
-    """Fetch slices [first, end) of a partition as stored and accumulate them on the host."""
-    reader = client.scan(matrix.domain, matrix.name, partition, first, end)
-    partials = []
-    while True:
-        try:
-            chunk = client.guard(reader.read_chunk)
-        except StopIteration:
-            break
-        batch = chunk.data
-        if batch is None or batch.num_rows == 0:
-            continue
-        size = pa.ipc.get_record_batch_size(batch)
-        report.bytes_shipped += size
-        report.bytes_shipped_raw += size
-        report.bytes_read += size  # a raw slice is read whole, as stored (uncompressed here)
-        report.slices_raw += 1
-        started = time.perf_counter()
-        partials.append(accumulate(batch, grouping.group_of_cell, grouping.group_count))
-        report.host_accumulate_s += time.perf_counter() - started
-    return partials
-
-
-def _sides(
-    partials: list[pa.RecordBatch], sides: list[list[int]], report: Report
-) -> list[pa.RecordBatch]:
-    started = time.perf_counter()
-    statistics = combine(partials)
-    result = [select_groups(statistics, ids, as_group=i) for i, ids in enumerate(sides)]
-    report.host_accumulate_s += time.perf_counter() - started
-    return result
-
-
-def _check_output(table: pa.Table, device: str) -> None:
-    names, types = table.schema.names, table.schema.types
-    if names != PARTIAL_SCHEMA.names or types != PARTIAL_SCHEMA.types:
-        raise GenesInputError(f"device {device} answered {PROGRAM} with columns {names}")
-
-
 def _host_cost(matrix: StoredMatrix, device: str, device_count: int) -> HostCost:
     """What the host would pay to accumulate a slice itself, for the device's decision."""
-    profile = matrix.cluster.info.get(device, {}).get("profile", {})
+    profile = matrix.cluster.info[device].profile
     host_cores = os.cpu_count() or 1
     return HostCost(
         full_s_per_byte=host_accumulate_s_per_byte(),
         raw_ratio=1.0,  # a pushed-back slice ships whole
         filter_ratio=1.0,  # Accumulate has no filter stage: "filter" is never cheaper than raw
-        link_bytes_per_s=float(link_bytes_per_s(profile.get("external_bytes_per_s"))),
+        link_bytes_per_s=float(link_bytes_per_s(profile.external_bytes_per_s)),
         host_share=host_share(host_cores, device_count),
-        start="full",
+        start=Stage.FULL,
     )
 
 

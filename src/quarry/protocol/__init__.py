@@ -17,10 +17,8 @@ from quarry.protocol.frame import (
     Put,
     decode,
     decode_error,
-    decode_json,
     encode,
     encode_error,
-    encode_json,
 )
 
 __all__ = [
@@ -32,8 +30,6 @@ __all__ = [
     "Put",
     "decode",
     "decode_error",
-    "decode_json",
     "encode",
     "encode_error",
-    "encode_json",
 ]

@@ -274,3 +274,28 @@ class Calibrate(Message):
 class CalibrateReply(Message):
     kernel_s: float | None = bounded(low=0.0, default=None)
     internal_bytes_per_s: float | None = bounded(low=0.0, default=None)
+
+
+@dataclass(frozen=True)
+class Measured(Message):
+    """A profile's figure beside what calibration measured."""
+
+    expected: float | None
+    measured: float
+    within_10_percent: bool | None = None
+    spread: float | None = None  # of the per-round ratios (compute factor only)
+
+
+@dataclass(frozen=True)
+class CalibrationReport(Message):
+    """What ``quarry calibrate`` measured on one device; stored on it (``~sys/calibration``) so
+    any coordinator, and the cost model, can read it later."""
+
+    device: str
+    profile: str
+    compute_factor: Measured
+    internal_bytes_per_s: Measured
+    external_bytes_per_s: Measured
+    host_kernel_s: float
+    device_kernel_s: float
+    measured_at: float

@@ -93,14 +93,6 @@ def decode(frame: bytes) -> tuple[str, dict[str, Any], bytes]:
     return header.pop("kind"), header, frame[start + length :]
 
 
-def encode_json(value: Any) -> bytes:
-    return json.dumps(value, separators=(",", ":"), default=str).encode()
-
-
-def decode_json(raw: bytes | memoryview) -> Any:
-    return json.loads(bytes(raw))
-
-
 def encode_error(error: BaseException) -> str:
     code = error.code if isinstance(error, QuarryError) else "error"
     message = str(error).replace("|", "/")

@@ -1,0 +1,103 @@
+"""A query fragment as work for the devices: one ``substrait`` task per partition.
+
+Each task carries the fragment's three stages (the device decides how far to run them), the
+zone-map predicates, the decisions a caller forces, and, under ``auto``, what the cost model
+told that device of the host's costs. On the host the same unit completes whatever comes back.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+
+from quarry.coordinator.dispatch import Task
+from quarry.coordinator.planning import Cuts, device_for
+from quarry.device.unit import host_context
+from quarry.device.units.substrait import SubstraitArgs, SubstraitUnit, stages_payload
+from quarry.plan.decompose import Fragment
+from quarry.protocol.stage import Stage
+from quarry.protocol.work import ForcedDecision, Policy, WorkRequest
+
+if TYPE_CHECKING:
+    from quarry.coordinator.membership import Membership
+
+# forced decisions per (dataset, partition): [{"first": 0, "end": 3, "stage": "raw"}, ...]
+Forced = dict[tuple[str, int], list[dict[str, Any]]]
+
+
+def device_stages(fragment: Fragment) -> tuple[dict[Stage, bytes], pa.Schema, Stage | None]:
+    """The stages a device gets, the schema of its stream, and the stage from which the host
+    completes that stream (None: the device runs the whole fragment)."""
+    stages = {Stage(name): data for name, data in fragment.stages.items()}
+    if Stage.FULL in fragment.device_stages:
+        return stages, fragment.output_schema, None
+    # A device that can only filter streams the filter stage; the host completes it.
+    stages[Stage.FULL] = stages[Stage.FILTER]
+    return stages, fragment.raw_schema, Stage.FILTER
+
+
+def fragment_tasks(
+    cluster: Membership,
+    fragment: Fragment,
+    pushdown: str,
+    query_id: str,
+    cuts: Cuts,
+    forced: Forced | None = None,
+    options: dict[str, Any] | None = None,
+) -> list[Task]:
+    """One task per non-empty partition (an empty partition has no slices)."""
+    entry = cluster.entry(fragment.dataset)
+    stages, output_schema, complete_from = device_stages(fragment)
+    host_stages = {Stage(name): data for name, data in fragment.stages.items()}
+    options = options or {}
+    tasks = []
+    for p in entry.partitions:
+        if not p.rows:
+            continue
+        device = device_for(cluster, entry, p)
+        request = WorkRequest(
+            unit=SubstraitUnit.NAME,
+            domain=entry.domain,
+            dataset=entry.name,
+            partitions=(p.partition,),
+            forced=_forced(p.partition, (forced or {}).get((fragment.dataset, p.partition))),
+            host=cuts.host_cost(fragment.name, device),
+            policy=Policy.from_json(options.get("policy") or {}),
+            query_id=f"{query_id}/{fragment.name}",
+            trace=bool(options.get("trace")),
+            chunk_slices=options.get("chunk_slices"),
+            args=_args(fragment, stages, output_schema).to_json(),
+        )
+        host_args = _args(fragment, host_stages, fragment.output_schema)
+        host_request = WorkRequest(**{**vars(request), "args": host_args.to_json()})
+        tasks.append(
+            Task(
+                client=cluster.devices[device],
+                request=request,
+                host=SubstraitUnit(host_request, stages_payload(host_stages), host_context()),
+                payload=stages_payload(stages),
+                label=fragment.name,
+                host_only=pushdown == "never",
+                complete_output_from=complete_from,
+            )
+        )
+    return tasks
+
+
+def _args(fragment: Fragment, stages: dict[Stage, bytes], output: pa.Schema) -> SubstraitArgs:
+    return SubstraitArgs(
+        raw_bytes=len(stages[Stage.RAW]),
+        filter_bytes=len(stages[Stage.FILTER]),
+        full_bytes=len(stages[Stage.FULL]),
+        output_schema=output,
+        raw_schema=fragment.raw_schema,
+        predicates=tuple(fragment.predicates),
+    )
+
+
+def _forced(partition: int, decisions: list[dict[str, Any]] | None) -> tuple[ForcedDecision, ...]:
+    return tuple(
+        ForcedDecision(partition, int(d["first"]), int(d["end"]), Stage(d["stage"]))
+        for d in decisions or ()
+    )

@@ -1,0 +1,114 @@
+"""A query's plan on the host: the cut into super-plan and sub-plans, and where each starts.
+
+``plan`` decomposes the SQL against the catalog, for what the devices holding each dataset can
+evaluate (the intersection of their profiles). Under ``pushdown="auto"`` ``choose_cuts`` then
+asks the one cost model (ActivePy Eq. 1 over calibrated figures, each device's load and one
+sampled slice) where each fragment should start: ``full``, ``filter`` or ``raw``; the devices
+adapt from there at run time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from quarry.coordinator.figures import device_figures, host_cores, sample_subplan
+from quarry.cost.model import choose, device_full_s_per_byte, host_share
+from quarry.errors import DeviceUnavailable, QueryError
+from quarry.plan.capabilities import per_dataset
+from quarry.plan.decompose import Decomposition, Fragment, decompose
+from quarry.plan.errors import PlanError
+from quarry.protocol.stage import Stage
+from quarry.protocol.work import HostCost
+
+if TYPE_CHECKING:
+    from quarry.coordinator.catalog import DatasetEntry, PartitionEntry
+    from quarry.coordinator.membership import Membership
+
+FIGURES_CACHE_MAX = 256
+
+
+def plan(cluster: Membership, sql: str, pushdown: str) -> Decomposition:
+    """The largest cut the devices can take (``auto`` plans as ``always`` and starts lower)."""
+    cluster.refresh()
+    tables = {name: entry.schema for name, entry in cluster.catalog.items()}
+    holders = {
+        name: [d for p in entry.partitions for d in p.devices]
+        for name, entry in cluster.catalog.items()
+    }
+    kinds = {name: info.profile.capabilities for name, info in cluster.info.items()}
+    mode = "always" if pushdown == "auto" else pushdown
+    try:
+        return decompose(sql, tables, pushdown=mode, capabilities=per_dataset(holders, kinds))
+    except PlanError as error:
+        raise QueryError(str(error)) from None
+
+
+def device_for(cluster: Membership, entry: DatasetEntry, partition: PartitionEntry) -> str:
+    """The replica that serves a partition: the first in placement order that answers."""
+    for name in partition.devices:
+        if name not in cluster.down:
+            return name
+    raise DeviceUnavailable(
+        f"no replica of partition {partition.partition} of {entry.qualified} answers "
+        f"(held by {', '.join(partition.devices)})"
+    )
+
+
+@dataclass
+class Cuts:
+    """Where each fragment starts, and what each device is told of the host's costs."""
+
+    choices: dict[str, dict[str, Any]] = field(default_factory=dict)  # fragment -> choice
+    host_costs: dict[tuple[str, str], HostCost] = field(default_factory=dict)
+
+    def host_cost(self, fragment: str, device: str) -> HostCost | None:
+        return self.host_costs.get((fragment, device))
+
+
+def choose_cuts(cluster: Membership, decomposition: Decomposition) -> Cuts:
+    """pushdown="auto": the cost model picks each fragment's cut; devices start from it."""
+    cuts = Cuts()
+    cores = host_cores()
+    for fragment in decomposition.fragments:
+        entry = cluster.entry(fragment.dataset)
+        if entry.unavailable or entry.rows == 0:
+            continue
+        stored: dict[str, int] = {}
+        for p in entry.partitions:
+            device = device_for(cluster, entry, p)
+            stored[device] = stored.get(device, 0) + p.bytes_stored
+        figures = _figures(cluster, fragment, entry)
+        devices = device_figures(cluster, entry, stored)
+        # A fragment that only filters has identical filter and full stages: the filter cut
+        # would cost an extra fetch for the same work.
+        identical = fragment.stages[Stage.FILTER] == fragment.stages[Stage.FULL]
+        allowed = (Stage.FULL, Stage.RAW) if identical else (Stage.FULL, Stage.FILTER, Stage.RAW)
+        choice = choose(devices, figures, cores, allowed)
+        cuts.choices[fragment.name] = choice.to_json()
+        share = host_share(cores, len(devices))
+        for d in devices:
+            cuts.host_costs[(fragment.name, d.name)] = HostCost(
+                full_s_per_byte=figures.full_s_per_byte,
+                filter_s_per_byte=figures.filter_s_per_byte,
+                device_full_s_per_byte=device_full_s_per_byte(d, figures),
+                raw_ratio=figures.raw_ratio,
+                filter_ratio=figures.filter_ratio,
+                link_bytes_per_s=d.link_bytes_per_s,
+                host_share=share,
+                start=Stage(choice.cut),
+            )
+    return cuts
+
+
+def _figures(cluster: Membership, fragment: Fragment, entry: DatasetEntry) -> Any:
+    """Sampling costs a slice fetch and two local runs; a repeated query on unchanged data
+    reuses what it learnt (like a plan cache), so auto stays cheap."""
+    key = (fragment.stages[Stage.FULL], entry.version)
+    figures = cluster.figures_cache.get(key)
+    if figures is None:
+        figures = sample_subplan(cluster, fragment, entry)
+        if len(cluster.figures_cache) >= FIGURES_CACHE_MAX:
+            cluster.figures_cache.clear()
+        cluster.figures_cache[key] = figures
+    return figures

@@ -1,0 +1,105 @@
+"""One query's life on the host: plan → dispatch the fragments → run the super-plan.
+
+Devices run their sub-plans in parallel through the one host dispatch; whatever a device hands
+back the host completes with the same unit of work, so the super-plan always sees exactly the
+fragment outputs it would have seen had every device executed everything.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+
+from quarry.coordinator import explain as explaining
+from quarry.coordinator import planning
+from quarry.coordinator.dispatch import Dispatch
+from quarry.coordinator.fragments import Forced, fragment_tasks
+from quarry.device.loop import cpu_seconds
+from quarry.errors import DeviceUnavailable, QueryError
+from quarry.plan.superplan import run_super
+
+if TYPE_CHECKING:
+    from quarry.coordinator.membership import Membership
+
+PUSHDOWNS = ("never", "always", "auto")
+WORKERS_PER_DEVICE = 2
+STREAM_BATCHES_MAX = 16  # batches of a fragment waiting for the super-plan
+
+
+class Query:
+    def __init__(
+        self,
+        cluster: Membership,
+        sql: str,
+        pushdown: str = "always",
+        decisions: Forced | None = None,
+        trace: bool = False,
+        chunk_slices: int | None = None,
+        policy: dict[str, Any] | None = None,
+    ):
+        if pushdown not in PUSHDOWNS:
+            raise QueryError(f"pushdown must be one of {', '.join(PUSHDOWNS)}, got {pushdown!r}")
+        self.cluster = cluster
+        self.sql = sql
+        # "auto": the largest cut is planned, the cost model picks where each fragment starts
+        # (full / filter / raw) and the devices adapt from there at run time.
+        self.pushdown = pushdown
+        self.forced = decisions or {}
+        self.options = {"trace": trace, "chunk_slices": chunk_slices, "policy": policy}
+        self.query_id = uuid.uuid4().hex
+        self.decomposition = planning.plan(cluster, sql, pushdown)
+        self.cuts = (
+            planning.choose_cuts(cluster, self.decomposition)
+            if pushdown == "auto"
+            else planning.Cuts()
+        )
+        self.dispatch = Dispatch()
+        self.started = self.finished = self.host_cpu_s = 0.0
+        self.rows = 0
+
+    @property
+    def choices(self) -> dict[str, Any]:
+        return self.cuts.choices
+
+    def execute(self) -> pa.RecordBatchReader:
+        self.started = time.perf_counter()
+        cpu_started = cpu_seconds()
+        outputs = {f.name: self._fragment_output(f) for f in self.decomposition.fragments}
+        result = run_super(self.decomposition, outputs)
+
+        def stream() -> Iterator[pa.RecordBatch]:
+            for batch in result:
+                self.rows += batch.num_rows
+                yield batch
+            self.finished = time.perf_counter()
+            self.host_cpu_s = cpu_seconds() - cpu_started
+
+        return pa.RecordBatchReader.from_batches(result.schema, stream())
+
+    def _fragment_output(self, fragment: Any) -> Iterator[pa.RecordBatch]:
+        entry = self.cluster.entry(fragment.dataset)
+        if entry.unavailable:
+            raise DeviceUnavailable(entry.unavailable_message())
+        tasks = fragment_tasks(
+            self.cluster,
+            fragment,
+            self.pushdown,
+            self.query_id,
+            self.cuts,
+            self.forced,
+            self.options,
+        )
+        workers = WORKERS_PER_DEVICE * len(self.cluster.live_devices())
+        return self.dispatch.run(tasks, workers, STREAM_BATCHES_MAX, f"quarry-{fragment.name}")
+
+    def explain(self, analyze: bool) -> dict[str, Any]:
+        body = explaining.explain(self.sql, self.pushdown, self.decomposition, self.choices)
+        if analyze:
+            reports = self.dispatch.sorted_reports()
+            wall_s = self.finished - self.started
+            body["analyze"] = explaining.analyze(reports, self.host_cpu_s, wall_s, self.rows)
+        return body
