@@ -19,6 +19,7 @@ import quarry
 from quarry.capacity.break_even import break_even
 from quarry.capacity.cli import app
 from quarry.capacity.device import CapacityProgramError
+from quarry.errors import QuarryError
 from quarry.capacity.kernel_data import as_table, make_inputs
 from quarry.capacity.measure import (
     dataset_name,
@@ -174,9 +175,9 @@ def test_bad_requests_name_what_is_wrong(kinetic: LocalCluster, count_dataset: s
     partition = entry.partitions[0]
     client = kinetic.devices[partition.devices[0]]
     base = {"domain": entry.domain, "dataset": entry.name, "partition": partition.partition}
-    with pytest.raises(CapacityProgramError, match="'threads'"):
+    with pytest.raises(CapacityProgramError, match="threads: must be at least 1"):
         client.program("capacity.count", {**base, "threads": 0})
-    with pytest.raises(CapacityProgramError, match="'partition'"):
+    with pytest.raises(QuarryError, match="'partition'"):
         client.program("capacity.count", {"domain": entry.domain, "dataset": entry.name})
     with pytest.raises(DatasetNotFound):
         client.program("capacity.count", {**base, "dataset": "nothing_here"})

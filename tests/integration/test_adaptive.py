@@ -50,7 +50,7 @@ def test_background_load_is_bounded_and_visible(tmp_path):
 
         time.sleep(0.4)
         assert cluster.device_load("dev0")["background_load"] == 0.0  # it stopped by itself
-        with pytest.raises(quarry.errors.QuarryError, match="cpu load must be in"):
+        with pytest.raises(quarry.errors.QuarryError, match="Load.cpu: must be below 1"):
             cluster.load("dev0", 1.5)
 
 

@@ -52,7 +52,7 @@ def test_cluster_with_a_dead_address_lists_it_down(cluster):
 
 def test_value_over_the_limit(cluster):
     client = cluster.devices["dev0"]
-    limit = client.hello()["profile"]["kv_bytes_max"]
+    limit = client.hello().profile.kv_bytes_max
     with pytest.raises(ValueTooLarge, match=f"over this device's limit of {limit} bytes"):
         client.kv_put("~test/big", b"\0" * (limit + 1))
     assert client.kv_list("~test/big") == []
@@ -72,7 +72,7 @@ def test_two_concurrent_updates_of_one_slice(cluster):
     entry = cluster.entry("race/one")
     device = cluster.devices[entry.partitions[0].devices[0]]
     described = device.describe("race", "one", 0)
-    version = described["slices"][0]["version"]
+    version = described.slices[0].version
     keys_before = {k: device.kv_get(k) for k in device.kv_list("race/one/")}
     outcomes: list[object] = []
     barrier = threading.Barrier(2)
@@ -103,7 +103,7 @@ def test_two_concurrent_updates_of_one_slice(cluster):
 
 
 def _key_counts(cluster) -> dict[str, int]:
-    return {name: client.stats()["keys"] for name, client in cluster.devices.items()}
+    return {name: client.stats().keys for name, client in cluster.devices.items()}
 
 
 def test_device_killed_during_ingest():
@@ -126,7 +126,7 @@ def test_device_killed_during_ingest():
         c.restart_device("dev1")
         assert "physics/killed" not in {d["dataset"] for d in c.datasets()}
         assert _key_counts(c) == before
-        assert all(client.stats()["pending_partitions"] == 0 for client in c.devices.values())
+        assert all(client.stats().pending_partitions == 0 for client in c.devices.values())
 
 
 def test_coordinator_killed_during_ingest_leaves_nothing(tmp_path):
@@ -149,7 +149,7 @@ def test_coordinator_killed_during_ingest_leaves_nothing(tmp_path):
         assert done.returncode == -9
         assert "physics/orphan" not in {d["dataset"] for d in c.datasets()}
         deadline = time.monotonic() + 10
-        while any(cl.stats()["pending_partitions"] for cl in c.devices.values()):
+        while any(cl.stats().pending_partitions for cl in c.devices.values()):
             # devices may still be draining the dead client's streams; they abort on their own
             if time.monotonic() > deadline:
                 break

@@ -111,11 +111,11 @@ def test_malformed_file_leaves_nothing(cluster, tmp_path):
     path = tmp_path / "broken.csv"
     good = "".join(f"{i},{i * 2}\n" for i in range(200_000))
     path.write_text("a,b\n" + good + "1,2,3,4\n" + good)
-    before = {n: c.stats()["keys"] for n, c in cluster.devices.items()}
+    before = {n: c.stats().keys for n, c in cluster.devices.items()}
     with pytest.raises(SourceError, match="broken.csv"):
         cluster.ingest(path, "bad/broken")
     assert "bad/broken" not in {d["dataset"] for d in cluster.datasets()}
-    assert {n: c.stats()["keys"] for n, c in cluster.devices.items()} == before
+    assert {n: c.stats().keys for n, c in cluster.devices.items()} == before
 
 
 def test_not_parquet(cluster, tmp_path):

@@ -199,15 +199,16 @@ def test_bad_sql_is_a_clear_error(particle_cluster, sql, words):
 
 def test_device_that_cannot_run_a_sub_plan(particle_cluster, monkeypatch):
     """The device answers with an error naming the operator; the host runs that part itself."""
-    from quarry.coordinator import session
+    from quarry.coordinator import fragments
+    from quarry.protocol.stage import Stage
 
-    original = session.Query.device_stages
+    original = fragments.device_stages
 
-    def broken(self, fragment):
-        stages, schema, scan_engine = original(self, fragment)
-        return {**stages, "full": b"\x08\x01garbage"}, schema, scan_engine
+    def broken(fragment):
+        stages, schema, complete_from = original(fragment)
+        return {**stages, Stage.FULL: b"\x08\x01garbage"}, schema, complete_from
 
-    monkeypatch.setattr(session.Query, "device_stages", broken)
+    monkeypatch.setattr(fragments, "device_stages", broken)
     sql = "SELECT count(*) AS n FROM particles WHERE ke > 2"
     planned = particle_cluster.query(sql, pushdown="always")
     result = planned.execute().read_all()

@@ -234,7 +234,7 @@ class Load(Message):
 
     KIND = Action.LOAD
 
-    cpu: float = bounded(low=0.0, high=0.999)
+    cpu: float = bounded(low=0.0, below=1.0)  # share of the drive's cores, busy elsewhere
     seconds: float = bounded(low=0.001, high=LOAD_SECONDS_MAX, default=60.0)
 
 
@@ -296,6 +296,6 @@ class CalibrationReport(Message):
     compute_factor: Measured
     internal_bytes_per_s: Measured
     external_bytes_per_s: Measured
-    host_kernel_s: float
-    device_kernel_s: float
-    measured_at: float
+    host_kernel_s: float | None = None
+    device_kernel_s: float | None = None
+    measured_at: float | None = None

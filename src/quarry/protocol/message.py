@@ -39,14 +39,21 @@ def bounded(
     *,
     low: float | None = None,
     high: float | None = None,
+    below: float | None = None,
     items_max: int | None = None,
     chars_max: int | None = None,
     default: Any = dataclasses.MISSING,
     default_factory: Any = dataclasses.MISSING,
 ) -> Any:
-    """A dataclass field with bounds: numbers in [low, high], at most items_max entries,
-    strings of at most chars_max characters."""
-    metadata = {"low": low, "high": high, "items_max": items_max, "chars_max": chars_max}
+    """A dataclass field with bounds: numbers in [low, high] (or [low, below)), at most
+    items_max entries, strings of at most chars_max characters."""
+    metadata = {
+        "low": low,
+        "high": high,
+        "below": below,
+        "items_max": items_max,
+        "chars_max": chars_max,
+    }
     return dataclasses.field(default=default, default_factory=default_factory, metadata=metadata)
 
 
@@ -203,6 +210,9 @@ def _decode_scalar(hint: type, value: Any, where: str, bounds: Mapping[str, Any]
         raise ProtocolError(f"{where}: must be at least {low}, got {value}")
     if high is not None and value > high:
         raise ProtocolError(f"{where}: must be at most {high}, got {value}")
+    below = bounds.get("below")
+    if below is not None and value >= below:
+        raise ProtocolError(f"{where}: must be below {below}, got {value}")
     return value
 
 
