@@ -260,3 +260,58 @@ def test_a_filter_scan_streams_and_can_be_closed_early(particle_cluster):
     reader.close()  # the devices' producers stop; the cluster answers the next query
     expected = particle_cluster.sql(sql, pushdown="never").read_all()
     assert_same_rows(particle_cluster.sql(sql).read_all(), expected, ordered=False)
+
+
+# ---- errors while running, and what EXPLAIN ANALYZE counts ----------------------------------
+
+
+@pytest.mark.parametrize("pushdown", ["never", "always", "auto"])
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "SELECT id / (id - id) AS q FROM particles WHERE ke > 1",  # on the devices
+        "SELECT sum(id) / (count(*) - count(*)) AS q FROM particles",  # in the super-plan
+    ],
+)
+def test_division_by_zero_is_the_querys_error_in_every_mode(particle_cluster, sql, pushdown):
+    from quarry.errors import ExecutionError
+
+    with pytest.raises(ExecutionError) as caught:
+        particle_cluster.sql(sql, pushdown=pushdown).read_all()
+    message = str(caught.value)
+    assert "divide by zero" in message.lower()
+    assert "\n" not in message and "Traceback" not in message
+    assert "cannot run the sub-plan" not in message  # not mistaken for a device that can't
+
+
+def test_a_range_filtered_on_the_device_and_shipped_is_counted_once(particle_cluster):
+    entry = particle_cluster.entry("physics/particles")
+    partition = max(entry.partitions, key=lambda p: p.slices)
+    assert partition.slices >= 2
+    forced = {
+        ("physics/particles", partition.partition): [
+            {"first": 0, "end": 1, "stage": "filter"},
+            {"first": 1, "end": 2, "stage": "raw"},
+        ]
+    }
+    sql = "SELECT count(*) AS n FROM particles WHERE ke > 1"
+    report = particle_cluster.explain(sql, analyze=True, pushdown="always", decisions=forced)
+    (row,) = [p for p in report["analyze"]["partitions"] if p["partition"] == partition.partition]
+    assert row["slices_scanned"] == row["slices_total"] == partition.slices
+    assert row["rows_read"] == partition.rows
+    assert row["slices_pushed_back"] == 2
+    assert row["slices_executed"] == partition.slices - 2
+
+
+@pytest.mark.parametrize("pushdown", ["never", "always", "auto"])
+def test_division_by_zero_is_one_line_on_the_cli(particle_cluster, pushdown):
+    import subprocess
+    import sys
+
+    sql = "SELECT id / (id - id) AS q FROM particles WHERE ke > 1"
+    command = [sys.executable, "-m", "quarry", "sql", sql, "--pushdown", pushdown]
+    command += ["--cluster", str(particle_cluster.cluster_file)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr
+    lines = [line for line in (done.stdout + done.stderr).splitlines() if line.strip()]
+    assert len(lines) == 1 and "divide by zero" in lines[0].lower(), lines

@@ -65,7 +65,9 @@ def compute_factor(client: DeviceClient) -> tuple[float, float, float, float]:
     for round_number in range(KERNEL_ROUNDS_MAX):
         hosts.append(time_kernel(None, KERNEL_RUNS))
         devices.append(
-            client.calibrate(CalibratePart.KERNEL, KERNEL_RUNS, timeout_s=CALIBRATE_TIMEOUT_S).kernel_s
+            client.calibrate(
+                CalibratePart.KERNEL, KERNEL_RUNS, timeout_s=CALIBRATE_TIMEOUT_S
+            ).kernel_s
         )
         if round_number + 1 >= KERNEL_ROUNDS_MIN and _confirmed(hosts) and _confirmed(devices):
             break

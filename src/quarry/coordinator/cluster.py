@@ -19,6 +19,7 @@ from quarry.coordinator.fragments import Forced
 from quarry.coordinator.ingest import ingest
 from quarry.coordinator.membership import Membership
 from quarry.coordinator.query import Query
+from quarry.coordinator.sample import Sample, sample
 from quarry.coordinator.streams import merge
 from quarry.errors import ClusterError, DeviceUnavailable
 
@@ -164,6 +165,12 @@ class Cluster(Membership):
             f"no replica of partition {partition} of {entry.qualified} answers: "
             + "; ".join(errors)
         )
+
+    def sample(
+        self, dataset: str, every: int, pushdown: str = "always", decisions: Forced | None = None
+    ) -> Sample:
+        """Every ``every``-th row of every slice, drawn on the devices (``Sample.table``)."""
+        return sample(self, dataset, every, pushdown, decisions)
 
     # ---- devices as drives --------------------------------------------------------------------
 

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from quarry.cost.model import DeviceFigures, SubPlanFigures
+from quarry.device.units.substrait import run_on_host
 
 if TYPE_CHECKING:
     from quarry.coordinator.catalog import DatasetEntry
@@ -25,8 +26,6 @@ def _ipc_bytes(batches: list[pa.RecordBatch]) -> int:
 def sample_subplan(cluster: Membership, fragment: Fragment, entry: DatasetEntry) -> SubPlanFigures:
     """Run the fragment's stages on one real slice on the host, timing them (ActivePy's
     sampling phase, one slice instead of four scaled inputs: a slice is already small)."""
-    from quarry.plan.stage import run_stage
-
     partition = max(entry.partitions, key=lambda p: p.rows)
     device = next(cluster.devices[d] for d in partition.devices if d not in cluster.down)
     reader = device.scan(entry.domain, entry.name, partition.partition, first=0, end=1)
@@ -38,7 +37,7 @@ def sample_subplan(cluster: Membership, fragment: Fragment, entry: DatasetEntry)
         best, out = float("inf"), []
         for _ in range(SAMPLE_REPEAT):
             started = time.perf_counter()
-            out = list(run_stage(fragment.stages[stage], entry.schema, batches))
+            out = list(run_on_host(fragment.stages[stage], entry.schema, batches))
             best = min(best, time.perf_counter() - started)
         return best, out
 
@@ -59,6 +58,7 @@ def device_figures(
 ) -> list[DeviceFigures]:
     """Calibrated figures where a calibration was stored, the profile's otherwise."""
     from quarry.coordinator.calibrate import stored as stored_calibration
+
     figures = []
     partitions: dict[str, int] = {}
     for p in entry.partitions:
@@ -83,14 +83,10 @@ def device_figures(
                 partitions=partitions.get(name, 1),
                 compute_factor=measured("compute_factor", profile.compute_factor),
                 cores=profile.cores,
-                internal_bytes_per_s=measured(
-                    "internal_bytes_per_s", profile.internal_bytes_per_s
-                )
+                internal_bytes_per_s=measured("internal_bytes_per_s", profile.internal_bytes_per_s)
                 if profile.internal_bytes_per_s
                 else None,
-                external_bytes_per_s=measured(
-                    "external_bytes_per_s", profile.external_bytes_per_s
-                )
+                external_bytes_per_s=measured("external_bytes_per_s", profile.external_bytes_per_s)
                 if profile.external_bytes_per_s
                 else None,
                 cpu_busy=load.cpu_busy,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
@@ -19,7 +19,8 @@ from quarry.coordinator import planning
 from quarry.coordinator.dispatch import Dispatch
 from quarry.coordinator.fragments import Forced, fragment_tasks
 from quarry.device.loop import cpu_seconds
-from quarry.errors import DeviceUnavailable, QueryError
+from quarry.errors import DeviceUnavailable, ExecutionError, QuarryError, QueryError
+from quarry.plan.decompose import Fragment
 from quarry.plan.superplan import run_super
 
 if TYPE_CHECKING:
@@ -72,7 +73,7 @@ class Query:
         result = run_super(self.decomposition, outputs)
 
         def stream() -> Iterator[pa.RecordBatch]:
-            for batch in result:
+            for batch in _engine_errors(result):
                 self.rows += batch.num_rows
                 yield batch
             self.finished = time.perf_counter()
@@ -80,7 +81,7 @@ class Query:
 
         return pa.RecordBatchReader.from_batches(result.schema, stream())
 
-    def _fragment_output(self, fragment: Any) -> Iterator[pa.RecordBatch]:
+    def _fragment_output(self, fragment: Fragment) -> Iterator[pa.RecordBatch]:
         entry = self.cluster.entry(fragment.dataset)
         if entry.unavailable:
             raise DeviceUnavailable(entry.unavailable_message())
@@ -103,3 +104,17 @@ class Query:
             wall_s = self.finished - self.started
             body["analyze"] = explaining.analyze(reports, self.host_cpu_s, wall_s, self.rows)
         return body
+
+
+def _engine_errors(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """The super-plan's own run-time errors (a division by zero in a final projection) as the
+    query's error, in one line; quarry's errors (a device that died, say) as they are."""
+    try:
+        yield from batches
+    except QuarryError:
+        raise
+    except Exception as error:
+        lines = [line for line in str(error).splitlines() if line.strip()]
+        raise ExecutionError(
+            f"the query failed on the host: {lines[0] if lines else type(error).__name__}"
+        ) from None

@@ -107,7 +107,12 @@ def per_device(reports: list[WorkReport]) -> list[dict[str, Any]]:
     for report in reports:
         row = devices.setdefault(
             report.device,
-            {"device": report.device, "partitions": 0, **dict.fromkeys(COUNTERS, 0), "fallbacks": []},
+            {
+                "device": report.device,
+                "partitions": 0,
+                **dict.fromkeys(COUNTERS, 0),
+                "fallbacks": [],
+            },
         )
         row["partitions"] += 1
         for name in COUNTERS:

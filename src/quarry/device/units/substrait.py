@@ -142,15 +142,18 @@ def _complete(
         group.append(batch)
         group_bytes += batch.nbytes
         if group_bytes >= group_bytes_max:
-            yield from _run_host(stage, group, cpu_count())
+            yield from run_on_host(stage, group[0].schema, group, cpu_count())
             group, group_bytes = [], 0
     if group:
-        yield from _run_host(stage, group, cpu_count())
+        yield from run_on_host(stage, group[0].schema, group, cpu_count())
 
 
-def _run_host(stage: bytes, group: list[pa.RecordBatch], partitions: int) -> Iterator[pa.RecordBatch]:
+def run_on_host(
+    stage: bytes, schema: pa.Schema, batches: list[pa.RecordBatch], partitions: int = 1
+) -> Iterator[pa.RecordBatch]:
+    """A stage on the host; its errors are the query's (there is nowhere else to run it)."""
     try:
-        yield from run_stage(stage, group[0].schema, group, target_partitions=partitions)
+        yield from run_stage(stage, schema, batches, target_partitions=partitions)
     except StageError as error:
         if error.while_running:
             raise ExecutionError(str(error)) from None
