@@ -19,7 +19,6 @@ import quarry
 from quarry.capacity.break_even import break_even
 from quarry.capacity.cli import app
 from quarry.capacity.device import CapacityProgramError
-from quarry.errors import QuarryError
 from quarry.capacity.kernel_data import as_table, make_inputs
 from quarry.capacity.measure import (
     dataset_name,
@@ -32,7 +31,7 @@ from quarry.capacity.model import HostConfig
 from quarry.coordinator.calibrate import CALIBRATION_KEY
 from quarry.coordinator.local import LocalCluster
 from quarry.device.emulation import BUCKET_BURST_S
-from quarry.errors import DatasetNotFound
+from quarry.errors import DatasetNotFound, QuarryError
 
 KINETIC_COMPUTE_FACTOR = 15.0
 KINETIC_INTERNAL_BYTES_PER_S = 261e6

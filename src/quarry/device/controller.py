@@ -16,14 +16,14 @@ import time
 from dataclasses import replace
 from typing import Any
 
-from quarry.protocol.stage import Skip, Stage
-from quarry.protocol.work import Decision, HostCost, Policy
 from quarry.cost.eq1 import (
     cut_s_per_byte,
     device_path_s_per_byte,
     host_path_s_per_byte,
     on_host_share,
 )
+from quarry.protocol.stage import Skip, Stage
+from quarry.protocol.work import Decision, HostCost, Policy
 
 
 class Annotation:

@@ -55,13 +55,6 @@ def _flight_errors(method: Callable) -> Callable:
     return wrapper
 
 
-def _decode(message: type[Message], data: bytes) -> tuple[Any, bytes]:
-    kind, header, payload = frame.decode(data)
-    if kind != message.KIND:
-        raise ProtocolError(f"expected a {message.KIND!r} request, got {kind!r}")
-    return message.from_json(header), payload
-
-
 def summary_message(meta: PartitionMeta) -> control.PartitionSummary:
     return control.PartitionSummary.from_json(meta.summary())
 

@@ -98,7 +98,7 @@ class Message:
     def decode(cls, data: bytes) -> tuple[Self, bytes]:
         kind, header, payload = frame.decode(data)
         if kind != cls.KIND:
-            raise ProtocolError(f"expected a {cls.KIND!r} message, got {kind!r}")
+            raise ProtocolError(f"expected a {str(cls.KIND)!r} message, got {kind!r}")
         return cls.from_json(header), payload
 
     def to_bytes(self) -> bytes:

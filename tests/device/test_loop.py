@@ -1,0 +1,235 @@
+"""The one device loop, in process: prune → decide → execute → stream → push back → annotate."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+
+import pyarrow as pa
+import pytest
+
+from quarry.device import loop
+from quarry.device.controller import Controllers
+from quarry.device.emulation import Emulator
+from quarry.device.parked import Parked
+from quarry.device.profile import get_profile
+from quarry.device.unit import Chunk, Skipped, Unit, UnitError
+from quarry.protocol.stage import Skip, Stage
+from quarry.protocol.work import (
+    ForcedDecision,
+    PushedBack,
+    SliceRange,
+    WorkDone,
+    WorkRequest,
+    decode_stream_message,
+)
+from quarry.store import partition as partitions
+from quarry.store.kv import KeyValueStore
+
+ROWS = 20_000
+
+
+class Writer:
+    """What a Flight exchange writer receives, kept for the test."""
+
+    def __init__(self) -> None:
+        self.schema: pa.Schema | None = None
+        self.batches: list[pa.RecordBatch] = []
+        self.messages: list[PushedBack | WorkDone] = []
+
+    def begin(self, schema: pa.Schema) -> None:
+        self.schema = schema
+
+    def write_batch(self, batch: pa.RecordBatch) -> None:
+        self.batches.append(batch)
+
+    def write_metadata(self, buffer: pa.Buffer) -> None:
+        self.messages.append(decode_stream_message(buffer.to_pybytes()))
+
+    @property
+    def done(self) -> WorkDone:
+        assert isinstance(self.messages[-1], WorkDone)
+        return self.messages[-1]
+
+    @property
+    def notices(self) -> list[PushedBack]:
+        return [m for m in self.messages if isinstance(m, PushedBack)]
+
+
+class Echo(Unit):
+    """A test unit: ships the ids of what it ran; filter keeps even ids; prunes slice 0 when
+    asked. Every method records what the loop asked of it."""
+
+    NAME = "test.echo"
+    STAGES = frozenset({Stage.FULL, Stage.FILTER, Stage.RAW})
+    CHUNK_SLICES_MAX = 3
+    SCHEMA = pa.schema([("id", pa.int64())])
+    busy_s = 0.0
+
+    def __init__(self, request, payload, context):
+        super().__init__(request, payload, context)
+        self.chunks: list[list[int]] = []
+        self.finished: list[int] = []
+
+    @property
+    def output_schema(self) -> pa.Schema:
+        return self.SCHEMA
+
+    def plan(self, meta, forced):
+        if self.request.args.get("prune_first"):
+            return [Skipped(SliceRange(0, 1), Skip.PRUNED, "test prunes slice 0")]
+        return []
+
+    def payload_needed(self) -> bool:
+        return bool(self.request.args.get("needs_payload")) and not self.payload
+
+    def execute(self, chunk: Chunk):
+        self.chunks.append(list(chunk.numbers))
+        batches = list(chunk.batches())
+        return self.context.compute(lambda: self._work([b.select(["id"]) for b in batches]))
+
+    def _work(self, out):
+        end = time.thread_time() + self.busy_s
+        while time.thread_time() < end:
+            pass
+        return out
+
+    def filter(self, chunk: Chunk):
+        return {
+            n: [b.filter(pa.compute.equal(pa.compute.bit_wise_and(b["id"], 1), 0))]
+            for n, b in zip(chunk.numbers, chunk.batches(), strict=True)
+        }
+
+    def finish_partition(self, meta):
+        self.finished.append(meta.partition)
+        return []
+
+
+@pytest.fixture
+def runtime(tmp_path):
+    store = KeyValueStore(tmp_path, kv_bytes_max=16 * 1024)
+    table = pa.table({"id": pa.array(range(ROWS), pa.int64()), "v": pa.array([1.0] * ROWS)})
+    meta = partitions.PartitionMeta(
+        domain="d",
+        dataset="t",
+        partition=0,
+        ingest={
+            "id": "i",
+            "first_partition": 0,
+            "partitions": 1,
+            "replicas": 1,
+            "mode": "create",
+            "created_at": 0.0,
+        },
+        schema=table.schema,
+        compression="none",
+    )
+    writer = partitions.PartitionWriter(store, meta)
+    writer.write(table.to_batches()[0])
+    writer.finish()
+    partitions.commit(store, "i", "dev0")
+    return loop.Runtime(store, Emulator(get_profile("host")), "dev0", Controllers(), Parked())
+
+
+@pytest.fixture(autouse=True)
+def echo_unit(monkeypatch):
+    from quarry.device import unit
+
+    monkeypatch.setitem(unit.REGISTRY, Echo.NAME, Echo)
+    Echo.busy_s = 0.0
+    yield
+
+
+def _run(runtime, **fields) -> Writer:
+    request = WorkRequest(unit=Echo.NAME, domain="d", dataset="t", partitions=(0,))
+    writer = Writer()
+    loop.run_work(runtime, replace(request, **fields), b"", writer)
+    return writer
+
+
+def _slices(runtime) -> int:
+    return len(partitions.read_meta(runtime.store, "d", "t", 0).slices)
+
+
+def test_everything_runs_in_chunks_and_every_row_ships_once(runtime):
+    writer = _run(runtime)
+    ids = pa.concat_arrays([b["id"] for b in writer.batches])
+    assert sorted(ids.to_pylist()) == list(range(ROWS))
+    (report,) = writer.done.partitions
+    m = report.metrics
+    assert m.slices_total == m.slices_scanned == m.slices_executed == _slices(runtime)
+    assert m.rows_read == m.rows_shipped == ROWS
+    assert [d.stage for d in report.decisions] == [Stage.FULL]
+    assert writer.notices == []
+
+
+def test_chunks_are_bounded_by_the_unit_and_the_request(runtime):
+    from quarry.device import unit
+
+    instances = []
+
+    class Spy(Echo):
+        def __init__(self, *args):
+            super().__init__(*args)
+            instances.append(self)
+
+    unit.REGISTRY[Echo.NAME] = Spy
+    _run(runtime)
+    assert max(len(c) for c in instances[-1].chunks) == Echo.CHUNK_SLICES_MAX
+    _run(runtime, chunk_slices=2)
+    assert max(len(c) for c in instances[-1].chunks) == 2
+    assert instances[-1].finished == [0]
+
+
+def test_forced_push_back_is_announced_and_each_slice_counted_once(runtime):
+    slices = _slices(runtime)
+    assert slices >= 6
+    forced = (ForcedDecision(0, 1, 3, Stage.RAW), ForcedDecision(0, 3, 5, Stage.FILTER))
+    writer = _run(runtime, forced=forced, query_id="q")
+    raw, filtered = writer.notices
+    assert (raw.stage, raw.ranges) == (Stage.RAW, (SliceRange(1, 3),))
+    assert (filtered.stage, filtered.ranges) == (Stage.FILTER, (SliceRange(3, 5),))
+    assert raw.rows > 0 and filtered.rows == 0  # the device read the filtered range itself
+    (report,) = writer.done.partitions
+    m = report.metrics
+    assert m.slices_pushed_back == 4 and m.slices_executed == slices - 4
+    # the device read what it ran and what it filtered; the raw range is read when fetched
+    assert m.slices_scanned == slices - 2
+    assert [(d.first, d.end, d.stage) for d in report.decisions][:3] == [
+        (0, 1, Stage.FULL),
+        (1, 3, Stage.RAW),
+        (3, 5, Stage.FILTER),
+    ]
+    parked = runtime.parked.take(("q", 0, 3))
+    assert parked is not None and all(v % 2 == 0 for b in parked for v in b["id"].to_pylist())
+
+
+def test_pruned_ranges_are_annotated_and_never_read(runtime):
+    writer = _run(runtime, args={"prune_first": True})
+    (report,) = writer.done.partitions
+    assert report.decisions[0].stage is Skip.PRUNED
+    assert report.metrics.slices_pruned == 1
+    assert report.metrics.slices_scanned == _slices(runtime) - 1
+
+
+def test_a_unit_that_needs_its_payload_reads_nothing_and_says_so(runtime):
+    writer = _run(runtime, args={"needs_payload": True})
+    assert writer.done.payload_needed and writer.batches == []
+    assert writer.done.partitions == ()
+
+
+def test_a_unit_without_push_back_refuses_to_be_pushed_back(runtime, monkeypatch):
+    monkeypatch.setattr(Echo, "STAGES", frozenset({Stage.FULL}))
+    with pytest.raises(UnitError, match="cannot push back"):
+        _run(runtime, forced=(ForcedDecision(0, 0, 1, Stage.RAW),))
+
+
+def test_the_drive_time_is_the_emulated_compute(runtime):
+    """A drive three times slower than the host takes three times the CPU work it does; that,
+    not the wall clock (slot waits, reads), is what the controller judges by."""
+    runtime.emulator = Emulator(replace(get_profile("host"), name="slow", compute_factor=3.0))
+    Echo.busy_s = 0.002
+    writer = _run(runtime)
+    (report,) = writer.done.partitions
+    chunks = -(-_slices(runtime) // Echo.CHUNK_SLICES_MAX)
+    assert report.metrics.drive_s == pytest.approx(3 * Echo.busy_s * chunks, rel=0.35)
