@@ -1,0 +1,136 @@
+"""The structure the code promises: no import circles, a leaf cost model, one device loop and
+one host dispatch. Read from the source (imports and calls), so a change that breaks them fails
+here, by name."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+SRC = Path(__file__).resolve().parents[1] / "src" / "quarry"
+
+
+def _modules() -> dict[str, Path]:
+    found = {}
+    for path in SRC.rglob("*.py"):
+        parts = list(path.relative_to(SRC.parent).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        found[".".join(parts)] = path
+    return found
+
+
+MODULES = _modules()
+
+
+def _resolve(name: str) -> str | None:
+    while name and name not in MODULES:
+        name = name.rpartition(".")[0]
+    return name or None
+
+
+def _imports(path: Path) -> set[str]:
+    """Every quarry module a file imports, at the top, in functions or under TYPE_CHECKING."""
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        names: list[str] = []
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names = [f"{node.module}.{a.name}" for a in node.names]
+        for name in names:
+            if name.startswith("quarry"):
+                target = _resolve(name)
+                if target is not None:
+                    out.add(target)
+    return out
+
+
+GRAPH = {module: _imports(path) - {module} for module, path in MODULES.items()}
+
+
+def _cycles() -> list[list[str]]:
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for other in GRAPH.get(node, ()):
+            if other not in index:
+                visit(other)
+                low[node] = min(low[node], low[other])
+            elif other in on_stack:
+                low[node] = min(low[node], index[other])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                other = stack.pop()
+                on_stack.discard(other)
+                component.append(other)
+                if other == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(GRAPH):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_no_module_imports_itself_through_others():
+    assert _cycles() == []
+
+
+def test_the_cost_model_is_a_leaf():
+    for module, imported in GRAPH.items():
+        if module.startswith("quarry.cost"):
+            outside = {m for m in imported if m.startswith(("quarry.coordinator", "quarry.device"))}
+            assert not outside, f"{module} imports {sorted(outside)}"
+
+
+def _constructed(name: str, methods_only: bool = False) -> set[str]:
+    """Modules that call ``name(...)`` (or only ``something.name(...)``)."""
+    users = set()
+    for module, path in MODULES.items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call):
+                func = node.func
+                if isinstance(func, ast.Attribute):
+                    called = func.attr
+                elif isinstance(func, ast.Name) and not methods_only:
+                    called = func.id
+                else:
+                    continue
+                if called == name:
+                    users.add(module)
+    return users
+
+
+def test_the_device_loop_exists_once():
+    """Only the loop decides per range, announces push-back and writes the last word."""
+    assert _constructed("stage_for") == {"quarry.device.loop"}
+    assert _constructed("PushedBack") == {"quarry.device.loop"}
+    assert _constructed("WorkDone") == {"quarry.device.loop"}
+    assert _constructed("observe") == {"quarry.device.loop"}
+
+
+def test_the_host_dispatch_exists_once():
+    """Only the dispatch opens work exchanges and fetches pushed-back ranges."""
+    assert _constructed("SliceRequest") == {"quarry.coordinator.dispatch"}
+    assert _constructed("work", methods_only=True) == {
+        "quarry.coordinator.dispatch",
+        "quarry.coordinator.client",  # DeviceClient.program: one device, nothing pushed back
+    }
+
+
+def test_every_kind_of_work_is_a_unit():
+    from quarry.device.unit import lookup
+
+    for name in ("substrait", "sample", "genes.accumulate", "capacity.count", "capacity.pagerank"):
+        assert lookup(name).NAME == name
