@@ -30,16 +30,20 @@ def main() -> None:
     arguments = parser.parse_args()
 
     started = time.perf_counter()
-    summary = run_sweep(SweepConfig.paper(target_bep=arguments.bep), arguments.out,
-                        prefix="capacity_")
+    summary = run_sweep(
+        SweepConfig.paper(target_bep=arguments.bep), arguments.out, prefix="capacity_"
+    )
     breaks = {
-        name: {cores: break_even(inputs, HostConfig(host_cores=cores)).bep
-               for cores in HOST_CORES_FIGURE7}
+        name: {
+            cores: break_even(inputs, HostConfig(host_cores=cores)).bep
+            for cores in HOST_CORES_FIGURE7
+        }
         for name, inputs in PRESETS.items()
     }
     costs = [cost.to_dict() for cost in compute_tco(load_spec(TABLE4_SPEC))]
-    write_json({"bep_by_host_cores": breaks, "table4": costs},
-               arguments.out / "capacity_bep_and_tco.json")
+    write_json(
+        {"bep_by_host_cores": breaks, "table4": costs}, arguments.out / "capacity_bep_and_tco.json"
+    )
     elapsed_s = time.perf_counter() - started
 
     print("BEP (drives) by host cores, k_limit 8:")
@@ -47,11 +51,17 @@ def main() -> None:
         print(f"  {name:26s} " + "  ".join(f"Host({cores})={bep}" for cores, bep in row.items()))
     for figure in ("figure10", "figure14"):
         corners = summary[figure]["combinations"]["corners"]
-        print(f"{figure}: BEP <= {arguments.bep} first reached at "
-              + ", ".join(f"({c['x']:g}, {c['y']:g})" for c in corners))
-    print("Table 4: " + "; ".join(
-        f"{c['name']}: {c['performance_per_usd']:.1f}/$, {c['capacity_gb_per_usd']:.2f} GB/$"
-        for c in costs))
+        print(
+            f"{figure}: BEP <= {arguments.bep} first reached at "
+            + ", ".join(f"({c['x']:g}, {c['y']:g})" for c in corners)
+        )
+    print(
+        "Table 4: "
+        + "; ".join(
+            f"{c['name']}: {c['performance_per_usd']:.1f}/$, {c['capacity_gb_per_usd']:.2f} GB/$"
+            for c in costs
+        )
+    )
     for path in [*summary["files"].values(), summary["json"], "capacity_bep_and_tco.json"]:
         print(f"wrote {arguments.out / path}")
     print(f"took {elapsed_s:.1f} s")

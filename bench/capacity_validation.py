@@ -106,8 +106,13 @@ console = Console()
 
 
 def progress() -> Progress:
-    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                    TimeElapsedColumn(), console=console)
+    return Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+    )
 
 
 def predicted_times_s(inputs: CapacityInputs, host: HostConfig, m: int) -> dict[str, float]:
@@ -120,7 +125,9 @@ def measured_bep(ssd: dict[int, float], csd: dict[int, float]) -> int | None:
 
 
 def run_sweep(
-    step1: tuple[Cluster, str], points: dict[int, tuple[Cluster, str]], rounds: int,
+    step1: tuple[Cluster, str],
+    points: dict[int, tuple[Cluster, str]],
+    rounds: int,
     bus: HostBus,
 ) -> tuple[dict[str, list[KernelRun]], dict[str, dict[int, list[KernelRun]]]]:
     """``rounds`` rounds; each measures step 1 once more, then every point with both systems."""
@@ -144,15 +151,19 @@ def run_sweep(
                 systems = ("ssd", "csd") if (number + m) % 2 == 0 else ("csd", "ssd")
                 for system in systems:
                     bars.update(task, description=f"round {number + 1}/{rounds}: {system}, m={m}")
-                    run = (run_host(cluster, dataset, KERNEL, host_bus=bus) if system == "ssd"
-                           else run_devices(cluster, dataset, KERNEL))
+                    run = (
+                        run_host(cluster, dataset, KERNEL, host_bus=bus)
+                        if system == "ssd"
+                        else run_devices(cluster, dataset, KERNEL)
+                    )
                     runs[system].setdefault(m, []).append(run)
                     bars.advance(task)
     return step1_runs, runs
 
 
-def calibration_prediction(cluster: Cluster, data_bytes: int, host: HostConfig, k_limit: int
-                           ) -> dict[str, Any]:
+def calibration_prediction(
+    cluster: Cluster, data_bytes: int, host: HostConfig, k_limit: int
+) -> dict[str, Any]:
     single = single_device(cluster, "dev0")
     try:
         started = time.perf_counter()
@@ -162,19 +173,31 @@ def calibration_prediction(cluster: Cluster, data_bytes: int, host: HostConfig, 
     finally:
         single.close()
     report = calibration_report(reports)
-    inputs = calibration_inputs(report, data_bytes=data_bytes,
-                                host_compute_s=host_compute_s(KERNEL, data_bytes, 1),
-                                name=f"{KERNEL}-{PROFILE}-calibrated")
-    return {"report": reports[0], "inputs": inputs.to_dict(), "calibrate_s": calibrate_s,
-            "bep": break_even(inputs, host).bep, "k_limit": k_limit, "model": inputs}
+    inputs = calibration_inputs(
+        report,
+        data_bytes=data_bytes,
+        host_compute_s=host_compute_s(KERNEL, data_bytes, 1),
+        name=f"{KERNEL}-{PROFILE}-calibrated",
+    )
+    return {
+        "report": reports[0],
+        "inputs": inputs.to_dict(),
+        "calibrate_s": calibrate_s,
+        "bep": break_even(inputs, host).bep,
+        "k_limit": k_limit,
+        "model": inputs,
+    }
 
 
 def draw(path: Path, devices: list[int], result: dict[str, Any]) -> None:
-    figure, (left, right) = plt.subplots(1, 2, figsize=(13, 5.2),
-                                         gridspec_kw={"width_ratios": [3, 2]})
+    figure, (left, right) = plt.subplots(
+        1, 2, figsize=(13, 5.2), gridspec_kw={"width_ratios": [3, 2]}
+    )
     colors = {"ssd": "tab:blue", "csd": "tab:red"}
-    labels = {"ssd": f"Host(1) + m drives, host bus = {result['k_limit']} drives (SSD array)",
-              "csd": "m computational drives (CSD array)"}
+    labels = {
+        "ssd": f"Host(1) + m drives, host bus = {result['k_limit']} drives (SSD array)",
+        "csd": "m computational drives (CSD array)",
+    }
     points = result["points"]
     for system in ("ssd", "csd"):
         predicted = [points[str(m)][system]["predicted_mb_per_s"] for m in devices]
@@ -182,18 +205,33 @@ def draw(path: Path, devices: list[int], result: dict[str, Any]) -> None:
         low = [points[str(m)][system]["measured_mb_per_s_min"] for m in devices]
         high = [points[str(m)][system]["measured_mb_per_s_max"] for m in devices]
         left.plot(devices, predicted, "--", color=colors[system], label=f"model: {labels[system]}")
-        left.plot(devices, measured, "o", color=colors[system],
-                  label=f"measured (median of {result['rounds']}; bar: min-max)")
+        left.plot(
+            devices,
+            measured,
+            "o",
+            color=colors[system],
+            label=f"measured (median of {result['rounds']}; bar: min-max)",
+        )
         left.vlines(devices, low, high, color=colors[system], alpha=0.5)
         if result.get("calibration"):
             from_calibration = [points[str(m)][system]["calibration_mb_per_s"] for m in devices]
-            left.plot(devices, from_calibration, ":", color=colors[system], alpha=0.6,
-                      label="model from quarry calibrate alone")
+            left.plot(
+                devices,
+                from_calibration,
+                ":",
+                color=colors[system],
+                alpha=0.6,
+                label="model from quarry calibrate alone",
+            )
     bep_predicted, bep_measured = result["bep"]["predicted"], result["bep"]["measured"]
     left.axvline(bep_predicted, color="gray", linestyle="--", alpha=0.6)
-    left.annotate(f"BEP: predicted {bep_predicted}, measured {bep_measured}",
-                  (bep_predicted, left.get_ylim()[1] * 0.95), xytext=(6, 0),
-                  textcoords="offset points", fontsize=9)
+    left.annotate(
+        f"BEP: predicted {bep_predicted}, measured {bep_measured}",
+        (bep_predicted, left.get_ylim()[1] * 0.95),
+        xytext=(6, 0),
+        textcoords="offset points",
+        fontsize=9,
+    )
     left.set_xlabel("drives m (the working set split evenly over them)")
     left.set_ylabel(f"throughput (MB/s) on the {result['working_set_mib']} MiB working set")
     left.set_title(f"Count on '{PROFILE}' drives: model (Eq. 5-7) vs measured")
@@ -203,8 +241,13 @@ def draw(path: Path, devices: list[int], result: dict[str, Any]) -> None:
     width = 0.38
     for offset, system in ((-width / 2, "ssd"), (width / 2, "csd")):
         errors = [100 * points[str(m)][system]["error"] for m in devices]
-        right.bar([m + offset for m in devices], errors, width, color=colors[system],
-                  label=system.upper() + " array")
+        right.bar(
+            [m + offset for m in devices],
+            errors,
+            width,
+            color=colors[system],
+            label=system.upper() + " array",
+        )
     bound = 100 * THROUGHPUT_TOLERANCE
     right.axhspan(-bound, bound, color="green", alpha=0.08, label=f"within ±{bound:.0f}%")
     right.axhline(0, color="black", linewidth=0.8)
@@ -223,15 +266,17 @@ def draw(path: Path, devices: list[int], result: dict[str, Any]) -> None:
 def summarize(runs: list[KernelRun]) -> dict[str, Any]:
     totals = [r.total_s for r in runs]
     return {
-        "total_s_median": statistics.median(totals), "total_s": totals,
+        "total_s_median": statistics.median(totals),
+        "total_s": totals,
         "transfer_s_median": statistics.median(r.transfer_s for r in runs),
         "compute_s_median": statistics.median(r.compute_s for r in runs),
         "bytes_to_host_median": statistics.median(r.bytes_to_host for r in runs),
     }
 
 
-def collect(cluster: Cluster, data_bytes: int, arguments: argparse.Namespace,
-            devices: list[int]) -> dict[str, Any]:
+def collect(
+    cluster: Cluster, data_bytes: int, arguments: argparse.Namespace, devices: list[int]
+) -> dict[str, Any]:
     """Step 1, the sweep, and (optionally) calibration, on a running cluster.
 
     Step 1 starts before the sweep (its first runs size the host bus) and goes on inside it, one
@@ -239,10 +284,17 @@ def collect(cluster: Cluster, data_bytes: int, arguments: argparse.Namespace,
     and the prediction should see the same drift as the measurements it is compared with.
     """
     with progress() as bars:
-        task = bars.add_task(f"step 1: {KERNEL} on one drive, host and drive",
-                             total=2 * STEP1_REPEAT)
-        first = measure_kernel(cluster, KERNEL, data_bytes, device="dev0", repeat=STEP1_REPEAT,
-                               on_run=lambda _: bars.advance(task))
+        task = bars.add_task(
+            f"step 1: {KERNEL} on one drive, host and drive", total=2 * STEP1_REPEAT
+        )
+        first = measure_kernel(
+            cluster,
+            KERNEL,
+            data_bytes,
+            device="dev0",
+            repeat=STEP1_REPEAT,
+            on_run=lambda _: bars.advance(task),
+        )
     read_rate_bytes_per_s = first.inputs.data_bytes / first.inputs.t_ssd_tx_s
     bus = HostBus(arguments.k_limit * read_rate_bytes_per_s)
     host = HostConfig(host_cores=1, k_limit=arguments.k_limit)
@@ -255,8 +307,9 @@ def collect(cluster: Cluster, data_bytes: int, arguments: argparse.Namespace,
             for m in devices:
                 sub = Cluster(cluster.spec[:m])
                 points[m] = (sub, "")
-                entry = ingest_kernel_inputs(sub, KERNEL, data_bytes,
-                                             dataset_name(KERNEL, data_bytes, f"m{m}"))
+                entry = ingest_kernel_inputs(
+                    sub, KERNEL, data_bytes, dataset_name(KERNEL, data_bytes, f"m{m}")
+                )
                 assert len(entry.partitions_by_device()) == m, entry.partitions_by_device()
                 points[m] = (sub, entry.qualified)
                 bars.advance(task)
@@ -268,13 +321,27 @@ def collect(cluster: Cluster, data_bytes: int, arguments: argparse.Namespace,
             sub.close()
     host_runs = first.host_runs + step1_runs["ssd"]
     device_runs = first.device_runs + step1_runs["csd"]
-    measurement = Measurement(inputs_from_runs(host_runs, device_runs, first.inputs.name),
-                              first.device, first.profile, first.device_threads, host_runs,
-                              device_runs)
-    calibration = None if arguments.skip_calibration else calibration_prediction(
-        cluster, measurement.inputs.data_bytes, host, arguments.k_limit)
-    return {"measurement": measurement, "first_inputs": first.inputs, "runs": runs,
-            "calibration": calibration, "bus": bus, "host": host}
+    measurement = Measurement(
+        inputs_from_runs(host_runs, device_runs, first.inputs.name),
+        first.device,
+        first.profile,
+        first.device_threads,
+        host_runs,
+        device_runs,
+    )
+    calibration = (
+        None
+        if arguments.skip_calibration
+        else calibration_prediction(cluster, measurement.inputs.data_bytes, host, arguments.k_limit)
+    )
+    return {
+        "measurement": measurement,
+        "first_inputs": first.inputs,
+        "runs": runs,
+        "calibration": calibration,
+        "bus": bus,
+        "host": host,
+    }
 
 
 def main() -> None:
@@ -282,8 +349,11 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=6, help="measurements per point (median)")
     parser.add_argument("--mib", type=int, default=256, help="working set, MiB (total, fixed)")
     parser.add_argument("--k-limit", type=int, default=2, help="drives the host bus carries")
-    parser.add_argument("--skip-calibration", action="store_true",
-                        help="skip the prediction from quarry calibrate (saves 0.5-3 minutes)")
+    parser.add_argument(
+        "--skip-calibration",
+        action="store_true",
+        help="skip the prediction from quarry calibrate (saves 0.5-3 minutes)",
+    )
     arguments = parser.parse_args()
     assert 1 <= arguments.rounds <= 50 and 1 <= arguments.mib <= 4096 and arguments.k_limit >= 1
     data_bytes = arguments.mib << 20
@@ -294,8 +364,9 @@ def main() -> None:
         profiles = Path(scratch) / "profiles.toml"
         profiles.write_text(PROFILE_TOML)
         console.print(f"starting {DEVICES_MAX} '{PROFILE}' devices")
-        with quarry.local(devices=DEVICES_MAX, profile=PROFILE,
-                          profiles_file=str(profiles)) as cluster:
+        with quarry.local(
+            devices=DEVICES_MAX, profile=PROFILE, profiles_file=str(profiles)
+        ) as cluster:
             collected = collect(cluster, data_bytes, arguments, devices)
     measurement, runs = collected["measurement"], collected["runs"]
     calibration = collected["calibration"]
@@ -305,21 +376,27 @@ def main() -> None:
     predicted = break_even(inputs, host)
 
     result: dict[str, Any] = {
-        "kernel": KERNEL, "profile": PROFILE, "profile_toml": PROFILE_TOML,
-        "working_set_mib": arguments.mib, "working_set_bytes": inputs.data_bytes,
+        "kernel": KERNEL,
+        "profile": PROFILE,
+        "profile_toml": PROFILE_TOML,
+        "working_set_mib": arguments.mib,
+        "working_set_bytes": inputs.data_bytes,
         "fixed": "total working set, split evenly over the m drives (CSDPLAN Figure 7)",
-        "rounds": arguments.rounds, "k_limit": k_limit,
-        "host_bus_bytes_per_s": bus.bytes_per_s, "host": host.to_dict(),
-        "step1": measurement.to_dict(), "inputs": inputs.to_dict(),
+        "rounds": arguments.rounds,
+        "k_limit": k_limit,
+        "host_bus_bytes_per_s": bus.bytes_per_s,
+        "host": host.to_dict(),
+        "step1": measurement.to_dict(),
+        "inputs": inputs.to_dict(),
         "inputs_before_the_sweep": collected["first_inputs"].to_dict(),
-        "model_break_even": predicted.to_dict(), "points": {},
+        "model_break_even": predicted.to_dict(),
+        "points": {},
     }
     medians: dict[str, dict[int, float]] = {"ssd": {}, "csd": {}}
     for m in devices:
         entry: dict[str, Any] = {}
         times = predicted_times_s(inputs, host, m)
-        from_calibration = (predicted_times_s(calibration["model"], host, m)
-                            if calibration else None)
+        from_calibration = predicted_times_s(calibration["model"], host, m) if calibration else None
         for system in ("ssd", "csd"):
             summary = summarize(runs[system][m])
             measured_s = summary["total_s_median"]
@@ -339,13 +416,15 @@ def main() -> None:
             }
             if from_calibration is not None:
                 entry[system]["calibration_mb_per_s"] = (
-                    inputs.data_bytes / from_calibration[system] / 1e6)
+                    inputs.data_bytes / from_calibration[system] / 1e6
+                )
         result["points"][str(m)] = entry
     bep_measured = measured_bep(medians["ssd"], medians["csd"])
     result["bep"] = {
         "predicted": predicted.bep,
         "predicted_value": predicted.capped_value or predicted.eq8_value,
-        "eq8": predicted.bep_eq8, "measured": bep_measured,
+        "eq8": predicted.bep_eq8,
+        "measured": bep_measured,
         "within_tolerance": bep_measured is not None
         and abs(bep_measured - predicted.bep) <= BEP_TOLERANCE_DEVICES,
     }
@@ -353,7 +432,8 @@ def main() -> None:
         calibration.pop("model")
         result["calibration"] = calibration
     result["all_points_within_tolerance"] = all(
-        result["points"][str(m)][s]["within_tolerance"] for m in devices for s in ("ssd", "csd"))
+        result["points"][str(m)][s]["within_tolerance"] for m in devices for s in ("ssd", "csd")
+    )
     result["elapsed_s"] = time.perf_counter() - started
     draw(png_path(NAME), devices, result)
     path = write_json(NAME, result)
@@ -366,10 +446,10 @@ def report(result: dict[str, Any], devices: list[int], path: Path) -> None:
         f"step 1 on one '{PROFILE}' drive, {inputs['data_bytes'] / 2**20:.0f} MiB: "
         f"T_SSD-tx {inputs['t_ssd_tx_s']:.3f} s, T_SSD-comp {inputs['t_ssd_comp_s']:.3f} s, "
         f"T_CSD-tx {inputs['t_csd_tx_s']:.3f} s, T_CSD-comp {inputs['t_csd_comp_s']:.3f} s; "
-        f"host bus {result['host_bus_bytes_per_s'] / 1e6:.0f} MB/s (k_limit {result['k_limit']})")
+        f"host bus {result['host_bus_bytes_per_s'] / 1e6:.0f} MB/s (k_limit {result['k_limit']})"
+    )
     table = Table(title="Count: throughput MB/s, model vs measured (median)")
-    for column in ("m", "SSD model", "SSD measured", "error", "CSD model", "CSD measured",
-                   "error"):
+    for column in ("m", "SSD model", "SSD measured", "error", "CSD model", "CSD measured", "error"):
         table.add_column(column, justify="right")
     for m in devices:
         point = result["points"][str(m)]
@@ -377,17 +457,24 @@ def report(result: dict[str, Any], devices: list[int], path: Path) -> None:
         for system in ("ssd", "csd"):
             value = point[system]
             mark = "" if value["within_tolerance"] else " !"
-            cells += [f"{value['predicted_mb_per_s']:.1f}", f"{value['measured_mb_per_s']:.1f}",
-                      f"{100 * value['error']:+.1f}%{mark}"]
+            cells += [
+                f"{value['predicted_mb_per_s']:.1f}",
+                f"{value['measured_mb_per_s']:.1f}",
+                f"{100 * value['error']:+.1f}%{mark}",
+            ]
         table.add_row(*cells)
     console.print(table)
     bep = result["bep"]
-    console.print(f"BEP: predicted {bep['predicted']} (value {bep['predicted_value']:.2f}, "
-                  f"Eq. 8 alone {bep['eq8']}), measured {bep['measured']}; "
-                  f"all points within 15%: {result['all_points_within_tolerance']}")
+    console.print(
+        f"BEP: predicted {bep['predicted']} (value {bep['predicted_value']:.2f}, "
+        f"Eq. 8 alone {bep['eq8']}), measured {bep['measured']}; "
+        f"all points within 15%: {result['all_points_within_tolerance']}"
+    )
     if "calibration" in result:
-        console.print(f"from quarry calibrate alone: BEP {result['calibration']['bep']} "
-                      f"(calibrate took {result['calibration']['calibrate_s']:.0f} s)")
+        console.print(
+            f"from quarry calibrate alone: BEP {result['calibration']['bep']} "
+            f"(calibrate took {result['calibration']['calibrate_s']:.0f} s)"
+        )
     console.print(f"wrote {path} and {png_path(NAME)} in {result['elapsed_s']:.0f} s")
 
 

@@ -49,15 +49,30 @@ MARKERS_PER_CLUSTER = 50  # genes up-regulated in one cluster: what DE should fi
 GENES_PER_CHUNK = 250  # generation works on this many genes at a time (bounded memory)
 SEED = 5
 # What each device reports of a genes.accumulate call (the full summary lists every slice).
-DEVICE_FIELDS = ("device", "slices_executed", "slices_cached", "bytes_read", "bytes_shipped",
-                 "accumulate_s", "program_s", "device_cpu_s", "wall_s")
+DEVICE_FIELDS = (
+    "device",
+    "slices_executed",
+    "slices_cached",
+    "bytes_read",
+    "bytes_shipped",
+    "accumulate_s",
+    "program_s",
+    "device_cpu_s",
+    "wall_s",
+)
 
 console = Console(stderr=True)
 
 
 def progress() -> Progress:
-    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                    TimeElapsedColumn(), console=console, transient=False)
+    return Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+        transient=False,
+    )
 
 
 def synthetic(gene_count: int, cell_count: int, density: float, seed: int) -> ExpressionMatrix:
@@ -77,8 +92,10 @@ def synthetic(gene_count: int, cell_count: int, density: float, seed: int) -> Ex
             chance = np.repeat(base[start:stop, np.newaxis], CLUSTERS, axis=1).astype(np.float32)
             rows = np.flatnonzero(marker_cluster[start:stop] >= 0)
             chance[rows, marker_cluster[start:stop][rows]] *= 3.0
-            mask = rng.random((stop - start, cell_count), dtype=np.float32) < \
-                chance[:, cluster_of_cell]
+            mask = (
+                rng.random((stop - start, cell_count), dtype=np.float32)
+                < chance[:, cluster_of_cell]
+            )
             row, column = np.nonzero(mask)
             del mask
             rate = np.where(marker_cluster[start:stop][row] == cluster_of_cell[column], 6.0, 2.0)
@@ -87,15 +104,19 @@ def synthetic(gene_count: int, cell_count: int, density: float, seed: int) -> Ex
             counts.append(np.bincount(row, minlength=stop - start))
             bar.advance(task, stop - start)
     indptr = np.concatenate(([0], np.cumsum(np.concatenate(counts)))).astype(np.int64)
-    values = sparse.csr_matrix((np.concatenate(data), np.concatenate(indices), indptr),
-                               shape=(gene_count, cell_count))
+    values = sparse.csr_matrix(
+        (np.concatenate(data), np.concatenate(indices), indptr), shape=(gene_count, cell_count)
+    )
     genes_table = pa.table({"gene": [f"gene{i}" for i in range(gene_count)]})
-    cells_table = pa.table({
-        "cell": [f"cell{i}" for i in range(cell_count)],
-        "cluster": pa.array(cluster_of_cell.astype(str)).dictionary_encode(),
-    })
-    return ExpressionMatrix(values, genes_table, cells_table, {"generator": "bench/de.py"},
-                            dataset="synthetic")
+    cells_table = pa.table(
+        {
+            "cell": [f"cell{i}" for i in range(cell_count)],
+            "cluster": pa.array(cluster_of_cell.astype(str)).dictionary_encode(),
+        }
+    )
+    return ExpressionMatrix(
+        values, genes_table, cells_table, {"generator": "bench/de.py"}, dataset="synthetic"
+    )
 
 
 def quarry_runs(matrix: ExpressionMatrix, devices: int) -> dict[str, Any]:
@@ -119,7 +140,8 @@ def quarry_runs(matrix: ExpressionMatrix, devices: int) -> dict[str, Any]:
             moved = {k: v for k, v in attrs.items() if k != "datasets"}
             moved["devices"] = [
                 {k: device.get(k) for k in DEVICE_FIELDS}
-                for report in attrs["datasets"] for device in report["devices"]
+                for report in attrs["datasets"]
+                for device in report["devices"]
                 if "program" in device
             ]
             return frame, {"seconds": seconds, **moved}
@@ -145,8 +167,9 @@ def quarry_runs(matrix: ExpressionMatrix, devices: int) -> dict[str, Any]:
         }
         console.print("quarry: host only (pushdown never) ...")
         never, runs["host_only"] = rank("0", "never")
-        assert np.array_equal(never["scores"].to_numpy(), first["scores"].to_numpy(),
-                              equal_nan=True), "host-only and pushdown disagree"
+        assert np.array_equal(
+            never["scores"].to_numpy(), first["scores"].to_numpy(), equal_nan=True
+        ), "host-only and pushdown disagree"
     runs["scores"] = {label: frame.set_index("names")["scores"] for label, frame in frames.items()}
     return runs
 
@@ -170,17 +193,21 @@ def scanpy_run(matrix: ExpressionMatrix) -> dict[str, Any]:
         seconds = time.perf_counter() - started
     result = adata.uns["rank_genes_groups"]
     scores = {
-        label: dict(zip(result["names"][label], result["scores"][label].astype(np.float64),
-                        strict=True))
+        label: dict(
+            zip(result["names"][label], result["scores"][label].astype(np.float64), strict=True)
+        )
         for label in result["names"].dtype.names
     }
-    return {"seconds": seconds, "matrix_bytes_in_memory": int(x.data.nbytes + x.indices.nbytes
-                                                               + x.indptr.nbytes),
-            "scores": scores}
+    return {
+        "seconds": seconds,
+        "matrix_bytes_in_memory": int(x.data.nbytes + x.indices.nbytes + x.indptr.nbytes),
+        "scores": scores,
+    }
 
 
-def agreement(quarry_scores: dict[str, Any], scanpy_scores: dict[str, dict[str, float]]
-              ) -> dict[str, float]:
+def agreement(
+    quarry_scores: dict[str, Any], scanpy_scores: dict[str, dict[str, float]]
+) -> dict[str, float]:
     worst, zero = 0.0, 0
     for label, ours in quarry_scores.items():
         theirs = scanpy_scores[label]
@@ -188,8 +215,9 @@ def agreement(quarry_scores: dict[str, Any], scanpy_scores: dict[str, dict[str, 
         got = ours.to_numpy()
         reported = expected != 0
         zero += int((~reported).sum())
-        worst = max(worst, float((np.abs(got - expected)[reported]
-                                  / np.abs(expected[reported])).max()))
+        worst = max(
+            worst, float((np.abs(got - expected)[reported] / np.abs(expected[reported])).max())
+        )
     return {"scanpy_score_relative_error_max": worst, "scanpy_zero_scores": zero}
 
 
@@ -225,22 +253,29 @@ def plot(result: dict[str, Any], path: Path) -> None:
         "cached call\nshipped": q["cached_call"]["bytes_shipped"],
         "cached call\nread on devices": max(q["cached_call"]["bytes_read"], 1),
     }
-    right.bar(range(len(shipped)), list(shipped.values()),
-              color=["tab:gray", "tab:gray", "tab:blue", "tab:purple", "tab:cyan", "tab:purple"])
+    right.bar(
+        range(len(shipped)),
+        list(shipped.values()),
+        color=["tab:gray", "tab:gray", "tab:blue", "tab:purple", "tab:cyan", "tab:purple"],
+    )
     right.set_yscale("log")
     right.set_xticks(range(len(shipped)), list(shipped.keys()), fontsize=8)
     right.set_ylabel("bytes (log)")
-    right.set_title(f"data movement: shipped {result['ratio_matrix_to_first_call_shipped']:.0f}x "
-                    "fewer bytes than stored")
+    right.set_title(
+        f"data movement: shipped {result['ratio_matrix_to_first_call_shipped']:.0f}x "
+        "fewer bytes than stored"
+    )
     for i, value in enumerate(shipped.values()):
         # A cached call reads nothing; its bar stands at 1 byte only so the log axis can show it.
         label = "0 B" if value <= 1 else f"{value / 1e6:.3g} MB"
         right.annotate(label, (i, value), ha="center", va="bottom", fontsize=8)
     shape = result["matrix"]
-    figure.suptitle(f"{shape['genes']:,} genes x {shape['cells']:,} cells, "
-                    f"{shape['density']:.1%} non-zero, {CLUSTERS} clusters, "
-                    f"{result['devices']} devices (host profile), {result['environment_cores']} "
-                    "cores")
+    figure.suptitle(
+        f"{shape['genes']:,} genes x {shape['cells']:,} cells, "
+        f"{shape['density']:.1%} non-zero, {CLUSTERS} clusters, "
+        f"{result['devices']} devices (host profile), {result['environment_cores']} "
+        "cores"
+    )
     figure.tight_layout()
     figure.savefig(path, dpi=120)
 
@@ -256,10 +291,16 @@ def main() -> None:
 
     started = time.perf_counter()
     matrix = synthetic(gene_count, cell_count, DENSITY, SEED)
-    shape = {"genes": gene_count, "cells": cell_count, "nonzero": matrix.values.nnz,
-             "density": matrix.values.nnz / (gene_count * cell_count), "clusters": CLUSTERS,
-             "bytes_csr": int(matrix.values.data.nbytes + matrix.values.indices.nbytes
-                              + matrix.values.indptr.nbytes)}
+    shape = {
+        "genes": gene_count,
+        "cells": cell_count,
+        "nonzero": matrix.values.nnz,
+        "density": matrix.values.nnz / (gene_count * cell_count),
+        "clusters": CLUSTERS,
+        "bytes_csr": int(
+            matrix.values.data.nbytes + matrix.values.indices.nbytes + matrix.values.indptr.nbytes
+        ),
+    }
     console.print(f"matrix: {shape}")
     runs = quarry_runs(matrix, args.devices)
     quarry_scores = runs.pop("scores")
@@ -273,17 +314,19 @@ def main() -> None:
         "quarry": runs,
         "scanpy": scanpy,
         "agreement": agreement(quarry_scores, scanpy_scores),
-        "ratio_matrix_to_first_call_shipped":
-            runs["matrix_bytes_stored"] / max(runs["first_call"]["bytes_shipped"], 1),
-        "ratio_matrix_to_cached_call_moved":
-            runs["matrix_bytes_stored"] / max(runs["cached_call"]["bytes_shipped"]
-                                              + runs["cached_call"]["bytes_read"]
-                                              + runs["cached_call"]["bytes_sent"], 1),
-        "ratio_host_only_to_first_call_shipped":
-            runs["host_only"]["bytes_shipped"] / max(runs["first_call"]["bytes_shipped"], 1),
-        "ratio_scanpy_all_to_quarry_all_seconds":
-            scanpy["seconds"] / (runs["first_call"]["seconds"]
-                                 + runs["other_clusters"]["seconds"]),
+        "ratio_matrix_to_first_call_shipped": runs["matrix_bytes_stored"]
+        / max(runs["first_call"]["bytes_shipped"], 1),
+        "ratio_matrix_to_cached_call_moved": runs["matrix_bytes_stored"]
+        / max(
+            runs["cached_call"]["bytes_shipped"]
+            + runs["cached_call"]["bytes_read"]
+            + runs["cached_call"]["bytes_sent"],
+            1,
+        ),
+        "ratio_host_only_to_first_call_shipped": runs["host_only"]["bytes_shipped"]
+        / max(runs["first_call"]["bytes_shipped"], 1),
+        "ratio_scanpy_all_to_quarry_all_seconds": scanpy["seconds"]
+        / (runs["first_call"]["seconds"] + runs["other_clusters"]["seconds"]),
         "bench_s": time.perf_counter() - started,
     }
     name = "de" if not args.quick else "de_quick"

@@ -61,8 +61,14 @@ console = Console(stderr=True)
 
 
 def progress() -> Progress:
-    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                    TimeElapsedColumn(), console=console, transient=False)
+    return Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+        transient=False,
+    )
 
 
 def on_device(emulator: Emulator, work: Callable[[], Any]) -> float:
@@ -86,30 +92,45 @@ def exp1(widths: tuple[int, ...], genes: int) -> list[dict[str, Any]]:
     rng = np.random.default_rng(1)
     rows = []
     with progress() as bar:
-        task = bar.add_task("Exp 1: Accumulate per slice shape", total=len(widths) * len(HEIGHTS)
-                            * len(PROFILES))
+        task = bar.add_task(
+            "Exp 1: Accumulate per slice shape", total=len(widths) * len(HEIGHTS) * len(PROFILES)
+        )
         for width in widths:
             values = np.log1p(rng.poisson(2.0, (genes, width))).astype(np.float32)
             schema = stored_schema("genes", pa.float32(), width)
             group_of_cell = rng.integers(0, GROUPS, width).astype(np.int32)
             for height in HEIGHTS:
-                slices = [rows_batch(values, schema, start, min(start + height, genes),
-                                     density_threshold=0.0)
-                          for start in range(0, genes, height)]
+                slices = [
+                    rows_batch(
+                        values, schema, start, min(start + height, genes), density_threshold=0.0
+                    )
+                    for start in range(0, genes, height)
+                ]
                 assert all(b.column(1).null_count == b.num_rows for b in slices), "dense rows"
                 for profile in PROFILES:
                     emulator = Emulator(get_profile(profile))
                     repeats = HOST_REPEATS if profile == "host" else 1
                     totals = []
                     for _ in range(repeats):
-                        totals.append(sum(
-                            on_device(emulator,
-                                      lambda b=b, g=group_of_cell: accumulate(b, g, GROUPS))
-                            for b in slices))
-                    rows.append({"profile": profile, "width": width, "height": height,
-                                 "slices": len(slices), "total_s": min(totals),
-                                 "per_slice_ms": 1e3 * min(totals) / len(slices),
-                                 "bytes": sum(pa.ipc.get_record_batch_size(b) for b in slices)})
+                        totals.append(
+                            sum(
+                                on_device(
+                                    emulator, lambda b=b, g=group_of_cell: accumulate(b, g, GROUPS)
+                                )
+                                for b in slices
+                            )
+                        )
+                    rows.append(
+                        {
+                            "profile": profile,
+                            "width": width,
+                            "height": height,
+                            "slices": len(slices),
+                            "total_s": min(totals),
+                            "per_slice_ms": 1e3 * min(totals) / len(slices),
+                            "bytes": sum(pa.ipc.get_record_batch_size(b) for b in slices),
+                        }
+                    )
                     bar.advance(task)
     return rows
 
@@ -133,8 +154,9 @@ def exp3(table: pa.Table, runs: int) -> list[dict[str, Any]]:
     session.register_record_batches("t", [table.to_batches()])
     results = []
     with progress() as bar:
-        task = bar.add_task("Exp 3: selection vs projection",
-                            total=len(PROJECTION_FRACTIONS) * len(PROFILES) * 2)
+        task = bar.add_task(
+            "Exp 3: selection vs projection", total=len(PROJECTION_FRACTIONS) * len(PROFILES) * 2
+        )
         for fraction in PROJECTION_FRACTIONS:
             count = round(fraction * table.num_columns)
             # The projected cells include the one the predicate reads.
@@ -148,16 +170,22 @@ def exp3(table: pa.Table, runs: int) -> list[dict[str, Any]]:
                 "datafusion": {
                     "projection": lambda q=quoted: session.sql(f"SELECT {q} FROM t").collect(),
                     "projection_selection": lambda q=quoted: session.sql(
-                        f'SELECT {q} FROM t WHERE "{PREDICATE_COLUMN}" > 10').collect(),
+                        f'SELECT {q} FROM t WHERE "{PREDICATE_COLUMN}" > 10'
+                    ).collect(),
                 },
             }
             kept = _arrow_select(table, columns).num_rows
             for profile in PROFILES:
                 emulator = Emulator(get_profile(profile))
                 for engine, operations in work.items():
-                    row: dict[str, Any] = {"profile": profile, "engine": engine,
-                                           "projection_fraction": fraction, "columns": count,
-                                           "rows_kept": kept, "selectivity": kept / table.num_rows}
+                    row: dict[str, Any] = {
+                        "profile": profile,
+                        "engine": engine,
+                        "projection_fraction": fraction,
+                        "columns": count,
+                        "rows_kept": kept,
+                        "selectivity": kept / table.num_rows,
+                    }
                     for name, operation in operations.items():
                         operation()  # warm-up: plan caches, allocator (Exp 2's first slices)
                         times = [on_device(emulator, operation) for _ in range(runs)]
@@ -185,13 +213,22 @@ def plot(result: dict[str, Any], path: Path) -> None:
     figure = plt.figure(figsize=(17, 7.5))
     grid = figure.add_gridspec(2, 3, width_ratios=[1.3, 1, 1])
     ax = figure.add_subplot(grid[:, 0])
-    styles = {("kinetic", 48): ("tab:purple", ":"), ("kinetic", 480): ("tab:purple", "-"),
-              ("host", 48): ("tab:orange", ":"), ("host", 480): ("tab:orange", "-")}
+    styles = {
+        ("kinetic", 48): ("tab:purple", ":"),
+        ("kinetic", 480): ("tab:purple", "-"),
+        ("host", 48): ("tab:orange", ":"),
+        ("host", 480): ("tab:orange", "-"),
+    }
     for (profile, height), (color, line) in styles.items():
         points = [r for r in result["exp1"] if r["profile"] == profile and r["height"] == height]
-        ax.plot([r["width"] for r in points], [1e3 * r["total_s"] for r in points],
-                color=color, linestyle=line, marker="o",
-                label=f"{height} rows/slice ({points[0]['slices']} slices), {profile}")
+        ax.plot(
+            [r["width"] for r in points],
+            [1e3 * r["total_s"] for r in points],
+            color=color,
+            linestyle=line,
+            marker="o",
+            label=f"{height} rows/slice ({points[0]['slices']} slices), {profile}",
+        )
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("slice width (cells)")
@@ -211,17 +248,21 @@ def plot(result: dict[str, Any], path: Path) -> None:
             ax.bar(x - 0.2, projection, width=0.4, color="tab:blue", label="projection")
             ax.bar(x + 0.2, both, width=0.4, color="tab:red", label="projection + selection")
             for i, value in enumerate(both):
-                ax.annotate(f"{value:.3g}", (i + 0.2, value), ha="center", va="bottom",
-                            fontsize=7)
-            ax.set_xticks(x, [f"{r['columns']} cols ({r['projection_fraction']:.0%})"
-                              for r in rows], fontsize=8)
+                ax.annotate(f"{value:.3g}", (i + 0.2, value), ha="center", va="bottom", fontsize=7)
+            ax.set_xticks(
+                x,
+                [f"{r['columns']} cols ({r['projection_fraction']:.0%})" for r in rows],
+                fontsize=8,
+            )
             ax.set_ylabel("mean latency (ms)")
             ax.set_title(f"Exp 3 (Fig. 7): {engine}, {profile}", fontsize=10)
             if row == 0 and column == 0:
                 ax.legend(fontsize=8)
-    figure.suptitle(f"Skytether Exp 1 and Exp 3 on emulated devices (Exp 3: {TABLE_COLUMNS:,}"
-                    f" columns x {TABLE_ROWS:,} rows, selection keeps "
-                    f"{result['summary']['exp3_selectivity']:.1%})")
+    figure.suptitle(
+        f"Skytether Exp 1 and Exp 3 on emulated devices (Exp 3: {TABLE_COLUMNS:,}"
+        f" columns x {TABLE_ROWS:,} rows, selection keeps "
+        f"{result['summary']['exp3_selectivity']:.1%})"
+    )
     figure.tight_layout()
     figure.savefig(path, dpi=120)
 
@@ -230,8 +271,11 @@ def summarize(result: dict[str, Any]) -> dict[str, Any]:
     exp1_rows = result["exp1"]
 
     def total(profile: str, height: int, width: int) -> float:
-        return next(r["total_s"] for r in exp1_rows
-                    if (r["profile"], r["height"], r["width"]) == (profile, height, width))
+        return next(
+            r["total_s"]
+            for r in exp1_rows
+            if (r["profile"], r["height"], r["width"]) == (profile, height, width)
+        )
 
     widths = sorted({r["width"] for r in exp1_rows})
     slowdown = [total("kinetic", h, w) / total("host", h, w) for h in HEIGHTS for w in widths]
@@ -240,14 +284,18 @@ def summarize(result: dict[str, Any]) -> dict[str, Any]:
     exp3_rows = result["exp3"]
     engines = sorted({r["engine"] for r in exp3_rows})
     share = {
-        engine: statistics.median(r["projection_ms"] / r["projection_selection_ms"]
-                                  for r in exp3_rows if r["engine"] == engine)
+        engine: statistics.median(
+            r["projection_ms"] / r["projection_selection_ms"]
+            for r in exp3_rows
+            if r["engine"] == engine
+        )
         for engine in engines
     }
     exp3_slowdown = {
         engine: statistics.median(
             k["projection_selection_ms"] / h["projection_selection_ms"]
-            for h in exp3_rows if h["profile"] == "host" and h["engine"] == engine
+            for h in exp3_rows
+            if h["profile"] == "host" and h["engine"] == engine
             for k in exp3_rows
             if k["profile"] == "kinetic" and (k["engine"], k["columns"]) == (engine, h["columns"])
         )
@@ -255,8 +303,9 @@ def summarize(result: dict[str, Any]) -> dict[str, Any]:
     }
     return {
         "exp1_kinetic_slowdown_median": statistics.median(slowdown),
-        "exp1_48_vs_480_rows_ratio_median": {p: statistics.median(v)
-                                             for p, v in height_penalty.items()},
+        "exp1_48_vs_480_rows_ratio_median": {
+            p: statistics.median(v) for p, v in height_penalty.items()
+        },
         "exp1_latency_growth_480_rows_widest_vs_narrowest": width_growth,
         "exp3_projection_share_of_total_median": share,
         "exp3_kinetic_slowdown_median": exp3_slowdown,
@@ -275,9 +324,15 @@ def main() -> None:
     result: dict[str, Any] = {
         "exp1": exp1(widths, genes),
         "exp3": exp3(exp3_table(TABLE_ROWS, TABLE_COLUMNS), runs),
-        "setup": {"partition_genes": genes, "heights": HEIGHTS, "widths": widths,
-                  "groups": GROUPS, "table": [TABLE_COLUMNS, TABLE_ROWS], "runs": runs,
-                  "compute_factor": {p: get_profile(p).compute_factor for p in PROFILES}},
+        "setup": {
+            "partition_genes": genes,
+            "heights": HEIGHTS,
+            "widths": widths,
+            "groups": GROUPS,
+            "table": [TABLE_COLUMNS, TABLE_ROWS],
+            "runs": runs,
+            "compute_factor": {p: get_profile(p).compute_factor for p in PROFILES},
+        },
     }
     result["summary"] = summarize(result)
     result["bench_s"] = time.perf_counter() - started

@@ -25,7 +25,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import png_path, write_json
 
 import quarry
-from quarry.device.controller import Adaptive, HostCost, Policy
+from quarry.device.controller import Adaptive
+from quarry.protocol.stage import Stage
+from quarry.protocol.work import HostCost, Policy
 from quarry.samples import particles
 
 matplotlib.use("Agg")
@@ -66,7 +68,7 @@ def replay(trace: list[dict], warmup_chunks: int, host_s_per_byte: float) -> lis
         filter_ratio=0.4,
         link_bytes_per_s=312.5e6,
         host_share=0.5,
-        start="full",
+        start=Stage.FULL,
     )
     policy = Policy(warmup_chunks=warmup_chunks, sample_chunks=1, probe_after_s=1e9)
     controller = Adaptive(
@@ -74,7 +76,7 @@ def replay(trace: list[dict], warmup_chunks: int, host_s_per_byte: float) -> lis
     )
     decisions = []
     for t in trace:
-        controller.observe("full", t["bytes_stored"], t["bytes_shipped"], t["seconds"])
+        controller.observe(Stage.FULL, t["bytes_stored"], t["bytes_shipped"], t["seconds"])
         decisions.append(controller.stage_for(t["first"] + 1)[0])
     return decisions
 

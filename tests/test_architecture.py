@@ -133,4 +133,4 @@ def test_every_kind_of_work_is_a_unit():
     from quarry.device.unit import lookup
 
     for name in ("substrait", "sample", "genes.accumulate", "capacity.count", "capacity.pagerank"):
-        assert lookup(name).NAME == name
+        assert name == lookup(name).NAME

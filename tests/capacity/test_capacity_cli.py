@@ -25,8 +25,20 @@ def test_bep_prints_the_terms_and_the_answer() -> None:
 
 
 def test_bep_json_with_host_options_and_out_dir(tmp_path: Path) -> None:
-    result = invoke("bep", "-w", "array_merge-newport", "--sd-comp", "2", "--host-cores", "1",
-                    "--k-limit", "8", "--json", "--out", str(tmp_path))
+    result = invoke(
+        "bep",
+        "-w",
+        "array_merge-newport",
+        "--sd-comp",
+        "2",
+        "--host-cores",
+        "1",
+        "--k-limit",
+        "8",
+        "--json",
+        "--out",
+        str(tmp_path),
+    )
     assert result.exit_code == 0, result.output
     document = json.loads(result.output)
     assert document["result"]["bep"] == 6
@@ -40,8 +52,20 @@ def test_bep_from_times_ratios_and_a_file(tmp_path: Path) -> None:
     by_ratios = json.loads(invoke("bep", "--ratios", "1.5,0.5,2", "--json").output)
     assert by_ratios["result"]["ratios"]["r_comp"] == pytest.approx(0.5)
     path = tmp_path / "calibrated.json"
-    path.write_text(json.dumps({"workloads": {"scan": {
-        "t_ssd_tx_s": 1.5, "t_ssd_comp_s": 0.75, "t_csd_tx_s": 8.0, "t_csd_comp_s": 3.0}}}))
+    path.write_text(
+        json.dumps(
+            {
+                "workloads": {
+                    "scan": {
+                        "t_ssd_tx_s": 1.5,
+                        "t_ssd_comp_s": 0.75,
+                        "t_csd_tx_s": 8.0,
+                        "t_csd_comp_s": 3.0,
+                    }
+                }
+            }
+        )
+    )
     by_file = json.loads(invoke("bep", "--inputs", str(path), "-w", "scan", "--json").output)
     assert by_file["result"]["bep"] == 12 and by_file["inputs"]["name"] == "scan"
 
@@ -105,8 +129,17 @@ def test_tco_without_prices_names_the_field(tmp_path: Path) -> None:
 def test_workloads_and_measure() -> None:
     listed = json.loads(invoke("workloads", "--json").output)
     assert "count-smartssd" in listed
-    result = invoke("measure", "--kernel", "count", "--bytes", "400000", "--threads", "2",
-                    "--host-only", "--json")
+    result = invoke(
+        "measure",
+        "--kernel",
+        "count",
+        "--bytes",
+        "400000",
+        "--threads",
+        "2",
+        "--host-only",
+        "--json",
+    )
     assert result.exit_code == 0, result.output
     report = json.loads(result.output)
     assert report["threads"] == 2 and report["bytes"] == 400_000

@@ -58,9 +58,16 @@ def test_count_program_counts_every_row_of_its_partition(
     total = 0
     for partition in entry.partitions:
         (device,) = partition.devices
-        table, summary = kinetic.devices[device].program("capacity.count", {
-            "domain": entry.domain, "dataset": entry.name, "partition": partition.partition,
-            "threads": 2, "params": {"value": 7}})
+        table, summary = kinetic.devices[device].program(
+            "capacity.count",
+            {
+                "domain": entry.domain,
+                "dataset": entry.name,
+                "partition": partition.partition,
+                "threads": 2,
+                "params": {"value": 7},
+            },
+        )
         assert table.column("rows").to_pylist() == [partition.rows] == [summary["rows"]]
         assert summary["result"] == table.column("count")[0].as_py()
         assert summary["threads"] == 2 and summary["cores"] == 2
@@ -73,11 +80,11 @@ def test_count_program_counts_every_row_of_its_partition(
 
 def test_counting_a_value_every_row_holds_counts_every_row(kinetic: LocalCluster) -> None:
     rows = 300_000
-    entry = kinetic.ingest(pa.table({"values": np.full(rows, 5, dtype=np.int32)}),
-                           "capacity/fives", partitions=2)
+    entry = kinetic.ingest(
+        pa.table({"values": np.full(rows, 5, dtype=np.int32)}), "capacity/fives", partitions=2
+    )
     for threads in (1, 2, 3):
-        run = run_devices(kinetic, entry.qualified, "count", threads=threads,
-                          params={"value": 5})
+        run = run_devices(kinetic, entry.qualified, "count", threads=threads, params={"value": 5})
         assert run.result == run.rows == rows
         assert [d["threads"] for d in run.per_device] == [threads, threads]
 
@@ -88,8 +95,11 @@ def test_the_host_and_the_drives_agree_and_only_results_cross_the_link(
     host = run_host(kinetic, count_dataset, "count")
     drives = run_devices(kinetic, count_dataset, "count", threads=2)
     rows = kinetic.entry(count_dataset).rows
-    assert host.result == drives.result == int(np.count_nonzero(
-        make_inputs("count", COUNT_BYTES)["values"] == 0))
+    assert (
+        host.result
+        == drives.result
+        == int(np.count_nonzero(make_inputs("count", COUNT_BYTES)["values"] == 0))
+    )
     assert host.rows == drives.rows == rows and host.devices == drives.devices == 2
     # The host path ships the raw working set; the drives ship a few rows of counts.
     assert host.bytes_to_host >= host.bytes == 4 * rows
@@ -123,7 +133,8 @@ def test_threads_use_the_drives_cores_and_queue_beyond_them(kinetic: LocalCluste
 
     def compute_s(threads: int) -> float:
         return statistics.median(
-            run_devices(kinetic, dataset, "count", threads=threads).compute_s for _ in range(3))
+            run_devices(kinetic, dataset, "count", threads=threads).compute_s for _ in range(3)
+        )
 
     one, two, four = compute_s(1), compute_s(2), compute_s(4)
     assert two < 0.8 * one  # two cores: the pieces run two at a time
@@ -142,9 +153,15 @@ def test_vector_addition_and_array_merge_match_on_host_and_drives(
     (device,) = partition.devices
     raw = kinetic.devices[device].scan(entry.domain, entry.name, partition.partition).read_all()
     raw = raw.to_pydict()
-    table, _ = kinetic.devices[device].program(f"capacity.{kernel}", {
-        "domain": entry.domain, "dataset": entry.name, "partition": partition.partition,
-        "output": "full"})
+    table, _ = kinetic.devices[device].program(
+        f"capacity.{kernel}",
+        {
+            "domain": entry.domain,
+            "dataset": entry.name,
+            "partition": partition.partition,
+            "output": "full",
+        },
+    )
     if kernel == "vector_addition":
         expected = (np.array(raw["a"]) + np.array(raw["b"])).tolist()
     else:  # each partition holds sorted runs of both inputs (row groups dealt in order)
@@ -187,35 +204,69 @@ def test_bad_requests_name_what_is_wrong(kinetic: LocalCluster, count_dataset: s
 
 def test_measure_command_on_a_live_cluster(kinetic: LocalCluster, tmp_path) -> None:
     runner = CliRunner()
-    result = runner.invoke(app, [
-        "measure", "--kernel", "count", "--bytes", str(COUNT_BYTES), "--repeat", "1",
-        "--cluster", str(kinetic.cluster_file), "--device", "dev0", "--json",
-        "--out", str(tmp_path)])
+    result = runner.invoke(
+        app,
+        [
+            "measure",
+            "--kernel",
+            "count",
+            "--bytes",
+            str(COUNT_BYTES),
+            "--repeat",
+            "1",
+            "--cluster",
+            str(kinetic.cluster_file),
+            "--device",
+            "dev0",
+            "--json",
+            "--out",
+            str(tmp_path),
+        ],
+    )
     assert result.exit_code == 0, result.output
     document = json.loads(result.output)
     assert document["device"] == "dev0" and document["source"] == "kernel runs"
-    assert all(document["inputs"][f"t_{k}_s"] > 0 for k in ("ssd_tx", "ssd_comp", "csd_tx",
-                                                            "csd_comp"))
+    assert all(
+        document["inputs"][f"t_{k}_s"] > 0 for k in ("ssd_tx", "ssd_comp", "csd_tx", "csd_comp")
+    )
     assert document["result"]["bep"] >= 1
     # The inputs file it writes is what `bep --inputs` reads.
     inputs_file = tmp_path / "measured.json"
-    again = runner.invoke(app, ["bep", "--inputs", str(inputs_file), "-w", "count-kinetic",
-                                "--json"])
+    again = runner.invoke(
+        app, ["bep", "--inputs", str(inputs_file), "-w", "count-kinetic", "--json"]
+    )
     assert again.exit_code == 0, again.output
     assert json.loads(again.output)["result"]["bep"] == document["result"]["bep"]
 
 
 def test_measure_command_from_a_stored_calibration(kinetic: LocalCluster) -> None:
     # What `quarry calibrate` stores on a device (measuring it for real takes a minute).
-    report = {"device": "dev1", "profile": "kinetic",
-              "compute_factor": {"expected": 15.0, "measured": 14.0},
-              "internal_bytes_per_s": {"expected": 261e6, "measured": 250e6},
-              "external_bytes_per_s": {"expected": 312.5e6, "measured": 300e6}}
+    report = {
+        "device": "dev1",
+        "profile": "kinetic",
+        "compute_factor": {"expected": 15.0, "measured": 14.0},
+        "internal_bytes_per_s": {"expected": 261e6, "measured": 250e6},
+        "external_bytes_per_s": {"expected": 312.5e6, "measured": 300e6},
+    }
     kinetic.devices["dev1"].kv_put(CALIBRATION_KEY, json.dumps(report).encode())
-    result = CliRunner().invoke(app, [
-        "measure", "--kernel", "count", "--bytes", str(COUNT_BYTES), "--repeat", "1",
-        "--cluster", str(kinetic.cluster_file), "--device", "dev1", "--from-calibration",
-        "--json"])
+    result = CliRunner().invoke(
+        app,
+        [
+            "measure",
+            "--kernel",
+            "count",
+            "--bytes",
+            str(COUNT_BYTES),
+            "--repeat",
+            "1",
+            "--cluster",
+            str(kinetic.cluster_file),
+            "--device",
+            "dev1",
+            "--from-calibration",
+            "--json",
+        ],
+    )
     assert result.exit_code == 0, result.output
     inputs = json.loads(result.output)["inputs"]
     assert inputs["t_csd_tx_s"] == pytest.approx(COUNT_BYTES / 250e6)
@@ -223,16 +274,27 @@ def test_measure_command_from_a_stored_calibration(kinetic: LocalCluster) -> Non
     # Two device threads: the host's two-thread time, 14x.
     assert inputs["t_csd_comp_s"] > inputs["t_ssd_comp_s"]
 
-    missing = CliRunner().invoke(app, [
-        "measure", "--kernel", "count", "--cluster", str(kinetic.cluster_file), "--device",
-        "dev0", "--from-calibration"])
+    missing = CliRunner().invoke(
+        app,
+        [
+            "measure",
+            "--kernel",
+            "count",
+            "--cluster",
+            str(kinetic.cluster_file),
+            "--device",
+            "dev0",
+            "--from-calibration",
+        ],
+    )
     assert missing.exit_code == 2
     assert "run `quarry calibrate` first" in " ".join(missing.output.split())
 
 
 def test_measure_command_without_a_cluster_says_what_to_do(tmp_path) -> None:
-    result = CliRunner().invoke(app, ["measure", "--kernel", "count", "--cluster",
-                                      str(tmp_path / "none.json")])
+    result = CliRunner().invoke(
+        app, ["measure", "--kernel", "count", "--cluster", str(tmp_path / "none.json")]
+    )
     assert result.exit_code == 2
     message = " ".join(result.output.split())
     assert "quarry up" in message and "--host-only" in message

@@ -22,31 +22,48 @@ from quarry.capacity.measure import HostBus, calibration_inputs, calibration_rep
 from quarry.capacity.model import CapacityInputError
 
 
-def report(device: str, profile: str = "kinetic", compute: float = 14.0,
-           internal: float = 250e6, external: float = 300e6) -> dict:
+def report(
+    device: str,
+    profile: str = "kinetic",
+    compute: float = 14.0,
+    internal: float = 250e6,
+    external: float = 300e6,
+) -> dict:
     """The shape `Cluster.calibrate()` returns for one device."""
-    return {"device": device, "profile": profile,
-            "compute_factor": {"expected": 15.0, "measured": compute},
-            "internal_bytes_per_s": {"expected": 261e6, "measured": internal},
-            "external_bytes_per_s": {"expected": 312.5e6, "measured": external}}
+    return {
+        "device": device,
+        "profile": profile,
+        "compute_factor": {"expected": 15.0, "measured": compute},
+        "internal_bytes_per_s": {"expected": 261e6, "measured": internal},
+        "external_bytes_per_s": {"expected": 312.5e6, "measured": external},
+    }
 
 
 def test_calibration_gives_the_four_times() -> None:
-    inputs = calibration_inputs(report("dev0"), data_bytes=10**9, host_compute_s=0.2,
-                                device_compute_s=0.12, name="count-kinetic")
+    inputs = calibration_inputs(
+        report("dev0"),
+        data_bytes=10**9,
+        host_compute_s=0.2,
+        device_compute_s=0.12,
+        name="count-kinetic",
+    )
     assert inputs.t_ssd_tx_s == pytest.approx(10**9 / 250e6)  # the slower of the two links
     assert inputs.t_ssd_comp_s == 0.2
     assert inputs.t_csd_tx_s == pytest.approx(10**9 / 250e6)
     assert inputs.t_csd_comp_s == pytest.approx(14.0 * 0.12)
-    fast_medium = calibration_inputs(report("dev0", internal=1e9), data_bytes=10**9,
-                                     host_compute_s=0.2)
+    fast_medium = calibration_inputs(
+        report("dev0", internal=1e9), data_bytes=10**9, host_compute_s=0.2
+    )
     assert fast_medium.t_ssd_tx_s == pytest.approx(10**9 / 300e6)
     assert fast_medium.t_csd_comp_s == pytest.approx(14.0 * 0.2)  # one device thread
 
 
 def test_calibration_reports_of_a_cluster() -> None:
-    reports = [report("dev0", compute=14.0), report("dev1", compute=16.0),
-               report("dev2", compute=15.5)]
+    reports = [
+        report("dev0", compute=14.0),
+        report("dev1", compute=16.0),
+        report("dev2", compute=15.5),
+    ]
     merged = calibration_report(reports)
     assert merged["compute_factor"]["measured"] == 15.5  # the median
     assert calibration_report(reports, "dev1")["compute_factor"]["measured"] == 16.0

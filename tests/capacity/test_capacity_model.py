@@ -97,8 +97,13 @@ def test_bad_times_name_the_field(values: dict, field: str) -> None:
 
 @pytest.mark.parametrize(
     ("ratios", "field"),
-    [((0.0, 1.0, 1.0), "r_tx"), ((1.0, 0.0, 1.0), "r_comp"), ((1.0, 1.0, 0.0), "r_ssd"),
-     ((1.0, -2.0, 1.0), "r_comp"), ((None, 1.0, 1.0), "r_tx")],
+    [
+        ((0.0, 1.0, 1.0), "r_tx"),
+        ((1.0, 0.0, 1.0), "r_comp"),
+        ((1.0, 1.0, 0.0), "r_ssd"),
+        ((1.0, -2.0, 1.0), "r_comp"),
+        ((None, 1.0, 1.0), "r_tx"),
+    ],
 )
 def test_a_ratio_of_zero_or_less_names_the_ratio(ratios: tuple, field: str) -> None:
     with pytest.raises(CapacityInputError, match=f"^{field}: "):
@@ -107,8 +112,14 @@ def test_a_ratio_of_zero_or_less_names_the_ratio(ratios: tuple, field: str) -> N
 
 @pytest.mark.parametrize(
     ("host", "field"),
-    [({"k_limit": 0}, "k_limit"), ({"k_limit": -3}, "k_limit"), ({"host_cores": 0}, "host_cores"),
-     ({"sd_tx": 0.5}, "sd_tx"), ({"sd_comp": 0.0}, "sd_comp"), ({"k_limit": 2.5}, "k_limit")],
+    [
+        ({"k_limit": 0}, "k_limit"),
+        ({"k_limit": -3}, "k_limit"),
+        ({"host_cores": 0}, "host_cores"),
+        ({"sd_tx": 0.5}, "sd_tx"),
+        ({"sd_comp": 0.0}, "sd_comp"),
+        ({"k_limit": 2.5}, "k_limit"),
+    ],
 )
 def test_bad_host_configuration_names_the_field(host: dict, field: str) -> None:
     with pytest.raises(CapacityInputError, match=f"^{field}: "):
@@ -130,7 +141,11 @@ def test_inputs_from_kernel_runs_need_a_one_thread_host_run() -> None:
     device = {"threads": 4, "transfer_s": 0.1, "compute_s": 0.9}
     inputs = CapacityInputs.from_kernel_runs(host, device)
     assert (inputs.t_ssd_tx_s, inputs.t_ssd_comp_s, inputs.t_csd_tx_s, inputs.t_csd_comp_s) == (
-        0.2, 0.4, 0.1, 0.9)
+        0.2,
+        0.4,
+        0.1,
+        0.9,
+    )
     assert inputs.data_bytes == 1000
     with pytest.raises(CapacityInputError, match="^host.threads: "):
         CapacityInputs.from_kernel_runs({**host, "threads": 8}, device)

@@ -56,6 +56,7 @@ def test_vector_addition_on_newport_has_the_bep_4_stars_of_figure_10() -> None:
 
 def test_throughput_ratios_between_devices_follow_section_4_2_3() -> None:
     """Newport is 2.2x SmartSSD on Array Merge, 10x on Page Rank; the host is far ahead on it."""
+
     def csd_time_s(name: str) -> float:
         inputs = PRESETS[name]
         return inputs.t_csd_tx_s + inputs.t_csd_comp_s
@@ -73,8 +74,13 @@ def test_throughput_ratios_between_devices_follow_section_4_2_3() -> None:
 def test_every_workload_has_both_devices_and_one_host() -> None:
     assert len(PRESETS) == 2 * len(WORKLOADS) == 8
     for workload in WORKLOADS.values():
-        hosts = {(PRESETS[f"{workload.kernel}-{d}"].t_ssd_tx_s,
-                  PRESETS[f"{workload.kernel}-{d}"].t_ssd_comp_s) for d in workload.devices}
+        hosts = {
+            (
+                PRESETS[f"{workload.kernel}-{d}"].t_ssd_tx_s,
+                PRESETS[f"{workload.kernel}-{d}"].t_ssd_comp_s,
+            )
+            for d in workload.devices
+        }
         assert len(hosts) == 1
 
 
@@ -85,14 +91,21 @@ def test_unknown_preset_lists_the_choices() -> None:
 
 def test_load_inputs_reads_one_object_or_a_named_workload(tmp_path: Path) -> None:
     single = tmp_path / "single.json"
-    single.write_text(json.dumps({"t_ssd_tx_s": 1, "t_ssd_comp_s": 2, "t_csd_tx_s": 1,
-                                  "t_csd_comp_s": 4}))
+    single.write_text(
+        json.dumps({"t_ssd_tx_s": 1, "t_ssd_comp_s": 2, "t_csd_tx_s": 1, "t_csd_comp_s": 4})
+    )
     assert load_inputs(single).t_csd_comp_s == 4.0
     calibrated = tmp_path / "calibrated.json"
-    calibrated.write_text(json.dumps({"workloads": {
-        "scan": {"r_tx": 2.0, "r_comp": 0.5, "r_ssd": 1.0},
-        "sum": {"t_ssd_tx_s": 1, "t_ssd_comp_s": 1, "t_csd_tx_s": 1, "t_csd_comp_s": 1},
-    }}))
+    calibrated.write_text(
+        json.dumps(
+            {
+                "workloads": {
+                    "scan": {"r_tx": 2.0, "r_comp": 0.5, "r_ssd": 1.0},
+                    "sum": {"t_ssd_tx_s": 1, "t_ssd_comp_s": 1, "t_csd_tx_s": 1, "t_csd_comp_s": 1},
+                }
+            }
+        )
+    )
     assert load_inputs(calibrated, "scan").ratios(1).r_tx == pytest.approx(2.0)
     assert load_inputs(calibrated, "sum").name == "sum"
     with pytest.raises(CapacityInputError, match="^workload: .*scan, sum"):
@@ -109,7 +122,8 @@ def test_load_inputs_errors_name_the_problem(tmp_path: Path) -> None:
     with pytest.raises(CapacityInputError, match="^inputs: .*not valid JSON"):
         load_inputs(broken)
     negative = tmp_path / "negative.json"
-    negative.write_text(json.dumps({"t_ssd_tx_s": 1, "t_ssd_comp_s": 1, "t_csd_tx_s": -1,
-                                    "t_csd_comp_s": 1}))
+    negative.write_text(
+        json.dumps({"t_ssd_tx_s": 1, "t_ssd_comp_s": 1, "t_csd_tx_s": -1, "t_csd_comp_s": 1})
+    )
     with pytest.raises(CapacityInputError, match="^t_csd_tx_s: must be >= 0"):
         load_inputs(negative)

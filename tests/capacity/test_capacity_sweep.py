@@ -45,8 +45,10 @@ def test_figure7_rejects_devices_measured_on_different_hosts() -> None:
 def test_surfaces_fall_as_the_csd_improves_or_the_host_slows() -> None:
     inputs = PRESETS["vector_addition-newport"]
     factors = [1, 2, 4, 8]
-    for surface in (csd_surface(inputs, HostConfig(), factors),
-                    overload_surface(inputs, HostConfig(), factors)):
+    for surface in (
+        csd_surface(inputs, HostConfig(), factors),
+        overload_surface(inputs, HostConfig(), factors),
+    ):
         for row in surface.bep:
             assert row == sorted(row, reverse=True)
         for column in zip(*surface.bep, strict=True):
@@ -78,7 +80,11 @@ def test_run_sweep_writes_readable_pngs_and_json(tmp_path: Path) -> None:
         assert path.stat().st_size > 20_000, f"{name} looks empty"
     document = json.loads((tmp_path / "x_sweep.json").read_text())
     assert [panel["title"].split(" (")[0] for panel in document["figure7"]] == [
-        "count", "vector addition", "array merge", "pagerank"]
+        "count",
+        "vector addition",
+        "array merge",
+        "pagerank",
+    ]
     assert document["figure8"]["bep"] == {"8": 13, "12": 18, "16": 21}
     stars = [(c["x"], c["y"]) for c in document["figure10"]["combinations"]["corners"]]
     assert stars == [(2, 7), (3, 4), (4, 3), (8, 2)]

@@ -61,11 +61,15 @@ def test_table4_ratios_against_the_baseline(table4: dict) -> None:
 def spec(**overrides: object) -> dict:
     base = {
         "baseline": "old",
-        "cpus": {"big": {"passmark": 40000, "price_usd": 2000},
-                 "small": {"passmark": 20000, "price_usd": 1000}},
+        "cpus": {
+            "big": {"passmark": 40000, "price_usd": 2000},
+            "small": {"passmark": 20000, "price_usd": 1000},
+        },
         "drives": {"ssd": {"capacity_gb": 2000, "price_usd": 100}},
-        "systems": [{"name": "old", "cpu": "big", "drive": "ssd", "drive_count": 10},
-                    {"name": "new", "cpu": "small", "drive": "ssd", "drive_count": 5}],
+        "systems": [
+            {"name": "old", "cpu": "big", "drive": "ssd", "drive_count": 10},
+            {"name": "new", "cpu": "small", "drive": "ssd", "drive_count": 5},
+        ],
     }
     base.update(overrides)
     return base
@@ -95,10 +99,14 @@ def test_a_spec_without_prices_names_the_missing_price() -> None:
         ({"baseline": "nope"}, "baseline"),
         ({"cpus": {}}, "cpus"),
         ({"drives": {"ssd": {"capacity_gb": -1, "price_usd": 100}}}, "drives.ssd.capacity_gb"),
-        ({"systems": [{"name": "old", "cpu": "huge", "drive": "ssd", "drive_count": 1}]},
-         "systems.old.cpu"),
-        ({"systems": [{"name": "old", "cpu": "big", "drive": "ssd", "drive_count": 0}]},
-         "systems.old.drive_count"),
+        (
+            {"systems": [{"name": "old", "cpu": "huge", "drive": "ssd", "drive_count": 1}]},
+            "systems.old.cpu",
+        ),
+        (
+            {"systems": [{"name": "old", "cpu": "big", "drive": "ssd", "drive_count": 0}]},
+            "systems.old.drive_count",
+        ),
     ],
 )
 def test_bad_specs_name_the_field(overrides: dict, field: str) -> None:

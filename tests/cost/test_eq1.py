@@ -28,7 +28,8 @@ from quarry.cost.eq1 import (
     transfer_s,
 )
 from quarry.cost.model import DeviceFigures, SubPlanFigures, choose, estimate, host_share
-from quarry.device.controller import Adaptive, HostCost, Policy
+from quarry.device.controller import Adaptive
+from quarry.protocol.work import HostCost, Policy
 
 GB = 1e9
 

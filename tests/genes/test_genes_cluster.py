@@ -150,8 +150,15 @@ def test_results_look_like_scanpy_and_carry_the_metadata(genes_cluster, stored_p
     assert ranked.attrs["metadata"]["source_format"] == "h5ad"
     assert ranked.attrs["dataset"] == "bio/pbmc"
     moved = ranked.attrs["quarry"]
-    for key in ("bytes_shipped", "bytes_read", "bytes_sent", "slices_executed",
-                "slices_pushed_back", "slices_cached", "wall_s"):
+    for key in (
+        "bytes_shipped",
+        "bytes_read",
+        "bytes_sent",
+        "slices_executed",
+        "slices_pushed_back",
+        "slices_cached",
+        "wall_s",
+    ):
         assert key in moved
 
 
@@ -164,20 +171,24 @@ def test_always_never_auto_and_forced_push_back_give_the_same_bits(
     entry = genes_cluster.entry("bio/pbmc")
     rng = np.random.default_rng(7)
     for cluster in clusters(pbmc_adata)[:4]:
-        baseline = genes.rank_genes(genes_cluster, "bio/pbmc", "louvain", cluster,
-                                    pushdown="never")
+        baseline = genes.rank_genes(genes_cluster, "bio/pbmc", "louvain", cluster, pushdown="never")
         assert baseline.attrs["quarry"]["slices_executed"] == 0
         assert baseline.attrs["quarry"]["slices_raw"] == sum(p.slices for p in entry.partitions)
         for pushdown in ("always", "auto"):
             assert_same_bits(
-                genes.rank_genes(genes_cluster, "bio/pbmc", "louvain", cluster,
-                                 pushdown=pushdown),
+                genes.rank_genes(genes_cluster, "bio/pbmc", "louvain", cluster, pushdown=pushdown),
                 baseline,
             )
         # Random slice ranges pushed back: the devices run the rest, the host completes.
         forced = random_push_back(entry, rng)
-        partial = genes.rank_genes(genes_cluster, "bio/pbmc", "louvain", cluster,
-                                   pushdown="always", push_back={"bio/pbmc": forced})
+        partial = genes.rank_genes(
+            genes_cluster,
+            "bio/pbmc",
+            "louvain",
+            cluster,
+            pushdown="always",
+            push_back={"bio/pbmc": forced},
+        )
         assert_same_bits(partial, baseline)
         moved = partial.attrs["quarry"]
         pushed = sum(end - first for ranges in forced.values() for first, end in ranges)
@@ -189,11 +200,21 @@ def test_the_summary_says_which_slices_ran_and_which_came_back(genes_cluster, st
     partition = max(entry.partitions, key=lambda p: p.slices)
     assert partition.slices >= 4
     forced = {partition.partition: [(1, 3)]}
-    ranked = genes.rank_genes(genes_cluster, "bio/pbmc", "louvain", "1", reference="2",
-                              pushdown="always", push_back={"bio/pbmc": forced})
+    ranked = genes.rank_genes(
+        genes_cluster,
+        "bio/pbmc",
+        "louvain",
+        "1",
+        reference="2",
+        pushdown="always",
+        push_back={"bio/pbmc": forced},
+    )
     devices = ranked.attrs["quarry"]["datasets"][0]["devices"]
-    detail = next(d["partitions"][str(partition.partition)] for d in devices
-                  if str(partition.partition) in d["partitions"])
+    detail = next(
+        d["partitions"][str(partition.partition)]
+        for d in devices
+        if str(partition.partition) in d["partitions"]
+    )
     assert detail["pushed_back"] == [[1, 3]]
     done = detail["executed"] + detail["cached"]
     covered = sorted(n for first, end in done for n in range(first, end))
@@ -213,8 +234,12 @@ def test_a_kinetic_device_pushes_back_when_the_host_is_cheaper(tmp_path):
         ranked = genes.rank_genes(c, "lab/slow", "kind", "a", pushdown="auto")
         assert_same_bits(ranked, genes.rank_genes_local(matrix, "kind", "a", encoding="rows"))
         moved = ranked.attrs["quarry"]
-        decisions = [d for device in moved["datasets"][0]["devices"]
-                     for p in device["partitions"].values() for d in p["decisions"]]
+        decisions = [
+            d
+            for device in moved["datasets"][0]["devices"]
+            for p in device["partitions"].values()
+            for d in p["decisions"]
+        ]
         assert moved["slices_executed"] >= 2, decisions  # it measured itself first
         assert moved["slices_pushed_back"] > 0, decisions
         assert any(d["stage"] == "raw" and "raw:" in d["reason"] for d in decisions), decisions
@@ -230,8 +255,14 @@ def test_a_repeated_or_overlapping_request_reuses_the_devices_statistics(
     request = ("bio/pbmc", "bulk_labels", "CD56+ NK")
     first = genes.rank_genes(genes_cluster, *request, pushdown="always")
     again = genes.rank_genes(genes_cluster, *request, pushdown="always")
-    other = genes.rank_genes(genes_cluster, "bio/pbmc", "bulk_labels", "CD14+ Monocyte",
-                             reference="CD56+ NK", pushdown="auto")
+    other = genes.rank_genes(
+        genes_cluster,
+        "bio/pbmc",
+        "bulk_labels",
+        "CD14+ Monocyte",
+        reference="CD56+ NK",
+        pushdown="auto",
+    )
     assert_same_bits(again, first)
     cold, warm, overlapping = (f.attrs["quarry"] for f in (first, again, other))
     assert cold["slices_executed"] > 0 and cold["bytes_read"] > 0 and cold["bytes_sent"] > 0
@@ -270,8 +301,9 @@ def test_reingesting_invalidates_the_cache(genes_cluster):
 
 def test_group_vs_group_and_cell_lists(genes_cluster, stored_pbmc, pbmc_matrix):
     assert_same_bits(
-        genes.rank_genes(genes_cluster, "bio/pbmc", "louvain", "0", reference="5",
-                         method="student"),
+        genes.rank_genes(
+            genes_cluster, "bio/pbmc", "louvain", "0", reference="5", method="student"
+        ),
         genes.rank_genes_local(pbmc_matrix, "louvain", "0", reference="5", method="student"),
     )
     group = list(pbmc_matrix.cell_ids[:40])
@@ -283,9 +315,7 @@ def test_group_vs_group_and_cell_lists(genes_cluster, stored_pbmc, pbmc_matrix):
     # cells=: only these cells take part, so "rest" is the rest of the selection.
     selection = list(pbmc_matrix.cell_ids[:350])
     selected = genes.rank_genes(genes_cluster, "bio/pbmc", "louvain", "1", cells=selection)
-    assert_same_bits(
-        selected, genes.rank_genes_local(pbmc_matrix, "louvain", "1", cells=selection)
-    )
+    assert_same_bits(selected, genes.rank_genes_local(pbmc_matrix, "louvain", "1", cells=selection))
 
 
 def test_a_group_in_one_dataset_vs_a_group_in_another(genes_cluster, stored_pbmc, pbmc_matrix):
@@ -303,10 +333,12 @@ def test_a_group_in_one_dataset_vs_a_group_in_another(genes_cluster, stored_pbmc
         dataset="lab/second",
     )
     genes.ingest(genes_cluster, other, "lab/second", metadata={"lab": "second lab"})
-    ranked = genes.rank_genes(genes_cluster, "bio/pbmc", "louvain", "3", reference="3",
-                              reference_dataset="lab/second")
-    local = genes.rank_genes_local(pbmc_matrix, "louvain", "3", reference="3",
-                                   reference_matrix=other)
+    ranked = genes.rank_genes(
+        genes_cluster, "bio/pbmc", "louvain", "3", reference="3", reference_dataset="lab/second"
+    )
+    local = genes.rank_genes_local(
+        pbmc_matrix, "louvain", "3", reference="3", reference_matrix=other
+    )
     assert_same_bits(ranked, local)
     assert ranked.attrs["genes_compared"] == 500
     assert ranked.attrs["reference_metadata"]["lab"] == "second lab"
@@ -327,11 +359,14 @@ def test_the_pivoted_orientation_gives_the_same_answer(genes_cluster, pbmc_matri
     genes.ingest(genes_cluster, pbmc_matrix, "bio/pbmc_pivoted", orientation="cells")
     assert genes_cluster.entry("bio/pbmc_pivoted").rows == 700
     for pushdown in ("always", "never"):
-        ranked = genes.rank_genes(genes_cluster, "bio/pbmc_pivoted", "louvain", "4",
-                                  pushdown=pushdown)
+        ranked = genes.rank_genes(
+            genes_cluster, "bio/pbmc_pivoted", "louvain", "4", pushdown=pushdown
+        )
         local = genes.rank_genes_local(pbmc_matrix, "louvain", "4")
-        ranked, local = by_name(ranked, pbmc_matrix.gene_names), by_name(local,
-                                                                          pbmc_matrix.gene_names)
+        ranked, local = (
+            by_name(ranked, pbmc_matrix.gene_names),
+            by_name(local, pbmc_matrix.gene_names),
+        )
         # Partials of one gene now come from many slices, merged in another order: rounding.
         np.testing.assert_allclose(ranked["scores"], local["scores"], rtol=1e-12)
 
@@ -353,11 +388,11 @@ def test_errors_name_the_dataset_column_and_group(genes_cluster, stored_pbmc):
     with pytest.raises(GenesInputError, match="pushdown must be one of"):
         genes.rank_genes(genes_cluster, "bio/pbmc", "louvain", "1", pushdown="sometimes")
     with pytest.raises(GenesInputError, match="push_back names partitions"):
-        genes.rank_genes(genes_cluster, "bio/pbmc", "louvain", "1",
-                         push_back={"bio/pbmc": {999: [(0, 1)]}})
+        genes.rank_genes(
+            genes_cluster, "bio/pbmc", "louvain", "1", push_back={"bio/pbmc": {999: [(0, 1)]}}
+        )
     with pytest.raises(GenesInputError, match="'rest' means the other cells"):
-        genes.rank_genes(genes_cluster, "bio/pbmc", "louvain", "1",
-                         reference_dataset="bio/pbmc")
+        genes.rank_genes(genes_cluster, "bio/pbmc", "louvain", "1", reference_dataset="bio/pbmc")
 
 
 def test_bad_matrices_are_refused_before_anything_is_stored(genes_cluster, pbmc_adata):
@@ -368,16 +403,25 @@ def test_bad_matrices_are_refused_before_anything_is_stored(genes_cluster, pbmc_
         genes.ingest(genes_cluster, broken, "lab/broken")
     values = np.ones((3, 4), dtype=np.float32)
     with pytest.raises(GenesInputError, match="the matrix has 4 cells but the cells metadata"):
-        ExpressionMatrix(values, pa.table({"gene": ["a", "b", "c"]}),
-                         pa.table({"cell": ["1", "2", "3"]}), dataset="lab/short")
+        ExpressionMatrix(
+            values,
+            pa.table({"gene": ["a", "b", "c"]}),
+            pa.table({"cell": ["1", "2", "3"]}),
+            dataset="lab/short",
+        )
     with pytest.raises(GenesInputError, match="must be numeric"):
-        ExpressionMatrix(np.array([["a", "b"]]), pa.table({"gene": ["a"]}),
-                         pa.table({"cell": ["1", "2"]}), dataset="lab/text")
+        ExpressionMatrix(
+            np.array([["a", "b"]]),
+            pa.table({"gene": ["a"]}),
+            pa.table({"cell": ["1", "2"]}),
+            dataset="lab/text",
+        )
     with pytest.raises(GenesInputError, match="too long"):
         genes.ingest(genes_cluster, mixed_matrix(seed=0), "lab/" + "x" * 60)
     with pytest.raises(GenesInputError, match="'quarry.' is reserved"):
-        genes.ingest(genes_cluster, mixed_matrix(seed=0), "lab/meta",
-                     metadata={"quarry.genes": "mine"})
+        genes.ingest(
+            genes_cluster, mixed_matrix(seed=0), "lab/meta", metadata={"quarry.genes": "mine"}
+        )
     names = {entry["dataset"] for entry in genes_cluster.datasets()}
     assert not {n for n in names if n.startswith(("lab/broken", "lab/meta"))}
 

@@ -29,7 +29,8 @@ def cluster_env(genes_cluster, stored_pbmc) -> dict[str, str]:
 
 def test_de_prints_the_top_genes_and_what_moved(genes_cluster, stored_pbmc, cluster_env):
     result = CliRunner().invoke(
-        app, ["de", "bio/pbmc", "--groupby", "louvain", "--group", "3", "--top", "5"],
+        app,
+        ["de", "bio/pbmc", "--groupby", "louvain", "--group", "3", "--top", "5"],
         env=cluster_env,
     )
     assert result.exit_code == 0, result.output
@@ -43,14 +44,31 @@ def test_de_json_and_csv(genes_cluster, stored_pbmc, tmp_path):
     output = tmp_path / "ranked.csv"
     result = CliRunner().invoke(
         app,
-        ["de", "bio/pbmc", "--groupby", "louvain", "--group", "2", "--reference", "5",
-         "--method", "student", "--pushdown", "never", "--json", "--output", str(output),
-         "--cluster", str(genes_cluster.cluster_file)],
+        [
+            "de",
+            "bio/pbmc",
+            "--groupby",
+            "louvain",
+            "--group",
+            "2",
+            "--reference",
+            "5",
+            "--method",
+            "student",
+            "--pushdown",
+            "never",
+            "--json",
+            "--output",
+            str(output),
+            "--cluster",
+            str(genes_cluster.cluster_file),
+        ],
     )
     assert result.exit_code == 0, result.output
     body = json.loads(result.output)
-    expected = genes.rank_genes(genes_cluster, "bio/pbmc", "louvain", "2", reference="5",
-                                method="student")
+    expected = genes.rank_genes(
+        genes_cluster, "bio/pbmc", "louvain", "2", reference="5", method="student"
+    )
     assert [row["names"] for row in body["results"]] == list(expected["names"][:20])
     assert body["quarry"]["pushdown"] == "never" and body["quarry"]["slices_executed"] == 0
     assert body["metadata"]["lab"] == "10x Genomics"
@@ -64,20 +82,43 @@ def test_de_with_cell_files(genes_cluster, stored_pbmc, tmp_path, cluster_env):
     group.write_text("\n".join(stored_pbmc.cell_ids[:30]) + "\n")
     reference.write_text("\n".join(stored_pbmc.cell_ids[30:90]) + "\n")
     result = CliRunner().invoke(
-        app, ["de", "bio/pbmc", "--group-cells", str(group), "--reference-cells", str(reference),
-              "--json"], env=cluster_env,
+        app,
+        [
+            "de",
+            "bio/pbmc",
+            "--group-cells",
+            str(group),
+            "--reference-cells",
+            str(reference),
+            "--json",
+        ],
+        env=cluster_env,
     )
     assert result.exit_code == 0, result.output
-    expected = genes.rank_genes(genes_cluster, "bio/pbmc", group=list(stored_pbmc.cell_ids[:30]),
-                                reference=list(stored_pbmc.cell_ids[30:90]))
+    expected = genes.rank_genes(
+        genes_cluster,
+        "bio/pbmc",
+        group=list(stored_pbmc.cell_ids[:30]),
+        reference=list(stored_pbmc.cell_ids[30:90]),
+    )
     assert json.loads(result.output)["results"][0]["names"] == expected["names"][0]
 
 
 def test_de_runs_as_a_module_and_errors_name_the_group(genes_cluster, stored_pbmc, cluster_env):
-    command = [sys.executable, "-m", "quarry.genes.cli", "de", "bio/pbmc", "--groupby",
-               "louvain", "--group", "42"]
-    done = subprocess.run(command, env={**os.environ, **cluster_env}, capture_output=True,
-                          text=True, timeout=120)
+    command = [
+        sys.executable,
+        "-m",
+        "quarry.genes.cli",
+        "de",
+        "bio/pbmc",
+        "--groupby",
+        "louvain",
+        "--group",
+        "42",
+    ]
+    done = subprocess.run(
+        command, env={**os.environ, **cluster_env}, capture_output=True, text=True, timeout=120
+    )
     assert done.returncode == 2
     assert "column 'louvain' has no group '42'" in " ".join(done.stderr.split())
 
@@ -100,14 +141,23 @@ def test_ingest_file_reads_the_format_it_is_told(genes_cluster, pbmc_adata, tmp_
 def test_the_r_example_ranks_genes_through_reticulate(genes_cluster, stored_pbmc, tmp_path):
     rscript = shutil.which("Rscript")
     if rscript is None:
-        pytest.skip("Rscript is not installed: run scripts/install-r.sh (Debian r-base-core "
-                    "and r-cran-reticulate)")
+        pytest.skip(
+            "Rscript is not installed: run scripts/install-r.sh (Debian r-base-core "
+            "and r-cran-reticulate)"
+        )
     output = tmp_path / "ranked.csv"
-    env = {**os.environ, "QUARRY_CLUSTER": str(genes_cluster.cluster_file),
-           "RETICULATE_PYTHON": sys.executable}
+    env = {
+        **os.environ,
+        "QUARRY_CLUSTER": str(genes_cluster.cluster_file),
+        "RETICULATE_PYTHON": sys.executable,
+    }
     done = subprocess.run(
         [rscript, str(R_EXAMPLE), "bio/pbmc", "louvain", "3", "rest", str(output)],
-        env=env, capture_output=True, text=True, timeout=R_TIMEOUT_S, cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=R_TIMEOUT_S,
+        cwd=ROOT,
     )
     assert done.returncode == 0, done.stderr
     assert "bio/pbmc: louvain 3 vs rest, 765 genes" in done.stdout

@@ -22,8 +22,9 @@ from quarry.genes.layout import (
 def mixed(seed: int = 0, genes: int = 70, cells: int = 50, dtype=np.float32) -> ExpressionMatrix:
     rng = np.random.default_rng(seed)
     density = rng.uniform(0.0, 1.0, genes)
-    values = np.where(rng.random((genes, cells)) < density[:, np.newaxis],
-                      rng.lognormal(0, 1, (genes, cells)), 0).astype(dtype)
+    values = np.where(
+        rng.random((genes, cells)) < density[:, np.newaxis], rng.lognormal(0, 1, (genes, cells)), 0
+    ).astype(dtype)
     csr = sparse.csr_matrix(values)
     csr.data[::7] = 0  # explicit zeros: stored, but not expression
     return ExpressionMatrix(
@@ -87,12 +88,20 @@ def test_accumulate_does_not_depend_on_where_slices_are_cut(orientation):
         assert pieced.equals(reference)  # a gene's statistics come from its row alone
     else:
         for column in ("n", "mean", "m2"):
-            np.testing.assert_allclose(pieced.column(column).to_numpy(),
-                                       reference.column(column).to_numpy(), rtol=1e-12, atol=1e-12)
+            np.testing.assert_allclose(
+                pieced.column(column).to_numpy(),
+                reference.column(column).to_numpy(),
+                rtol=1e-12,
+                atol=1e-12,
+            )
     in_memory = combine([accumulate(b, groups, 4) for b in encode_slices(matrix, rows_per_slice=9)])
     for column in ("n", "mean", "m2"):
-        np.testing.assert_allclose(pieced.column(column).to_numpy(),
-                                   in_memory.column(column).to_numpy(), rtol=1e-12, atol=1e-12)
+        np.testing.assert_allclose(
+            pieced.column(column).to_numpy(),
+            in_memory.column(column).to_numpy(),
+            rtol=1e-12,
+            atol=1e-12,
+        )
     assert oriented_rows(matrix, orientation).shape[0] == full.num_rows
 
 

@@ -13,8 +13,10 @@ import quarry
 from quarry.samples import particles
 from tests.plan.harness import assert_same_rows
 
-SQL = ("SELECT CAST(floor(x / 10) AS BIGINT) AS cell, count(*) AS n, avg(ke) AS ke_avg "
-       "FROM physics.particles WHERE ke > 0.5 GROUP BY 1 ORDER BY 1")
+SQL = (
+    "SELECT CAST(floor(x / 10) AS BIGINT) AS cell, count(*) AS n, avg(ke) AS ke_avg "
+    "FROM physics.particles WHERE ke > 0.5 GROUP BY 1 ORDER BY 1"
+)
 
 
 def test_calibration_finds_the_kinetic_figures():
@@ -26,7 +28,9 @@ def test_calibration_finds_the_kinetic_figures():
             entry = kinetic[key]
             assert entry["expected"] and entry["measured"] > 0
             assert abs(entry["measured"] - entry["expected"]) <= 0.10 * entry["expected"], (
-                key, entry)
+                key,
+                entry,
+            )
             assert entry["within_10_percent"] is True
         host = reports["dev1"]
         assert host["external_bytes_per_s"]["expected"] is None  # unlimited: nothing to meet
@@ -41,8 +45,24 @@ def test_background_load_is_bounded_and_visible(tmp_path):
     with quarry.local(devices=1, profile="kinetic", data=tmp_path / "c") as cluster:
         env = {**os.environ, "QUARRY_CLUSTER": str(cluster.cluster_file)}
         done = subprocess.run(
-            [sys.executable, "-m", "quarry", "device", "load", "--device", "dev0", "--cpu", "0.5",
-             "--seconds", "30"], env=env, capture_output=True, text=True, timeout=60)
+            [
+                sys.executable,
+                "-m",
+                "quarry",
+                "device",
+                "load",
+                "--device",
+                "dev0",
+                "--cpu",
+                "0.5",
+                "--seconds",
+                "30",
+            ],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert done.returncode == 0, done.stderr
         assert cluster.device_load("dev0")["background_load"] == 0.5
         cluster.load("dev0", 0.5, seconds=0.2)
@@ -84,9 +104,17 @@ def test_device_pushes_back_when_load_arrives_after_planning():
         analyzed = planned.explain(analyze=True)["analyze"]
         stages = {d["stage"] for p in analyzed["partitions"] for d in p["decisions"]}
         assert start in stages and "raw" in stages, analyzed["partitions"]
-        reasons = [d["reason"] for p in analyzed["partitions"] for d in p["decisions"]
-                   if d["stage"] == "raw"]
+        reasons = [
+            d["reason"]
+            for p in analyzed["partitions"]
+            for d in p["decisions"]
+            if d["stage"] == "raw"
+        ]
         assert any("ns/B" in r and "busy" in r for r in reasons), reasons
-        assert all(d["retry_after_s"] is not None for p in analyzed["partitions"]
-                   for d in p["decisions"] if d["stage"] in ("raw", "filter"))
+        assert all(
+            d["retry_after_s"] is not None
+            for p in analyzed["partitions"]
+            for d in p["decisions"]
+            if d["stage"] in ("raw", "filter")
+        )
         json.dumps(analyzed)  # the annotation is plain JSON

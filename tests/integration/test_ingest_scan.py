@@ -163,7 +163,8 @@ def test_parallel_scan_ordered_scan_and_early_close(cluster, particle_table):
     # ordered: partitions in turn, each in write order
     first = cluster.entry("physics/scan_modes").partitions[0]
     assert ordered.slice(0, first.rows).column("id").to_pylist() == sorted(
-        ordered.slice(0, first.rows).column("id").to_pylist())
+        ordered.slice(0, first.rows).column("id").to_pylist()
+    )
     reader = cluster.scan("physics/scan_modes")
     reader.read_next_batch()
     reader.close()  # the producers stop; nothing hangs

@@ -12,16 +12,16 @@ import pyarrow.parquet as pq
 import pytest
 
 TPCH_SCALE_FACTOR = 0.1
-TPCH_TABLES = ("customer", "lineitem", "nation", "orders", "part", "partsupp", "region",
-               "supplier")
+TPCH_TABLES = ("customer", "lineitem", "nation", "orders", "part", "partsupp", "region", "supplier")
 
 
 def duckdb_with_tpch() -> duckdb.DuckDBPyConnection:
     """DuckDB with the tpch extension from the pinned `duckdb-ext-tpch` package (no download)."""
     locations = importlib.util.find_spec("duckdb_ext").submodule_search_locations
     extension_directory = os.path.join(list(locations)[0], "extensions")
-    connection = duckdb.connect(config={"extension_directory": extension_directory,
-                                        "autoinstall_known_extensions": False})
+    connection = duckdb.connect(
+        config={"extension_directory": extension_directory, "autoinstall_known_extensions": False}
+    )
     connection.execute("LOAD tpch")
     return connection
 
@@ -29,7 +29,7 @@ def duckdb_with_tpch() -> duckdb.DuckDBPyConnection:
 @dataclass
 class Tpch:
     connection: duckdb.DuckDBPyConnection
-    data: dict[str, pa.Table]                   # "tpch/<table>" -> rows
+    data: dict[str, pa.Table]  # "tpch/<table>" -> rows
     queries: dict[int, str]
     _expected: dict[int, pa.Table] = field(default_factory=dict)
 
@@ -40,7 +40,8 @@ class Tpch:
     def expected(self, number: int) -> pa.Table:
         if number not in self._expected:
             self._expected[number] = self.connection.execute(
-                self.queries[number]).fetch_arrow_table()
+                self.queries[number]
+            ).fetch_arrow_table()
         return self._expected[number]
 
 
@@ -93,16 +94,24 @@ def small() -> Small:
         return None if rng.random() < null_fraction else value
 
     rows = range(SMALL_ROWS)
-    table = pa.table({
-        "id": pa.array(list(rows), pa.int64()),
-        "k": pa.array([maybe(rng.randrange(8), 0.05) for _ in rows], pa.int64()),
-        "i": pa.array([maybe(rng.randrange(-100, 100)) for _ in rows], pa.int32()),
-        "x": pa.array([maybe(rng.randrange(-8000, 8000) / 8) for _ in rows], pa.float64()),
-        "s": pa.array([maybe(rng.choice(["apple", "banana", "cherry", "blueberry"]))
-                       for _ in rows], pa.string()),
-        "d": pa.array([maybe(datetime.date(2020, 1, 1) + datetime.timedelta(days=r % 366))
-                       for r in rows], pa.date32()),
-        "p": pa.array([maybe(decimal.Decimal(rng.randrange(0, 100000)).scaleb(-2))
-                       for _ in rows], pa.decimal128(15, 2)),
-    })
+    table = pa.table(
+        {
+            "id": pa.array(list(rows), pa.int64()),
+            "k": pa.array([maybe(rng.randrange(8), 0.05) for _ in rows], pa.int64()),
+            "i": pa.array([maybe(rng.randrange(-100, 100)) for _ in rows], pa.int32()),
+            "x": pa.array([maybe(rng.randrange(-8000, 8000) / 8) for _ in rows], pa.float64()),
+            "s": pa.array(
+                [maybe(rng.choice(["apple", "banana", "cherry", "blueberry"])) for _ in rows],
+                pa.string(),
+            ),
+            "d": pa.array(
+                [maybe(datetime.date(2020, 1, 1) + datetime.timedelta(days=r % 366)) for r in rows],
+                pa.date32(),
+            ),
+            "p": pa.array(
+                [maybe(decimal.Decimal(rng.randrange(0, 100000)).scaleb(-2)) for _ in rows],
+                pa.decimal128(15, 2),
+            ),
+        }
+    )
     return Small(table)

@@ -22,15 +22,18 @@ PARTITIONS = 4
 CHUNKS_PER_PARTITION = 3
 
 
-def chunks(table: pa.Table, partitions: int = PARTITIONS,
-           chunks_per_partition: int = CHUNKS_PER_PARTITION) -> list[pa.Table]:
+def chunks(
+    table: pa.Table, partitions: int = PARTITIONS, chunks_per_partition: int = CHUNKS_PER_PARTITION
+) -> list[pa.Table]:
     """Contiguous row ranges: partitions of whole rows, each cut into chunks."""
     pieces: list[pa.Table] = []
     rows = table.num_rows
     bounds = [rows * i // partitions for i in range(partitions + 1)]
     for start, stop in zip(bounds, bounds[1:]):
-        inner = [start + (stop - start) * i // chunks_per_partition
-                 for i in range(chunks_per_partition + 1)]
+        inner = [
+            start + (stop - start) * i // chunks_per_partition
+            for i in range(chunks_per_partition + 1)
+        ]
         pieces.extend(table.slice(a, b - a) for a, b in zip(inner, inner[1:]))
     return pieces
 
@@ -42,15 +45,24 @@ def zone_map(table: pa.Table, columns: Sequence[str]) -> dict[str, dict]:
             continue
         column = table.column(name)
         low_high = pc.min_max(column)
-        stats[name] = {"min": low_high["min"].as_py(), "max": low_high["max"].as_py(),
-                       "null_count": column.null_count, "rows": table.num_rows}
+        stats[name] = {
+            "min": low_high["min"].as_py(),
+            "max": low_high["max"].as_py(),
+            "null_count": column.null_count,
+            "rows": table.num_rows,
+        }
     return stats
 
 
-def execute(decomposition: Decomposition, data: Mapping[str, pa.Table],
-            stage_choice: str = "full", seed: int = 0, prune: bool = True,
-            partitions: int = PARTITIONS,
-            chunks_per_partition: int = CHUNKS_PER_PARTITION) -> pa.Table:
+def execute(
+    decomposition: Decomposition,
+    data: Mapping[str, pa.Table],
+    stage_choice: str = "full",
+    seed: int = 0,
+    prune: bool = True,
+    partitions: int = PARTITIONS,
+    chunks_per_partition: int = CHUNKS_PER_PARTITION,
+) -> pa.Table:
     """The query's answer; `stage_choice` is "full" or "random" (forced partial push-back)."""
     rng = random.Random(seed)
     outputs: dict[str, list[pa.RecordBatch]] = {}
@@ -60,8 +72,11 @@ def execute(decomposition: Decomposition, data: Mapping[str, pa.Table],
         pushed_back: list[pa.RecordBatch] = []
         columns = [p["column"] for p in fragment.predicates]
         for piece in chunks(table, partitions, chunks_per_partition):
-            if prune and fragment.predicates and not slice_may_match(
-                    fragment.predicates, zone_map(piece, columns)):
+            if (
+                prune
+                and fragment.predicates
+                and not slice_may_match(fragment.predicates, zone_map(piece, columns))
+            ):
                 continue
             stage = "full"
             if stage_choice == "random":
@@ -97,8 +112,11 @@ def values_close(left: object, right: object, float_absolute: float = 0.0) -> bo
     if left is None or right is None:
         return left is None and right is None
     numbers = (int, float, decimal.Decimal)
-    if isinstance(left, bool) or isinstance(right, bool) or not (
-            isinstance(left, numbers) and isinstance(right, numbers)):
+    if (
+        isinstance(left, bool)
+        or isinstance(right, bool)
+        or not (isinstance(left, numbers) and isinstance(right, numbers))
+    ):
         return left == right
     if isinstance(left, int) and isinstance(right, int):
         return left == right
@@ -128,21 +146,29 @@ def rows_of(table: pa.Table) -> list[tuple]:
     return [tuple(row.values()) for row in table.to_pylist()] if table.num_columns else []
 
 
-def assert_same_rows(actual: pa.Table, expected: pa.Table, ordered: bool,
-                     float_absolute: float = 0.0, context: str = "") -> None:
+def assert_same_rows(
+    actual: pa.Table,
+    expected: pa.Table,
+    ordered: bool,
+    float_absolute: float = 0.0,
+    context: str = "",
+) -> None:
     got, want = rows_of(actual), rows_of(expected)
     assert actual.num_columns == expected.num_columns, (
-        f"{context}: {actual.num_columns} columns, expected {expected.num_columns}")
+        f"{context}: {actual.num_columns} columns, expected {expected.num_columns}"
+    )
     assert len(got) == len(want), f"{context}: {len(got)} rows, expected {len(want)}"
     if not ordered:
         got, want = sorted(got, key=_sort_key), sorted(want, key=_sort_key)
     for index, (g, w) in enumerate(zip(got, want)):
         assert all(values_close(a, b, float_absolute) for a, b in zip(g, w)), (
-            f"{context}: row {index} differs: {g} != {w}")
+            f"{context}: row {index} differs: {g} != {w}"
+        )
 
 
-def cut_after(sql: str, schemas: Mapping[str, pa.Schema], *rules,
-              capabilities: Mapping | None = None):
+def cut_after(
+    sql: str, schemas: Mapping[str, pa.Schema], *rules, capabilities: Mapping | None = None
+):
     """The cut of `sql` after the row rules and then `rules` (each tested on its own)."""
     from quarry.plan.decompose import plan_cut
 

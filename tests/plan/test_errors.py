@@ -7,9 +7,11 @@ import pytest
 
 from quarry.plan import PlanError, decompose
 
-TABLES = {"lab/cells": pa.schema([("id", pa.int64()), ("gene", pa.string())]),
-          "lab/genes": pa.schema([("gene", pa.string())]),
-          "other/genes": pa.schema([("gene", pa.string())])}
+TABLES = {
+    "lab/cells": pa.schema([("id", pa.int64()), ("gene", pa.string())]),
+    "lab/genes": pa.schema([("gene", pa.string())]),
+    "other/genes": pa.schema([("gene", pa.string())]),
+}
 
 
 def error_of(sql: str, **kwargs) -> str:

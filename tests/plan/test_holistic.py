@@ -18,14 +18,17 @@ def test_median_pushes_only_what_is_below_it(small) -> None:
     assert not fragment.open
     assert any("median" in note for note in fragment.notes)
     decomposition = decompose(sql, small.schemas)
-    assert_same_rows(execute(decomposition, small.data, "random", seed=1), small.expected(sql),
-                     ordered=False)
+    assert_same_rows(
+        execute(decomposition, small.data, "random", seed=1), small.expected(sql), ordered=False
+    )
 
 
 def test_duplicate_insensitive_aggregates_push_a_distinct(small) -> None:
     # Two different distinct columns: DataFusion keeps count(DISTINCT) in one aggregate.
-    sql = ("SELECT s, k, count(DISTINCT i) AS a, count(DISTINCT x) AS b, max(s) AS c, "
-           "min(d) AS e FROM t WHERE x > 0 GROUP BY s, k")
+    sql = (
+        "SELECT s, k, count(DISTINCT i) AS a, count(DISTINCT x) AS b, max(s) AS c, "
+        "min(d) AS e FROM t WHERE x > 0 GROUP BY s, k"
+    )
     cut = cut_after(sql, small.schemas, push_rows, holistic)
     (fragment,) = cut.fragments
     assert kinds_down(fragment.rel)[0] == "aggregate"
@@ -33,8 +36,12 @@ def test_duplicate_insensitive_aggregates_push_a_distinct(small) -> None:
     assert fragment.pushed[-1] == "distinct"
     decomposition = decompose(sql, small.schemas)
     for choice in ("full", "random"):
-        assert_same_rows(execute(decomposition, small.data, choice, seed=2), small.expected(sql),
-                         ordered=False, context=choice)
+        assert_same_rows(
+            execute(decomposition, small.data, choice, seed=2),
+            small.expected(sql),
+            ordered=False,
+            context=choice,
+        )
 
 
 def test_distinct_with_a_duplicate_sensitive_aggregate_stays(small) -> None:
@@ -43,8 +50,12 @@ def test_distinct_with_a_duplicate_sensitive_aggregate_stays(small) -> None:
     (fragment,) = decomposition.fragments
     assert "distinct" not in fragment.pushed and "partial_aggregate" not in fragment.pushed
     assert any("holistic" in note for note in fragment.notes)
-    assert_same_rows(execute(decomposition, small.data, "random", seed=3), small.expected(sql),
-                     ordered=False, float_absolute=1e-9)
+    assert_same_rows(
+        execute(decomposition, small.data, "random", seed=3),
+        small.expected(sql),
+        ordered=False,
+        float_absolute=1e-9,
+    )
 
 
 def test_single_count_distinct_is_split_after_datafusion_rewrites_it(small) -> None:
@@ -52,5 +63,6 @@ def test_single_count_distinct_is_split_after_datafusion_rewrites_it(small) -> N
     sql = "SELECT k, count(DISTINCT i) AS a, sum(x) AS b FROM t GROUP BY k"
     decomposition = decompose(sql, small.schemas)
     assert decomposition.fragments[0].pushed[-1] == "partial_aggregate"
-    assert_same_rows(execute(decomposition, small.data, "random", seed=4), small.expected(sql),
-                     ordered=False)
+    assert_same_rows(
+        execute(decomposition, small.data, "random", seed=4), small.expected(sql), ordered=False
+    )

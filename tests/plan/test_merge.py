@@ -21,17 +21,30 @@ def _moments(values: list[float]) -> tuple[int, float | None, float | None]:
 
 
 @settings(max_examples=200, deadline=None)
-@given(parts=st.lists(st.lists(st.floats(-1e6, 1e6), max_size=8), min_size=1, max_size=6),
-       kind=st.sampled_from(merge.MOMENT_KINDS))
+@given(
+    parts=st.lists(st.lists(st.floats(-1e6, 1e6), max_size=8), min_size=1, max_size=6),
+    kind=st.sampled_from(merge.MOMENT_KINDS),
+)
 def test_chan_merge_matches_the_direct_computation(parts, kind: str) -> None:
     accumulator = merge._moment_accumulator(kind)()
     rows = [_moments(part) for part in parts]
     half = len(rows) // 2
-    accumulator.update(*(pa.array(column, t) for column, t in zip(
-        zip(*rows[:half]) if half else ([], [], []), (pa.int64(), pa.float64(), pa.float64()))))
+    accumulator.update(
+        *(
+            pa.array(column, t)
+            for column, t in zip(
+                zip(*rows[:half]) if half else ([], [], []),
+                (pa.int64(), pa.float64(), pa.float64()),
+            )
+        )
+    )
     other = merge._moment_accumulator(kind)()
-    other.update(*(pa.array(column, t) for column, t in zip(
-        zip(*rows[half:]), (pa.int64(), pa.float64(), pa.float64()))))
+    other.update(
+        *(
+            pa.array(column, t)
+            for column, t in zip(zip(*rows[half:]), (pa.int64(), pa.float64(), pa.float64()))
+        )
+    )
     accumulator.merge([pa.array([s.as_py()]) for s in other.state()])
     result = accumulator.evaluate().as_py()
     values = [v for part in parts for v in part]
@@ -43,8 +56,12 @@ def test_chan_merge_matches_the_direct_computation(parts, kind: str) -> None:
     if kind.startswith("stddev"):
         expected = math.sqrt(expected)
     scale = max([abs(v) for v in values] + [1.0])
-    assert math.isclose(result, expected, rel_tol=1e-9,
-                        abs_tol=1e-12 * scale * (scale if kind.startswith("var") else 1))
+    assert math.isclose(
+        result,
+        expected,
+        rel_tol=1e-9,
+        abs_tol=1e-12 * scale * (scale if kind.startswith("var") else 1),
+    )
 
 
 def test_constant_columns_have_zero_variance() -> None:
@@ -57,15 +74,23 @@ def test_decimal_average_truncates_toward_zero_like_datafusion() -> None:
     average = merge.avg_decimal_udf(2, 19, 6)
     ctx = engine.session()
     ctx.register_udf(average)
-    sums = pa.array([decimal.Decimal("0.02"), decimal.Decimal("-0.02"), None,
-                     decimal.Decimal("5.00")], pa.decimal128(38, 2))
+    sums = pa.array(
+        [decimal.Decimal("0.02"), decimal.Decimal("-0.02"), None, decimal.Decimal("5.00")],
+        pa.decimal128(38, 2),
+    )
     counts = pa.array([3, 3, 0, 0], pa.int64())
     ctx.register_record_batches("t", [[pa.record_batch([sums, counts], names=["s", "c"])]])
     result = ctx.sql("SELECT quarry_avg_decimal_2_19_6(s, c) AS a FROM t").to_arrow_table()
-    assert result.column("a").to_pylist() == [decimal.Decimal("0.006666"),
-                                             decimal.Decimal("-0.006666"), None, None]
-    native = ctx.sql("SELECT avg(v) AS a FROM (VALUES (CAST(0.01 AS DECIMAL(15,2))), "
-                     "(CAST(0.01 AS DECIMAL(15,2))), (CAST(0.00 AS DECIMAL(15,2)))) AS x(v)")
+    assert result.column("a").to_pylist() == [
+        decimal.Decimal("0.006666"),
+        decimal.Decimal("-0.006666"),
+        None,
+        None,
+    ]
+    native = ctx.sql(
+        "SELECT avg(v) AS a FROM (VALUES (CAST(0.01 AS DECIMAL(15,2))), "
+        "(CAST(0.01 AS DECIMAL(15,2))), (CAST(0.00 AS DECIMAL(15,2)))) AS x(v)"
+    )
     assert native.to_arrow_table().column("a").to_pylist() == [decimal.Decimal("0.006666")]
 
 

@@ -27,15 +27,36 @@ ROWS_MAX = 60
 NUMERIC = ("i", "f")
 ANY_COLUMN = ("g", "h", "i", "f", "s")
 GROUP_COLUMNS = ("g", "h")
-AGGREGATES = ("count(*)", "count({any})", "sum({num})", "min({any})", "max({any})",
-              "avg({num})", "var_samp({num})", "stddev({num})", "var_pop({num})",
-              "count(DISTINCT {any})")
+AGGREGATES = (
+    "count(*)",
+    "count({any})",
+    "sum({num})",
+    "min({any})",
+    "max({any})",
+    "avg({num})",
+    "var_samp({num})",
+    "stddev({num})",
+    "var_pop({num})",
+    "count(DISTINCT {any})",
+)
 # Only duplicate-insensitive aggregates: the holistic rule pushes a DISTINCT below them.
-DUPLICATE_INSENSITIVE = ("count(DISTINCT {any})", "min({any})", "max({any})",
-                         "sum(DISTINCT {num})", "avg(DISTINCT {num})")
+DUPLICATE_INSENSITIVE = (
+    "count(DISTINCT {any})",
+    "min({any})",
+    "max({any})",
+    "sum(DISTINCT {num})",
+    "avg(DISTINCT {num})",
+)
 WORDS = ("apple", "apricot", "banana", "blue", "cherry", "")
-SCHEMA = pa.schema([("g", pa.int64()), ("h", pa.string()), ("i", pa.int64()),
-                    ("f", pa.float64()), ("s", pa.string())])
+SCHEMA = pa.schema(
+    [
+        ("g", pa.int64()),
+        ("h", pa.string()),
+        ("i", pa.int64()),
+        ("f", pa.float64()),
+        ("s", pa.string()),
+    ]
+)
 # More examples for a bug hunt: QUARRY_PROPERTY_EXAMPLES=2000 pytest tests/plan/test_property.py
 EXAMPLES = int(os.environ.get("QUARRY_PROPERTY_EXAMPLES", "150"))
 # Sums of 1/8-multiples are exact; the tolerance covers variance algorithms only.
@@ -53,13 +74,16 @@ def tables(draw) -> pa.Table:
     def column(strategy: st.SearchStrategy) -> list:
         return draw(st.lists(_nullable(strategy), min_size=rows, max_size=rows))
 
-    return pa.table({
-        "g": column(st.integers(0, 3)),
-        "h": column(st.sampled_from(("x", "y", "z"))),
-        "i": column(st.integers(-1000, 1000)),
-        "f": column(st.integers(-1000, 1000).map(lambda v: v / 8)),
-        "s": column(st.sampled_from(WORDS)),
-    }, schema=SCHEMA)
+    return pa.table(
+        {
+            "g": column(st.integers(0, 3)),
+            "h": column(st.sampled_from(("x", "y", "z"))),
+            "i": column(st.integers(-1000, 1000)),
+            "f": column(st.integers(-1000, 1000).map(lambda v: v / 8)),
+            "s": column(st.sampled_from(WORDS)),
+        },
+        schema=SCHEMA,
+    )
 
 
 @st.composite
@@ -95,8 +119,9 @@ def queries(draw, templates: tuple[str, ...] = AGGREGATES) -> str:
     measures = []
     for index in range(count):
         template = draw(st.sampled_from(templates))
-        measure = template.format(any=draw(st.sampled_from(ANY_COLUMN)),
-                                  num=draw(st.sampled_from(NUMERIC)))
+        measure = template.format(
+            any=draw(st.sampled_from(ANY_COLUMN)), num=draw(st.sampled_from(NUMERIC))
+        )
         measures.append(f"{measure} AS a{index}")
     conjuncts = draw(st.lists(predicates(), max_size=3))
     where = f" WHERE {' AND '.join(conjuncts)}" if conjuncts else ""
@@ -105,25 +130,45 @@ def queries(draw, templates: tuple[str, ...] = AGGREGATES) -> str:
 
 
 @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(table=tables(), sql=st.one_of(queries(), queries(DUPLICATE_INSENSITIVE)),
-       partitions=st.integers(1, 4),
-       chunks_per_partition=st.integers(1, 3), seed=st.integers(0, 2**16))
-def test_answer_independent_of_pushdown(table: pa.Table, sql: str, partitions: int,
-                                        chunks_per_partition: int, seed: int) -> None:
+@given(
+    table=tables(),
+    sql=st.one_of(queries(), queries(DUPLICATE_INSENSITIVE)),
+    partitions=st.integers(1, 4),
+    chunks_per_partition=st.integers(1, 3),
+    seed=st.integers(0, 2**16),
+)
+def test_answer_independent_of_pushdown(
+    table: pa.Table, sql: str, partitions: int, chunks_per_partition: int, seed: int
+) -> None:
     data = {"test/t": table}
     answers = {}
     for mode in ("never", "always", "random"):
-        decomposition = decompose(sql, {"test/t": SCHEMA},
-                                  pushdown="never" if mode == "never" else "always")
-        answers[mode] = execute(decomposition, data,
-                                stage_choice="random" if mode == "random" else "full",
-                                seed=seed, partitions=partitions,
-                                chunks_per_partition=chunks_per_partition)
+        decomposition = decompose(
+            sql, {"test/t": SCHEMA}, pushdown="never" if mode == "never" else "always"
+        )
+        answers[mode] = execute(
+            decomposition,
+            data,
+            stage_choice="random" if mode == "random" else "full",
+            seed=seed,
+            partitions=partitions,
+            chunks_per_partition=chunks_per_partition,
+        )
     connection = duckdb.connect()
     connection.register("t", table)
     expected = connection.execute(sql).fetch_arrow_table()
     for mode, answer in answers.items():
-        assert_same_rows(answer, answers["never"], ordered=False, float_absolute=FLOAT_ABSOLUTE,
-                         context=f"{mode} vs never: {sql}")
-        assert_same_rows(answer, expected, ordered=False, float_absolute=FLOAT_ABSOLUTE,
-                         context=f"{mode} vs DuckDB: {sql}")
+        assert_same_rows(
+            answer,
+            answers["never"],
+            ordered=False,
+            float_absolute=FLOAT_ABSOLUTE,
+            context=f"{mode} vs never: {sql}",
+        )
+        assert_same_rows(
+            answer,
+            expected,
+            ordered=False,
+            float_absolute=FLOAT_ABSOLUTE,
+            context=f"{mode} vs DuckDB: {sql}",
+        )

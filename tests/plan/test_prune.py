@@ -15,13 +15,23 @@ from quarry.plan.prune import decode_value
 
 from .harness import zone_map
 
-ZONE = {"a": {"min": 10, "max": 20, "null_count": 0, "rows": 100},
-        "s": {"min": "banana", "max": "cherry", "null_count": 5, "rows": 100},
-        "d": {"min": datetime.date(2020, 1, 1), "max": datetime.date(2020, 12, 31),
-              "null_count": 100, "rows": 100},
-        "p": {"min": decimal.Decimal("1.50"), "max": decimal.Decimal("9.99"), "null_count": 0,
-              "rows": 100},
-        "f": {"min": -1.0, "max": 1.0, "null_count": 0, "rows": 100}}
+ZONE = {
+    "a": {"min": 10, "max": 20, "null_count": 0, "rows": 100},
+    "s": {"min": "banana", "max": "cherry", "null_count": 5, "rows": 100},
+    "d": {
+        "min": datetime.date(2020, 1, 1),
+        "max": datetime.date(2020, 12, 31),
+        "null_count": 100,
+        "rows": 100,
+    },
+    "p": {
+        "min": decimal.Decimal("1.50"),
+        "max": decimal.Decimal("9.99"),
+        "null_count": 0,
+        "rows": 100,
+    },
+    "f": {"min": -1.0, "max": 1.0, "null_count": 0, "rows": 100},
+}
 
 
 def p(column: str, op: str, value=None, type_tag: str = "int") -> dict:
@@ -54,7 +64,7 @@ def test_every_conjunct_must_be_satisfiable() -> None:
 def test_nulls() -> None:
     assert not slice_may_match([p("a", "is_null")], ZONE)
     assert slice_may_match([p("s", "is_null")], ZONE)
-    assert not slice_may_match([p("d", "is_not_null")], ZONE)   # all rows null
+    assert not slice_may_match([p("d", "is_not_null")], ZONE)  # all rows null
     # A comparison is never true on NULL: an all-null slice cannot match it.
     assert not slice_may_match([p("d", "<", "2021-01-01", "date")], ZONE)
 
@@ -62,8 +72,8 @@ def test_nulls() -> None:
 def test_conservative_when_unsure() -> None:
     assert slice_may_match([p("missing", "=", 1)], ZONE)
     assert slice_may_match([p("a", "=", 1)], {"a": {"min": None, "max": None}})
-    assert slice_may_match([p("a", "=", "x", "str")], ZONE)       # does not compare
-    assert slice_may_match([p("a", "like", "x", "str")], ZONE)    # unknown operator
+    assert slice_may_match([p("a", "=", "x", "str")], ZONE)  # does not compare
+    assert slice_may_match([p("a", "like", "x", "str")], ZONE)  # unknown operator
     # Floats: NaN is above every number in DataFusion and absent from min/max.
     assert slice_may_match([p("f", ">", 5.0, "float")], ZONE)
     assert slice_may_match([p("f", "!=", 1.0, "float")], {"f": {"min": 1.0, "max": 1.0}})
@@ -71,8 +81,10 @@ def test_conservative_when_unsure() -> None:
 
 
 def test_predicates_are_plain_json(small) -> None:
-    sql = ("SELECT id FROM t WHERE d >= DATE '2020-06-01' AND p < 10.5 AND s = 'apple' "
-           "AND 3 < i AND x IS NOT NULL AND i * 2 < 100")
+    sql = (
+        "SELECT id FROM t WHERE d >= DATE '2020-06-01' AND p < 10.5 AND s = 'apple' "
+        "AND 3 < i AND x IS NOT NULL AND i * 2 < 100"
+    )
     (fragment,) = decompose(sql, small.schemas).fragments
     decoded = json.loads(json.dumps(fragment.predicates))
     assert decoded == fragment.predicates
@@ -80,19 +92,28 @@ def test_predicates_are_plain_json(small) -> None:
     assert by_column["d"] == {"column": "d", "op": ">=", "value": "2020-06-01", "type": "date"}
     assert decode_value(by_column["d"]) == datetime.date(2020, 6, 1)
     assert decode_value(by_column["p"]) == decimal.Decimal("10.50")
-    assert by_column["i"]["op"] == ">"          # literal on the left: flipped
+    assert by_column["i"]["op"] == ">"  # literal on the left: flipped
     assert by_column["x"] == {"column": "x", "op": "is_not_null"}
-    assert len(decoded) == 5                    # i * 2 < 100 is not a simple conjunct
+    assert len(decoded) == 5  # i * 2 < 100 is not a simple conjunct
 
 
 OPS = ("=", "!=", "<", "<=", ">", ">=")
-PYTHON_OPS = {"=": lambda a, b: a == b, "!=": lambda a, b: a != b, "<": lambda a, b: a < b,
-              "<=": lambda a, b: a <= b, ">": lambda a, b: a > b, ">=": lambda a, b: a >= b}
+PYTHON_OPS = {
+    "=": lambda a, b: a == b,
+    "!=": lambda a, b: a != b,
+    "<": lambda a, b: a < b,
+    "<=": lambda a, b: a <= b,
+    ">": lambda a, b: a > b,
+    ">=": lambda a, b: a >= b,
+}
 
 
 @settings(max_examples=200, deadline=None)
-@given(values=st.lists(st.one_of(st.none(), st.integers(-20, 20)), min_size=1, max_size=20),
-       op=st.sampled_from((*OPS, "is_null", "is_not_null")), literal=st.integers(-25, 25))
+@given(
+    values=st.lists(st.one_of(st.none(), st.integers(-20, 20)), min_size=1, max_size=20),
+    op=st.sampled_from((*OPS, "is_null", "is_not_null")),
+    literal=st.integers(-25, 25),
+)
 def test_never_prunes_a_slice_that_matches(values, op: str, literal: int) -> None:
     table = pa.table({"a": pa.array(values, pa.int64())})
     if op in ("is_null", "is_not_null"):

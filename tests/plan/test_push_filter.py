@@ -37,8 +37,9 @@ def test_subquery_conjunct_stays_on_the_host(small) -> None:
     assert len(outer.raw_conjuncts) == 1
     assert "filter" in _super_kinds(cut)  # x > (subquery) reads another fragment
     decomposition = decompose(sql, small.schemas)
-    assert_same_rows(execute(decomposition, small.data, "random", seed=1), small.expected(sql),
-                     ordered=False)
+    assert_same_rows(
+        execute(decomposition, small.data, "random", seed=1), small.expected(sql), ordered=False
+    )
 
 
 def test_nondeterministic_conjunct_stays_on_the_host(small) -> None:
@@ -52,11 +53,14 @@ def test_nondeterministic_conjunct_stays_on_the_host(small) -> None:
 
 
 def test_filter_answers_match_duckdb(small) -> None:
-    sql = ("SELECT id, s, d FROM t WHERE (i BETWEEN -10 AND 10 OR s LIKE 'b%') "
-           "AND d >= DATE '2020-03-01' AND x IS NOT NULL")
+    sql = (
+        "SELECT id, s, d FROM t WHERE (i BETWEEN -10 AND 10 OR s LIKE 'b%') "
+        "AND d >= DATE '2020-03-01' AND x IS NOT NULL"
+    )
     for pushdown in ("never", "always"):
         decomposition = decompose(sql, small.schemas, pushdown=pushdown)
         for choice in ("full", "random"):
             actual = execute(decomposition, small.data, choice, seed=5)
-            assert_same_rows(actual, small.expected(sql), ordered=False,
-                             context=f"{pushdown}/{choice}")
+            assert_same_rows(
+                actual, small.expected(sql), ordered=False, context=f"{pushdown}/{choice}"
+            )

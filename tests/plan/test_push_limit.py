@@ -21,8 +21,9 @@ def test_top_k_moves_down_with_offset_plus_count(small) -> None:
     assert host[0] == "fetch" and "sort" in host
     decomposition = decompose(sql, small.schemas)
     for choice in ("full", "random"):
-        assert_same_rows(execute(decomposition, small.data, choice, seed=2),
-                         small.expected(sql), ordered=True)
+        assert_same_rows(
+            execute(decomposition, small.data, choice, seed=2), small.expected(sql), ordered=True
+        )
 
 
 def test_plain_limit_keeps_any_matching_rows(small) -> None:
@@ -43,6 +44,9 @@ def test_limit_above_an_aggregate_stays_on_the_host(small) -> None:
 
 
 def test_restricted_devices_do_not_limit(small) -> None:
-    decomposition = decompose("SELECT id FROM t ORDER BY id LIMIT 3", small.schemas,
-                              capabilities={"test/t": Capabilities.scan_filter()})
+    decomposition = decompose(
+        "SELECT id FROM t ORDER BY id LIMIT 3",
+        small.schemas,
+        capabilities={"test/t": Capabilities.scan_filter()},
+    )
     assert "top_k" not in decomposition.fragments[0].pushed

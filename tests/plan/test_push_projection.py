@@ -17,8 +17,9 @@ def test_the_scan_reads_only_needed_columns(small) -> None:
 
 
 def test_computed_projection_moves_into_the_fragment(small) -> None:
-    cut = cut_after("SELECT x * 2 + i AS y, upper(s) AS u FROM t WHERE k = 1", small.schemas,
-                    push_rows)
+    cut = cut_after(
+        "SELECT x * 2 + i AS y, upper(s) AS u FROM t WHERE k = 1", small.schemas, push_rows
+    )
     (fragment,) = cut.fragments
     assert kinds_down(fragment.rel) == ["project", "filter", "read"]
     # All that is left on the host is reading the fragment.
@@ -27,11 +28,13 @@ def test_computed_projection_moves_into_the_fragment(small) -> None:
 
 def test_restricted_devices_take_only_column_projections(small) -> None:
     caps = {"test/t": Capabilities.scan_filter()}
-    computed = cut_after("SELECT x * 2 AS y FROM t", small.schemas, push_projection,
-                         capabilities=caps)
+    computed = cut_after(
+        "SELECT x * 2 AS y FROM t", small.schemas, push_projection, capabilities=caps
+    )
     assert kinds_down(computed.fragments[0].rel) == ["read"]
-    columns = cut_after("SELECT x, id FROM t WHERE i > 0", small.schemas, push_rows,
-                        capabilities=caps)
+    columns = cut_after(
+        "SELECT x, id FROM t WHERE i > 0", small.schemas, push_rows, capabilities=caps
+    )
     assert kinds_down(columns.fragments[0].rel) == ["project", "filter", "read"]
 
 

@@ -10,10 +10,12 @@ from quarry.plan.rules.split_aggregate import split_aggregate
 
 from .harness import assert_same_rows, cut_after, execute, kinds_down
 
-ALL_SPLITTABLE = ("SELECT k, count(*) AS n, count(x) AS nx, sum(x) AS sx, min(s) AS mn, "
-                  "max(d) AS mx, avg(x) AS ax, avg(i) AS ai, avg(p) AS ap, var_samp(x) AS vs, "
-                  "var_pop(i) AS vp, stddev(p) AS sd, stddev_pop(x) AS sp, "
-                  "bool_and(i > 0) AS ba, bool_or(i > 90) AS bo FROM t GROUP BY k")
+ALL_SPLITTABLE = (
+    "SELECT k, count(*) AS n, count(x) AS nx, sum(x) AS sx, min(s) AS mn, "
+    "max(d) AS mx, avg(x) AS ax, avg(i) AS ai, avg(p) AS ap, var_samp(x) AS vs, "
+    "var_pop(i) AS vp, stddev(p) AS sd, stddev_pop(x) AS sp, "
+    "bool_and(i > 0) AS ba, bool_or(i > 90) AS bo FROM t GROUP BY k"
+)
 
 
 def test_aggregate_splits_into_partial_and_final(small) -> None:
@@ -24,8 +26,13 @@ def test_aggregate_splits_into_partial_and_final(small) -> None:
     assert not fragment.open
     # The host merges: variance via the quarry merge function, decimal avg via its UDF.
     names = set(tree.function_names(cut.plan).values())
-    assert {"quarry_merge_var_samp", "quarry_merge_var_pop", "quarry_merge_stddev_samp",
-            "quarry_merge_stddev_pop", "quarry_avg_decimal_2_19_6"} <= names
+    assert {
+        "quarry_merge_var_samp",
+        "quarry_merge_var_pop",
+        "quarry_merge_stddev_samp",
+        "quarry_merge_stddev_pop",
+        "quarry_avg_decimal_2_19_6",
+    } <= names
 
 
 def test_every_splittable_aggregate_matches_duckdb(small) -> None:
@@ -34,8 +41,9 @@ def test_every_splittable_aggregate_matches_duckdb(small) -> None:
         decomposition = decompose(ALL_SPLITTABLE, small.schemas, pushdown=pushdown)
         for choice in ("full", "random"):
             actual = execute(decomposition, small.data, choice, seed=11)
-            assert_same_rows(actual, expected, ordered=False, float_absolute=1e-9,
-                             context=f"{pushdown}/{choice}")
+            assert_same_rows(
+                actual, expected, ordered=False, float_absolute=1e-9, context=f"{pushdown}/{choice}"
+            )
 
 
 def test_decimal_results_are_identical_to_the_unsplit_plan(small) -> None:
@@ -51,8 +59,9 @@ def test_decimal_results_are_identical_to_the_unsplit_plan(small) -> None:
 
 
 def test_partial_measures_are_shared(small) -> None:
-    decomposition = decompose("SELECT sum(x) AS s, avg(x) AS a, count(x) AS c FROM t",
-                              small.schemas)
+    decomposition = decompose(
+        "SELECT sum(x) AS s, avg(x) AS a, count(x) AS c FROM t", small.schemas
+    )
     (fragment,) = decomposition.fragments
     assert len(fragment.output_schema) == 2  # sum(x) and count(x), each computed once
 
@@ -74,18 +83,24 @@ def test_grouping_sets_stay_on_the_host(small) -> None:
 
 
 def test_having_and_aggregate_over_expressions(small) -> None:
-    sql = ("SELECT k % 3 AS g, sum(x * i) AS s, count(*) AS n FROM t WHERE s <> 'apple' "
-           "GROUP BY k % 3 HAVING count(*) > 10")
+    sql = (
+        "SELECT k % 3 AS g, sum(x * i) AS s, count(*) AS n FROM t WHERE s <> 'apple' "
+        "GROUP BY k % 3 HAVING count(*) > 10"
+    )
     decomposition = decompose(sql, small.schemas)
     assert decomposition.fragments[0].pushed[-1] == "partial_aggregate"
-    assert_same_rows(execute(decomposition, small.data, "random", seed=4), small.expected(sql),
-                     ordered=False)
+    assert_same_rows(
+        execute(decomposition, small.data, "random", seed=4), small.expected(sql), ordered=False
+    )
 
 
 def test_measure_filter_clause(small) -> None:
-    sql = "SELECT k, sum(x) FILTER (WHERE i > 0) AS s, avg(i) FILTER (WHERE x < 0) AS a " \
-          "FROM t GROUP BY k"
+    sql = (
+        "SELECT k, sum(x) FILTER (WHERE i > 0) AS s, avg(i) FILTER (WHERE x < 0) AS a "
+        "FROM t GROUP BY k"
+    )
     decomposition = decompose(sql, small.schemas)
     assert decomposition.fragments[0].pushed[-1] == "partial_aggregate"
-    assert_same_rows(execute(decomposition, small.data, "random", seed=6), small.expected(sql),
-                     ordered=False)
+    assert_same_rows(
+        execute(decomposition, small.data, "random", seed=6), small.expected(sql), ordered=False
+    )

@@ -10,8 +10,10 @@ from quarry.plan.rules.split_predicate_by_capability import split_predicate_by_c
 from .harness import assert_same_rows, cut_after, execute
 
 SCALEFLUX = {"test/t": Capabilities.scan_filter()}
-LIKE_AND_ARITHMETIC = ("SELECT count(*) AS n, sum(x) AS sx FROM t WHERE s LIKE 'b%' "
-                       "AND i * 2 > 10 AND k = 3 AND x > 1.5")
+LIKE_AND_ARITHMETIC = (
+    "SELECT count(*) AS n, sum(x) AS sx FROM t WHERE s LIKE 'b%' "
+    "AND i * 2 > 10 AND k = 3 AND x > 1.5"
+)
 
 
 def test_scan_filter_devices_get_only_simple_conjuncts(small) -> None:
@@ -31,8 +33,7 @@ def test_scan_filter_answer_matches_duckdb(small) -> None:
     decomposition = decompose(LIKE_AND_ARITHMETIC, small.schemas, capabilities=SCALEFLUX)
     for choice in ("full", "random"):
         actual = execute(decomposition, small.data, choice, seed=7)
-        assert_same_rows(actual, small.expected(LIKE_AND_ARITHMETIC), ordered=False,
-                         context=choice)
+        assert_same_rows(actual, small.expected(LIKE_AND_ARITHMETIC), ordered=False, context=choice)
 
 
 def test_full_devices_get_every_conjunct(small) -> None:
@@ -44,8 +45,9 @@ def test_full_devices_get_every_conjunct(small) -> None:
 
 def test_cheapest_most_selective_first(small) -> None:
     sql = "SELECT id FROM t WHERE s = 'apple' AND x > 0 AND k = 3"
-    cut = cut_after(sql, small.schemas, push_rows, split_predicate_by_capability,
-                    capabilities=SCALEFLUX)
+    cut = cut_after(
+        sql, small.schemas, push_rows, split_predicate_by_capability, capabilities=SCALEFLUX
+    )
     decomposition = decompose(sql, small.schemas, capabilities=SCALEFLUX)
     assert decomposition.fragments[0].device_filter == ["(k = 3)", "(x > 0.0)", "(s = 'apple')"]
     assert len(cut.fragments[0].device_conjuncts) == 3
@@ -62,23 +64,28 @@ def test_selectivity_estimates_reorder(small) -> None:
     decomposition = decompose(sql, small.schemas, selectivity=estimate)
     assert decomposition.fragments[0].device_filter[0] == "(x > 0.0)"
     assert {c["dataset"] for c in seen} == {"test/t"}
-    assert any(c["predicate"] == {"column": "k", "op": "=", "value": 3, "type": "int"}
-               for c in seen)
+    assert any(
+        c["predicate"] == {"column": "k", "op": "=", "value": 3, "type": "int"} for c in seen
+    )
 
 
 def test_capability_rules(small) -> None:
-    sql = ("SELECT id FROM t WHERE (k = 1 OR k = 2) AND x < i AND s IS NOT NULL "
-           "AND NOT (s = 'apple') AND abs(x) > 1 AND id > k")
+    sql = (
+        "SELECT id FROM t WHERE (k = 1 OR k = 2) AND x < i AND s IS NOT NULL "
+        "AND NOT (s = 'apple') AND abs(x) > 1 AND id > k"
+    )
     decomposition = decompose(sql, small.schemas, capabilities={"*": "scan_filter"})
     (fragment,) = decomposition.fragments
     # OR of comparisons and column-to-column comparisons are scan-engine material (NOT of
     # `=` is planned as `!=`); a cast of a column (x < i compares double with int) and
     # function calls are not.
     assert sorted(fragment.device_filter) == sorted(
-        ["((k = 1) OR (k = 2))", "s IS NOT NULL", "(s != 'apple')", "(k < id)"])
+        ["((k = 1) OR (k = 2))", "s IS NOT NULL", "(s != 'apple')", "(k < id)"]
+    )
     assert sorted(fragment.host_filter) == ["(abs(x) > 1.0)", "(x < CAST(i AS fp64))"]
-    assert_same_rows(execute(decomposition, small.data, "random", seed=8), small.expected(sql),
-                     ordered=False)
+    assert_same_rows(
+        execute(decomposition, small.data, "random", seed=8), small.expected(sql), ordered=False
+    )
 
 
 def test_intersection_of_profiles() -> None:

@@ -21,32 +21,38 @@ def test_each_stage_reads_one_named_table(fragment) -> None:
         plan = tree.parse_plan(data)
         tables = {tree.named_table(r) for r in tree.iter_rels(plan) if tree.kind(r) == "read"}
         assert tables == {("test", "t")}
-        assert not [d for d in plan.extensions
-                    if d.extension_function.name.startswith("quarry_")]  # host-only functions
+        assert not [
+            d for d in plan.extensions if d.extension_function.name.startswith("quarry_")
+        ]  # host-only functions
 
 
 def test_raw_and_filter_share_the_raw_schema(small, fragment) -> None:
     batches = small.table.to_batches(max_chunksize=500)
-    raw = pa.Table.from_batches(list(run_stage(fragment.stages["raw"], small.table.schema,
-                                               batches)), schema=fragment.raw_schema)
-    filtered = pa.Table.from_batches(list(run_stage(fragment.stages["filter"],
-                                                    small.table.schema, batches)))
+    raw = pa.Table.from_batches(
+        list(run_stage(fragment.stages["raw"], small.table.schema, batches)),
+        schema=fragment.raw_schema,
+    )
+    filtered = pa.Table.from_batches(
+        list(run_stage(fragment.stages["filter"], small.table.schema, batches))
+    )
     assert raw.schema == fragment.raw_schema == filtered.schema
     assert raw.num_rows == small.table.num_rows > filtered.num_rows
     # Idempotent: filtering filtered rows changes nothing.
-    again = pa.Table.from_batches(list(run_stage(fragment.stages["filter"], filtered.schema,
-                                                 filtered.to_batches())))
+    again = pa.Table.from_batches(
+        list(run_stage(fragment.stages["filter"], filtered.schema, filtered.to_batches()))
+    )
     assert again.num_rows == filtered.num_rows
 
 
 def test_superset_columns_in_any_order_and_view_types(small, fragment) -> None:
     shuffled = small.table.select(["s", "p", "x", "id", "i", "k", "d"])
     viewed = shuffled.set_column(0, "s", shuffled.column("s").cast(pa.string_view()))
-    full = pa.Table.from_batches(list(run_stage(fragment.stages["full"], viewed.schema,
-                                                viewed.to_batches())))
-    reference = pa.Table.from_batches(list(run_stage(fragment.stages["full"],
-                                                     small.table.schema,
-                                                     small.table.to_batches())))
+    full = pa.Table.from_batches(
+        list(run_stage(fragment.stages["full"], viewed.schema, viewed.to_batches()))
+    )
+    reference = pa.Table.from_batches(
+        list(run_stage(fragment.stages["full"], small.table.schema, small.table.to_batches()))
+    )
     key = full.schema.names[0]
     assert full.schema == reference.schema
     assert full.sort_by(key).equals(reference.sort_by(key))
@@ -54,7 +60,8 @@ def test_superset_columns_in_any_order_and_view_types(small, fragment) -> None:
 
 def test_zero_batches(small, fragment) -> None:
     assert list(run_stage(fragment.stages["raw"], small.table.schema, [])) == [] or all(
-        b.num_rows == 0 for b in run_stage(fragment.stages["raw"], small.table.schema, []))
+        b.num_rows == 0 for b in run_stage(fragment.stages["raw"], small.table.schema, [])
+    )
     total = decompose("SELECT count(*) AS n, sum(x) AS s FROM t", small.schemas).fragments[0]
     rows = pa.Table.from_batches(list(run_stage(total.stages["full"], small.table.schema, [])))
     assert rows.num_rows == 1 and rows.column(0).to_pylist() == [0]

@@ -10,9 +10,11 @@ from quarry.plan.passthrough import passthrough_fragment
 
 from .harness import assert_same_rows
 
-QUERIES = ("SELECT k, count(*) AS n, avg(p) AS a, stddev(x) AS sd FROM t WHERE i > 0 GROUP BY k",
-           "SELECT id, x FROM t WHERE s LIKE 'b%' AND x IS NOT NULL ORDER BY x DESC, id LIMIT 7",
-           "SELECT count(*) AS n FROM t WHERE d < DATE '2020-05-01'")
+QUERIES = (
+    "SELECT k, count(*) AS n, avg(p) AS a, stddev(x) AS sd FROM t WHERE i > 0 GROUP BY k",
+    "SELECT id, x FROM t WHERE s LIKE 'b%' AND x IS NOT NULL ORDER BY x DESC, id LIMIT 7",
+    "SELECT count(*) AS n FROM t WHERE d < DATE '2020-05-01'",
+)
 
 
 @pytest.mark.parametrize("sql", QUERIES)
@@ -24,8 +26,13 @@ def test_completion_in_small_groups_gives_the_same_answer(small, sql: str) -> No
     for group_bytes_max in (1, 10_000, 10**9):
         output = list(complete(fragment, slices, group_bytes_max=group_bytes_max))
         actual = run_super(decomposition, {fragment.name: output}).read_all()
-        assert_same_rows(actual, expected, ordered="ORDER BY" in sql, float_absolute=1e-9,
-                         context=f"groups of {group_bytes_max} bytes")
+        assert_same_rows(
+            actual,
+            expected,
+            ordered="ORDER BY" in sql,
+            float_absolute=1e-9,
+            context=f"groups of {group_bytes_max} bytes",
+        )
 
 
 def test_mixed_stage_outputs_union(small) -> None:
@@ -33,10 +40,14 @@ def test_mixed_stage_outputs_union(small) -> None:
     decomposition = decompose(sql, small.schemas)
     (fragment,) = decomposition.fragments
     slices = small.table.to_batches(max_chunksize=250)
-    done = [b for s in slices[0::3] for b in run_stage(fragment.stages["full"],
-                                                        small.table.schema, [s])]
-    filtered = [b for s in slices[1::3] for b in run_stage(fragment.stages["filter"],
-                                                            small.table.schema, [s])]
+    done = [
+        b for s in slices[0::3] for b in run_stage(fragment.stages["full"], small.table.schema, [s])
+    ]
+    filtered = [
+        b
+        for s in slices[1::3]
+        for b in run_stage(fragment.stages["filter"], small.table.schema, [s])
+    ]
     raw = list(slices[2::3])  # shipped untouched: whole slices
     outputs = done + list(complete(fragment, filtered)) + list(complete(fragment, raw))
     reader = run_super(decomposition, {fragment.name: outputs})
@@ -51,13 +62,17 @@ def test_missing_fragment_output(small) -> None:
         run_super(decomposition, {})
 
 
-PASSTHROUGH = ("SELECT * FROM t WHERE i > 0",
-               "SELECT x, id FROM t WHERE s LIKE 'b%'",
-               "SELECT id AS ident, x * 2 AS twice FROM t WHERE x IS NOT NULL")
-NOT_PASSTHROUGH = ("SELECT * FROM t WHERE i > 0 LIMIT 5",
-                   "SELECT id FROM t ORDER BY id",
-                   "SELECT count(*) AS n FROM t",
-                   "SELECT DISTINCT k FROM t")
+PASSTHROUGH = (
+    "SELECT * FROM t WHERE i > 0",
+    "SELECT x, id FROM t WHERE s LIKE 'b%'",
+    "SELECT id AS ident, x * 2 AS twice FROM t WHERE x IS NOT NULL",
+)
+NOT_PASSTHROUGH = (
+    "SELECT * FROM t WHERE i > 0 LIMIT 5",
+    "SELECT id FROM t ORDER BY id",
+    "SELECT count(*) AS n FROM t",
+    "SELECT DISTINCT k FROM t",
+)
 
 
 @pytest.mark.parametrize("sql", PASSTHROUGH)
@@ -67,10 +82,17 @@ def test_a_plain_read_streams_its_fragment_straight_out(small, sql: str) -> None
     assert passthrough_fragment(decomposition) is fragment
     assert "pass-through" in decomposition.explain()
     assert decomposition.to_json()["super_plan_passthrough"] == fragment.name
-    outputs = [b for s in small.table.to_batches(max_chunksize=100)
-               for b in run_stage(fragment.stages["full"], small.table.schema, [s])]
-    assert_same_rows(run_super(decomposition, {fragment.name: outputs}).read_all(),
-                     small.expected(sql), ordered=False, float_absolute=1e-9)
+    outputs = [
+        b
+        for s in small.table.to_batches(max_chunksize=100)
+        for b in run_stage(fragment.stages["full"], small.table.schema, [s])
+    ]
+    assert_same_rows(
+        run_super(decomposition, {fragment.name: outputs}).read_all(),
+        small.expected(sql),
+        ordered=False,
+        float_absolute=1e-9,
+    )
 
     def first_then_fail():
         yield outputs[0]

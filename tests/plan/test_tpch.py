@@ -26,8 +26,12 @@ def test_tpch_matches_duckdb(tpch, number: int, mode: str) -> None:
     decomposition = decompose(sql, tpch.schemas, pushdown="never" if mode == "never" else "always")
     choice = "random" if mode == "random" else "full"
     actual = execute(decomposition, tpch.data, stage_choice=choice, seed=number)
-    assert_same_rows(actual, tpch.expected(number), ordered=number not in UNORDERED,
-                     context=f"Q{number} pushdown={mode}")
+    assert_same_rows(
+        actual,
+        tpch.expected(number),
+        ordered=number not in UNORDERED,
+        context=f"Q{number} pushdown={mode}",
+    )
 
 
 def test_never_pushes_only_column_projection(tpch) -> None:
@@ -40,14 +44,16 @@ def test_never_pushes_only_column_projection(tpch) -> None:
 
 
 def test_always_pushes_the_largest_fragment(tpch) -> None:
-    pushed = {number: [f.pushed for f in decompose(tpch.queries[number], tpch.schemas).fragments]
-              for number in (1, 6, 15, 17, 18, 22)}
+    pushed = {
+        number: [f.pushed for f in decompose(tpch.queries[number], tpch.schemas).fragments]
+        for number in (1, 6, 15, 17, 18, 22)
+    }
     assert pushed[1] == [["projection", "filter", "partial_aggregate"]]
     assert pushed[6] == [["projection", "filter", "partial_aggregate"]]
     # Q15's revenue view is read twice in the SQL; the identical sub-plans ship once.
     assert ["projection", "filter", "partial_aggregate"] in pushed[15]
-    assert ["projection", "partial_aggregate"] in pushed[17]   # avg(l_quantity) by l_partkey
-    assert ["projection", "partial_aggregate"] in pushed[18]   # sum(l_quantity) by l_orderkey
+    assert ["projection", "partial_aggregate"] in pushed[17]  # avg(l_quantity) by l_partkey
+    assert ["projection", "partial_aggregate"] in pushed[18]  # sum(l_quantity) by l_orderkey
     assert ["projection", "filter", "partial_aggregate"] in pushed[22]  # inside a subquery
 
 

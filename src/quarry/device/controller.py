@@ -67,7 +67,7 @@ class Adaptive:
         # (device s per stored byte, output bytes per stored byte), per stage the device ran
         self.samples: dict[Stage, list[tuple[float, float]]] = {Stage.FULL: [], Stage.FILTER: []}
         self.seen = 0
-        self.current = host.start
+        self.current = Stage(host.start)
         self.measuring = self.current in (Stage.FULL, Stage.FILTER)
         self.reason = f"{self.current}: the host's cut"
         self.probe_after_s = policy.probe_after_s
@@ -76,6 +76,7 @@ class Adaptive:
         self._lock = threading.Lock()
 
     def observe(self, stage: Stage, stored_bytes: int, output_bytes: int, seconds: float) -> None:
+        stage = Stage(stage)
         if stage not in self.samples or stored_bytes <= 0:
             return
         with self._lock:
