@@ -260,9 +260,16 @@ def describe(dataset: str, cluster: ClusterOption = None, as_json: JsonOption = 
 
 @app.command()
 def drop(dataset: str, cluster: ClusterOption = None) -> None:
-    """Delete a dataset from every device."""
+    """Delete a dataset from every device (an expression matrix with its cell and gene
+    metadata)."""
+    from quarry.genes.datasets import DESCRIPTION_KEY
+    from quarry.genes.datasets import drop as drop_matrix
+
     c = open_cluster(cluster)
-    deleted = c.drop(dataset)
+    if DESCRIPTION_KEY in c.entry(dataset).metadata:
+        deleted = drop_matrix(c, dataset)
+    else:
+        deleted = c.drop(dataset)
     c.close()
     console.print(f"dropped {dataset} ({deleted} key-values)")
 
@@ -509,16 +516,19 @@ def device_load(
 
 
 def _mount_optional() -> None:
-    """Sub-commands that live with their feature, each registered once. Of genes/cli.py only
-    `de` is mounted, as `quarry de` (the documented name; `quarry ingest` stores matrices); its
-    `ingest` and `drop`, with the matrix-only options, run as `python -m quarry.genes.cli`."""
+    """Sub-commands that live with their feature, each registered once: `quarry de`, and
+    `quarry genes ingest|drop` for the matrix-only options (cell metadata, orientation)."""
     from quarry.capacity.cli import app as capacity_app
-    from quarry.genes.cli import de
+    from quarry.genes import cli as genes_cli
 
     app.add_typer(
         capacity_app, name="capacity", help="Capacity planning for computational storage."
     )
-    app.command("de")(de)
+    app.command("de")(genes_cli.de)
+    matrices = typer.Typer(no_args_is_help=True, help="Expression matrices: ingest and drop.")
+    matrices.command("ingest")(genes_cli.ingest)
+    matrices.command("drop")(genes_cli.drop)
+    app.add_typer(matrices, name="genes")
 
 
 _mount_optional()

@@ -113,11 +113,14 @@ def _explain_shows_the_cut(cwd) -> None:
 
 
 def test_de_is_one_command():
-    """`quarry de` is registered once, the documented way; `quarry genes` is not a second."""
+    """`quarry de` is registered once; `quarry genes` holds only the matrix-only commands."""
     listed = CliRunner().invoke(app, ["--help"], env={"COLUMNS": "200"})
     assert listed.exit_code == 0, listed.output
     assert len(re.findall(r"^│ de\b", listed.output, re.MULTILINE)) == 1, listed.output
-    assert not re.search(r"^│ genes\b", listed.output, re.MULTILINE), listed.output
+    grouped = CliRunner().invoke(app, ["genes", "--help"], env={"COLUMNS": "200"})
+    assert grouped.exit_code == 0, grouped.output
+    assert re.search(r"^│ ingest\b", grouped.output, re.MULTILINE), grouped.output
+    assert not re.search(r"^│ de\b", grouped.output, re.MULTILINE), grouped.output
     helped = CliRunner().invoke(app, ["de", "--help"])
     assert helped.exit_code == 0 and "--groupby" in helped.output
 
