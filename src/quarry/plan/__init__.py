@@ -10,13 +10,20 @@ from quarry.plan.decompose import RULES, Decomposition, Fragment, decompose
 from quarry.plan.errors import PlanError, StageError
 from quarry.plan.prune import slice_may_match
 from quarry.plan.stage import run_stage
-from quarry.plan.superplan import complete, run_super
+from quarry.plan.superplan import (
+    SUPER_PLAN_MEMORY_BYTES_MAX,
+    HostMemoryExceeded,
+    complete,
+    run_super,
+)
 
 __all__ = [
     "RULES",
+    "SUPER_PLAN_MEMORY_BYTES_MAX",
     "Capabilities",
     "Decomposition",
     "Fragment",
+    "HostMemoryExceeded",
     "PlanError",
     "StageError",
     "complete",

@@ -131,7 +131,9 @@ class Decomposition:
         if only is not None:
             lines.append(f"super-plan (host): pass-through of {only.name}, streamed as it arrives")
         else:
-            lines.append("super-plan (host):")
+            from quarry.plan.superplan import memory_summary
+
+            lines.append(f"super-plan (host): {memory_summary(self)}")
             lines += ["  " + line for line in self.super_display().splitlines()]
         for fragment in self.fragments:
             pushed = ", ".join(fragment.pushed) or "nothing (raw scan)"

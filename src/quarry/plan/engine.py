@@ -6,24 +6,78 @@ Everything that talks to DataFusion's Python API lives here, so the rules stay p
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Mapping
+import re
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pyarrow as pa
-from datafusion import DataFrame, SessionConfig, SessionContext
+from datafusion import DataFrame, RuntimeEnvBuilder, SessionConfig, SessionContext
 from datafusion.substrait import Consumer, Producer, Serde
 from substrait import algebra_pb2, plan_pb2, type_pb2
 
 from quarry.plan import tree
 
 RESERVED_PREFIX = "__quarry"
+# A sort reserves this share of its partition's part of the pool up front, to merge what it
+# spilled; DataFusion's default (10 MiB a partition) would not fit a small pool at all.
+SORT_SPILL_RESERVATION_SHARE = 4
+SORT_SPILL_RESERVATION_BYTES_MAX = 10 * 1024 * 1024
 
 
-def session(target_partitions: int | None = None) -> SessionContext:
+def session(
+    target_partitions: int | None = None,
+    memory_pool_bytes: int | None = None,
+    temp_directory: str | Path | None = None,
+) -> SessionContext:
+    """A DataFusion session; with `memory_pool_bytes`, its operators share a fair spill pool
+    of that size and sorts and aggregations spill to `temp_directory` (else the OS's
+    temporary directory) instead of growing."""
     config = SessionConfig()
     if target_partitions is not None:
         config = config.with_target_partitions(target_partitions)
-    return SessionContext(config)
+    if memory_pool_bytes is None:
+        return SessionContext(config)
+    assert memory_pool_bytes > 0
+    partitions = target_partitions or cpu_count()
+    reservation_bytes = min(
+        SORT_SPILL_RESERVATION_BYTES_MAX,
+        memory_pool_bytes // (SORT_SPILL_RESERVATION_SHARE * partitions),
+    )
+    settings = {
+        "datafusion.execution.sort_spill_reservation_bytes": str(reservation_bytes),
+        # Split into byte ranges, a file is read through a path that keeps about as much
+        # memory as it read until the process ends (DataFusion 55); a whole file is read a
+        # batch at a time. Spooled fragments come as one file per partition instead.
+        "datafusion.optimizer.repartition_file_scans": "false",
+        # A round-robin repartition buffers, outside any spill, whatever its consumers (a
+        # spilling sort) do not take yet; inputs come already split into partitions.
+        "datafusion.optimizer.enable_round_robin_repartition": "false",
+        # Sorting each partition and merging them leaves the merge, which cannot spill,
+        # starved when the sorts end near their share of the pool; one sort gets all of it.
+        "datafusion.optimizer.repartition_sorts": "false",
+    }
+    for key, value in settings.items():
+        config = config.set(key, value)
+    runtime = RuntimeEnvBuilder().with_fair_spill_pool(memory_pool_bytes)
+    if temp_directory is None:
+        runtime = runtime.with_disk_manager_os()
+    else:
+        runtime = runtime.with_temp_file_path(temp_directory)
+    return SessionContext(config, runtime)
+
+
+_EXHAUSTED = re.compile(r"Resources exhausted: Failed to allocate .*? for (\w+)")
+
+
+def memory_exhausted(error: BaseException) -> str | None:
+    """The operator (DataFusion's memory consumer) that could not grow within the pool, or
+    None when `error` is not about memory; "" when the consumer is not named."""
+    message = str(error)
+    if "Resources exhausted" not in message:
+        return None
+    found = _EXHAUSTED.search(message)
+    return found.group(1) if found else ""
 
 
 def quote_identifier(name: str) -> str:
@@ -51,6 +105,32 @@ def register_batches(
         dealt[index % len(dealt)].append(batch)
     filled = [partition for partition in dealt if partition]
     ctx.register_record_batches(reference, filled or [[empty_batch(schema)]])
+
+
+def register_spooled(
+    ctx: SessionContext,
+    reference: str,
+    schema: pa.Schema,
+    batches: Sequence[pa.RecordBatch],
+    directory: Path | None,
+    partitions: int = 1,
+) -> None:
+    """Register a table of in-memory `batches` plus the Arrow IPC files in `directory`.
+
+    The files are scanned as a stream, a batch at a time per partition (see `session`); the
+    table is the union of both parts, so filters and projections reach each of them.
+    """
+    if directory is None:
+        register_batches(ctx, reference, schema, batches, partitions)
+        return
+    disk_name = f"{reference}__disk"
+    ctx.register_arrow(disk_name, str(directory), schema=schema, file_extension=".arrow")
+    frame = ctx.table(disk_name)
+    if batches:
+        memory_name = f"{reference}__memory"
+        register_batches(ctx, memory_name, schema, batches, partitions)
+        frame = ctx.table(memory_name).union(frame)
+    ctx.register_view(reference, frame)
 
 
 def consume(ctx: SessionContext, plan: plan_pb2.Plan | bytes) -> DataFrame:

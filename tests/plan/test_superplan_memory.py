@@ -1,0 +1,255 @@
+"""run_super in a bounded host memory: spooling, spilling, cleanup, concurrency, clear errors."""
+
+from __future__ import annotations
+
+import gc
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import duckdb
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from quarry.errors import QuarryError, QueryError
+from quarry.plan import decompose, run_stage, run_super
+from quarry.plan.superplan import (
+    SUPER_PLAN_MEMORY_ENV,
+    HostMemoryExceeded,
+    MemoryBudget,
+    memory_summary,
+)
+
+from .harness import assert_same_rows
+
+MIB = 1024 * 1024
+BUDGET_BYTES = 16 * MIB  # 4 MiB of spool in memory, a 12 MiB pool: far less than the data
+T_ROWS = 1_000_000  # 4 columns of 8 bytes: 32 MB
+U_ROWS = 2_000
+BATCH_ROWS = 10_000
+LOCKSTEP_WAIT_S = 10.0
+ROWS_COMPARED_BY_ROW_MAX = 50_000  # beyond, answers are compared as columns (row checks are slow)
+
+
+def _table(rows: int, groups: int, seed: int) -> pa.Table:
+    rng = np.random.default_rng(seed)
+    return pa.table(
+        {
+            "id": np.arange(rows, dtype=np.int64),
+            "g": rng.integers(0, groups, rows),
+            "ke": rng.lognormal(0.0, 1.0, rows),
+            "x": rng.uniform(0.0, 100.0, rows),
+        }
+    )
+
+
+@pytest.fixture(scope="module")
+def data() -> dict[str, pa.Table]:
+    t = _table(T_ROWS, 20_000, seed=1)
+    u = pa.table({"g": np.arange(U_ROWS, dtype=np.int64), "w": np.arange(U_ROWS) * 0.5})
+    return {"test/t": t, "test/u": u}
+
+
+def _schemas(data: dict[str, pa.Table]) -> dict[str, pa.Schema]:
+    return {name: table.schema for name, table in data.items()}
+
+
+def _expected(data: dict[str, pa.Table], sql: str) -> pa.Table:
+    connection = duckdb.connect()
+    for name, table in data.items():
+        connection.register(name.split("/")[1], table)
+    return connection.execute(sql).fetch_arrow_table()
+
+
+def _device_stream(stage: bytes, table: pa.Table) -> Iterator[pa.RecordBatch]:
+    """What the devices ship for one fragment: its full stage over each slice, as it runs."""
+    for batch in table.to_batches(max_chunksize=BATCH_ROWS):
+        yield from run_stage(stage, table.schema, [batch])
+
+
+def _outputs(decomposition, data) -> dict[str, Iterator[pa.RecordBatch]]:
+    return {
+        f.name: _device_stream(f.stages["full"], data[f.dataset]) for f in decomposition.fragments
+    }
+
+
+QUERIES = {
+    "top-k": "SELECT * FROM t WHERE ke > 0.5 ORDER BY ke LIMIT 100",
+    "group by": "SELECT g, sum(ke) AS s, count(*) AS n FROM t GROUP BY g",
+    "order by": "SELECT id, g, ke, x FROM t WHERE ke > 0.1 ORDER BY ke",
+    "join": "SELECT t.g, count(*) AS n, sum(u.w) AS w FROM t JOIN u ON t.g = u.g GROUP BY t.g",
+}
+
+
+@pytest.mark.parametrize("pushdown", ["never", "always"])
+@pytest.mark.parametrize("name", list(QUERIES))
+def test_answers_in_a_tiny_budget(data, tmp_path: Path, name: str, pushdown: str) -> None:
+    sql = QUERIES[name]
+    decomposition = decompose(sql, _schemas(data), pushdown=pushdown)
+    reader = run_super(
+        decomposition, _outputs(decomposition, data), BUDGET_BYTES, temp_directory=tmp_path
+    )
+    first = reader.read_next_batch()
+    spooled = list(tmp_path.rglob("*.arrow"))
+    spilled = [p for p in tmp_path.rglob("datafusion-*/*") if p.is_file()]
+    rest = reader.read_all()
+    answer = pa.Table.from_batches([first, *rest.to_batches()], schema=reader.schema)
+    expected = _expected(data, sql)
+    if answer.num_rows > ROWS_COMPARED_BY_ROW_MAX:  # ordered by unique floats: column by column
+        assert answer.column_names == expected.column_names
+        for column in expected.column_names:
+            assert np.array_equal(answer[column].to_numpy(), expected[column].to_numpy()), column
+    else:
+        assert_same_rows(
+            answer, expected, ordered="ORDER BY" in sql, float_absolute=1e-6, context=name
+        )
+    if pushdown == "never":  # raw rows: far more than the spool keeps in memory
+        assert spooled, "fragment output beyond the spool's memory share goes to disk"
+    if name == "order by":  # 32 MB sorted in a 12 MiB pool: it can only have spilled
+        assert spilled, "the sort spilled to the spool directory"
+    assert list(tmp_path.iterdir()) == [], "the spool is removed once the reader is exhausted"
+
+
+def _query(data, sql: str, pushdown: str = "never"):
+    decomposition = decompose(sql, _schemas(data), pushdown=pushdown)
+    return decomposition, _outputs(decomposition, data)
+
+
+def test_spool_removed_when_the_reader_is_dropped_early(data, tmp_path: Path) -> None:
+    decomposition, outputs = _query(data, QUERIES["order by"])
+    reader = run_super(decomposition, outputs, BUDGET_BYTES, temp_directory=tmp_path)
+    reader.read_next_batch()
+    assert list(tmp_path.rglob("*.arrow"))
+    reader.close()  # pyarrow keeps the iterator of a reader made from batches until it goes
+    del reader
+    gc.collect()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_spool_removed_and_producers_stopped_when_a_producer_raises(data, tmp_path: Path) -> None:
+    decomposition, outputs = _query(data, QUERIES["join"])
+    t_fragment, u_fragment = decomposition.fragments
+    stopped = threading.Event()
+
+    def failing() -> Iterator[pa.RecordBatch]:
+        stream = _device_stream(t_fragment.stages["full"], data["test/t"])
+        for _ in range(5):
+            yield next(stream)
+        raise RuntimeError("device dev1 died mid-stream")
+
+    def endless() -> Iterator[pa.RecordBatch]:
+        batch = next(_device_stream(u_fragment.stages["full"], data["test/u"]))
+        try:
+            while True:  # ends only when the reader stops it
+                yield batch
+        finally:
+            stopped.set()
+
+    outputs = {t_fragment.name: failing(), u_fragment.name: endless()}
+    reader = run_super(decomposition, outputs, BUDGET_BYTES, temp_directory=tmp_path)
+    with pytest.raises(RuntimeError, match="dev1 died"):
+        reader.read_all()
+    assert stopped.is_set(), "the other fragment's producer was stopped"
+    assert list(tmp_path.iterdir()) == []
+
+
+class Lockstep:
+    """Two producers, each allowed at most `ahead` batches more than the other has given.
+
+    A reader that took one fragment to its end before starting the other would leave the
+    first producer waiting forever, as a device blocked on a full queue would.
+    """
+
+    def __init__(self, ahead: int) -> None:
+        self.ahead = ahead
+        self.given = [0, 0]
+        self.done = [False, False]
+        self.condition = threading.Condition()
+
+    def produce(self, side: int, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        other = 1 - side
+        for batch in batches:
+            with self.condition:
+                may_go = self.condition.wait_for(
+                    lambda: self.done[other] or self.given[side] - self.given[other] < self.ahead,
+                    timeout=LOCKSTEP_WAIT_S,
+                )
+                if not may_go:
+                    raise TimeoutError(f"producer {side} waited {LOCKSTEP_WAIT_S} s: deadlock")
+                self.given[side] += 1
+                self.condition.notify_all()
+            yield batch
+        with self.condition:
+            self.done[side] = True
+            self.condition.notify_all()
+
+
+@pytest.mark.timeout(60)
+def test_two_bounded_producers_are_read_at_once(data, tmp_path: Path) -> None:
+    sql = "SELECT g, count(*) AS n FROM (SELECT g FROM t UNION ALL SELECT g FROM u) GROUP BY g"
+    decomposition, outputs = _query(data, sql)
+    assert len(decomposition.fragments) == 2
+    lockstep = Lockstep(ahead=2)
+    outputs = {
+        name: lockstep.produce(side, stream) for side, (name, stream) in enumerate(outputs.items())
+    }
+    answer = run_super(decomposition, outputs, BUDGET_BYTES, temp_directory=tmp_path).read_all()
+    assert_same_rows(answer, _expected(data, sql), ordered=False)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_join_over_budget_is_one_clear_error(data, tmp_path: Path) -> None:
+    sql = "SELECT a.id, b.ke FROM t AS a JOIN t AS b ON a.id = b.id"
+    decomposition, outputs = _query(data, sql)
+    reader = run_super(decomposition, outputs, BUDGET_BYTES, temp_directory=tmp_path)
+    with pytest.raises(HostMemoryExceeded) as caught:
+        reader.read_all()
+    message = str(caught.value)
+    assert isinstance(caught.value, QuarryError)
+    assert "budget of 16 MiB" in message
+    assert "join's build side" in message
+    assert f"{SUPER_PLAN_MEMORY_ENV}=" in message
+    assert "DataFusion error" not in message and "Traceback" not in message
+    del reader
+    gc.collect()
+    assert list(tmp_path.iterdir()) == []
+
+
+EXPLAINED = {
+    "top-k": ["top-k keeps 100 rows"],
+    "order by": ["sort spills beyond the budget"],
+    "join": ["join build side must fit the budget"],
+}
+
+
+@pytest.mark.parametrize("name", list(EXPLAINED))
+def test_explain_says_how_the_host_holds_data(data, name: str) -> None:
+    text = decompose(QUERIES[name], _schemas(data)).explain()
+    line = text.splitlines()[1]
+    assert line.startswith("super-plan (host): streams fragments into a spool of at most 128 MiB")
+    assert "the rest on disk" in line
+    for words in EXPLAINED[name]:
+        assert words in line
+
+
+def test_explain_tells_partials_from_raw_rows(data) -> None:
+    sql = QUERIES["group by"]
+    always = decompose(sql, _schemas(data), pushdown="always").explain().splitlines()[1]
+    never = decompose(sql, _schemas(data), pushdown="never").explain().splitlines()[1]
+    assert "aggregates partials" in always
+    assert "aggregate spills beyond the budget" in never
+
+
+def test_the_budget_comes_from_the_environment(data, monkeypatch) -> None:
+    monkeypatch.setenv(SUPER_PLAN_MEMORY_ENV, "64")
+    decomposition = decompose(QUERIES["top-k"], _schemas(data))
+    assert MemoryBudget.of().bytes_max == 64 * MIB
+    assert "spool of at most 16 MiB in memory" in memory_summary(decomposition)
+    assert "48 MiB spill pool" in memory_summary(decomposition)
+    monkeypatch.setenv(SUPER_PLAN_MEMORY_ENV, "lots")
+    with pytest.raises(QueryError, match="whole number of MiB"):
+        run_super(decomposition, _outputs(decomposition, data))
+    monkeypatch.delenv(SUPER_PLAN_MEMORY_ENV)
+    with pytest.raises(QueryError, match="at least 8 MiB"):
+        run_super(decomposition, _outputs(decomposition, data), memory_bytes_max=MIB)
