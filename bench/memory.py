@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import png_path, write_json
 
 import quarry
-from quarry.plan.superplan import SPOOL_MEMORY_SHARE, SUPER_PLAN_MEMORY_ENV
+from quarry.plan.memory import SPOOL_MEMORY_SHARE, SUPER_PLAN_MEMORY_ENV
 from quarry.samples import particles
 
 matplotlib.use("Agg")

@@ -89,6 +89,12 @@ class QueryError(QuarryError, ValueError):
     code = "query_error"
 
 
+class HostMemoryExceeded(QueryError):
+    """The super-plan needs more host memory than its budget, for something that cannot spill."""
+
+    code = "host_memory_exceeded"
+
+
 class PlanNotSupported(QuarryError):
     """A device cannot decode or plan a sub-plan; the host runs that part itself."""
 

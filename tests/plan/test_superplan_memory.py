@@ -12,14 +12,9 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from quarry.errors import QuarryError, QueryError
+from quarry.errors import HostMemoryExceeded, QuarryError, QueryError
 from quarry.plan import decompose, run_stage, run_super
-from quarry.plan.superplan import (
-    SUPER_PLAN_MEMORY_ENV,
-    HostMemoryExceeded,
-    MemoryBudget,
-    memory_summary,
-)
+from quarry.plan.memory import SUPER_PLAN_MEMORY_ENV, MemoryBudget, memory_summary
 
 from .harness import assert_same_rows
 

@@ -5,17 +5,14 @@ which call `run_stage` per slice range; the host `complete`s whatever came back 
 calls `run_super`.
 """
 
+from quarry.errors import HostMemoryExceeded
 from quarry.plan.capabilities import Capabilities
 from quarry.plan.decompose import RULES, Decomposition, Fragment, decompose
 from quarry.plan.errors import PlanError, StageError
+from quarry.plan.memory import SUPER_PLAN_MEMORY_BYTES_MAX
 from quarry.plan.prune import slice_may_match
 from quarry.plan.stage import run_stage
-from quarry.plan.superplan import (
-    SUPER_PLAN_MEMORY_BYTES_MAX,
-    HostMemoryExceeded,
-    complete,
-    run_super,
-)
+from quarry.plan.superplan import complete, run_super
 
 __all__ = [
     "RULES",

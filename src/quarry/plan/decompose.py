@@ -131,7 +131,7 @@ class Decomposition:
         if only is not None:
             lines.append(f"super-plan (host): pass-through of {only.name}, streamed as it arrives")
         else:
-            from quarry.plan.superplan import memory_summary
+            from quarry.plan.memory import memory_summary
 
             lines.append(f"super-plan (host): {memory_summary(self)}")
             lines += ["  " + line for line in self.super_display().splitlines()]

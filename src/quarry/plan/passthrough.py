@@ -9,11 +9,24 @@ kept busy only as fast as the reader takes rows.
 
 from __future__ import annotations
 
+from typing import Any, Protocol
+
+import pyarrow as pa
+
 from quarry.plan import tree
-from quarry.plan.decompose import Decomposition, Fragment
 
 
-def passthrough_fragment(decomposition: Decomposition) -> Fragment | None:
+class Decomposed(Protocol):
+    """What this needs of a ``quarry.plan.decompose.Decomposition`` (which calls it to explain
+    itself, so it cannot be imported here)."""
+
+    super_plan: bytes
+    output_schema: pa.Schema
+
+    def fragment(self, name: str) -> Any: ...
+
+
+def passthrough_fragment(decomposition: Decomposed) -> Any | None:
     """The fragment whose output is the answer column for column, if the super-plan is only a
     plain read of it (no filter, no reordering of columns, nothing above the read)."""
     plan = tree.parse_plan(decomposition.super_plan)

@@ -20,6 +20,7 @@ from quarry.errors import ExecutionError, PlanNotSupported, QueryError
 from quarry.plan.errors import StageError
 from quarry.plan.prune import slice_may_match
 from quarry.plan.stage import run_stage
+from quarry.plan.superplan import complete_stage
 from quarry.protocol.message import Message, bounded
 from quarry.protocol.stage import Skip, Stage
 from quarry.protocol.work import ranges_of
@@ -100,7 +101,7 @@ class SubstraitUnit(Unit):
         """On the host: the full stage over rows handed back raw or filtered. It contains the
         whole filter, so it also re-checks rows a restricted device filtered with only part of
         the predicate."""
-        return _complete(self.stages[Stage.FULL], batches, COMPLETION_GROUP_BYTES_MAX)
+        return _host_errors(complete_stage(self.stages[Stage.FULL], batches))
 
     def filter(self, chunk: Chunk) -> dict[int, list[pa.RecordBatch]]:
         stage, schema = self.stages[Stage.FILTER], chunk.meta.schema
@@ -125,35 +126,16 @@ def _run(
         raise PlanNotSupported(f"this device cannot run the sub-plan: {error}") from None
 
 
-# Completion on the host runs the full stage over bounded groups of handed-back rows, so host
-# memory stays bounded and output streams while rows still arrive. Any grouping is correct: the
-# full stage of a union equals the union of full stages up to what the super-plan merges anyway.
-COMPLETION_GROUP_BYTES_MAX = 64 * 1024 * 1024
-
-
-def _complete(
-    stage: bytes, batches: Iterable[pa.RecordBatch], group_bytes_max: int
-) -> Iterator[pa.RecordBatch]:
-    from quarry.plan.engine import cpu_count
-
-    group: list[pa.RecordBatch] = []
-    group_bytes = 0
-    for batch in batches:
-        group.append(batch)
-        group_bytes += batch.nbytes
-        if group_bytes >= group_bytes_max:
-            yield from run_on_host(stage, group[0].schema, group, cpu_count())
-            group, group_bytes = [], 0
-    if group:
-        yield from run_on_host(stage, group[0].schema, group, cpu_count())
-
-
 def run_on_host(
-    stage: bytes, schema: pa.Schema, batches: list[pa.RecordBatch], partitions: int = 1
+    stage: bytes, schema: pa.Schema, batches: list[pa.RecordBatch]
 ) -> Iterator[pa.RecordBatch]:
     """A stage on the host; its errors are the query's (there is nowhere else to run it)."""
+    return _host_errors(run_stage(stage, schema, batches))
+
+
+def _host_errors(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     try:
-        yield from run_stage(stage, schema, batches, target_partitions=partitions)
+        yield from batches
     except StageError as error:
         if error.while_running:
             raise ExecutionError(str(error)) from None

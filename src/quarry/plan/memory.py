@@ -1,0 +1,143 @@
+"""How much host memory a super-plan may hold, and how EXPLAIN says where it holds it.
+
+A super-plan's host memory is one budget (``SUPER_PLAN_MEMORY_BYTES_MAX``, or
+``$QUARRY_SUPER_PLAN_MEMORY_MIB``): a quarter holds fragment outputs in memory (the spool, the
+rest on disk), the remainder is DataFusion's spill pool. ``memory_summary`` reads the super-plan's
+operators to tell which keep little by themselves (top-k, final aggregation of partials) and
+which spill or must fit (sorts, joins' build sides).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from substrait import algebra_pb2
+
+from quarry.errors import QueryError
+from quarry.plan import tree
+from quarry.plan.spool import MIB
+
+# Host memory for one query's super-plan: fragment outputs held for it plus DataFusion's pool.
+# Not counted: batches in flight in the coordinator's bounded queues and completion groups, and
+# a few batches per partition that scans read ahead.
+SUPER_PLAN_MEMORY_BYTES_MAX = 512 * MIB
+SUPER_PLAN_MEMORY_ENV = "QUARRY_SUPER_PLAN_MEMORY_MIB"
+# The spool's in-memory share is 1 / SPOOL_MEMORY_SHARE of the budget; the pool gets the rest.
+SPOOL_MEMORY_SHARE = 4
+SUPER_PLAN_MEMORY_BYTES_MIN = 8 * MIB  # below this a spilled sort cannot even merge its runs
+
+
+@dataclass(frozen=True)
+class MemoryBudget:
+    """How a super-plan's host memory is shared: spool in memory, DataFusion's pool."""
+
+    bytes_max: int
+    spool_memory_bytes_max: int
+
+    @property
+    def pool_bytes(self) -> int:
+        return self.bytes_max - self.spool_memory_bytes_max
+
+    @classmethod
+    def of(
+        cls, bytes_max: int | None = None, spool_memory_bytes_max: int | None = None
+    ) -> MemoryBudget:
+        total = default_memory_bytes_max() if bytes_max is None else bytes_max
+        if total < SUPER_PLAN_MEMORY_BYTES_MIN:
+            raise QueryError(
+                f"the super-plan memory budget is {total} bytes; it must be at least "
+                f"{SUPER_PLAN_MEMORY_BYTES_MIN // MIB} MiB"
+            )
+        spool = (
+            total // SPOOL_MEMORY_SHARE
+            if spool_memory_bytes_max is None
+            else spool_memory_bytes_max
+        )
+        assert 0 <= spool < total, f"spool memory {spool} must leave a pool within {total} bytes"
+        return cls(total, spool)
+
+
+def default_memory_bytes_max() -> int:
+    """$QUARRY_SUPER_PLAN_MEMORY_MIB in MiB if set, else `SUPER_PLAN_MEMORY_BYTES_MAX`."""
+    text = os.environ.get(SUPER_PLAN_MEMORY_ENV, "").strip()
+    if not text:
+        return SUPER_PLAN_MEMORY_BYTES_MAX
+    try:
+        mib = int(text)
+    except ValueError:
+        mib = 0
+    if mib <= 0:
+        raise QueryError(
+            f"{SUPER_PLAN_MEMORY_ENV}={text!r}: give the super-plan's host memory budget as a "
+            f"whole number of MiB, e.g. {SUPER_PLAN_MEMORY_ENV}=2048"
+        )
+    return mib * MIB
+
+
+JOIN_RELS = ("join", "cross", "hash_join", "merge_join", "nested_loop_join")
+
+
+def memory_summary(decomposition: Any, budget: MemoryBudget | None = None) -> str:
+    """How a (not pass-through) super-plan holds data, in words for EXPLAIN."""
+    budget = budget or MemoryBudget.of()
+    plan = tree.parse_plan(decomposition.super_plan)
+    partial = {f.name for f in decomposition.fragments if "partial_aggregate" in f.pushed}
+    holds: list[str] = []
+    top_k_sorts = 0  # sorts right under a fetch: DataFusion runs them as top-k
+    sorts = 0
+    for rel in tree.iter_rels(plan):
+        rel_kind = tree.kind(rel)
+        if rel_kind == "fetch" and tree.kind(rel.fetch.input) == "sort":
+            top_k_sorts += 1
+            holds.append(f"top-k keeps {_fetch_rows(rel.fetch)} rows")
+        elif rel_kind == "sort":
+            sorts += 1
+        elif rel_kind == "aggregate":
+            if _reads_only(rel.aggregate.input, partial):
+                holds.append("aggregates partials")
+            else:
+                holds.append("aggregate spills beyond the budget")
+        elif rel_kind in JOIN_RELS or (
+            rel_kind == "set" and rel.set.op != algebra_pb2.SetRel.SET_OP_UNION_ALL
+        ):
+            holds.append("join build side must fit the budget")
+    if sorts > top_k_sorts:
+        holds.append("sort spills beyond the budget")
+    for message in tree.iter_messages(plan):
+        if isinstance(message, algebra_pb2.Expression.Subquery):
+            holds.append("join build side must fit the budget")  # subqueries become joins
+        elif isinstance(message, algebra_pb2.Expression.WindowFunction):
+            holds.append("window sort spills beyond the budget")
+    summary = (
+        f"streams fragments into a spool of at most {budget.spool_memory_bytes_max // MIB} MiB "
+        f"in memory, the rest on disk; runs in a {budget.pool_bytes // MIB} MiB spill pool"
+    )
+    unique = list(dict.fromkeys(holds))
+    return summary + (": " + ", ".join(unique) if unique else "")
+
+
+def _fetch_rows(fetch: algebra_pb2.FetchRel) -> str:
+    """The rows a top-k keeps: its count plus offset, as DataFusion's producer writes them."""
+    count = _literal_int(fetch.count_expr) if fetch.HasField("count_expr") else None
+    offset = _literal_int(fetch.offset_expr) if fetch.HasField("offset_expr") else 0
+    if count is None or count < 0 or offset is None:
+        return "its"
+    return f"{count + offset:,}"
+
+
+def _literal_int(expression: algebra_pb2.Expression) -> int | None:
+    kind = expression.literal.WhichOneof("literal_type")
+    return int(getattr(expression.literal, kind)) if kind in ("i8", "i16", "i32", "i64") else None
+
+
+def _reads_only(rel: algebra_pb2.Rel, fragments: set[str]) -> bool:
+    """Whether every read under `rel` reads one of `fragments` (no join in between)."""
+    reads = [tree.named_table(r) for r in tree.iter_rels(rel) if tree.kind(r) == "read"]
+    kinds = {tree.kind(r) for r in tree.iter_rels(rel)}
+    return (
+        bool(reads)
+        and not kinds & set(JOIN_RELS)
+        and all(names is not None and len(names) == 1 and names[0] in fragments for names in reads)
+    )
