@@ -25,6 +25,7 @@ from quarry.cli_common import (
     run,
 )
 from quarry.errors import ClusterError, QuarryError
+from quarry.protocol.stage import STAGES_BY_DATA_SHIPPED, Stage
 
 app = typer.Typer(
     help="quarry: computational storage. Devices that compute; queries go to the data.",
@@ -395,8 +396,12 @@ def _print_explain(report: dict[str, Any]) -> None:
     )
 
 
-CUTS_SHOWN = ("full", "filter", "raw")  # the cost model's cuts, least data moved first
-SHIPPED_RATIO_OF_CUT = {"full": "output_ratio", "filter": "filter_ratio", "raw": "raw_ratio"}
+CUTS_SHOWN = STAGES_BY_DATA_SHIPPED  # the cost model's cuts, least data moved first
+SHIPPED_RATIO_OF_CUT = {
+    Stage.FULL: "output_ratio",
+    Stage.FILTER: "filter_ratio",
+    Stage.RAW: "raw_ratio",
+}
 
 
 def _print_cost_model(cost_model: dict[str, Any]) -> None:

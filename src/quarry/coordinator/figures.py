@@ -10,6 +10,7 @@ import pyarrow as pa
 
 from quarry.cost.model import DeviceFigures, SubPlanFigures
 from quarry.device.units.substrait import run_on_host
+from quarry.protocol.stage import Stage
 
 if TYPE_CHECKING:
     from quarry.coordinator.catalog import DatasetEntry
@@ -33,7 +34,7 @@ def sample_subplan(cluster: Membership, fragment: Fragment, entry: DatasetEntry)
     meta = device.describe(entry.domain, entry.name, partition.partition)
     stored_bytes = max(1, meta.slices[0].bytes_stored)
 
-    def timed(stage: str) -> tuple[float, list[pa.RecordBatch]]:
+    def timed(stage: Stage) -> tuple[float, list[pa.RecordBatch]]:
         best, out = float("inf"), []
         for _ in range(SAMPLE_REPEAT):
             started = time.perf_counter()
@@ -41,8 +42,8 @@ def sample_subplan(cluster: Membership, fragment: Fragment, entry: DatasetEntry)
             best = min(best, time.perf_counter() - started)
         return best, out
 
-    full_s, full_out = timed("full")
-    filter_s, filter_out = timed("filter")
+    full_s, full_out = timed(Stage.FULL)
+    filter_s, filter_out = timed(Stage.FILTER)
     raw_bytes = _ipc_bytes([b.select(fragment.raw_schema.names) for b in batches])
     return SubPlanFigures(
         full_s_per_byte=full_s / stored_bytes,

@@ -16,9 +16,10 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from quarry.cost.eq1 import device_path_s, transfer_s
+from quarry.protocol.stage import STAGES_BY_DATA_SHIPPED, Stage
 
 LINK_BYTES_PER_S_DEFAULT = 2.0e9  # loopback Flight on a small machine, when nothing is measured
-CUTS = ("full", "filter", "raw")  # in order of data moved, least first
+CUTS = STAGES_BY_DATA_SHIPPED  # full, filter, raw: in order of data moved, least first
 CHOICE_TOLERANCE = 0.10
 
 
@@ -64,7 +65,7 @@ class SubPlanFigures:
 
 @dataclass
 class Estimate:
-    cut: str
+    cut: Stage
     seconds: float
     per_device_s: dict[str, float] = field(default_factory=dict)
     host_s: float = 0.0
@@ -72,7 +73,7 @@ class Estimate:
 
 @dataclass
 class Choice:
-    cut: str
+    cut: Stage
     estimates: dict[str, Estimate]
     figures: SubPlanFigures
 
@@ -96,18 +97,18 @@ def _device_compute_s(d: DeviceFigures, host_s_per_byte: float) -> float:
 
 
 def estimate(
-    cut: str, devices: list[DeviceFigures], f: SubPlanFigures, host_cores: int
+    cut: Stage, devices: list[DeviceFigures], f: SubPlanFigures, host_cores: int
 ) -> Estimate:
     """Wall seconds of one cut: the slowest device, or the host's own work if that is longer."""
-    assert cut in CUTS, cut
+    cut = Stage(cut)
     per_device: dict[str, float] = {}
     total_bytes = sum(d.stored_bytes for d in devices)
     for d in devices:
         read_s = d.stored_bytes / d.internal_bytes_per_s if d.internal_bytes_per_s else 0.0
-        if cut == "full":
+        if cut is Stage.FULL:
             work_s = _device_compute_s(d, f.full_s_per_byte)
             shipped_bytes = d.stored_bytes * f.output_ratio
-        elif cut == "filter":
+        elif cut is Stage.FILTER:
             work_s = _device_compute_s(d, f.filter_s_per_byte)
             shipped_bytes = d.stored_bytes * f.filter_ratio
         else:
@@ -117,9 +118,9 @@ def estimate(
         device_s = device_path_s(work_s, transfer_s(shipped_bytes, d.link_bytes_per_s))
         per_device[d.name] = max(read_s, device_s)
     cores = max(1, host_cores)
-    if cut == "full":
+    if cut is Stage.FULL:
         host_s = 0.0
-    elif cut == "filter":
+    elif cut is Stage.FILTER:
         # what the whole sub-plan costs beyond its filter is the work on the rows that pass:
         # already per stored byte, so it is not scaled by the filter's selectivity again
         remaining = max(f.full_s_per_byte - f.filter_s_per_byte, 0.0)
@@ -136,7 +137,7 @@ def choose(
     devices: list[DeviceFigures],
     f: SubPlanFigures,
     host_cores: int,
-    allowed: tuple[str, ...] = CUTS,
+    allowed: tuple[Stage, ...] = CUTS,
     tolerance: float = CHOICE_TOLERANCE,
 ) -> Choice:
     """The cut to start from: the one that moves the least data (``CUTS`` order) among those

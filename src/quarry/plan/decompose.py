@@ -39,10 +39,11 @@ from quarry.plan.rules.push_limit import push_limit
 from quarry.plan.rules.push_projection import push_projection
 from quarry.plan.rules.split_aggregate import split_aggregate
 from quarry.plan.rules.split_predicate_by_capability import split_predicate_by_capability
+from quarry.protocol.stage import Stage
 
 Rule = Callable[[Cut], Cut]
 PUSHDOWN_MODES = ("never", "always")
-STAGES = ("raw", "filter", "full")
+STAGES = (Stage.RAW, Stage.FILTER, Stage.FULL)  # the order their bytes travel in
 # Filters and projections interleave in DataFusion plans; moving one can expose the other.
 ROW_RULES: tuple[Rule, ...] = (push_projection, push_filter)
 ROW_RULE_ROUNDS_MAX = 64
@@ -77,12 +78,12 @@ RULES: tuple[Rule, ...] = (
 class Fragment:
     name: str  # host-side table name for its output
     dataset: str  # "domain/name"
-    stages: dict[str, bytes]  # "raw", "filter", "full" -> Substrait Plan bytes
+    stages: dict[Stage, bytes]  # raw, filter, full -> Substrait Plan bytes
     output_schema: pa.Schema  # of "full"
     raw_schema: pa.Schema  # of "raw" and "filter"
     predicates: list[dict]  # zone-map-prunable conjuncts (JSON-serializable)
     pushed: list[str]  # operators pushed down, for EXPLAIN
-    device_stages: tuple[str, ...] = STAGES  # the stages this fragment's devices can run
+    device_stages: tuple[Stage, ...] = STAGES  # the stages this fragment's devices can run
     capabilities: str = "full"
     device_filter: list[str] = field(default_factory=list)  # filter stage conjuncts, in order
     host_filter: list[str] = field(default_factory=list)  # conjuncts only the host checks
@@ -102,7 +103,7 @@ class Fragment:
             "raw_schema": _schema_json(self.raw_schema),
             "output_schema": _schema_json(self.output_schema),
             "stage_bytes": {stage: len(data) for stage, data in self.stages.items()},
-            "plan": stage_display(self, "full"),
+            "plan": stage_display(self, Stage.FULL),
         }
 
 
@@ -150,7 +151,7 @@ class Decomposition:
                 lines.append(f"  zone-map predicates: {fragment.predicates}")
             for note in fragment.notes:
                 lines.append(f"  note: {note}")
-            lines += ["    " + line for line in stage_display(fragment, "full").splitlines()]
+            lines += ["    " + line for line in stage_display(fragment, Stage.FULL).splitlines()]
         return "\n".join(lines)
 
     def to_json(self) -> dict:
@@ -403,9 +404,9 @@ def _build_fragment(cut: Cut, draft: FragmentDraft) -> _Built:
         return tree.make_plan(cut.plan, rel, names if flat else None).SerializeToString()
 
     stages = {
-        "raw": encode(raw_rel, raw_schema, raw_fields),
-        "filter": encode(filter_rel, raw_schema, raw_fields),
-        "full": encode(full_rel, output, output_names),
+        Stage.RAW: encode(raw_rel, raw_schema, raw_fields),
+        Stage.FILTER: encode(filter_rel, raw_schema, raw_fields),
+        Stage.FULL: encode(full_rel, output, output_names),
     }
     output_schema = pa.schema(
         [pa.field(n, f.type, f.nullable) for n, f in zip(output_names, output)]
@@ -455,5 +456,5 @@ def _device_stages(cut: Cut, draft: FragmentDraft, names: Mapping[int, str]) -> 
             expressions.field_index(e) is not None for e in rel.project.expressions
         ):
             continue
-        return ("raw", "filter")
+        return (Stage.RAW, Stage.FILTER)
     return STAGES

@@ -27,6 +27,7 @@ from quarry.plan.memory import (
 from quarry.plan.passthrough import passthrough_fragment
 from quarry.plan.spool import MIB, Spool, rows_in_files
 from quarry.plan.stage import run_stage
+from quarry.protocol.stage import Stage
 
 # Completion runs the full stage over bounded groups of pushed-back rows, so host memory stays
 # bounded and output streams while rows still arrive. Any grouping is correct: the full stage
@@ -40,7 +41,7 @@ def complete(
     group_bytes_max: int = COMPLETION_GROUP_BYTES_MAX,
 ) -> Iterator[pa.RecordBatch]:
     """The fragment's ``full`` stage over rows that came back ``raw`` or ``filter``-ed."""
-    return complete_stage(fragment.stages["full"], batches, group_bytes_max)
+    return complete_stage(fragment.stages[Stage.FULL], batches, group_bytes_max)
 
 
 def complete_stage(
