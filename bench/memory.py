@@ -10,7 +10,7 @@ z, ke), ingested from a Parquet file written chunk by chunk. For each query
 
 and each pushdown (never, always, auto), a fresh child Python process connects to the cluster
 (``quarry.connect(cluster_file)``), notes its RSS after import and connect (the baseline), runs
-the query reading the answer batch by batch, and reports its peak RSS (``ru_maxrss``), wall
+the query reading the answer batch by batch, and reports its peak RSS (``VmHWM``), wall
 time, rows and bytes shipped from the devices. The super-plan's budget is passed to the child
 as $QUARRY_SUPER_PLAN_MEMORY_MIB. Writes bench/results/memory.json and memory.png.
 """
@@ -50,18 +50,22 @@ MODES = ("never", "always", "auto")
 CHILD_TIMEOUT_S = 1800  # one query on 20 M rows under "never" takes well under a minute
 
 
-def rss_bytes_now() -> int:
+def _status_bytes(field: str) -> int:
     with open("/proc/self/status") as status:
         for line in status:
-            if line.startswith("VmRSS:"):
+            if line.startswith(field):
                 return int(line.split()[1]) * 1024
     return 0
 
 
-def rss_bytes_peak() -> int:
-    import resource
+def rss_bytes_now() -> int:
+    return _status_bytes("VmRSS:")
 
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
+
+def rss_bytes_peak() -> int:
+    """The process's own high-water mark. Not ``ru_maxrss``: that survives exec, so a child
+    started by a large parent would report the parent's size."""
+    return _status_bytes("VmHWM:")
 
 
 def child(cluster_file: str, sql: str, pushdown: str) -> dict[str, Any]:

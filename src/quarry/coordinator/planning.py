@@ -29,19 +29,27 @@ FIGURES_CACHE_MAX = 256
 
 
 def plan(cluster: Membership, sql: str, pushdown: str) -> Decomposition:
-    """The largest cut the devices can take (``auto`` plans as ``always`` and starts lower)."""
+    """The largest cut the devices can take (``auto`` plans as ``always`` and starts lower).
+
+    ``never`` plans the same cut for the host alone: devices ship raw slices and the host runs
+    each sub-plan over them as they arrive, so the super-plan merges partial aggregates and
+    top-k's instead of holding every raw row (the same work, in bounded memory)."""
     cluster.refresh()
     tables = {name: entry.schema for name, entry in cluster.catalog.items()}
-    holders = {
-        name: [d for p in entry.partitions for d in p.devices]
-        for name, entry in cluster.catalog.items()
-    }
-    kinds = {name: info.profile.capabilities for name, info in cluster.info.items()}
-    mode = "always" if pushdown == "auto" else pushdown
+    capabilities = None
+    if pushdown != "never":
+        holders = {
+            name: [d for p in entry.partitions for d in p.devices]
+            for name, entry in cluster.catalog.items()
+        }
+        kinds = {name: info.profile.capabilities for name, info in cluster.info.items()}
+        capabilities = per_dataset(holders, kinds)
     try:
-        return decompose(sql, tables, pushdown=mode, capabilities=per_dataset(holders, kinds))
+        decomposition = decompose(sql, tables, pushdown="always", capabilities=capabilities)
     except PlanError as error:
         raise QueryError(str(error)) from None
+    decomposition.pushdown = pushdown
+    return decomposition
 
 
 def device_for(cluster: Membership, entry: DatasetEntry, partition: PartitionEntry) -> str:

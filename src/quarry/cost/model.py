@@ -74,14 +74,14 @@ class Estimate:
 @dataclass
 class Choice:
     cut: Stage
-    estimates: dict[str, Estimate]
+    estimates: dict[Stage, Estimate]
     figures: SubPlanFigures
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "cut": self.cut,
+            "cut": self.cut.value,
             "figures": asdict(self.figures),
-            "estimates_s": {c: round(e.seconds, 6) for c, e in self.estimates.items()},
+            "estimates_s": {c.value: round(e.seconds, 6) for c, e in self.estimates.items()},
         }
 
 
@@ -143,7 +143,7 @@ def choose(
     """The cut to start from: the one that moves the least data (``CUTS`` order) among those
     within ``tolerance`` of the fastest estimate. Estimates from one sampled slice are not
     exact; a cut that ships more must win clearly (the devices switch on the same margin)."""
-    estimates = {cut: estimate(cut, devices, f, host_cores) for cut in allowed}
+    estimates = {Stage(cut): estimate(cut, devices, f, host_cores) for cut in allowed}
     fastest = min(e.seconds for e in estimates.values())
     best = next(
         c for c in CUTS if c in estimates and estimates[c].seconds <= fastest * (1 + tolerance)

@@ -138,9 +138,13 @@ class Decomposition:
             lines += ["  " + line for line in self.super_display().splitlines()]
         for fragment in self.fragments:
             pushed = ", ".join(fragment.pushed) or "nothing (raw scan)"
+            where = f"pushed {pushed}"
+            if self.pushdown == "never" and fragment.pushed:
+                # the coordinator's baseline: devices ship raw slices, the host runs the sub-plan
+                # itself as they arrive (same work, bounded memory)
+                where = f"the host runs {pushed} over raw slices as they arrive"
             lines.append(
-                f"sub-plan {fragment.name} <- {fragment.dataset} "
-                f"[{fragment.capabilities}]: pushed {pushed}"
+                f"sub-plan {fragment.name} <- {fragment.dataset} [{fragment.capabilities}]: {where}"
             )
             lines.append(f"  device stages: {', '.join(fragment.device_stages)}")
             if fragment.device_filter:

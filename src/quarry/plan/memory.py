@@ -17,6 +17,7 @@ from substrait import algebra_pb2
 
 from quarry.errors import QueryError
 from quarry.plan import tree
+from quarry.plan.rowwise import GROUP_BYTES_MAX, rowwise_fragment
 from quarry.plan.spool import MIB
 
 # Host memory for one query's super-plan: fragment outputs held for it plus DataFusion's pool.
@@ -81,6 +82,12 @@ JOIN_RELS = ("join", "cross", "hash_join", "merge_join", "nested_loop_join")
 
 def memory_summary(decomposition: Any, budget: MemoryBudget | None = None) -> str:
     """How a (not pass-through) super-plan holds data, in words for EXPLAIN."""
+    rowwise = rowwise_fragment(decomposition)
+    if rowwise is not None:
+        return (
+            f"runs row by row over {rowwise.name} as it arrives, in groups of at most "
+            f"{GROUP_BYTES_MAX // MIB} MiB (no spool)"
+        )
     budget = budget or MemoryBudget.of()
     plan = tree.parse_plan(decomposition.super_plan)
     partial = {f.name for f in decomposition.fragments if "partial_aggregate" in f.pushed}

@@ -25,6 +25,7 @@ from quarry.plan.memory import (
     MemoryBudget,
 )
 from quarry.plan.passthrough import passthrough_fragment
+from quarry.plan.rowwise import groups, rowwise_fragment
 from quarry.plan.spool import MIB, Spool, rows_in_files
 from quarry.plan.stage import run_stage
 from quarry.protocol.stage import Stage
@@ -99,8 +100,9 @@ def run_super(
     """Run the super-plan over each fragment's (completed) output; the result streams.
 
     A super-plan that only reads one fragment (``passthrough``) is not run at all: its batches
-    stream straight out as they arrive. Any other starts on the first read: every fragment's
-    output is read to its end, all at once (`spool.Spool`: in memory up to
+    stream straight out as they arrive. One that only filters and projects one fragment
+    (``rowwise``) runs on each group of arriving batches. Any other starts on the first read:
+    every fragment's output is read to its end, all at once (`spool.Spool`: in memory up to
     `spool_memory_bytes_max`, a quarter of `memory_bytes_max` by default, the rest in Arrow
     IPC files in a directory under `temp_directory`), then DataFusion runs the super-plan in a
     spill pool of the rest of the budget and its batches stream out. The spool and whatever
@@ -115,10 +117,32 @@ def run_super(
     if only is not None:  # nothing to run on the host: the fragment's rows are the answer
         batches = fragment_outputs[only.name]
         return pa.RecordBatchReader.from_batches(schema, (conform(b, schema) for b in batches))
+    rowwise = rowwise_fragment(decomposition)
+    if rowwise is not None:  # filters and projections: group by group, as rows arrive
+        batches = _conformed(fragment_outputs[rowwise.name], rowwise.output_schema)
+        return pa.RecordBatchReader.from_batches(
+            schema, _run_rowwise(decomposition, rowwise, batches)
+        )
     budget = MemoryBudget.of(memory_bytes_max, spool_memory_bytes_max)
     return pa.RecordBatchReader.from_batches(
         schema, _run(decomposition, fragment_outputs, budget, temp_directory)
     )
+
+
+def _run_rowwise(
+    decomposition: Decomposition, fragment: Fragment, batches: Iterable[pa.RecordBatch]
+) -> Iterator[pa.RecordBatch]:
+    schema = decomposition.output_schema
+    functions = tree.function_names(tree.parse_plan(decomposition.super_plan)).values()
+    partitions = engine.cpu_count()
+    for group in groups(batches):
+        ctx = engine.session(partitions)
+        merge.register_merge_functions(ctx, functions)
+        engine.register_batches(ctx, fragment.name, fragment.output_schema, group, partitions)
+        for batch in engine.consume(ctx, decomposition.super_plan).execute_stream():
+            out = conform(batch.to_pyarrow(), schema)
+            if out.num_rows:
+                yield out
 
 
 def _run(

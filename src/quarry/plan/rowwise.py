@@ -1,0 +1,61 @@
+"""Super-plans that work row by row: they run over the fragment's rows as they arrive.
+
+A super-plan made only of filters and projections over one fragment (``SELECT a + b FROM t
+WHERE f(c)`` when the devices cannot run it all, or under ``pushdown="never"``) distributes over
+a union: running it on each group of arriving batches and concatenating the outputs gives its
+answer. So it needs no spool and no pool: it runs on groups of at most ``GROUP_BYTES_MAX`` as
+the devices ship them, and the answer streams in bounded memory while rows still arrive.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import pyarrow as pa
+from substrait import algebra_pb2
+
+from quarry.plan import tree
+from quarry.plan.passthrough import Decomposed
+
+GROUP_BYTES_MAX = 16 << 20  # rows the host holds at once for a row-by-row super-plan
+ROW_RELS = frozenset({"project", "filter", "read"})
+
+
+def rowwise_fragment(decomposition: Decomposed) -> Any | None:
+    """The one fragment the super-plan reads, if it does nothing but filter and project it."""
+    plan = tree.parse_plan(decomposition.super_plan)
+    if len(plan.relations) != 1 or not plan.relations[0].HasField("root"):
+        return None
+    rels = list(tree.iter_rels(plan.relations[0].root.input))
+    if any(tree.kind(rel) not in ROW_RELS for rel in rels):
+        return None
+    reads = [rel for rel in rels if tree.kind(rel) == "read"]
+    if len(reads) != 1:
+        return None
+    if any(isinstance(m, algebra_pb2.Expression.WindowFunction) for m in tree.iter_messages(plan)):
+        return None  # a window reads other rows
+    names = tree.named_table(reads[0])
+    if names is None or len(names) != 1:
+        return None
+    try:
+        return decomposition.fragment(names[0])
+    except KeyError:
+        return None
+
+
+def groups(
+    batches: Iterable[pa.RecordBatch], group_bytes_max: int = GROUP_BYTES_MAX
+) -> Iterator[list[pa.RecordBatch]]:
+    """Arriving batches in groups of about ``group_bytes_max`` (a batch is never split)."""
+    assert group_bytes_max > 0
+    group: list[pa.RecordBatch] = []
+    size = 0
+    for batch in batches:
+        group.append(batch)
+        size += batch.nbytes
+        if size >= group_bytes_max:
+            yield group
+            group, size = [], 0
+    if group:
+        yield group
