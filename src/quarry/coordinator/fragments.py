@@ -51,10 +51,14 @@ def fragment_tasks(
     stages, output_schema, complete_from = device_stages(fragment)
     host_stages = {Stage(name): data for name, data in fragment.stages.items()}
     options = options or {}
+    args = _args(fragment, stages, output_schema).to_json()
+    payload = stages_payload(stages)
+    partitions = [p for p in entry.partitions if p.rows]
+    if not partitions:
+        return []
+    host = _host_unit(entry.domain, entry.name, fragment, host_stages)
     tasks = []
-    for p in entry.partitions:
-        if not p.rows:
-            continue
+    for p in partitions:
         device = device_for(cluster, entry, p)
         request = WorkRequest(
             unit=SubstraitUnit.NAME,
@@ -67,22 +71,35 @@ def fragment_tasks(
             query_id=f"{query_id}/{fragment.name}",
             trace=bool(options.get("trace")),
             chunk_slices=options.get("chunk_slices"),
-            args=_args(fragment, stages, output_schema).to_json(),
+            args=args,
         )
-        host_args = _args(fragment, host_stages, fragment.output_schema)
-        host_request = WorkRequest(**{**vars(request), "args": host_args.to_json()})
         tasks.append(
             Task(
                 client=cluster.devices[device],
                 request=request,
-                host=SubstraitUnit(host_request, stages_payload(host_stages), host_context()),
-                payload=stages_payload(stages),
+                host=host,
+                payload=payload,
                 label=fragment.name,
                 host_only=pushdown == "never",
                 complete_output_from=complete_from,
             )
         )
     return tasks
+
+
+def _host_unit(
+    domain: str, dataset: str, fragment: Fragment, stages: dict[Stage, bytes]
+) -> SubstraitUnit:
+    """The host completes with the whole fragment, whatever the devices were sent; the unit
+    keeps no state between ranges, so one serves every task of the fragment."""
+    request = WorkRequest(
+        unit=SubstraitUnit.NAME,
+        domain=domain,
+        dataset=dataset,
+        partitions=(0,),
+        args=_args(fragment, stages, fragment.output_schema).to_json(),
+    )
+    return SubstraitUnit(request, stages_payload(stages), host_context())
 
 
 def _args(fragment: Fragment, stages: dict[Stage, bytes], output: pa.Schema) -> SubstraitArgs:

@@ -127,7 +127,7 @@ def _encode(value: Any) -> Any:
     if isinstance(value, enum.Enum):
         return value.value
     if isinstance(value, pa.Schema):
-        return base64.b64encode(value.serialize().to_pybytes()).decode()
+        return _schema_text(value)
     if isinstance(value, (list, tuple)):
         return [_encode(v) for v in value]
     if isinstance(value, dict):
@@ -224,11 +224,26 @@ def _decode_enum(hint: type[enum.Enum], value: Any, where: str) -> Any:
         raise ProtocolError(f"{where}: {_show(value)} is not one of {choices}") from None
 
 
+# Every partition summary, work request and fetch carries its dataset's schema: the same few
+# schemas again and again, so their decoding is kept, keyed by the exact text (schemas are
+# immutable; keying by the schema itself would not do: its equality ignores metadata).
+SCHEMAS_CACHED_MAX = 1024
+
+
+def _schema_text(schema: pa.Schema) -> str:
+    return base64.b64encode(schema.serialize().to_pybytes()).decode()
+
+
+@functools.lru_cache(maxsize=SCHEMAS_CACHED_MAX)
+def _schema_of_text(text: str) -> pa.Schema:
+    return pa.ipc.read_schema(pa.py_buffer(base64.b64decode(text, validate=True)))
+
+
 def _decode_schema(value: Any, where: str) -> pa.Schema:
     if not isinstance(value, str):
         raise ProtocolError(f"{where}: expected an Arrow schema (base64 IPC), got {_show(value)}")
     try:
-        return pa.ipc.read_schema(pa.py_buffer(base64.b64decode(value, validate=True)))
+        return _schema_of_text(value)
     except (binascii.Error, pa.ArrowInvalid, ValueError) as error:
         raise ProtocolError(f"{where}: not an Arrow schema ({error})") from None
 
