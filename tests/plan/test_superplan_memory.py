@@ -222,7 +222,7 @@ EXPLAINED = {
 def test_explain_says_how_the_host_holds_data(data, name: str) -> None:
     text = decompose(QUERIES[name], _schemas(data)).explain()
     line = text.splitlines()[1]
-    assert line.startswith("super-plan (host): streams fragments into a spool of at most 128 MiB")
+    assert line.startswith("super-plan (host): streams fragments into a spool of at most 96 MiB")
     assert "the rest on disk" in line
     for words in EXPLAINED[name]:
         assert words in line

@@ -14,7 +14,6 @@ threads, tasks run on a fixed pool, and the merged output waits in a queue of at
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -56,7 +55,7 @@ class Dispatch:
         self.reports: dict[tuple[str, str, int], WorkReport] = {}
         self.requests = 0  # work exchanges opened
         self.bytes_sent = 0  # payload bytes sent to devices
-        self.host_complete_s = 0.0  # host time completing handed-back work
+        self._hosts: dict[int, Unit] = {}  # the host units that completed anything
         self._lock = threading.Lock()
 
     def report(self, task: Task, partition: int) -> WorkReport:
@@ -66,6 +65,12 @@ class Dispatch:
                 mode = "scan" if task.host_only else "subplan"
                 self.reports[key] = WorkReport(task.client.name, task.label, partition, mode)
             return self.reports[key]
+
+    @property
+    def host_complete_s(self) -> float:
+        """Host CPU seconds spent completing handed-back work (in the host's core slots)."""
+        with self._lock:
+            return sum(host.context.drive_s for host in self._hosts.values())
 
     def sorted_reports(self) -> list[WorkReport]:
         return [self.reports[key] for key in sorted(self.reports)]
@@ -100,14 +105,12 @@ class Dispatch:
                     r.mode = "scan"
                     r.fallback = f"{error}; the host ran this sub-plan over raw slices"
                 yield from self._host_only(task)
-        yield from self._timed(lambda: task.host.finish())
+        yield from self._finish(task.host)
 
-    def _timed(self, produce) -> Iterator[pa.RecordBatch]:
-        started = time.perf_counter()
-        batches = list(produce())
+    def _finish(self, host: Unit) -> Iterator[pa.RecordBatch]:
         with self._lock:
-            self.host_complete_s += time.perf_counter() - started
-        yield from batches
+            self._hosts[id(host)] = host
+        yield from host.finish()  # a unit's last output: small (side statistics, or nothing)
 
     def _host_only(self, task: Task) -> Iterator[pa.RecordBatch]:
         request = task.request
@@ -130,11 +133,11 @@ class Dispatch:
     def _complete(
         self, host: Unit, stage: Stage, batches: Iterable[pa.RecordBatch]
     ) -> Iterator[pa.RecordBatch]:
-        started = time.perf_counter()
-        out = list(host.complete(stage, batches))
+        """The host's completion, streamed as it produces (its CPU time counted by the host
+        unit's context)."""
         with self._lock:
-            self.host_complete_s += time.perf_counter() - started
-        yield from out
+            self._hosts[id(host)] = host
+        yield from host.complete(stage, batches)
 
     def _exchange(self, task: Task) -> Iterator[pa.RecordBatch]:
         payload = task.payload

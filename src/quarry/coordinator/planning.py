@@ -12,8 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from quarry.coordinator.figures import device_figures, host_cores, sample_subplan
+from quarry.coordinator.figures import device_figures, sample_subplan
 from quarry.cost.model import choose, device_full_s_per_byte, host_share
+from quarry.device.unit import host_cores
 from quarry.errors import DeviceUnavailable, QueryError
 from quarry.plan.capabilities import per_dataset
 from quarry.plan.decompose import Decomposition, Fragment, decompose

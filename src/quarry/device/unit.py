@@ -23,11 +23,13 @@ A new kind of work is one module: a ``Unit`` subclass decorated with ``@register
 
 from __future__ import annotations
 
+import functools
 import importlib
+import os
 import pkgutil
 import threading
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar, TypeVar
 
 import pyarrow as pa
@@ -99,11 +101,23 @@ class UnitContext:
                     txn.put(naming.stripe_key(key, i // limit), value[i : i + limit])
 
 
-def host_context() -> UnitContext:
-    """Where the host runs a unit to complete handed-back work: its own CPU, no emulation."""
+def host_cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+@functools.cache
+def _host_emulator() -> Emulator:
+    """The host's cores as slots, shared by every completion in this process: handed-back work
+    runs at most one piece per core at a time, so many device streams completing at once hold
+    the host's memory to a few groups instead of one per stream."""
     from quarry.device.profile import get_profile
 
-    return UnitContext(store=None, emulator=Emulator(get_profile("host")), device="host")
+    return Emulator(replace(get_profile("host"), cores=host_cores()))
+
+
+def host_context() -> UnitContext:
+    """Where the host runs a unit to complete handed-back work: its own CPU, no emulation."""
+    return UnitContext(store=None, emulator=_host_emulator(), device="host")
 
 
 @dataclass

@@ -147,7 +147,11 @@ class Accumulate(Unit):
         groups = self._groups()
         for batch in batches:
             if batch.num_rows:
-                self.host_partials.append(accumulate(batch, groups, self.args.group_count))
+                self.host_partials.append(
+                    self.context.compute(
+                        lambda b=batch: accumulate(b, groups, self.args.group_count)
+                    )
+                )
         return iter(())
 
     # ---- both -------------------------------------------------------------------------------

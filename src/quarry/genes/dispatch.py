@@ -18,7 +18,6 @@ wherever it runs, and Combine is canonical (sorted) and passes single partials t
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -31,7 +30,7 @@ from scipy import sparse
 
 from quarry.coordinator.dispatch import Dispatch, Task
 from quarry.cost.model import host_share, link_bytes_per_s
-from quarry.device.unit import host_context
+from quarry.device.unit import host_context, host_cores
 from quarry.errors import DeviceUnavailable
 from quarry.genes.datasets import StoredMatrix
 from quarry.genes.device import Accumulate, AccumulateArgs
@@ -235,13 +234,12 @@ def _assign(matrix: StoredMatrix) -> dict[str, list[int]]:
 def _host_cost(matrix: StoredMatrix, device: str, device_count: int) -> HostCost:
     """What the host would pay to accumulate a slice itself, for the device's decision."""
     profile = matrix.cluster.info[device].profile
-    host_cores = os.cpu_count() or 1
     return HostCost(
         full_s_per_byte=host_accumulate_s_per_byte(),
         raw_ratio=1.0,  # a pushed-back slice ships whole
         filter_ratio=1.0,  # Accumulate has no filter stage: "filter" is never cheaper than raw
         link_bytes_per_s=float(link_bytes_per_s(profile.external_bytes_per_s)),
-        host_share=host_share(host_cores, device_count),
+        host_share=host_share(host_cores(), device_count),
         start=Stage.FULL,
     )
 

@@ -20,10 +20,12 @@ from quarry.plan import tree
 from quarry.plan.rowwise import GROUP_BYTES_MAX, rowwise_fragment
 from quarry.plan.spool import MIB
 
-# Host memory for one query's super-plan: fragment outputs held for it plus DataFusion's pool.
-# Not counted: batches in flight in the coordinator's bounded queues and completion groups, and
-# a few batches per partition that scans read ahead.
-SUPER_PLAN_MEMORY_BYTES_MAX = 512 * MIB
+# Host memory for one query, stated: the super-plan's budget (fragment outputs held for it plus
+# DataFusion's pool) and what completing handed-back rows holds (at most one 4 MiB group per
+# host core at a time, plus the streams' bounded queues). bench/memory.py measures the sum.
+QUERY_HOST_MEMORY_BYTES_MAX = 512 * MIB
+COMPLETION_MEMORY_BYTES = 128 * MIB  # set aside for completion, queues and the scans' buffers
+SUPER_PLAN_MEMORY_BYTES_MAX = QUERY_HOST_MEMORY_BYTES_MAX - COMPLETION_MEMORY_BYTES
 SUPER_PLAN_MEMORY_ENV = "QUARRY_SUPER_PLAN_MEMORY_MIB"
 # The spool's in-memory share is 1 / SPOOL_MEMORY_SHARE of the budget; the pool gets the rest.
 SPOOL_MEMORY_SHARE = 4

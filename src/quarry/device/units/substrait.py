@@ -19,8 +19,9 @@ from quarry.device.unit import Chunk, Skipped, Unit, conform, register
 from quarry.errors import ExecutionError, PlanNotSupported, QueryError
 from quarry.plan.errors import StageError
 from quarry.plan.prune import slice_may_match
+from quarry.plan.rowwise import groups
 from quarry.plan.stage import run_stage
-from quarry.plan.superplan import complete_stage
+from quarry.plan.superplan import COMPLETION_GROUP_BYTES_MAX, complete_group
 from quarry.protocol.message import Message, bounded
 from quarry.protocol.stage import Skip, Stage
 from quarry.protocol.work import ranges_of
@@ -101,7 +102,12 @@ class SubstraitUnit(Unit):
         """On the host: the full stage over rows handed back raw or filtered. It contains the
         whole filter, so it also re-checks rows a restricted device filtered with only part of
         the predicate."""
-        return _host_errors(complete_stage(self.stages[Stage.FULL], batches))
+        stage = self.stages[Stage.FULL]
+        for group in groups(batches, COMPLETION_GROUP_BYTES_MAX):
+            # one group per host core at a time (the host context's slots)
+            yield from self.context.compute(
+                lambda group=group: list(_host_errors(complete_group(stage, group)))
+            )
 
     def filter(self, chunk: Chunk) -> dict[int, list[pa.RecordBatch]]:
         stage, schema = self.stages[Stage.FILTER], chunk.meta.schema
