@@ -98,8 +98,9 @@ class Query:
         workers = WORKERS_PER_DEVICE * len(self.cluster.live_devices())
         if self.pushdown == "never":
             # The host does all the work: more streams than its cores only hold more rows at
-            # once (measured on 5 M rows: 8 streams +370 MiB and no faster than 3 at +5 MiB).
-            workers = host_cores() + 1
+            # once (5 M rows: 8 streams +370 MiB, no faster than 3 at +5 MiB), but every device
+            # streams at once, or slow links would leave the host waiting.
+            workers = max(host_cores() + 1, len(self.cluster.live_devices()))
         return self.dispatch.run(tasks, workers, STREAM_BATCHES_MAX, f"quarry-{fragment.name}")
 
     def explain(self, analyze: bool) -> dict[str, Any]:

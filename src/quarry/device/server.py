@@ -81,6 +81,8 @@ class DeviceServer(flight.FlightServerBase):
         if collected:
             log.warning("%s: collected %d key-values of unfinished ingests", self.name, collected)
         self.started_at = time.time()
+        self._inventory_cache: tuple[int, bytes] | None = None
+        self._hello_bytes: bytes | None = None
 
     @property
     def emulator(self):
@@ -108,15 +110,7 @@ class DeviceServer(flight.FlightServerBase):
     def _actions(self) -> dict[str, tuple[type[Message], Callable[[Any, bytes], Any]]]:
         return {
             control.Hello.KIND: (control.Hello, self._hello),
-            control.Inventory.KIND: (
-                control.Inventory,
-                lambda r, p: control.InventoryReply(
-                    [
-                        control.PartitionSummary.from_json(s)
-                        for s in partitions.inventory(self.store)
-                    ]
-                ),
-            ),
+            control.Inventory.KIND: (control.Inventory, self._inventory),
             control.PartitionRef.KIND: (control.PartitionRef, self._describe),
             ingest.Commit.KIND: (
                 ingest.Commit,
@@ -154,7 +148,12 @@ class DeviceServer(flight.FlightServerBase):
             ),
         }
 
-    def _hello(self, request: control.Hello, payload: bytes) -> control.HelloReply:
+    def _hello(self, request: control.Hello, payload: bytes) -> bytes:
+        if self._hello_bytes is None:  # who a device is does not change while it runs
+            self._hello_bytes = self._hello_reply().to_bytes()
+        return self._hello_bytes
+
+    def _hello_reply(self) -> control.HelloReply:
         return control.HelloReply(
             protocol=frame.PROTOCOL_VERSION,
             id=self.identity["id"],
@@ -164,6 +163,21 @@ class DeviceServer(flight.FlightServerBase):
             data=str(self.data),
             started_at=self.started_at,
         )
+
+    def _inventory(self, request: control.Inventory, payload: bytes) -> bytes:
+        """Every committed partition. Asked before every query, changed only by commit and
+        drop: the encoded answer is kept until the store's catalog changes."""
+        before = self.store.writes()
+        cached = self._inventory_cache
+        if cached is not None and cached[0] == before:
+            return cached[1]
+        summaries = [
+            control.PartitionSummary.from_json(s) for s in partitions.inventory(self.store)
+        ]
+        encoded = control.InventoryReply(summaries).to_bytes()
+        if self.store.writes() == before and before % 2 == 0:  # no write began or was under way
+            self._inventory_cache = (before, encoded)
+        return encoded
 
     def _describe(
         self, request: control.PartitionRef, payload: bytes

@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import base64
 import binascii
+import collections
 import dataclasses
 import enum
 import functools
 import json
 import math
+import threading
 import types
 import typing
 from collections.abc import Mapping
@@ -71,18 +73,17 @@ class Message:
         where = where or cls.__name__
         if not isinstance(body, Mapping):
             raise ProtocolError(f"{where}: expected an object, got {_show(body)}")
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(body) - known - {"protocol", "kind"})
-        if unknown:
+        plan = _plan(cls)
+        if not body.keys() <= plan.known:
+            unknown = sorted(set(body) - plan.known)
             raise ProtocolError(f"{where}: unknown field(s) {', '.join(unknown)}")
         values = {}
-        hints = _hints(cls)
-        for f in dataclasses.fields(cls):
-            if f.name not in body:
-                if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-                    raise ProtocolError(f"{where}.{f.name}: missing")
+        for name, hint, bounds, required in plan.fields:
+            if name not in body:
+                if required:
+                    raise ProtocolError(f"{where}.{name}: missing")
                 continue
-            values[f.name] = _decode(hints[f.name], body[f.name], f"{where}.{f.name}", f.metadata)
+            values[name] = _decode(hint, body[name], f"{where}.{name}", bounds)
         try:
             return cls(**values)
         except (AssertionError, ValueError, TypeError) as error:  # __post_init__ checks
@@ -113,9 +114,27 @@ class Message:
         return cls.from_json(body)
 
 
+@dataclasses.dataclass(frozen=True)
+class _Plan:
+    """How to decode one message class: its fields' hints and bounds, worked out once."""
+
+    known: frozenset[str]  # field names, and the frame's own keys
+    fields: tuple[tuple[str, Any, Mapping[str, Any], bool], ...]  # name, hint, bounds, required
+
+
 @functools.cache
-def _hints(cls: type) -> dict[str, Any]:
-    return typing.get_type_hints(cls)
+def _plan(cls: type) -> _Plan:
+    hints = typing.get_type_hints(cls)
+    fields = tuple(
+        (
+            f.name,
+            hints[f.name],
+            f.metadata,
+            f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING,
+        )
+        for f in dataclasses.fields(cls)
+    )
+    return _Plan(frozenset({f[0] for f in fields} | {"protocol", "kind"}), fields)
 
 
 # ---- encode -----------------------------------------------------------------------------------
@@ -137,6 +156,8 @@ def _encode(value: Any) -> Any:
 
 # ---- decode -----------------------------------------------------------------------------------
 
+_SCALARS = (int, str, float, bool)
+
 
 def _show(value: Any) -> str:
     text = repr(value)
@@ -144,6 +165,8 @@ def _show(value: Any) -> str:
 
 
 def _decode(hint: Any, value: Any, where: str, bounds: Mapping[str, Any]) -> Any:
+    if hint in _SCALARS:  # most fields: no need to take the hint apart
+        return _decode_scalar(hint, value, where, bounds)
     origin = typing.get_origin(hint)
     if origin in (typing.Union, types.UnionType):
         return _decode_union(typing.get_args(hint), value, where, bounds)
@@ -230,8 +253,23 @@ def _decode_enum(hint: type[enum.Enum], value: Any, where: str) -> Any:
 SCHEMAS_CACHED_MAX = 1024
 
 
+_texts: collections.OrderedDict[int, tuple[pa.Schema, str]] = collections.OrderedDict()
+_texts_lock = threading.Lock()
+
+
 def _schema_text(schema: pa.Schema) -> str:
-    return base64.b64encode(schema.serialize().to_pybytes()).decode()
+    """A schema's text, remembered per schema object (held, so its id stays its own)."""
+    with _texts_lock:
+        held = _texts.get(id(schema))
+        if held is not None and held[0] is schema:
+            _texts.move_to_end(id(schema))
+            return held[1]
+    text = base64.b64encode(schema.serialize().to_pybytes()).decode()
+    with _texts_lock:
+        _texts[id(schema)] = (schema, text)
+        while len(_texts) > SCHEMAS_CACHED_MAX:
+            _texts.popitem(last=False)
+    return text
 
 
 @functools.lru_cache(maxsize=SCHEMAS_CACHED_MAX)

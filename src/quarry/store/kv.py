@@ -99,6 +99,7 @@ class KeyValueStore:
         )
         self._data = self._env.open_db(b"data")
         self._versions = self._env.open_db(b"versions")
+        self._writes = 0  # write transactions begun: what was read before may have changed
 
     def close(self) -> None:
         self._env.close()
@@ -107,7 +108,16 @@ class KeyValueStore:
     def transaction(self) -> Iterator[Transaction]:
         """A write transaction: commits on normal exit, writes nothing if anything raises."""
         with self._env.begin(write=True) as txn:
-            yield Transaction(txn, self._data, self._versions, self.kv_bytes_max)
+            self._writes += 1  # LMDB holds one writer at a time: the count is exact
+            try:
+                yield Transaction(txn, self._data, self._versions, self.kv_bytes_max)
+            finally:
+                self._writes += 1  # and once more when it ends: odd means under way
+
+    def writes(self) -> int:
+        """Changes whenever a write transaction begins or ends: a reader that saw the same
+        number before and after reading saw no write (cache what it read under it)."""
+        return self._writes
 
     def get(self, key: str) -> tuple[bytes, int]:
         with self._env.begin() as txn:
