@@ -51,13 +51,6 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    TextColumn,
-    TimeElapsedColumn,
-)
 from rich.table import Table
 
 import quarry
@@ -86,7 +79,7 @@ from quarry.capacity.model import (
 from quarry.coordinator.cluster import Cluster
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import png_path, write_json
+from common import png_path, progress, write_json
 
 NAME = "capacity_validation"
 KERNEL = "count"
@@ -103,16 +96,6 @@ STEP1_REPEAT = 3  # before the sweep; one more pair per round
 THROUGHPUT_TOLERANCE = 0.15
 BEP_TOLERANCE_DEVICES = 1
 console = Console()
-
-
-def progress() -> Progress:
-    return Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=console,
-    )
 
 
 def predicted_times_s(inputs: CapacityInputs, host: HostConfig, m: int) -> dict[str, float]:
@@ -133,7 +116,7 @@ def run_sweep(
     """``rounds`` rounds; each measures step 1 once more, then every point with both systems."""
     step1_runs: dict[str, list[KernelRun]] = {"ssd": [], "csd": []}
     runs: dict[str, dict[int, list[KernelRun]]] = {"ssd": {}, "csd": {}}
-    with progress() as bars:
+    with progress(console) as bars:
         warm = bars.add_task("warm-up (one untimed run per point)", total=len(points))
         for cluster, dataset in points.values():
             run_host(cluster, dataset, KERNEL, host_bus=bus)
@@ -283,7 +266,7 @@ def collect(
     pair of runs per round: on a machine shared with other work the load drifts over minutes,
     and the prediction should see the same drift as the measurements it is compared with.
     """
-    with progress() as bars:
+    with progress(console) as bars:
         task = bars.add_task(
             f"step 1: {KERNEL} on one drive, host and drive", total=2 * STEP1_REPEAT
         )
@@ -302,7 +285,7 @@ def collect(
     # The same working set on the first m drives, for every m.
     points: dict[int, tuple[Cluster, str]] = {}
     try:
-        with progress() as bars:
+        with progress(console) as bars:
             task = bars.add_task("storing the working set on 1..8 drives", total=len(devices))
             for m in devices:
                 sub = Cluster(cluster.spec[:m])

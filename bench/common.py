@@ -1,4 +1,4 @@
-"""Shared by the benchmarks: where results go, what machine made them."""
+"""Shared by the benchmarks: where results go, what machine made them, how progress shows."""
 
 from __future__ import annotations
 
@@ -42,3 +42,16 @@ def write_json(name: str, payload: dict[str, Any]) -> Path:
 def png_path(name: str) -> Path:
     RESULTS.mkdir(parents=True, exist_ok=True)
     return RESULTS / f"{name}.png"
+
+
+def progress(console: Any) -> Any:
+    """A bar per long step, with a count and the time taken (rich)."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    return Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+    )

@@ -30,11 +30,10 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from scipy import sparse
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import png_path, write_json
+from common import png_path, progress, write_json
 
 import quarry
 from quarry import genes
@@ -64,17 +63,6 @@ DEVICE_FIELDS = (
 console = Console(stderr=True)
 
 
-def progress() -> Progress:
-    return Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=console,
-        transient=False,
-    )
-
-
 def synthetic(gene_count: int, cell_count: int, density: float, seed: int) -> ExpressionMatrix:
     """Genes x cells CSR: each gene non-zero in ~density of cells, more often and higher in
     the cluster it marks; values log1p(1 + Poisson)."""
@@ -85,7 +73,7 @@ def synthetic(gene_count: int, cell_count: int, density: float, seed: int) -> Ex
     markers = rng.choice(gene_count, CLUSTERS * MARKERS_PER_CLUSTER, replace=False)
     marker_cluster[markers] = np.repeat(np.arange(CLUSTERS), MARKERS_PER_CLUSTER)
     data, indices, counts = [], [], []
-    with progress() as bar:
+    with progress(console) as bar:
         task = bar.add_task("generate matrix", total=gene_count)
         for start in range(0, gene_count, GENES_PER_CHUNK):
             stop = min(start + GENES_PER_CHUNK, gene_count)
@@ -151,7 +139,7 @@ def quarry_runs(matrix: ExpressionMatrix, devices: int) -> dict[str, Any]:
         console.print("quarry: cached call (the same request) ...")
         _, runs["cached_call"] = rank("0", "always")
         others = []
-        with progress() as bar:
+        with progress(console) as bar:
             task = bar.add_task("quarry: clusters 1-9 vs rest (cached)", total=CLUSTERS - 1)
             frames = {"0": first}
             for label in labels[1:]:

@@ -32,10 +32,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import png_path, write_json
+from common import png_path, progress, write_json
 
 from quarry.device.emulation import Emulator
 from quarry.device.profile import get_profile
@@ -60,17 +59,6 @@ RUNS = 10
 console = Console(stderr=True)
 
 
-def progress() -> Progress:
-    return Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=console,
-        transient=False,
-    )
-
-
 def on_device(emulator: Emulator, work: Callable[[], Any]) -> float:
     """Seconds the work takes on the emulated device (host: its real time).
 
@@ -91,7 +79,7 @@ def on_device(emulator: Emulator, work: Callable[[], Any]) -> float:
 def exp1(widths: tuple[int, ...], genes: int) -> list[dict[str, Any]]:
     rng = np.random.default_rng(1)
     rows = []
-    with progress() as bar:
+    with progress(console) as bar:
         task = bar.add_task(
             "Exp 1: Accumulate per slice shape", total=len(widths) * len(HEIGHTS) * len(PROFILES)
         )
@@ -153,7 +141,7 @@ def exp3(table: pa.Table, runs: int) -> list[dict[str, Any]]:
     session = datafusion.SessionContext()
     session.register_record_batches("t", [table.to_batches()])
     results = []
-    with progress() as bar:
+    with progress(console) as bar:
         task = bar.add_task(
             "Exp 3: selection vs projection", total=len(PROJECTION_FRACTIONS) * len(PROFILES) * 2
         )
