@@ -70,7 +70,9 @@ EXAMPLES: list[Message] = [
         query_id="q/f0",
         chunk_slices=2,
         args={"anything": [1, 2.5, "x", None, {"nested": True}]},
+        elsewhere=(work.PartitionRange(0, 0, 1),),
     ),
+    work.ChunkDone(2, 4, 8),
     work.PushedBack(0, (work.SliceRange(1, 3),), Stage.RAW, 100, 4000),
     work.WorkDone(
         (

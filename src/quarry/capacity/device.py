@@ -96,6 +96,7 @@ class KernelUnit(Unit):
     KERNEL = ""
     STAGES = frozenset({Stage.FULL})
     CHUNK_SLICES_MAX = None  # a partition is the unit of work: the paper's "one I/O"
+    RESUMABLE = True  # a partition's result is whole once shipped
 
     def __init__(self, request, payload, context):
         super().__init__(request, payload, context)

@@ -276,15 +276,12 @@ def run_host(
             reader = client.scan(entry.domain, entry.name, partition)
             gatherer = Gatherer(kernel, entry.schema, rows_of[partition])
             received = 0
-            while True:
-                chunk = client.guard(lambda r=reader: _next_chunk(r))
-                if chunk is None:
-                    break
-                size = chunk.data.get_total_buffer_size()
+            for batch in client.batches(reader):
+                size = batch.get_total_buffer_size()
                 if host_bus is not None:
                     host_bus.carry(size)
                 received += size
-                gatherer.add(chunk.data)
+                gatherer.add(batch)
             gathered[partition] = (gatherer.finish(), received)
         return gathered
 
@@ -399,13 +396,6 @@ def _table_digests(kernel: str, table: pa.Table) -> dict[int, Any]:
             strict=True,
         )
     }
-
-
-def _next_chunk(reader: Any) -> Any:
-    try:
-        return reader.read_chunk()
-    except StopIteration:
-        return None
 
 
 # ---- step 1: the four times on one device ----------------------------------------------------

@@ -232,7 +232,7 @@ class DeviceClient:
                 batches.append(item)
             elif isinstance(item, work.WorkDone):
                 done = item
-            else:
+            elif isinstance(item, work.PushedBack):
                 raise ProtocolError(f"unit {unit} pushed back work to a caller that takes none")
         if done is None:
             raise ProtocolError(f"device {self.name}: unit {unit} ended without its last message")

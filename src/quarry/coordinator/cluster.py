@@ -137,33 +137,28 @@ class Cluster(Membership):
     def _scan_partition(
         self, entry: DatasetEntry, partition: int, devices: list[str], columns: list[str] | None
     ) -> Iterator[pa.RecordBatch]:
-        """Stream one partition; fail over to another replica only before the first batch."""
+        """Stream one partition, a batch per slice; a replica that stops answering is left for
+        the next, which goes on from the first slice not yet received (none twice)."""
         errors: list[str] = []
+        received = 0
         for device in devices:
             if device in self.down:
                 errors.append(f"{device} is down")
                 continue
             client = self.devices[device]
-            yielded = False
             try:
-                reader = client.scan(entry.domain, entry.name, partition, columns=columns)
-                while True:
-                    chunk = client.guard(lambda r=reader: _next_chunk(r))
-                    if chunk is None:
-                        break
-                    yielded = True
-                    yield chunk.data
+                reader = client.scan(
+                    entry.domain, entry.name, partition, first=received, columns=columns
+                )
+                for batch in client.batches(reader):
+                    received += 1
+                    yield batch
                 return
             except DeviceUnavailable as error:
-                if yielded:
-                    raise DeviceUnavailable(
-                        f"device {device} stopped answering while streaming partition "
-                        f"{partition} of {entry.qualified}: the scan is incomplete. {error}"
-                    ) from None
                 errors.append(str(error))
         raise DeviceUnavailable(
-            f"no replica of partition {partition} of {entry.qualified} answers: "
-            + "; ".join(errors)
+            f"no replica of partition {partition} of {entry.qualified} answers after "
+            f"{received} of its slices: " + "; ".join(errors)
         )
 
     def sample(
@@ -229,13 +224,6 @@ class Cluster(Membership):
 
     def to_json(self) -> dict[str, Any]:
         return {"format": CLUSTER_FILE_FORMAT, "devices": self.spec}
-
-
-def _next_chunk(reader: Any) -> Any:
-    try:
-        return reader.read_chunk()
-    except StopIteration:
-        return None
 
 
 def write_cluster_file(path: str | Path, devices: list[dict[str, Any]]) -> Path:

@@ -16,17 +16,18 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pyarrow as pa
 
 from quarry.coordinator.client import DeviceClient
 from quarry.coordinator.report import WorkReport
+from quarry.coordinator.resume import DeviceLost, Progress, resume
 from quarry.coordinator.streams import merge
 from quarry.device.unit import Unit
-from quarry.errors import PlanNotSupported, ProtocolError
+from quarry.errors import DeviceUnavailable, PlanNotSupported, ProtocolError
 from quarry.protocol.stage import Stage
-from quarry.protocol.work import PushedBack, SliceRequest, WorkDone, WorkRequest
+from quarry.protocol.work import ChunkDone, PushedBack, SliceRequest, WorkDone, WorkRequest
 
 FETCHERS_PER_EXCHANGE = 2  # concurrent fetches of pushed-back ranges per device stream
 PAYLOAD_ROUNDS_MAX = 2  # a unit asks for its payload at most once
@@ -46,6 +47,10 @@ class Task:
     # the device can run only part of the unit (a scan engine filters): what it streams is
     # completed on the host from this stage
     complete_output_from: Stage | None = None
+    # per partition, the other replicas in placement order: where the rest goes if the device
+    # stops answering (none: the work fails with the device's error)
+    replicas: dict[int, list[DeviceClient]] = field(default_factory=dict)
+    failovers: int = 0  # how often this task has moved already
 
 
 class Dispatch:
@@ -56,6 +61,7 @@ class Dispatch:
         self.requests = 0  # work exchanges opened
         self.bytes_sent = 0  # payload bytes sent to devices
         self._hosts: dict[int, Unit] = {}  # the host units that completed anything
+        self.dead: set[str] = set()  # devices that stopped answering during this work
         self._lock = threading.Lock()
 
     def report(self, task: Task, partition: int) -> WorkReport:
@@ -113,12 +119,37 @@ class Dispatch:
         yield from host.finish()  # a unit's last output: small (side statistics, or nothing)
 
     def _host_only(self, task: Task) -> Iterator[pa.RecordBatch]:
-        request = task.request
-        for partition in request.partitions:
+        for partition in task.request.partitions:
             report = self.report(task, partition)
-            reader = task.client.scan(request.domain, request.dataset, partition)
-            raw = self._count_raw(task, report, task.client.batches(reader))
+            raw = self._count_raw(task, report, self._raw_slices(task, partition, report))
             yield from self._complete(task.host, Stage.RAW, raw)
+
+    def _raw_slices(
+        self, task: Task, partition: int, report: WorkReport
+    ) -> Iterator[pa.RecordBatch]:
+        """A partition's slices as stored, one batch per slice; a device that stops answering
+        is left for the next replica, from the first slice not yet received."""
+        request, received = task.request, 0
+        lost: list[tuple[str, DeviceUnavailable]] = []
+        for client in [task.client, *task.replicas.get(partition, ())]:
+            if client.name in self.dead:
+                continue
+            if lost:
+                failover = {"from": lost[-1][0], "to": client.name, "slices_done_before": received}
+                report.failovers.append(failover)
+            try:
+                reader = client.scan(request.domain, request.dataset, partition, first=received)
+                for batch in client.batches(reader):
+                    received += 1
+                    yield batch
+                return
+            except DeviceUnavailable as error:
+                self.dead.add(client.name)
+                lost.append((client.name, error))
+        raise DeviceUnavailable(
+            f"no replica of partition {partition} of {request.domain}/{request.dataset} answers "
+            f"after {received} of its slices: {'; '.join(str(e) for _, e in lost)}"
+        )
 
     def _count_raw(
         self, task: Task, report: WorkReport, batches: Iterable[pa.RecordBatch]
@@ -140,12 +171,22 @@ class Dispatch:
         yield from host.complete(stage, batches)
 
     def _exchange(self, task: Task) -> Iterator[pa.RecordBatch]:
+        """One task on its device; if the device stops answering, the rest on replicas."""
+        try:
+            yield from self._rounds(task)
+        except DeviceLost as lost:
+            reports = {p: self.report(task, p) for p in task.request.partitions}
+            for resumed in resume(task, lost, self.dead, reports):
+                yield from self._exchange(resumed)
+
+    def _rounds(self, task: Task) -> Iterator[pa.RecordBatch]:
         payload = task.payload
+        progress = Progress()
         for _ in range(PAYLOAD_ROUNDS_MAX):
             with self._lock:
                 self.requests += 1
                 self.bytes_sent += len(payload)
-            done = yield from self._one_exchange(task, payload)
+            done = yield from self._one_exchange(task, payload, progress)
             if not done.payload_needed:
                 return
             if task.deferred_payload is None or payload is task.deferred_payload:
@@ -153,26 +194,35 @@ class Dispatch:
             payload = task.deferred_payload
         raise AssertionError("payload rounds exhausted")
 
-    def _one_exchange(self, task: Task, payload: bytes):
+    def _one_exchange(self, task: Task, payload: bytes, progress: Progress):
         """Stream one exchange; pushed-back ranges are fetched and completed while the device
         goes on deciding, so its probes and its work never hold up rows it already declined.
-        Returns the device's ``WorkDone``."""
-        stream = task.client.work(task.request, payload)
+
+        Output is passed on only once it is whole (a chunk marked done, or the device's last
+        word), and ``progress`` says what is, so a device that stops answering leaves a task
+        that resumes on a replica with nothing lost and nothing counted twice. Returns the
+        device's ``WorkDone``."""
         fetchers = ThreadPoolExecutor(FETCHERS_PER_EXCHANGE, thread_name_prefix="quarry-fetch")
-        fetches: list[Future] = []
-        held: list[pa.RecordBatch] = []  # device output the host must complete
+        fetches: list[tuple[PushedBack, Future]] = []
+        pending: list[pa.RecordBatch] = []  # output of work not yet marked whole
         done: WorkDone | None = None
         try:
-            for item in stream:
+            for item in task.client.work(task.request, payload):
                 if isinstance(item, pa.RecordBatch):
-                    if task.complete_output_from is not None:
-                        held.append(item)
-                    else:
-                        yield item
+                    pending.append(item)
+                elif isinstance(item, ChunkDone):
+                    yield from self._release(task, pending)
+                    pending = []
+                    progress.add(item.partition, item.first, item.end)
                 elif isinstance(item, PushedBack):
-                    fetches.append(fetchers.submit(self._fetch, task, item, payload))
+                    future = fetchers.submit(self._fetch, task, item, payload)
+                    fetches.append((item, future))
                 else:
                     done = item
+        except DeviceUnavailable as error:
+            yield from self._fetched(fetches, progress, wait_for_all=True)
+            fetchers.shutdown(wait=False, cancel_futures=True)
+            raise DeviceLost(error, progress) from None
         except BaseException:  # a device that failed mid-stream leaves no fetch running
             fetchers.shutdown(wait=False, cancel_futures=True)
             raise
@@ -184,11 +234,46 @@ class Dispatch:
         for partition in done.partitions:
             trace = list(done.trace) if done.trace is not None else None
             self.report(task, partition.partition).add_device(partition, trace)
-        if held:
-            yield from self._complete(task.host, task.complete_output_from, held)
-        for future in fetches:
-            yield from future.result()
+        yield from self._release(task, pending)
+        for partition in done.partitions:  # the device's own work is all in, but not what
+            handed_back = {  # it handed back: that counts once fetched and completed
+                n
+                for notice, _ in fetches
+                if notice.partition == partition.partition
+                for r in notice.ranges
+                for n in r.numbers()
+            }
+            total = partition.metrics.slices_total
+            own = (n for n in range(total) if n not in handed_back)
+            progress.done.setdefault(partition.partition, set()).update(own)
+        try:
+            yield from self._fetched(fetches, progress, wait_for_all=False)
+        except DeviceUnavailable as error:
+            raise DeviceLost(error, progress) from None
         return done
+
+    def _release(self, task: Task, batches: list[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        """Device output now known whole: passed on, or completed first (a scan engine)."""
+        if task.complete_output_from is not None and batches:
+            yield from self._complete(task.host, task.complete_output_from, batches)
+        else:
+            yield from batches
+
+    def _fetched(
+        self, fetches: list[tuple[PushedBack, Future]], progress: Progress, wait_for_all: bool
+    ) -> Iterator[pa.RecordBatch]:
+        """The completed pushed-back ranges, in order, each marked done as it is passed on.
+        ``wait_for_all``: the device is gone; keep what completed, drop what broke off."""
+        for notice, future in fetches:
+            try:
+                batches = future.result()
+            except DeviceUnavailable:
+                if wait_for_all:
+                    continue
+                raise
+            yield from batches
+            for r in notice.ranges:
+                progress.add(notice.partition, r.first, r.end)
 
     def _fetch(self, task: Task, notice: PushedBack, payload: bytes) -> list[pa.RecordBatch]:
         """Fetch a pushed-back range and complete it on the host."""

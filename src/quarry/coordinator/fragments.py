@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from quarry.coordinator.dispatch import Task
-from quarry.coordinator.planning import Cuts, device_for
+from quarry.coordinator.planning import Cuts, device_for, replicas_of
 from quarry.device.unit import host_context
 from quarry.device.units.substrait import SubstraitArgs, SubstraitUnit, stages_payload
 from quarry.plan.decompose import Fragment
@@ -82,6 +82,7 @@ def fragment_tasks(
                 label=fragment.name,
                 host_only=pushdown == "never",
                 complete_output_from=complete_from,
+                replicas={p.partition: replicas_of(cluster, p, device)},
             )
         )
     return tasks

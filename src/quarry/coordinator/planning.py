@@ -64,6 +64,16 @@ def device_for(cluster: Membership, entry: DatasetEntry, partition: PartitionEnt
     )
 
 
+def replicas_of(cluster: Membership, partition: PartitionEntry, chosen: str) -> list[Any]:
+    """The other replicas of a partition, in placement order: where its work goes if the
+    chosen device stops answering mid-way."""
+    return [
+        cluster.devices[name]
+        for name in partition.devices
+        if name != chosen and name not in cluster.down
+    ]
+
+
 @dataclass
 class Cuts:
     """Where each fragment starts, and what each device is told of the host's costs."""

@@ -30,6 +30,7 @@ if TYPE_CHECKING:
 PUSHDOWNS = ("never", "always", "auto")
 WORKERS_PER_DEVICE = 2
 STREAM_BATCHES_MAX = 16  # batches of a fragment waiting for the super-plan
+PLAN_ATTEMPTS_MAX = 2  # planning again once refreshes the catalog without a dead device
 
 
 class Query:
@@ -53,15 +54,24 @@ class Query:
         self.forced = decisions or {}
         self.options = {"trace": trace, "chunk_slices": chunk_slices, "policy": policy}
         self.query_id = uuid.uuid4().hex
-        self.decomposition = planning.plan(cluster, sql, pushdown)
-        self.cuts = (
-            planning.choose_cuts(cluster, self.decomposition)
-            if pushdown == "auto"
-            else planning.Cuts()
-        )
+        self.decomposition, self.cuts = self._plan()
         self.dispatch = Dispatch()
         self.started = self.finished = self.host_cpu_s = 0.0
         self.rows = 0
+
+    def _plan(self) -> tuple[Any, planning.Cuts]:
+        """The cut and, under auto, where each fragment starts. A device that stops answering
+        while the cost model asks it (its load, a sample slice) is left out: plan again."""
+        for attempt in range(PLAN_ATTEMPTS_MAX):
+            try:
+                decomposition = planning.plan(self.cluster, self.sql, self.pushdown)
+                if self.pushdown != "auto":
+                    return decomposition, planning.Cuts()
+                return decomposition, planning.choose_cuts(self.cluster, decomposition)
+            except DeviceUnavailable:
+                if attempt + 1 == PLAN_ATTEMPTS_MAX:
+                    raise
+        raise AssertionError("unreachable")
 
     @property
     def choices(self) -> dict[str, Any]:

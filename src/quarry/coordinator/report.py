@@ -18,6 +18,7 @@ from quarry.protocol.work import Decision, PartitionReport, TraceEntry, WorkMetr
 COUNTERS = (
     "slices_pruned",
     "slices_cached",
+    "slices_elsewhere",
     "slices_scanned",
     "slices_executed",
     "slices_pushed_back",
@@ -41,6 +42,7 @@ class WorkReport:
     slices_total: int = 0
     slices_pruned: int = 0
     slices_cached: int = 0
+    slices_elsewhere: int = 0  # done by a replica that stopped answering (failover)
     slices_scanned: int = 0
     slices_executed: int = 0
     slices_pushed_back: int = 0
@@ -55,13 +57,21 @@ class WorkReport:
     wall_s: float = 0.0
     fallback: str | None = None
     trace: list[TraceEntry] | None = None
+    # this device stopped answering and the rest of the partition went to a replica
+    failovers: list[dict[str, Any]] = field(default_factory=list)
 
     def add_device(self, report: PartitionReport, trace: list[TraceEntry] | None) -> None:
         """The device's own account of the partition (its ``WorkDone``)."""
         m: WorkMetrics = report.metrics
         self.decisions = list(report.decisions)
         self.slices_total = m.slices_total
-        for name in ("slices_pruned", "slices_cached", "slices_scanned", "slices_executed"):
+        for name in (
+            "slices_pruned",
+            "slices_cached",
+            "slices_elsewhere",
+            "slices_scanned",
+            "slices_executed",
+        ):
             setattr(self, name, getattr(self, name) + getattr(m, name))
         self.slices_pushed_back += m.slices_pushed_back
         self.rows_read += m.rows_read
@@ -119,4 +129,6 @@ def per_device(reports: list[WorkReport]) -> list[dict[str, Any]]:
             row[name] += getattr(report, name)
         if report.fallback:
             row["fallbacks"].append(report.fallback)
+        for failover in report.failovers:
+            row.setdefault("failovers", []).append({"partition": report.partition, **failover})
     return [devices[name] for name in sorted(devices)]

@@ -15,7 +15,7 @@ import pyarrow as pa
 
 from quarry.coordinator.dispatch import Dispatch, Task
 from quarry.coordinator.fragments import Forced
-from quarry.coordinator.planning import device_for
+from quarry.coordinator.planning import device_for, replicas_of
 from quarry.coordinator.report import WorkReport
 from quarry.device.unit import host_context
 from quarry.device.units.sample import SampleArgs, SampleUnit
@@ -72,9 +72,11 @@ def sample(
             forced=forced,
             args=args,
         )
+        device = device_for(cluster, entry, p)
         tasks.append(
             Task(
-                client=cluster.devices[device_for(cluster, entry, p)],
+                client=cluster.devices[device],
+                replicas={p.partition: replicas_of(cluster, p, device)},
                 request=request,
                 host=SampleUnit(request, b"", host_context()),
                 label=entry.qualified,

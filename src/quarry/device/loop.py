@@ -22,9 +22,10 @@ from pyarrow import flight
 from quarry.device.controller import Adaptive, Annotation, Controllers
 from quarry.device.emulation import Emulator
 from quarry.device.parked import Parked
-from quarry.device.unit import Chunk, Unit, UnitContext, UnitError, conform, lookup
+from quarry.device.unit import Chunk, Skipped, Unit, UnitContext, UnitError, conform, lookup
 from quarry.protocol.stage import Skip, Stage
 from quarry.protocol.work import (
+    ChunkDone,
     Decision,
     PartitionReport,
     PushedBack,
@@ -82,7 +83,7 @@ class Stream:
         metrics.bytes_shipped += shipped
         return shipped
 
-    def message(self, message: PushedBack | WorkDone) -> None:
+    def message(self, message: PushedBack | ChunkDone | WorkDone) -> None:
         self.writer.write_metadata(pa.py_buffer(message.encode()))
 
 
@@ -93,6 +94,7 @@ class Counters:
     slices_total: int = 0
     slices_pruned: int = 0
     slices_cached: int = 0
+    slices_elsewhere: int = 0
     slices_scanned: int = 0
     slices_executed: int = 0
     slices_pushed_back: int = 0
@@ -124,8 +126,16 @@ class PartitionRun:
         self.forced = _forced(request, self.meta)
         self.counters = Counters(slices_total=len(self.meta.slices))
         self.annotation = Annotation()
+        elsewhere = _elsewhere(request, self.meta)
         skipped_numbers: set[int] = set()
-        for skipped in unit.plan(self.meta, frozenset(self.forced)):
+        for skipped in elsewhere:
+            self.annotation.record(
+                Decision(skipped.range.first, skipped.range.end, skipped.skip, skipped.reason)
+            )
+            skipped_numbers.update(skipped.range.numbers())
+            self.counters.slices_elsewhere += len(skipped.range)
+        not_here = frozenset(self.forced) | frozenset(skipped_numbers)
+        for skipped in unit.plan(self.meta, not_here):
             self.annotation.record(
                 Decision(skipped.range.first, skipped.range.end, skipped.skip, skipped.reason)
             )
@@ -220,6 +230,8 @@ class PartitionRun:
         outputs = list(self.unit.execute(chunk))
         drive_s = context.drive_s - drive_before
         shipped = stream.batches(outputs, self.unit.output_schema, self.counters)
+        if self.unit.RESUMABLE:  # everything this range yields is out: the host may count it
+            stream.message(ChunkDone(self.partition, numbers[0], numbers[-1] + 1))
         self.counters.read(chunk)
         self.counters.slices_executed += len(numbers)
         self.counters.drive_s += drive_s
@@ -303,6 +315,19 @@ class PartitionRun:
         return PartitionReport(
             self.partition, tuple(self.annotation.decisions), self.counters.frozen(cpu_s, wall_s)
         )
+
+
+def _elsewhere(request: WorkRequest, meta: PartitionMeta) -> list[Skipped]:
+    """Ranges of this partition another replica finished before it stopped answering."""
+    return [
+        Skipped(
+            SliceRange(r.first, min(r.end, len(meta.slices))),
+            Skip.ELSEWHERE,
+            "done by another replica before it stopped answering",
+        )
+        for r in request.elsewhere
+        if r.partition == meta.partition and r.first < min(r.end, len(meta.slices))
+    ]
 
 
 def _forced(request: WorkRequest, meta: PartitionMeta) -> dict[int, Stage]:

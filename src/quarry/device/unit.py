@@ -179,6 +179,10 @@ class Unit:
     # Slices run together: amortises per-call setup, bounds device memory. None: a whole
     # partition is one chunk.
     CHUNK_SLICES_MAX: ClassVar[int | None] = 4
+    # A chunk's output is whole once streamed (no state carries to later chunks): the loop marks
+    # each chunk done, so a host can resume the rest on a replica if this device dies. A unit
+    # that carries state (genes: one Combine at the end) is resumed from its start.
+    RESUMABLE: ClassVar[bool] = False
 
     def __init__(self, request: WorkRequest, payload: bytes, context: UnitContext):
         self.request = request
@@ -193,9 +197,9 @@ class Unit:
         """The columns ``execute`` and ``filter`` read (None: all)."""
         return None
 
-    def plan(self, meta: PartitionMeta, forced: frozenset[int]) -> list[Skipped]:
-        """Ranges of this partition the unit need not run (``forced``: slices the request
-        pushes back)."""
+    def plan(self, meta: PartitionMeta, not_here: frozenset[int]) -> list[Skipped]:
+        """Ranges of this partition the unit need not run (``not_here``: slices the request
+        pushes back or another replica already ran)."""
         return []
 
     def payload_needed(self) -> bool:

@@ -101,7 +101,7 @@ class Accumulate(Unit):
 
     # ---- on the device ------------------------------------------------------------------------
 
-    def plan(self, meta: PartitionMeta, forced: frozenset[int]) -> list[Skipped]:
+    def plan(self, meta: PartitionMeta, not_here: frozenset[int]) -> list[Skipped]:
         if meta.ingest["id"] not in self.args.ingest_ids:
             raise StaleDataset(
                 f"{self.request.domain}/{self.request.dataset} partition {meta.partition} on "
@@ -109,7 +109,7 @@ class Accumulate(Unit):
                 "re-ingested); ask again"
             )
         stored = _load(self, meta)
-        wanted = set(range(len(meta.slices))) - forced
+        wanted = set(range(len(meta.slices))) - not_here
         # A Combine cannot be taken apart: a cache that covers a slice this request pushes back
         # cannot serve it, so the slices are accumulated again (and the cache kept as it is).
         usable = stored if stored is not None and stored.covered <= wanted else None
@@ -145,13 +145,16 @@ class Accumulate(Unit):
 
     def complete(self, stage: Stage, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         groups = self._groups()
+        partials = []
         for batch in batches:
             if batch.num_rows:
-                self.host_partials.append(
+                partials.append(
                     self.context.compute(
                         lambda b=batch: accumulate(b, groups, self.args.group_count)
                     )
                 )
+        # all of a handed-back range or none of it: a fetch that broke off is done again
+        self.host_partials.extend(partials)
         return iter(())
 
     # ---- both -------------------------------------------------------------------------------

@@ -29,6 +29,7 @@ import pyarrow as pa
 from scipy import sparse
 
 from quarry.coordinator.dispatch import Dispatch, Task
+from quarry.coordinator.planning import replicas_of
 from quarry.cost.model import host_share, link_bytes_per_s
 from quarry.device.unit import host_context, host_cores
 from quarry.errors import DeviceUnavailable
@@ -86,11 +87,14 @@ class Report:
     host_accumulate_s: float = 0.0
     wall_s: float = 0.0
     devices: list[dict[str, Any]] = field(default_factory=list)
+    # devices that stopped answering, and the replicas that finished their partitions
+    failovers: list[dict[str, Any]] = field(default_factory=list)
 
     def add(self, other: Report) -> None:
         for name in REPORT_COUNTERS:
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self.devices.extend(other.devices)
+        self.failovers.extend(other.failovers)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -148,6 +152,7 @@ def _tasks(
     )
     payload = np.ascontiguousarray(grouping.group_of_cell, dtype="<i4").tobytes()
     assignments = _assign(matrix)
+    entries = {p.partition: p for p in matrix.entry.partitions}
     tasks = []
     for device, partitions in sorted(assignments.items()):
         forced = tuple(
@@ -179,6 +184,7 @@ def _tasks(
                 deferred_payload=payload,
                 label=matrix.dataset,
                 host_only=pushdown == "never",
+                replicas={p: replicas_of(matrix.cluster, entries[p], device) for p in partitions},
             )
         )
     return tasks
@@ -208,6 +214,9 @@ def _report(dataset: str, pushdown: str, dispatch: Dispatch) -> Report:
             "decisions": [d.to_json() for d in r.decisions],
         }
     report.devices = [by_device[name] for name in sorted(by_device)]
+    report.failovers = [
+        {"device": r.device, "partition": r.partition, **f} for r in reports for f in r.failovers
+    ]
     return report
 
 

@@ -359,6 +359,7 @@ def _quarry_attrs(
         **total,
         "tstat_s": tstat_s,
         "wall_s": wall_s,
+        "failovers": [f for r in reports for f in r.failovers],
         "datasets": [r.to_json() for r in reports],
     }
 

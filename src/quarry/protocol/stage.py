@@ -36,3 +36,4 @@ STAGES_BY_DATA_SHIPPED: tuple[Stage, ...] = (Stage.FULL, Stage.FILTER, Stage.RAW
 class Skip(StrEnum):
     PRUNED = "pruned"
     CACHED = "cached"
+    ELSEWHERE = "elsewhere"  # done by another replica before it stopped answering

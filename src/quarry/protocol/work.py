@@ -72,6 +72,18 @@ class ForcedDecision(Message):
 
 
 @dataclass(frozen=True)
+class PartitionRange(Message):
+    """Slices [first, end) of one partition."""
+
+    partition: int = bounded(low=0, high=PARTITION_MAX)
+    first: int = bounded(low=0, high=SLICE_MAX)
+    end: int = bounded(low=0, high=SLICE_MAX)
+
+    def __post_init__(self) -> None:
+        assert self.first <= self.end, f"first {self.first} after end {self.end}"
+
+
+@dataclass(frozen=True)
 class HostCost(Message):
     """What the host told the device about doing the work itself (ActivePy Eq. 1 inputs)."""
 
@@ -118,6 +130,8 @@ class WorkRequest(Message):
     trace: bool = False  # per-chunk timings in the answer (experiments)
     chunk_slices: int | None = bounded(low=1, high=CHUNK_SLICES_MAX, default=None)
     args: dict[str, Any] = bounded(default_factory=dict)  # the unit's own, decoded by it
+    # ranges another replica finished before it stopped answering: not run again here
+    elsewhere: tuple[PartitionRange, ...] = bounded(items_max=DECISIONS_MAX, default=())
 
     def __post_init__(self) -> None:
         assert self.partitions, "a work request names at least one partition"
@@ -145,6 +159,19 @@ class PushedBack(Message):
 
 
 @dataclass(frozen=True)
+class ChunkDone(Message):
+    """The batches streamed since the last such message are the whole output of slices
+    [first, end) of a partition (units whose chunks carry no state: SQL stages, samples,
+    kernels). Had the device died before it, the host would run that range again elsewhere."""
+
+    KIND = "chunk_done"
+
+    partition: int = bounded(low=0, high=PARTITION_MAX)
+    first: int = bounded(low=0, high=SLICE_MAX)
+    end: int = bounded(low=0, high=SLICE_MAX)
+
+
+@dataclass(frozen=True)
 class Decision(Message):
     """What the device did with slices [first, end), and why (an entry of the annotation)."""
 
@@ -160,12 +187,13 @@ class Decision(Message):
 
 @dataclass(frozen=True)
 class WorkMetrics(Message):
-    """What one partition cost the device. Slices: total = pruned + cached + scanned, and
-    scanned = executed + pushed back (each range read once, whatever happened to it)."""
+    """What one partition cost the device. Slices: total = pruned + cached + elsewhere +
+    scanned, and scanned = executed + pushed back (each range read once, whatever happened)."""
 
     slices_total: int = bounded(low=0, default=0)
     slices_pruned: int = bounded(low=0, default=0)
     slices_cached: int = bounded(low=0, default=0)
+    slices_elsewhere: int = bounded(low=0, default=0)
     slices_scanned: int = bounded(low=0, default=0)
     slices_executed: int = bounded(low=0, default=0)
     slices_pushed_back: int = bounded(low=0, default=0)
@@ -212,10 +240,10 @@ class WorkDone(Message):
     device_cpu_s: float = bounded(low=0.0, default=0.0)
 
 
-def decode_stream_message(data: bytes | memoryview) -> PushedBack | WorkDone:
+def decode_stream_message(data: bytes | memoryview) -> PushedBack | ChunkDone | WorkDone:
     """A work stream's metadata message, by its kind."""
     kind, header, _ = frame.decode(bytes(data))
-    for cls in (PushedBack, WorkDone):
+    for cls in (PushedBack, ChunkDone, WorkDone):
         if kind == cls.KIND:
             return cls.from_json(header)
     from quarry.errors import ProtocolError

@@ -33,6 +33,7 @@ def every_kth(batch: pa.RecordBatch, every: int) -> pa.RecordBatch:
 class SampleUnit(Unit):
     NAME = "sample"
     STAGES = frozenset({Stage.FULL, Stage.RAW})
+    RESUMABLE = True
 
     def __init__(self, request, payload, context):
         super().__init__(request, payload, context)

@@ -66,6 +66,7 @@ class SubstraitUnit(Unit):
     NAME = "substrait"
     STAGES = frozenset({Stage.FULL, Stage.FILTER, Stage.RAW})
     CHUNK_SLICES_MAX = 4
+    RESUMABLE = True
 
     def __init__(self, request, payload, context):
         super().__init__(request, payload, context)
@@ -80,7 +81,7 @@ class SubstraitUnit(Unit):
     def raw_schema(self) -> pa.Schema:
         return self.args.raw_schema
 
-    def plan(self, meta: PartitionMeta, forced: frozenset[int]) -> list[Skipped]:
+    def plan(self, meta: PartitionMeta, not_here: frozenset[int]) -> list[Skipped]:
         predicates = list(self.args.predicates)
         if not predicates:
             return []

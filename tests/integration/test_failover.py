@@ -1,0 +1,179 @@
+"""A device that stops answering mid-query: with a replica, the query finishes on it, every
+slice counted once. (Without one it fails at once, naming the device: tests/integration/test_sql
+test_device_dying_mid_query_fails_naming_it.)"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+
+import duckdb
+import pytest
+
+import quarry
+from quarry.samples import particles
+from tests.plan.conftest import tpch  # noqa: F401 - the session fixture
+from tests.plan.harness import assert_same_rows
+
+ROUNDS = 20
+QUERY_TIMEOUT_S = 120
+PUSHDOWNS = ("always", "auto", "never")
+PARTICLE_SQL = "SELECT floor(x) AS b, count(*) AS n, sum(ke) AS ke FROM particles GROUP BY 1"
+# Drives slow enough that a query lasts about a second: a kill lands mid-query.
+PROFILES = (
+    '[profiles.slow]\nfrom = "host"\ncompute_factor = 6.0\ncores = 2\nkv_bytes_max = 262144\n'
+)
+
+
+@pytest.fixture(scope="module")
+def replicated(tpch, tmp_path_factory):  # noqa: F811
+    profiles = tmp_path_factory.mktemp("failover") / "profiles.toml"
+    profiles.write_text(PROFILES)
+    with quarry.local(devices=4, profile="slow", profiles_file=str(profiles)) as cluster:
+        for name in ("lineitem", "orders"):
+            cluster.ingest(tpch.data[f"tpch/{name}"], f"tpch/{name}", replicas=2)
+        table = particles.table(1_000_000, seed=4)
+        cluster.ingest(table, "physics/particles", replicas=2)
+        con = duckdb.connect()
+        con.register("particles", table)
+        expected = con.execute(PARTICLE_SQL).fetch_arrow_table()
+        yield cluster, expected
+
+
+def _run(cluster, sql: str, pushdown: str, outcome: dict) -> None:
+    try:
+        planned = cluster.query(sql, pushdown=pushdown)
+        outcome["table"] = planned.execute().read_all()
+        outcome["explain"] = planned.explain(analyze=True)
+    except BaseException as error:  # handed to the test
+        outcome["error"] = error
+
+
+def _failovers(explain: dict) -> list[dict]:
+    return [f for d in explain["analyze"]["devices"] for f in d.get("failovers", [])]
+
+
+def test_a_device_killed_mid_query_fails_over_to_its_replica(replicated, tpch):  # noqa: F811
+    cluster, particle_expected = replicated
+    rng = random.Random(12)
+    cases = [
+        ("q1", tpch.queries[1], tpch.expected(1), True),
+        ("q6", tpch.queries[6], tpch.expected(6), False),
+        ("q12", tpch.queries[12], tpch.expected(12), True),
+        ("particles", PARTICLE_SQL, particle_expected, False),
+    ]
+    durations = {}
+    for name, sql, _, _ in cases:  # how long each takes, to aim the kills
+        for pushdown in PUSHDOWNS:
+            started = time.perf_counter()
+            cluster.sql(sql, pushdown=pushdown).read_all()
+            durations[(name, pushdown)] = time.perf_counter() - started
+    completed, failed_over, wrong, errors = 0, 0, [], []
+    for round_number in range(ROUNDS):
+        name, sql, expected, ordered = cases[round_number % len(cases)]
+        pushdown = rng.choice(PUSHDOWNS)
+        victim = f"dev{rng.randrange(4)}"
+        outcome: dict = {}
+        thread = threading.Thread(target=_run, args=(cluster, sql, pushdown, outcome))
+        thread.start()
+        time.sleep(rng.uniform(0.05, 0.5) * durations[(name, pushdown)])
+        cluster.kill_device(victim)
+        thread.join(QUERY_TIMEOUT_S)
+        assert not thread.is_alive(), f"round {round_number}: the query hangs"
+        cluster.restart_device(victim)
+        if "error" in outcome:
+            errors.append((round_number, name, pushdown, repr(outcome["error"])[:300]))
+            continue
+        completed += 1
+        try:
+            assert_same_rows(outcome["table"], expected, ordered=ordered, context=name)
+        except AssertionError as error:
+            wrong.append((round_number, name, pushdown, str(error)[:200]))
+        failed_over += bool(_failovers(outcome["explain"]))
+    print(f"failover rounds: {completed} of {ROUNDS} completed, {failed_over} failed over")
+    print(errors)
+    assert wrong == [], wrong
+    assert completed >= ROUNDS - 1, f"{completed} of {ROUNDS} completed"
+    assert failed_over >= ROUNDS // 2, f"only {failed_over} rounds saw a failover"
+
+
+def test_explain_analyze_shows_the_failover(replicated):
+    cluster, expected = replicated
+    started = time.perf_counter()
+    cluster.sql(PARTICLE_SQL, pushdown="always").read_all()
+    duration_s = time.perf_counter() - started
+    outcome: dict = {}
+    thread = threading.Thread(target=_run, args=(cluster, PARTICLE_SQL, "always", outcome))
+    thread.start()
+    time.sleep(0.4 * duration_s)
+    cluster.kill_device("dev2")
+    thread.join(QUERY_TIMEOUT_S)
+    cluster.restart_device("dev2")
+    assert "error" not in outcome, outcome.get("error")
+    assert_same_rows(outcome["table"], expected, ordered=False)
+    failovers = _failovers(outcome["explain"])
+    assert failovers and all(f["from"] == "dev2" for f in failovers)
+    resumed = [
+        p
+        for p in outcome["explain"]["analyze"]["partitions"]
+        if any(d["stage"] == "elsewhere" for d in p["decisions"])
+    ]
+    for partition in resumed:  # a replica ran the rest; what the lost device did, it skipped
+        assert partition["device"] != "dev2"
+
+
+def test_a_scan_goes_on_from_the_next_slice_on_a_replica(replicated):
+    cluster, _ = replicated
+    entry = cluster.entry("physics/particles")
+    reader = cluster.scan("physics/particles")
+    ids = []
+    for index, batch in enumerate(reader):
+        ids.extend(batch.column("id").to_pylist())
+        if index == 3:
+            cluster.kill_device("dev1")  # partitions it was streaming go on elsewhere
+        time.sleep(0.002)  # a slow reader: the devices' streams stay open
+    cluster.restart_device("dev1")
+    assert len(ids) == entry.rows and len(set(ids)) == entry.rows  # each row once
+
+
+def test_gene_statistics_fail_over_to_replicas(replicated):
+    from quarry import genes
+    from tests.genes.test_genes_cluster import assert_same_bits, mixed_matrix
+
+    cluster, _ = replicated
+    matrix = mixed_matrix(seed=5, genes=3000, cells=1500)
+    genes.ingest(cluster, matrix, "lab/failover", replicas=2)
+    rng = random.Random(3)
+    names = [f"c{i}" for i in range(1500)]
+
+    def cells() -> list[str]:  # a grouping no device has cached: the work is done afresh
+        return rng.sample(names, 300)
+
+    started = time.perf_counter()
+    genes.rank_genes(cluster, "lab/failover", group=cells(), pushdown="always")
+    duration_s = time.perf_counter() - started
+    failovers = []
+    for victim, delay in (("dev0", 0.2), ("dev3", 0.4), ("dev1", 0.3)):
+        group = cells()
+        baseline = genes.rank_genes(cluster, "lab/failover", group=group, pushdown="never")
+        outcome: dict = {}
+
+        def run(outcome: dict = outcome, group: list[str] = group) -> None:
+            try:
+                outcome["ranked"] = genes.rank_genes(
+                    cluster, "lab/failover", group=group, pushdown="always"
+                )
+            except BaseException as error:
+                outcome["error"] = error
+
+        thread = threading.Thread(target=run)
+        thread.start()
+        time.sleep(delay * duration_s)
+        cluster.kill_device(victim)
+        thread.join(QUERY_TIMEOUT_S)
+        cluster.restart_device(victim)
+        assert "error" not in outcome, outcome.get("error")
+        assert_same_bits(outcome["ranked"], baseline)
+        failovers += outcome["ranked"].attrs["quarry"]["failovers"]
+    assert failovers, "no kill landed mid-request"
