@@ -106,14 +106,14 @@ def up(
 def down(cluster: ClusterOption = None) -> None:
     """Stop the devices of a cluster started with `quarry up`."""
     from quarry.coordinator.cluster import read_cluster_file
-    from quarry.coordinator.local import stop_pid
+    from quarry.coordinator.local import stop_device
 
     file = cluster_file(cluster)
     devices = read_cluster_file(file)
     for device in devices:
         if "pid" in device:
-            stop_pid(int(device["pid"]))
-            console.print(f"stopped {device['name']} (pid {device['pid']})")
+            outcome = stop_device(device)
+            console.print(f"{device['name']} (pid {device['pid']}): {outcome}")
     file.unlink(missing_ok=True)
 
 

@@ -94,6 +94,17 @@ def test_h5ad_in_memory_layer_and_raw():
         read_h5ad(adata, layer="spliced")
 
 
+def test_h5ad_with_nothing_but_indexes_reads(tmp_path):
+    """anndata's default: obs and var hold an index and no column."""
+    path = tmp_path / "bare.h5ad"
+    values = sparse.random(40, 25, density=0.2, format="csr", dtype=np.float32, random_state=1)
+    anndata.AnnData(X=values).write_h5ad(path)
+    matrix = read_h5ad(path)
+    assert matrix.cells.column_names == ["cell"] and matrix.cells.num_rows == 40
+    assert matrix.genes.column_names == ["gene"] and matrix.genes.num_rows == 25
+    assert matrix.cells.column("cell").to_pylist()[:2] == ["0", "1"]
+
+
 def test_h5ad_missing_file_is_named(tmp_path):
     with pytest.raises(GenesInputError, match="nothing.h5ad"):
         read_h5ad(tmp_path / "nothing.h5ad")

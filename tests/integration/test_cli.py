@@ -84,8 +84,13 @@ def test_up_with_one_profile_per_device(tmp_path):
     try:
         status = json.loads(_quarry("status", "--json", cwd=tmp_path).stdout)
         assert [row["profile"] for row in status] == ["host", "kinetic"]
+        dead = next(row for row in status if row["device"] == "dev1")
+        os.kill(dead["pid"], 9)  # a device that crashed before `down`
     finally:
-        _quarry("down", cwd=tmp_path)
+        stopped = _quarry("down", cwd=tmp_path).stdout
+    assert re.search(r"dev0 \(pid \d+\): stopped", stopped), stopped
+    assert re.search(r"dev1 \(pid \d+\): was not running", stopped), stopped
+    assert not list(tmp_path.rglob("ready.json"))  # nothing left that looks like a live start
 
 
 def _explain_shows_the_cut(cwd) -> None:

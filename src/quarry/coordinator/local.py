@@ -97,6 +97,28 @@ def start_device(
     }
 
 
+def is_device(pid: int, data: str | None = None) -> bool:
+    """Whether ``pid`` is a quarry device (of ``data``), not a process that took its number."""
+    try:
+        words = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    text = [w.decode(errors="replace") for w in words]
+    is_quarry = "quarry" in text and "device" in text and "serve" in text
+    return is_quarry and (data is None or data in text)
+
+
+def stop_device(device: dict[str, Any], timeout_s: float = STOP_TIMEOUT_S) -> str:
+    """Stop a device of a cluster file; says what happened: "stopped", "was not running"."""
+    pid, data = int(device.get("pid", 0)), device.get("data")
+    if data is not None:  # a ready file left behind would look like a live start next time
+        (Path(data) / "ready.json").unlink(missing_ok=True)
+    if not pid or not is_device(pid, data):
+        return "was not running"
+    stop_pid(pid, timeout_s)
+    return "stopped"
+
+
 def stop_pid(pid: int, timeout_s: float = STOP_TIMEOUT_S) -> None:
     try:
         os.kill(pid, signal.SIGTERM)

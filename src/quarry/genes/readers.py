@@ -134,10 +134,12 @@ def read_h5ad(
 
 def _frame_to_table(frame: Any, id_column: str) -> pa.Table:
     """An AnnData obs/var frame as Arrow, its index becoming the id column (first)."""
+    ids = pa.array(np.asarray(frame.index, dtype=object).astype(str), type=pa.string())
+    if len(frame.columns) == 0:  # only an index (anndata's default): Arrow would see 0 rows
+        return pa.table({id_column: ids})
     renamed = frame.rename(columns={id_column: f"{id_column}_original"})
     # The pandas schema metadata describes a frame we no longer have: drop it.
     table = pa.Table.from_pandas(renamed, preserve_index=False).replace_schema_metadata(None)
-    ids = pa.array(np.asarray(frame.index, dtype=object).astype(str), type=pa.string())
     return table.add_column(0, id_column, ids)
 
 
