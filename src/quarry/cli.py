@@ -213,19 +213,28 @@ def datasets(cluster: ClusterOption = None, as_json: JsonOption = False) -> None
         print_json(rows)
         return
     table = Table(title="datasets")
-    for column in ("dataset", "rows", "partitions", "stored", "compression", "devices"):
+    columns = ("dataset", "rows", "partitions", "stored", "compression", "devices", "available")
+    for column in columns:
         table.add_column(column)
     for row in rows:
         spread = ", ".join(
             f"{d}: {v['partitions']} p / {v['rows']:,} rows" for d, v in row["devices"].items()
         )
+        missing = row["unavailable_partitions"]
+        available = "yes"
+        if missing:  # rows and partitions count only what answers: say what does not
+            held_by = sorted({d for devices in missing.values() for d in devices})
+            numbers = ", ".join(sorted(missing, key=int))
+            which = f"partitions {numbers} are" if len(missing) > 1 else f"partition {numbers} is"
+            available = f"[red]no[/red]: {which} only on {', '.join(held_by)}, which do not answer"
         table.add_row(
             row["dataset"],
-            f"{row['rows']:,}",
-            str(row["partitions"]),
+            f"{row['rows']:,}" + (" (partial)" if missing else ""),
+            str(row["partitions"]) + (f" + {len(missing)} missing" if missing else ""),
             human_bytes(row["bytes_stored"]),
             row["compression"],
             spread,
+            available,
         )
     console.print(table)
 

@@ -1,5 +1,6 @@
 """Faults with real device processes: dead devices, value limits, races, crashes mid-ingest."""
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -159,3 +160,23 @@ def test_coordinator_killed_during_ingest_leaves_nothing(tmp_path):
             c.restart_device(name)
         assert _key_counts(c) == before
         assert "physics/orphan" not in {d["dataset"] for d in c.datasets()}
+
+
+def test_a_dataset_with_a_device_down_is_marked_and_a_smaller_up_is_refused(tmp_path):
+    from quarry.errors import ClusterError
+
+    folder = tmp_path / "cluster"
+    with quarry.local(devices=3, data=folder) as cluster:
+        cluster.ingest(pa.table({"k": pa.array(range(30_000), pa.int64())}), "t/three")
+        cluster.kill_device("dev2")
+        command = [sys.executable, "-m", "quarry", "datasets", "--cluster"]
+        shown = subprocess.run(
+            [*command, str(cluster.cluster_file)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={**os.environ, "COLUMNS": "250"},
+        ).stdout
+        assert "(partial)" in shown and "only on dev2, which do not answer" in shown, shown
+    with pytest.raises(ClusterError, match="dev2, which 2 device"), quarry.local(2, data=folder):
+        pass

@@ -210,6 +210,17 @@ def start_local(
     owns = data is None
     root = Path(tempfile.mkdtemp(prefix="quarry-")) if data is None else Path(data)
     root.mkdir(parents=True, exist_ok=True)
+    left_out = sorted(
+        folder.name
+        for folder in root.glob("dev*")
+        if (folder / "kv").exists() and folder.name not in {f"dev{i}" for i in range(devices)}
+    )
+    if left_out:  # their partitions would silently vanish from the catalog
+        raise ClusterError(
+            f"{root} holds the data of device(s) {', '.join(left_out)}, which {devices} "
+            f"device(s) would not start: start them all (--devices "
+            f"{devices + len(left_out)}), or move those folders away first"
+        )
     started: list[dict[str, Any]] = []
     try:
         for index, device_profile in enumerate(profiles):
