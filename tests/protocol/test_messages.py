@@ -60,6 +60,10 @@ EXAMPLES: list[Message] = [
     ingest.Committed([0, 1]),
     ingest.Abort("abc"),
     ingest.Drop("d", "t"),
+    ingest.Renew("abc", 30.0),
+    ingest.Renewed(2),
+    ingest.OutcomeRequest("abc"),
+    ingest.OutcomeReply(ingest.Outcome.PENDING),
     work.WorkRequest(
         unit="substrait",
         domain="d",

@@ -1,15 +1,21 @@
 """Atomic ingest: rows -> row groups -> partitions on devices (pending) -> commit everywhere.
 
 Phase one streams each partition to each of its replicas; a device stores it pending and makes
-it durable before answering. Phase two commits the ingest on every device. Any failure before
-every device has committed aborts the ingest everywhere, so a dataset is listed only when every
-partition is durable on every replica; a device that dies mid-ingest deletes its pending
-partitions when it starts again (``quarry.store.partition.collect_debris``).
+it durable before answering, and keeps it while this coordinator renews its lease. Phase two
+commits on the ingest's *decider* first (the first holder of the first partition): its commit
+is the decision. Any failure before it aborts the ingest everywhere. After it the others commit;
+one that does not answer commits on its own when it comes back, asking the decider
+(quarry.device.janitor). A coordinator that dies leaves pending partitions whose leases run out:
+their devices ask the decider, which aborts what it still holds, and clean up, with no restart.
+So a dataset is listed only when every partition is durable on every replica, ends complete or
+absent everywhere, and its name can be ingested again.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
+import threading
 import time
 import uuid
 from typing import TYPE_CHECKING, Any
@@ -23,6 +29,7 @@ from quarry.coordinator.sources import GuardedReader, open_source
 from quarry.errors import (
     DatasetExists,
     DatasetNotFound,
+    DeviceUnavailable,
     IngestFailed,
     QuarryError,
     SchemaMismatch,
@@ -30,7 +37,7 @@ from quarry.errors import (
 )
 from quarry.progress import Bar
 from quarry.protocol.control import IngestRecord
-from quarry.protocol.ingest import PutPartition
+from quarry.protocol.ingest import LEASE_S_DEFAULT, PutPartition, Renew, Renewed
 from quarry.store import naming
 from quarry.store.codec import check_compression
 
@@ -40,6 +47,8 @@ if TYPE_CHECKING:
 ROW_GROUP_BYTES = 1 << 20  # rows travel to a partition in groups of whole rows, about this big
 PARTITIONS_PER_DEVICE = 4  # enough partitions that rendezvous hashing spreads them evenly
 MODES = ("create", "append")
+LEASE_ENV = "QUARRY_INGEST_LEASE_S"
+RENEWALS_PER_LEASE = 3  # a lease is renewed this often before it would run out
 
 
 def ingest(
@@ -102,6 +111,7 @@ def ingest(
             f"{domain}/{name}", range(first, first + partition_count), sorted(by_id), replicas
         ).items()
     }
+    involved = sorted({d for names in placement.values() for d in names})
     record = IngestRecord(
         id=ingest_id,
         first_partition=first,
@@ -111,7 +121,12 @@ def ingest(
         created_at=time.time(),
         placement=placement,
         source=opened.name,
+        # whose commit decides: the first holder of the first partition, asked by any
+        # participant that misses the outcome
+        decider=placement[str(first)][0],
+        addresses={d: by_id[d].address for d in involved},
     )
+    lease_s = lease_seconds()
     streams: dict[tuple[int, str], tuple[Any, Any]] = {}
 
     def stream(partition: int, device: str) -> tuple[Any, Any]:
@@ -125,32 +140,89 @@ def ingest(
                 compression=compression,
                 metadata=metadata or {},
                 hints=hints or {},
+                lease_s=lease_s,
             )
             streams[key] = by_id[device].open_put(request, schema)
         return streams[key]
 
-    involved = sorted({d for names in placement.values() for d in names})
-    try:
-        _send(opened, schema, first, partition_count, placement, by_id, stream, progress)
-        for partition in range(first, first + partition_count):
-            for device in placement[str(partition)]:
-                writer, reader = stream(partition, device)
-                by_id[device].guard(lambda w=writer, r=reader: finish_put(w, r))
-        for device in involved:
-            by_id[device].commit(ingest_id)
-    except BaseException as error:
-        _abort(by_id, involved, ingest_id, streams)
-        if isinstance(error, (SourceError, SchemaMismatch, DatasetExists)):
+    with Renewer([by_id[d] for d in involved], ingest_id, lease_s):
+        try:
+            _send(opened, schema, first, partition_count, placement, by_id, stream, progress)
+            for partition in range(first, first + partition_count):
+                for device in placement[str(partition)]:
+                    writer, reader = stream(partition, device)
+                    by_id[device].guard(lambda w=writer, r=reader: finish_put(w, r))
+            _decide(by_id[record.decider], record)
+        except BaseException as error:
+            _abort(by_id, involved, ingest_id, streams)
+            if isinstance(error, (SourceError, SchemaMismatch, DatasetExists)):
+                raise
+            if isinstance(error, QuarryError):
+                raise IngestFailed(
+                    f"ingest of {domain}/{name} failed and was rolled back, nothing is visible: "
+                    f"{error}"
+                ) from error
             raise
-        if isinstance(error, QuarryError):
-            raise IngestFailed(
-                f"ingest of {domain}/{name} failed and was rolled back, nothing is visible: {error}"
-            ) from error
-        raise
+    _commit_rest(by_id, involved, record)
     cluster.refresh()
     entry = cluster.catalog.get(f"{domain}/{name}")
-    assert entry is not None, "a committed ingest must be listed"
+    if entry is None:  # a device that missed its commit and still answers: it settles soon
+        raise IngestFailed(
+            f"ingest of {domain}/{name} is committed but not yet visible on every device; "
+            "they settle it on their own within seconds: list it again"
+        )
     return entry
+
+
+def lease_seconds() -> float:
+    """How long a pending partition outlives a coordinator that stopped renewing it
+    ($QUARRY_INGEST_LEASE_S, for experiments and tests; the protocol's default otherwise)."""
+    text = os.environ.get(LEASE_ENV, "").strip()
+    return float(text) if text else LEASE_S_DEFAULT
+
+
+class Renewer:
+    """Renews an ingest's leases on its devices while the ingest runs (a thread)."""
+
+    def __init__(self, clients: list[DeviceClient], ingest_id: str, lease_s: float):
+        self.clients = clients
+        self.request = Renew(ingest_id, lease_s)
+        self.period_s = lease_s / RENEWALS_PER_LEASE
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="quarry-renew", daemon=True)
+
+    def __enter__(self) -> Renewer:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.period_s):
+            for client in self.clients:
+                with contextlib.suppress(QuarryError):  # a dead device fails the ingest anyway
+                    client.ask(self.request, Renewed)
+
+
+def _decide(decider: DeviceClient, record: IngestRecord) -> None:
+    """Commit on the decider first: from then on the ingest is committed, whatever fails."""
+    if not decider.commit(record.id):
+        raise IngestFailed(
+            f"device {decider.name} no longer holds this ingest's partitions (its lease ran "
+            "out): nothing was committed"
+        )
+
+
+def _commit_rest(by_id: dict[str, DeviceClient], involved: list[str], record: IngestRecord) -> None:
+    """The other participants. One that does not answer commits on its own when it comes back
+    (it asks the decider), so the ingest stands."""
+    for device in involved:
+        if device == record.decider:
+            continue
+        with contextlib.suppress(DeviceUnavailable):
+            by_id[device].commit(record.id)
 
 
 def _send(

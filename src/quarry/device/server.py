@@ -20,8 +20,9 @@ from typing import Any
 import pyarrow as pa
 from pyarrow import flight
 
-from quarry.device import calibration, loop
+from quarry.device import calibration, faults, loop
 from quarry.device import identity as identity_file
+from quarry.device.janitor import Janitor
 from quarry.device.profile import Profile
 from quarry.errors import ProtocolError, QuarryError
 from quarry.protocol import control, frame, ingest, work
@@ -77,9 +78,10 @@ class DeviceServer(flight.FlightServerBase):
         from quarry.device.emulation import Emulator
 
         self.runtime = loop.Runtime(self.store, Emulator(profile), self.name)
-        collected = partitions.collect_debris(self.store)
-        if collected:
-            log.warning("%s: collected %d key-values of unfinished ingests", self.name, collected)
+        # Pending ingests it took part in before it stopped: committed or aborted as their
+        # deciders say, then watched while their coordinators renew them.
+        self.janitor = Janitor(self.store, self.name)
+        self.janitor.start()
         self.started_at = time.time()
         self._inventory_cache: tuple[int, bytes] | None = None
         self._hello_bytes: bytes | None = None
@@ -112,15 +114,20 @@ class DeviceServer(flight.FlightServerBase):
             control.Hello.KIND: (control.Hello, self._hello),
             control.Inventory.KIND: (control.Inventory, self._inventory),
             control.PartitionRef.KIND: (control.PartitionRef, self._describe),
-            ingest.Commit.KIND: (
-                ingest.Commit,
-                lambda r, p: ingest.Committed(
-                    partitions.commit(self.store, r.ingest_id, self.name)
-                ),
-            ),
+            ingest.Commit.KIND: (ingest.Commit, self._commit),
             ingest.Abort.KIND: (
                 ingest.Abort,
                 lambda r, p: control.Deleted(partitions.abort(self.store, r.ingest_id)),
+            ),
+            ingest.Renew.KIND: (
+                ingest.Renew,
+                lambda r, p: ingest.Renewed(partitions.renew(self.store, r.ingest_id, r.lease_s)),
+            ),
+            ingest.OutcomeRequest.KIND: (
+                ingest.OutcomeRequest,
+                lambda r, p: ingest.OutcomeReply(
+                    ingest.Outcome(partitions.outcome(self.store, r.ingest_id, time.time()))
+                ),
             ),
             ingest.Drop.KIND: (
                 ingest.Drop,
@@ -178,6 +185,10 @@ class DeviceServer(flight.FlightServerBase):
         if self.store.writes() == before and before % 2 == 0:  # no write began or was under way
             self._inventory_cache = (before, encoded)
         return encoded
+
+    def _commit(self, request: ingest.Commit, payload: bytes) -> ingest.Committed:
+        faults.hit(self.name, "commit")
+        return ingest.Committed(partitions.commit(self.store, request.ingest_id, self.name))
 
     def _describe(
         self, request: control.PartitionRef, payload: bytes
@@ -246,12 +257,13 @@ class DeviceServer(flight.FlightServerBase):
             hints=request.hints,
             device=self.name,
         )
-        writer = partitions.PartitionWriter(self.store, meta)
+        writer = partitions.PartitionWriter(self.store, meta, lease_s=request.lease_s)
         try:
             for chunk in reader:
                 if chunk.data is not None and chunk.data.num_rows:
                     writer.write(chunk.data)
             written = writer.finish()
+            faults.hit(self.name, "prepare")
         except BaseException:
             # The stream broke (client gone) or the rows were bad: leave nothing pending behind.
             partitions.abort(self.store, request.ingest.id)

@@ -75,6 +75,10 @@ class IngestRecord(Message):
     # partition number (as text) -> the devices it was placed on, in placement order
     placement: dict[str, list[str]] = bounded(default_factory=dict)
     source: str = ""
+    # the participant whose commit decides the ingest, and where every participant listens:
+    # a device that missed the outcome (it was down, or the coordinator died) asks it
+    decider: str = ""
+    addresses: dict[str, str] = bounded(default_factory=dict)
 
     def __post_init__(self) -> None:
         assert self.mode in ("create", "append"), f"mode must be create or append: {self.mode!r}"

@@ -42,6 +42,8 @@ class Action(StrEnum):
     LOAD = "load"  # emulated background load on the drive, bounded in time
     STATUS_LOAD = "load_status"  # the drive's CPU busy, run queue, background load
     CALIBRATE = "calibrate"  # time the compute kernel and internal reads on the device
+    RENEW = "renew"  # the coordinator of an ingest is alive: keep its pending partitions
+    OUTCOME = "outcome"  # asked of an ingest's decider: was it committed?
 
 
 class Put(StrEnum):

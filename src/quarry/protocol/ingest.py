@@ -5,6 +5,7 @@ and its one answer."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any
 
 from quarry.protocol.control import NAME_CHARS_MAX, PARTITION_MAX, IngestRecord
@@ -13,6 +14,8 @@ from quarry.protocol.message import Message, bounded
 
 SLICES_MAX = 1 << 24
 METADATA_ITEMS_MAX = 10_000
+LEASE_S_DEFAULT = 60.0  # a pending partition outlives a coordinator that stopped renewing it
+LEASE_S_MAX = 3600.0
 
 
 @dataclass(frozen=True)
@@ -28,6 +31,8 @@ class PutPartition(Message):
     compression: str = "none"
     metadata: dict[str, str] = bounded(items_max=METADATA_ITEMS_MAX, default_factory=dict)
     hints: dict[str, Any] = bounded(items_max=METADATA_ITEMS_MAX, default_factory=dict)
+    # the partition stays pending this long unless the coordinator renews it (``renew``)
+    lease_s: float = bounded(low=0.1, high=LEASE_S_MAX, default=LEASE_S_DEFAULT)
 
 
 @dataclass(frozen=True)
@@ -72,6 +77,43 @@ class Abort(Message):
     KIND = Action.ABORT
 
     ingest_id: str = bounded(chars_max=64)
+
+
+@dataclass(frozen=True)
+class Renew(Message):
+    """The ingest's coordinator is alive: its pending partitions here stay for ``lease_s``."""
+
+    KIND = Action.RENEW
+
+    ingest_id: str = bounded(chars_max=64)
+    lease_s: float = bounded(low=0.1, high=LEASE_S_MAX, default=LEASE_S_DEFAULT)
+
+
+@dataclass(frozen=True)
+class Renewed(Message):
+    partitions: int = bounded(low=0)
+
+
+class Outcome(StrEnum):
+    COMMIT = "commit"
+    ABORT = "abort"
+    PENDING = "pending"  # the decider still holds it pending, its coordinator alive
+
+
+@dataclass(frozen=True)
+class OutcomeRequest(Message):
+    """Asked of an ingest's decider by a participant that holds the ingest pending and missed
+    its outcome. The decider's own commit decides; a pending ingest whose lease ran out there
+    is aborted (its coordinator is gone) and so answered."""
+
+    KIND = Action.OUTCOME
+
+    ingest_id: str = bounded(chars_max=64)
+
+
+@dataclass(frozen=True)
+class OutcomeReply(Message):
+    outcome: Outcome
 
 
 @dataclass(frozen=True)

@@ -4,8 +4,9 @@ A partition is written in two phases so that a dataset appears whole or not at a
 1. ``PartitionWriter`` marks the partition pending (``~pending/...``), cuts the incoming rows into
    slices of whole rows sized from ``kv_bytes_max``, and stores them under their final names.
 2. ``commit`` writes the metadata slice and a catalog entry and removes the pending mark, in one
-   transaction. Until then no reader sees the partition; a pending partition found when a device
-   starts is debris of a failed ingest and is deleted (``collect_debris``).
+   transaction. Until then no reader sees the partition. A pending partition lives while its
+   coordinator renews its lease (``renew``); one the coordinator left behind is settled by its
+   device, as the ingest's decider says (``outcome``; quarry.device.janitor).
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ from quarry.errors import (
 from quarry.store import codec, naming
 from quarry.store.kv import KeyValueStore
 from quarry.store.zonemap import zone_map, zone_map_from_json, zone_map_to_json
+
+LEASE_S_DEFAULT = 60.0  # a pending partition outlives a coordinator that stopped renewing it
 
 META_FORMAT = 1
 CATALOG_PREFIX = "~catalog/"
@@ -158,9 +161,16 @@ def _read_striped_meta(store: KeyValueStore, key: str) -> bytes:
 class PartitionWriter:
     """Receives a partition's rows in any batch sizes and stores them as slices, pending."""
 
-    def __init__(self, store: KeyValueStore, meta: PartitionMeta, slice_rows: int | None = None):
+    def __init__(
+        self,
+        store: KeyValueStore,
+        meta: PartitionMeta,
+        slice_rows: int | None = None,
+        lease_s: float = LEASE_S_DEFAULT,
+    ):
         self.store = store
         self.meta = meta
+        self.lease_s = lease_s
         self._pending_rows: list[pa.RecordBatch] = []
         self._pending_count = 0
         bytes_per_row = max(1.0, _bytes_per_row_estimate(meta.schema))
@@ -180,7 +190,13 @@ class PartitionWriter:
                 raise DatasetExists(
                     f"another ingest of {d}/{n} partition {p} is in progress on this device"
                 )
-            txn.put(pending, _json_bytes({"ingest": self.meta.ingest, "started_at": time.time()}))
+            now = time.time()
+            marker = {
+                "ingest": self.meta.ingest,
+                "started_at": now,
+                "lease_until": now + self.lease_s,
+            }
+            txn.put(pending, _json_bytes(marker))
         self._started = True
 
     def write(self, batch: pa.RecordBatch) -> None:
@@ -310,9 +326,57 @@ def abort(store: KeyValueStore, ingest_id: str | None = None) -> int:
     return deleted
 
 
-def collect_debris(store: KeyValueStore) -> int:
-    """On start: a pending partition can only be a failed ingest's leftover (see module doc)."""
-    return abort(store, None)
+def pending_ingests(store: KeyValueStore) -> dict[str, dict[str, Any]]:
+    """Ingests this device holds pending: id -> its record and when its lease ends."""
+    found: dict[str, dict[str, Any]] = {}
+    for pending in store.list(naming.PENDING_PREFIX):
+        if pending.count("/") != 3:
+            continue
+        try:
+            body = _load_json(store.get(pending)[0])
+        except KeyNotFound:
+            continue
+        record = body["ingest"]
+        entry = found.setdefault(record["id"], {"ingest": record, "lease_until": 0.0})
+        # a marker from before leases existed: its coordinator is long gone
+        entry["lease_until"] = max(entry["lease_until"], body.get("lease_until", 0.0))
+    return found
+
+
+def renew(store: KeyValueStore, ingest_id: str, lease_s: float) -> int:
+    """The ingest's coordinator is alive: its pending partitions here stay ``lease_s`` longer."""
+    renewed = 0
+    with store.transaction() as txn:
+        for pending in txn.list(naming.PENDING_PREFIX):
+            if pending.count("/") != 3:
+                continue
+            body = _load_json(txn.get(pending)[0])
+            if body["ingest"]["id"] != ingest_id:
+                continue
+            body["lease_until"] = max(body.get("lease_until", 0.0), time.time() + lease_s)
+            txn.put(pending, _json_bytes(body))
+            renewed += 1
+    return renewed
+
+
+def committed_ingest(store: KeyValueStore, ingest_id: str) -> bool:
+    """Whether any partition of the ingest is committed here."""
+    return any(summary["ingest"]["id"] == ingest_id for summary in inventory(store))
+
+
+def outcome(store: KeyValueStore, ingest_id: str, now: float) -> str:
+    """What the ingest's decider says of it: its own commit decides. Pending with its lease
+    run out means its coordinator is gone: aborted here, and so answered (a coordinator that
+    comes back finds nothing to commit on the decider and aborts everywhere)."""
+    if committed_ingest(store, ingest_id):
+        return "commit"
+    held = pending_ingests(store).get(ingest_id)
+    if held is None:
+        return "abort"
+    if held["lease_until"] > now:
+        return "pending"
+    abort(store, ingest_id)
+    return "abort"
 
 
 def inventory(store: KeyValueStore) -> list[dict[str, Any]]:
