@@ -122,11 +122,20 @@ def status(cluster: ClusterOption = None, as_json: JsonOption = False) -> None:
     """Show every device: up or down, profile, keys and partitions held."""
     c = open_cluster(cluster)
     rows = c.status()
+    short = c.deficits()
     c.close()
     if as_json:
         print_json(rows)
-    else:
-        _print_status(rows)
+        return
+    _print_status(rows)
+    if not short:
+        console.print("every partition is at its replica count")
+    for deficit in short:
+        held = ", ".join(deficit.holders) or "no device that answers"
+        console.print(
+            f"[yellow]under-replicated[/yellow] {deficit.dataset} partition {deficit.partition}: "
+            f"{len(deficit.holders)} of {deficit.replicas} replicas ({held}); `quarry repair`"
+        )
 
 
 def _print_status(rows: list[dict[str, Any]]) -> None:
@@ -513,6 +522,132 @@ def device_serve(
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     serve(data, get_profile(profile, profiles), host, port, name, ready_file)
+
+
+@app.command()
+def repair(
+    bandwidth: Annotated[
+        float, typer.Option(help="MB/s the copies may use, so foreground queries keep going")
+    ] = 200.0,
+    dry_run: Annotated[bool, typer.Option(help="only list what is under-replicated")] = False,
+    watch: Annotated[
+        float | None,
+        typer.Option(help="keep watching: repair once a device has been gone this many seconds"),
+    ] = None,
+    cluster: ClusterOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Copy under-replicated partitions from surviving replicas to restore their count."""
+    c = open_cluster(cluster)
+    try:
+        if dry_run:
+            short = [d.to_json() for d in c.deficits()]
+            if as_json:
+                print_json(short)
+            else:
+                console.print(short or "nothing to repair")
+            return
+        if watch is not None:
+            _watch(c, watch, bandwidth * 1e6)
+            return
+        report = c.repair(bandwidth * 1e6)
+    finally:
+        c.close()
+    if as_json:
+        print_json(report.to_json())
+        return
+    for copy in report.copied:
+        console.print(
+            f"copied {copy['dataset']} partition {copy['partition']} to {copy['to']} "
+            f"({human_bytes(copy['bytes'])})"
+        )
+    for failure in report.failed:
+        console.print(f"[red]could not copy[/red] {failure}")
+    for lost in report.unavailable:
+        console.print(
+            f"[red]unavailable[/red] {lost['dataset']} partition {lost['partition']}: no "
+            "replica answers; start its devices (quarry device restart)"
+        )
+    console.print(
+        f"{len(report.copied)} partitions copied, {human_bytes(report.bytes_copied)} in "
+        f"{report.seconds:.1f} s"
+    )
+
+
+WATCH_PERIOD_S = 5.0
+
+
+def _watch(c: Any, after_s: float, bandwidth_bytes_per_s: float) -> None:
+    """An automatic repair: once a device has not answered for ``after_s``, copy what it held
+    elsewhere. Runs until interrupted."""
+    gone_since: dict[str, float] = {}
+    console.print(f"watching; repairing after a device is gone {after_s:.0f} s (Ctrl-C stops)")
+    try:
+        while True:
+            c.refresh()
+            now = time.monotonic()
+            gone_since = {name: gone_since.get(name, now) for name in c.down}
+            if any(now - since >= after_s for since in gone_since.values()) and c.deficits():
+                report = c.repair(bandwidth_bytes_per_s)
+                console.print(f"repair: {len(report.copied)} partitions copied")
+            time.sleep(WATCH_PERIOD_S)
+    except KeyboardInterrupt:
+        pass
+
+
+@device_app.command("restart")
+def device_restart(name: str, cluster: ClusterOption = None) -> None:
+    """Start a stopped device of this cluster again, on its data and address."""
+    from quarry.coordinator.cluster import read_cluster_file, write_cluster_file
+    from quarry.coordinator.local import restart_detached
+
+    file = cluster_file(cluster)
+    devices = read_cluster_file(file)
+    spec = next((d for d in devices if d["name"] == name), None)
+    if spec is None:
+        raise ClusterError(f"no device {name!r} in {file}: {', '.join(d['name'] for d in devices)}")
+    started = restart_detached(spec)
+    spec.update(started)
+    write_cluster_file(file, devices)
+    console.print(f"started {name} (pid {started['pid']}) at {started['address']}")
+
+
+@device_app.command("remove")
+def device_remove(
+    name: str,
+    force: Annotated[
+        bool, typer.Option(help="remove it even if it holds the only replica")
+    ] = False,
+    cluster: ClusterOption = None,
+) -> None:
+    """Take a device out of the cluster for good (then `quarry repair` restores replicas)."""
+    from quarry.coordinator.cluster import read_cluster_file, write_cluster_file
+    from quarry.coordinator.local import stop_device
+
+    file = cluster_file(cluster)
+    devices = read_cluster_file(file)
+    spec = next((d for d in devices if d["name"] == name), None)
+    if spec is None:
+        raise ClusterError(f"no device {name!r} in {file}")
+    if len(devices) == 1:
+        raise ClusterError(f"{name} is the cluster's only device")
+    c = open_cluster(cluster)
+    only = sorted(
+        f"{entry.qualified} partition {p.partition}"
+        for entry in c.catalog.values()
+        for p in entry.partitions
+        if p.devices == [name]
+    )
+    c.close()
+    if only and not force:
+        raise ClusterError(
+            f"{name} holds the only replica of {len(only)} partition(s) ({', '.join(only[:3])}"
+            f"{' ...' if len(only) > 3 else ''}): repair first, or --force to lose them"
+        )
+    if "pid" in spec:
+        stop_device(spec)
+    write_cluster_file(file, [d for d in devices if d["name"] != name])
+    console.print(f"removed {name}; `quarry repair` copies what it held to the others")
 
 
 @device_app.command("load")

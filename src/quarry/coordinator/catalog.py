@@ -111,13 +111,26 @@ class _Ingest:
 
 
 def build(
-    inventories: dict[str, list[PartitionSummary]], down: frozenset[str] = frozenset()
+    inventories: dict[str, list[PartitionSummary]],
+    down: frozenset[str] = frozenset(),
+    members: frozenset[str] | None = None,
 ) -> dict[str, DatasetEntry]:
     """Assemble datasets from each device's inventory (device name -> partition summaries).
 
-    ``down`` names devices that did not answer: a partition missing only because its devices
-    are down keeps its dataset listed, marked unavailable, rather than making it vanish.
+    ``down`` names devices that did not answer, and a device placement names that is not one
+    of ``members`` (removed from the cluster) counts as down: a partition missing only because
+    its devices are gone keeps its dataset listed, marked unavailable (or under-replicated,
+    for repair), rather than making it vanish.
     """
+    if members is not None:
+        placed = {
+            device
+            for summaries in inventories.values()
+            for summary in summaries
+            for devices in summary.ingest.placement.values()
+            for device in devices
+        }
+        down = down | frozenset(placed - members)
     by_dataset: dict[tuple[str, str], dict[str, _Ingest]] = defaultdict(dict)
     for device, summaries in inventories.items():
         for summary in summaries:

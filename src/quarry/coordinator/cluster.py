@@ -19,6 +19,13 @@ from quarry.coordinator.fragments import Forced
 from quarry.coordinator.ingest import ingest
 from quarry.coordinator.membership import Membership
 from quarry.coordinator.query import Query
+from quarry.coordinator.repair import (
+    BANDWIDTH_BYTES_PER_S_DEFAULT,
+    Deficit,
+    RepairReport,
+    deficits,
+    repair,
+)
 from quarry.coordinator.sample import Sample, sample
 from quarry.coordinator.streams import merge
 from quarry.errors import ClusterError, DeviceUnavailable
@@ -166,6 +173,18 @@ class Cluster(Membership):
     ) -> Sample:
         """Every ``every``-th row of every slice, drawn on the devices (``Sample.table``)."""
         return sample(self, dataset, every, pushdown, decisions)
+
+    # ---- replicas ------------------------------------------------------------------------
+
+    def deficits(self) -> list[Deficit]:
+        """Partitions held by fewer devices that answer than their ingest asked."""
+        self.refresh()
+        return deficits(self)
+
+    def repair(self, bandwidth_bytes_per_s: float = BANDWIDTH_BYTES_PER_S_DEFAULT) -> RepairReport:
+        """Copy under-replicated partitions from a replica that answers to devices that do
+        not hold them, until each is back at its replica count (bounded bandwidth)."""
+        return repair(self, bandwidth_bytes_per_s)
 
     # ---- devices as drives --------------------------------------------------------------------
 

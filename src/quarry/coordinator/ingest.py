@@ -39,7 +39,7 @@ from quarry.progress import Bar
 from quarry.protocol.control import IngestRecord
 from quarry.protocol.ingest import LEASE_S_DEFAULT, PutPartition, Renew, Renewed
 from quarry.store import naming
-from quarry.store.codec import check_compression
+from quarry.store.codec import check_compression, rows_per_slice
 
 if TYPE_CHECKING:
     from quarry.coordinator.membership import Membership
@@ -129,9 +129,12 @@ def ingest(
     lease_s = lease_seconds()
     streams: dict[tuple[int, str], tuple[Any, Any]] = {}
 
-    def stream(partition: int, device: str) -> tuple[Any, Any]:
+    kv_bytes_max = {d.name: cluster.info[d.name].profile.kv_bytes_max for d in devices}
+
+    def stream(partition: int, device: str, rows: pa.Table | None = None) -> tuple[Any, Any]:
         key = (partition, device)
         if key not in streams:
+            replicas_kv = [kv_bytes_max[d] for d in placement[str(partition)]]
             request = PutPartition(
                 domain=domain,
                 dataset=name,
@@ -141,6 +144,7 @@ def ingest(
                 metadata=metadata or {},
                 hints=hints or {},
                 lease_s=lease_s,
+                slice_rows=_slice_rows(rows, min(replicas_kv)),
             )
             streams[key] = by_id[device].open_put(request, schema)
         return streams[key]
@@ -172,6 +176,14 @@ def ingest(
             "they settle it on their own within seconds: list it again"
         )
     return entry
+
+
+def _slice_rows(rows: pa.Table | None, kv_bytes_max: int) -> int | None:
+    """Rows per slice for every replica of a partition: what the smallest value limit among
+    them holds, from the first rows' real size (a larger slice would only be striped)."""
+    if rows is None or not rows.num_rows:
+        return None
+    return rows_per_slice(rows.nbytes / rows.num_rows, kv_bytes_max)
 
 
 def lease_seconds() -> float:
@@ -277,7 +289,7 @@ def _deliver(
     stream: Any,
 ) -> None:
     for device in placement[str(partition)]:
-        writer, _ = stream(partition, device)
+        writer, _ = stream(partition, device, rows)
         for batch in rows.to_batches():
             by_id[device].guard(lambda w=writer, b=batch: w.write_batch(b))
 

@@ -87,7 +87,7 @@ def start_device(
             raise ClusterError(f"device {name} did not start within {START_TIMEOUT_S:.0f} s")
         time.sleep(0.05)
     info = json.loads(ready.read_text())
-    return {
+    spec = {
         "name": name,
         "address": info["address"],
         "pid": process.pid,
@@ -95,6 +95,26 @@ def start_device(
         "profile": profile,
         "_process": process,
     }
+    if profiles_file is not None:  # so that `quarry device restart` finds the profile again
+        spec["profiles_file"] = str(profiles_file)
+    return spec
+
+
+def restart_detached(spec: dict[str, Any]) -> dict[str, Any]:
+    """Start a device of a cluster file again, on its data and port, in the background."""
+    if spec.get("pid") and is_device(int(spec["pid"]), spec.get("data")):
+        raise ClusterError(f"device {spec['name']} is running (pid {spec['pid']})")
+    port = int(spec["address"].rsplit(":", 1)[1])
+    started = start_device(
+        Path(spec["data"]),
+        spec["name"],
+        spec["profile"],
+        port,
+        detach=True,
+        profiles_file=spec.get("profiles_file"),
+    )
+    started.pop("_process")
+    return started
 
 
 def is_device(pid: int, data: str | None = None) -> bool:

@@ -69,7 +69,9 @@ class Membership:
                 self.down[name] = str(result)
                 continue
             self.info[name], inventories[name] = result
-        self.catalog = catalog_module.build(inventories, frozenset(self.down))
+        self.catalog = catalog_module.build(
+            inventories, frozenset(self.down), frozenset(self.devices)
+        )
 
     def live_devices(self) -> list[DeviceClient]:
         return [c for n, c in sorted(self.devices.items()) if n not in self.down]

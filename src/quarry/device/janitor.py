@@ -38,6 +38,11 @@ def resolve(
         record = held["ingest"]
         if not startup and held["lease_until"] > now:
             continue  # its coordinator is alive and may still be streaming
+        # rows that never all arrived cannot be committed, whatever the outcome
+        partitions.abort_unfinished(store, ingest_id)
+        if ingest_id not in partitions.pending_ingests(store):
+            done[ingest_id] = "aborted"
+            continue
         decider = record.get("decider", "")
         if not decider:  # written before ingests named a decider: a failed ingest's debris
             outcome = Outcome.ABORT

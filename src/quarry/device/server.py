@@ -257,7 +257,9 @@ class DeviceServer(flight.FlightServerBase):
             hints=request.hints,
             device=self.name,
         )
-        writer = partitions.PartitionWriter(self.store, meta, lease_s=request.lease_s)
+        writer = partitions.PartitionWriter(
+            self.store, meta, slice_rows=request.slice_rows, lease_s=request.lease_s
+        )
         try:
             for chunk in reader:
                 if chunk.data is not None and chunk.data.num_rows:

@@ -33,6 +33,9 @@ class PutPartition(Message):
     hints: dict[str, Any] = bounded(items_max=METADATA_ITEMS_MAX, default_factory=dict)
     # the partition stays pending this long unless the coordinator renews it (``renew``)
     lease_s: float = bounded(low=0.1, high=LEASE_S_MAX, default=LEASE_S_DEFAULT)
+    # rows per slice, the same on every replica so that slice numbers name the same rows
+    # everywhere (failover resumes by slice number); None: sized from this device's limit
+    slice_rows: int | None = bounded(low=1, high=1 << 40, default=None)
 
 
 @dataclass(frozen=True)

@@ -174,6 +174,7 @@ class PartitionWriter:
         self._pending_rows: list[pa.RecordBatch] = []
         self._pending_count = 0
         bytes_per_row = max(1.0, _bytes_per_row_estimate(meta.schema))
+        self.fixed = slice_rows is not None  # chosen for every replica: kept as given
         self.slice_rows = slice_rows or codec.rows_per_slice(bytes_per_row, store.kv_bytes_max)
         self._started = False
 
@@ -207,7 +208,7 @@ class PartitionWriter:
                 f"rows for {self.meta.domain}/{self.meta.dataset} do not match the partition "
                 f"schema: got {batch.schema}, expected {self.meta.schema}"
             )
-        if self.meta.slices == [] and self._pending_count == 0 and batch.num_rows:
+        if not self.fixed and not self.meta.slices and not self._pending_count and batch.num_rows:
             # Size slices from the real data rather than the schema's fixed-width guess.
             row_bytes = batch.nbytes / batch.num_rows
             self.slice_rows = codec.rows_per_slice(row_bytes, self.store.kv_bytes_max)
@@ -341,6 +342,25 @@ def pending_ingests(store: KeyValueStore) -> dict[str, dict[str, Any]]:
         # a marker from before leases existed: its coordinator is long gone
         entry["lease_until"] = max(entry["lease_until"], body.get("lease_until", 0.0))
     return found
+
+
+def abort_unfinished(store: KeyValueStore, ingest_id: str) -> int:
+    """Delete the pending partitions of an ingest whose rows never all arrived: whatever the
+    outcome, they cannot be committed (their coordinator is gone)."""
+    deleted = 0
+    for pending in store.list(naming.PENDING_PREFIX):
+        if pending.count("/") != 3 or store.version(pending + "/meta-ready"):
+            continue
+        try:
+            body = _load_json(store.get(pending)[0])
+        except KeyNotFound:
+            continue
+        if body["ingest"]["id"] != ingest_id:
+            continue
+        domain, dataset, partition = pending[len(naming.PENDING_PREFIX) :].split("/")
+        deleted += store.delete_prefix(naming.partition_prefix(domain, dataset, int(partition)))
+        deleted += store.delete_prefix(pending)
+    return deleted
 
 
 def renew(store: KeyValueStore, ingest_id: str, lease_s: float) -> int:
