@@ -35,6 +35,8 @@ app = typer.Typer(
 )
 device_app = typer.Typer(help="Run and drive device processes.", no_args_is_help=True)
 app.add_typer(device_app, name="device")
+token_app = typer.Typer(no_args_is_help=True, help="Tokens: who may call the devices.")
+app.add_typer(token_app, name="token")
 
 MATRIX_FORMATS = ("h5ad", "mtx", "tsv")
 
@@ -55,8 +57,10 @@ def up(
     data: Annotated[Path, typer.Option(help="folder for the devices' data")] = Path(DEFAULT_DATA),
     detach: Annotated[bool, typer.Option(help="start in the background and return")] = False,
     profiles: Annotated[str | None, typer.Option(help="TOML file of user-defined profiles")] = None,
+    tls: Annotated[bool, typer.Option(help="encrypt every call (TLS) as well")] = False,
 ) -> None:
-    """Start an embedded cluster of device processes on localhost."""
+    """Start an embedded cluster of device processes on localhost; every call carries a token
+    (the cluster's credentials are made in the data folder, owner-readable only)."""
     from quarry.coordinator.cluster import Cluster, write_cluster_file
     from quarry.coordinator.local import CLUSTER_FILE, start_local, stop_pid
 
@@ -74,7 +78,9 @@ def up(
                 "`quarry down` first, or use another --data folder"
             )
     chosen: str | list[str] = profile.split(",") if "," in profile else profile
-    started, _root, _ = start_local(devices, chosen, data, detach=detach, profiles_file=profiles)
+    started, _root, _ = start_local(
+        devices, chosen, data, detach=detach, profiles_file=profiles, tls=tls
+    )
     processes = [d.pop("_process") for d in started]
     write_cluster_file(file, started)
     cluster = Cluster(started, source=str(file))
@@ -513,15 +519,39 @@ def device_serve(
         Path | None, typer.Option(help="write address here once listening")
     ] = None,
     profiles: Annotated[str | None, typer.Option(help="TOML file of user-defined profiles")] = None,
+    credentials: Annotated[
+        Path | None,
+        typer.Option(help="the cluster's credentials folder (made by quarry up): tokens, TLS"),
+    ] = None,
+    tls: Annotated[bool, typer.Option(help="serve over TLS (required off loopback)")] = False,
+    insecure: Annotated[
+        bool, typer.Option(help="check no token (loopback experiments only)")
+    ] = False,
 ) -> None:
     """Run one device: an Arrow Flight server over an LMDB key-value store."""
     import logging
 
+    from quarry.auth.credentials import Credentials, read_private
     from quarry.device.profile import get_profile
-    from quarry.device.server import serve
+    from quarry.device.server import Security, serve
 
+    if credentials is None and not insecure:
+        raise ClusterError(
+            "a device checks every call's token: give --credentials FOLDER (made by quarry up), "
+            "or --insecure for a loopback experiment"
+        )
+    security = Security()
+    if credentials is not None:
+        found = Credentials(credentials)
+        security = Security(
+            secret=found.secret(),
+            tls=(read_private(found.cert_file), read_private(found.key_file)) if tls else None,
+            ca=read_private(found.ca_file) if tls else None,
+        )
+    elif tls:
+        raise ClusterError("--tls needs --credentials FOLDER (its certificate and key)")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    serve(data, get_profile(profile, profiles), host, port, name, ready_file)
+    serve(data, get_profile(profile, profiles), host, port, name, ready_file, security)
 
 
 @app.command()
@@ -648,6 +678,37 @@ def device_remove(
         stop_device(spec)
     write_cluster_file(file, [d for d in devices if d["name"] != name])
     console.print(f"removed {name}; `quarry repair` copies what it held to the others")
+
+
+@token_app.command("create")
+def token_create(
+    role: Annotated[str, typer.Option(help="reader, writer or admin")] = "reader",
+    output: Annotated[
+        Path | None, typer.Option(help="write a cluster file that carries the new token")
+    ] = None,
+    cluster: ClusterOption = None,
+) -> None:
+    """Hand out a token: print it, or write a cluster file that carries it (owner-only)."""
+    from quarry.auth.credentials import Credentials
+    from quarry.auth.tokens import Role
+    from quarry.coordinator.cluster import read_cluster_file, write_cluster_file
+
+    if role not in ("reader", "writer", "admin"):
+        raise QuarryError(f"--role must be reader, writer or admin, not {role!r}")
+    devices = read_cluster_file(cluster_file(cluster))
+    folder = next((d["credentials"] for d in devices if d.get("credentials")), None)
+    if folder is None:
+        raise ClusterError("this cluster file names no credentials: ask the cluster's admin")
+    token = Credentials(Path(folder)).token(Role(role))
+    if output is None:
+        sys.stdout.write(token + "\n")
+        return
+    private = ("credentials", "token_file", "pid", "data", "profiles_file")
+    handed = [
+        {**{k: v for k, v in d.items() if k not in private}, "token": token} for d in devices
+    ]
+    write_cluster_file(output, handed)
+    console.print(f"wrote {output}: a cluster file with a {role} token")
 
 
 @device_app.command("load")

@@ -69,6 +69,18 @@ class ProtocolMismatch(QuarryError):
     code = "protocol_mismatch"
 
 
+class Unauthenticated(QuarryError):
+    """A call without a valid token of this cluster."""
+
+    code = "unauthenticated"
+
+
+class Forbidden(QuarryError):
+    """A valid token whose role may not make this call; nothing was changed."""
+
+    code = "forbidden"
+
+
 class ProtocolError(QuarryError, ValueError):
     """A message that does not decode: a field of the wrong type or out of bounds, named."""
 

@@ -13,6 +13,7 @@ import pytest
 import quarry
 from quarry import protocol
 from quarry.coordinator.client import DeviceClient
+from quarry.coordinator.membership import client_of
 from quarry.errors import (
     DeviceUnavailable,
     IngestFailed,
@@ -79,7 +80,8 @@ def test_two_concurrent_updates_of_one_slice(cluster):
     barrier = threading.Barrier(2)
 
     def update(value: int) -> None:
-        client = DeviceClient(device.name, device.address)  # two independent writers
+        spec = next(s for s in cluster.spec if s["name"] == device.name)
+        client = client_of(spec)  # two independent writers
         batch = pa.record_batch({"k": pa.array([value] * 10, pa.int64())})
         barrier.wait()
         try:

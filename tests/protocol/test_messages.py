@@ -282,7 +282,8 @@ def test_a_device_refuses_a_malformed_request_naming_the_field(cluster):
     from pyarrow import flight
 
     with pytest.raises(ProtocolError, match="PartitionRef.partition: expected an integer"):
-        client.guard(lambda: list(client._client.do_action(flight.Action("describe", bad))))
+        action = flight.Action("describe", bad)
+        client.guard(lambda: list(client._client.do_action(action, client._options())))
 
 
 def test_unit_arguments_are_typed_by_the_unit(cluster):

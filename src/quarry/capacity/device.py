@@ -44,6 +44,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from quarry.auth.tokens import Role
 from quarry.capacity.kernel_data import (
     KERNEL_INPUTS,
     OPTIONAL_INPUTS,
@@ -97,6 +98,7 @@ class KernelUnit(Unit):
     STAGES = frozenset({Stage.FULL})
     CHUNK_SLICES_MAX = None  # a partition is the unit of work: the paper's "one I/O"
     RESUMABLE = True  # a partition's result is whole once shipped
+    ROLE = Role.ADMIN  # a program run on the drive, not a query
 
     def __init__(self, request, payload, context):
         super().__init__(request, payload, context)

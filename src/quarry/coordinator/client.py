@@ -13,7 +13,8 @@ from typing import Any
 import pyarrow as pa
 from pyarrow import flight
 
-from quarry.errors import DeviceUnavailable, ProtocolError, QuarryError
+from quarry.auth.middleware import bearer
+from quarry.errors import DeviceUnavailable, ProtocolError, QuarryError, Unauthenticated
 from quarry.protocol import control, frame, ingest, work
 from quarry.protocol.message import Message
 
@@ -22,11 +23,21 @@ CALL_TIMEOUT_S = 120.0
 
 
 class DeviceClient:
-    def __init__(self, name: str, address: str, timeout_s: float = CALL_TIMEOUT_S):
+    def __init__(
+        self,
+        name: str,
+        address: str,
+        timeout_s: float = CALL_TIMEOUT_S,
+        token: str | None = None,
+        root_ca: bytes | None = None,
+    ):
         self.name = name
         self.address = address
         self.timeout_s = timeout_s
-        self._client = flight.FlightClient(address)
+        # every call carries the token; over TLS the device must show a certificate the
+        # cluster's CA signed
+        self._headers = bearer(token) if token else []
+        self._client = flight.FlightClient(address, tls_root_certs=root_ca)
 
     def __repr__(self) -> str:
         return f"DeviceClient({self.name!r}, {self.address!r})"
@@ -35,7 +46,7 @@ class DeviceClient:
         self._client.close()
 
     def _options(self, timeout_s: float | None = None) -> flight.FlightCallOptions:
-        return flight.FlightCallOptions(timeout=timeout_s or self.timeout_s)
+        return flight.FlightCallOptions(timeout=timeout_s or self.timeout_s, headers=self._headers)
 
     def translate(self, error: Exception) -> Exception:
         """A Flight error as the quarry error it carries, naming this device."""
@@ -43,6 +54,8 @@ class DeviceClient:
         typed = frame.decode_error(text)
         if typed is not None:
             return typed
+        if isinstance(error, flight.FlightUnauthenticatedError):
+            return Unauthenticated(f"device {self.name} refused the call: {text.splitlines()[0]}")
         if (
             isinstance(
                 error,

@@ -7,6 +7,7 @@ it in their own modules, which this handle only calls (so none of them imports i
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Self
@@ -246,10 +247,14 @@ class Cluster(Membership):
 
 
 def write_cluster_file(path: str | Path, devices: list[dict[str, Any]]) -> Path:
+    """Owner-readable only: an entry may carry a token, or say where the admin's is."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"format": CLUSTER_FILE_FORMAT, "devices": devices}, indent=2))
+    text = json.dumps({"format": CLUSTER_FILE_FORMAT, "devices": devices}, indent=2)
+    descriptor = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(descriptor, "w") as file:
+        file.write(text)
     tmp.replace(path)
     return path
 

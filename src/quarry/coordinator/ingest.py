@@ -30,10 +30,12 @@ from quarry.errors import (
     DatasetExists,
     DatasetNotFound,
     DeviceUnavailable,
+    Forbidden,
     IngestFailed,
     QuarryError,
     SchemaMismatch,
     SourceError,
+    Unauthenticated,
 )
 from quarry.progress import Bar
 from quarry.protocol.control import IngestRecord
@@ -48,6 +50,8 @@ ROW_GROUP_BYTES = 1 << 20  # rows travel to a partition in groups of whole rows,
 PARTITIONS_PER_DEVICE = 4  # enough partitions that rendezvous hashing spreads them evenly
 MODES = ("create", "append")
 LEASE_ENV = "QUARRY_INGEST_LEASE_S"
+# errors that say what the user must change, not that the ingest broke: raised as they are
+PASSED_ON = (SourceError, SchemaMismatch, DatasetExists, Forbidden, Unauthenticated)
 RENEWALS_PER_LEASE = 3  # a lease is renewed this often before it would run out
 
 
@@ -159,7 +163,7 @@ def ingest(
             _decide(by_id[record.decider], record)
         except BaseException as error:
             _abort(by_id, involved, ingest_id, streams)
-            if isinstance(error, (SourceError, SchemaMismatch, DatasetExists)):
+            if isinstance(error, PASSED_ON):
                 raise
             if isinstance(error, QuarryError):
                 raise IngestFailed(

@@ -16,8 +16,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from quarry.coordinator.client import DeviceClient
+from quarry.auth.credentials import Credentials
+from quarry.auth.credentials import create as create_credentials
 from quarry.coordinator.cluster import Cluster, write_cluster_file
+from quarry.coordinator.membership import client_of
 from quarry.device.profile import get_profile
 from quarry.errors import ClusterError
 
@@ -34,6 +36,8 @@ def device_command(
     port: int = 0,
     ready_file: Path | None = None,
     profiles_file: str | None = None,
+    credentials: Credentials | None = None,
+    tls: bool = False,
 ) -> list[str]:
     command = [
         sys.executable,
@@ -54,6 +58,12 @@ def device_command(
         command += ["--ready-file", str(ready_file)]
     if profiles_file is not None:
         command += ["--profiles", profiles_file]
+    if credentials is not None:
+        command += ["--credentials", str(credentials.folder)]
+    else:
+        command += ["--insecure"]
+    if tls:
+        command += ["--tls"]
     return command
 
 
@@ -64,6 +74,8 @@ def start_device(
     port: int = 0,
     detach: bool = False,
     profiles_file: str | None = None,
+    credentials: Credentials | None = None,
+    tls: bool = False,
 ) -> dict[str, Any]:
     """Start one device process and wait until it listens; returns its cluster-file entry."""
     data.mkdir(parents=True, exist_ok=True)
@@ -71,7 +83,7 @@ def start_device(
     ready.unlink(missing_ok=True)
     with open(data / "device.log", "ab") as log:
         process = subprocess.Popen(
-            device_command(data, name, profile, port, ready, profiles_file),
+            device_command(data, name, profile, port, ready, profiles_file, credentials, tls),
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
@@ -97,7 +109,16 @@ def start_device(
     }
     if profiles_file is not None:  # so that `quarry device restart` finds the profile again
         spec["profiles_file"] = str(profiles_file)
+    if credentials is not None:  # how clients of the cluster file prove who they are
+        spec["credentials"] = str(credentials.folder)
+        spec["token_file"] = str(credentials.admin_token_file)
+        if tls:
+            spec["ca_file"] = str(credentials.ca_file)
     return spec
+
+
+def _credentials_of(spec: dict[str, Any]) -> Credentials | None:
+    return Credentials(Path(spec["credentials"])) if spec.get("credentials") else None
 
 
 def restart_detached(spec: dict[str, Any]) -> dict[str, Any]:
@@ -112,6 +133,8 @@ def restart_detached(spec: dict[str, Any]) -> dict[str, Any]:
         port,
         detach=True,
         profiles_file=spec.get("profiles_file"),
+        credentials=_credentials_of(spec),
+        tls="ca_file" in spec,
     )
     started.pop("_process")
     return started
@@ -188,13 +211,19 @@ class LocalCluster(Cluster):
         spec = next(d for d in self.spec if d["name"] == name)
         port = int(spec["address"].rsplit(":", 1)[1])
         started = start_device(
-            Path(spec["data"]), name, spec["profile"], port, profiles_file=self.profiles_file
+            Path(spec["data"]),
+            name,
+            spec["profile"],
+            port,
+            profiles_file=self.profiles_file,
+            credentials=_credentials_of(spec),
+            tls="ca_file" in spec,
         )
         self.processes[name] = started.pop("_process")
         spec["pid"] = started["pid"]
         # A gRPC channel to a dead server backs off before reconnecting: start a fresh one.
         self.devices[name].close()
-        self.devices[name] = DeviceClient(name, spec["address"])
+        self.devices[name] = client_of(spec)
         write_cluster_file(self.cluster_file, self.spec)
         self.refresh()
 
@@ -219,7 +248,11 @@ def start_local(
     data: str | Path | None = None,
     detach: bool = False,
     profiles_file: str | None = None,
+    tls: bool = False,
 ) -> tuple[list[dict[str, Any]], Path, bool]:
+    """Start ``devices`` device processes on loopback over a folder. The cluster's credentials
+    (a token secret, an admin token, a CA and the devices' certificate) are made in the folder
+    first, owner-readable only; every device checks every call's token, over TLS if ``tls``."""
     if not 1 <= devices <= DEVICES_MAX:
         raise ClusterError(f"devices must be between 1 and {DEVICES_MAX}, got {devices}")
     profiles = [profile] * devices if isinstance(profile, str) else list(profile)
@@ -228,7 +261,7 @@ def start_local(
     for name in set(profiles):
         get_profile(name, profiles_file)  # fail fast, before any process starts
     owns = data is None
-    root = Path(tempfile.mkdtemp(prefix="quarry-")) if data is None else Path(data)
+    root = Path(tempfile.mkdtemp(prefix="quarry-")) if data is None else Path(data).resolve()
     root.mkdir(parents=True, exist_ok=True)
     left_out = sorted(
         folder.name
@@ -241,12 +274,22 @@ def start_local(
             f"device(s) would not start: start them all (--devices "
             f"{devices + len(left_out)}), or move those folders away first"
         )
+    credentials = create_credentials(root)
     started: list[dict[str, Any]] = []
     try:
         for index, device_profile in enumerate(profiles):
             name = f"dev{index}"
             started.append(
-                start_device(root / name, name, device_profile, 0, detach, profiles_file)
+                start_device(
+                    root / name,
+                    name,
+                    device_profile,
+                    0,
+                    detach,
+                    profiles_file,
+                    credentials,
+                    tls,
+                )
             )
     except BaseException:
         for device in started:
@@ -263,12 +306,14 @@ def local(
     profile: str | list[str] = "host",
     data: str | Path | None = None,
     profiles_file: str | None = None,
+    tls: bool = False,
 ) -> Iterator[LocalCluster]:
     """Start ``devices`` device processes on localhost; stop them (and clean up) on exit.
 
     ``data`` defaults to a temporary folder that is removed afterwards; give a folder to keep it.
+    Calls carry the cluster's admin token; ``tls`` also encrypts them.
     """
-    started, root, owns = start_local(devices, profile, data, profiles_file=profiles_file)
+    started, root, owns = start_local(devices, profile, data, profiles_file=profiles_file, tls=tls)
     cluster = LocalCluster(started, root, owns, profiles_file)
     try:
         yield cluster

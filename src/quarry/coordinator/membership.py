@@ -9,8 +9,10 @@ those functions behind one handle for users.
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
+from quarry.auth.credentials import read_private
 from quarry.coordinator import catalog as catalog_module
 from quarry.coordinator.catalog import DatasetEntry
 from quarry.coordinator.client import DeviceClient
@@ -19,6 +21,16 @@ from quarry.protocol.control import HelloReply
 from quarry.store import naming
 
 PROBE_WORKERS_MAX = 16
+
+
+def client_of(spec: dict[str, Any]) -> DeviceClient:
+    """A device's client from its cluster-file entry, with the credentials the entry names: a
+    token inline or in a file (owner-readable), and the CA its TLS certificate must chain to."""
+    token = spec.get("token")
+    if token is None and spec.get("token_file"):
+        token = read_private(Path(spec["token_file"])).decode().strip()
+    root_ca = read_private(Path(spec["ca_file"])) if spec.get("ca_file") else None
+    return DeviceClient(spec["name"], spec["address"], token=token, root_ca=root_ca)
 
 
 class Membership:
@@ -30,7 +42,7 @@ class Membership:
             raise ClusterError(f"device names must be unique, got {names}")
         self.spec = devices
         self.source = source
-        self.devices = {d["name"]: DeviceClient(d["name"], d["address"]) for d in devices}
+        self.devices = {d["name"]: client_of(d) for d in devices}
         self.down: dict[str, str] = {}
         self.info: dict[str, HelloReply] = {}
         self.catalog: dict[str, DatasetEntry] = {}

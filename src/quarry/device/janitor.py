@@ -66,10 +66,13 @@ def resolve(
 class Janitor:
     """``resolve`` once at start, then every ``PERIOD_S`` in a thread, until stopped."""
 
-    def __init__(self, store: KeyValueStore, device: str, period_s: float = PERIOD_S):
+    def __init__(
+        self, store: KeyValueStore, device: str, period_s: float = PERIOD_S, ask: Ask = ask_outcome
+    ):
         self.store = store
         self.device = device
         self.period_s = period_s
+        self.ask = ask
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="quarry-janitor", daemon=True)
 
@@ -87,7 +90,7 @@ class Janitor:
 
     def _pass(self, startup: bool) -> dict[str, str]:
         try:
-            settled = resolve(self.store, self.device, startup)
+            settled = resolve(self.store, self.device, startup, self.ask)
         except Exception:  # a bad marker must not stop the device; logged, tried again
             log.exception("%s: settling pending ingests failed", self.device)
             return {}

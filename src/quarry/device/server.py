@@ -14,17 +14,23 @@ import logging
 import os
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 from pyarrow import flight
 
+from quarry import auth
+from quarry.auth.middleware import needed
+from quarry.auth.tokens import Role, mint
 from quarry.device import calibration, faults, loop
 from quarry.device import identity as identity_file
 from quarry.device.janitor import Janitor
+from quarry.device.peers import ask_outcome
 from quarry.device.profile import Profile
-from quarry.errors import ProtocolError, QuarryError
+from quarry.device.unit import lookup
+from quarry.errors import ClusterError, ProtocolError, QuarryError
 from quarry.protocol import control, frame, ingest, work
 from quarry.protocol.frame import Exchange, Get, Put
 from quarry.protocol.message import Message
@@ -67,9 +73,33 @@ def description_message(meta: PartitionMeta) -> control.PartitionDescription:
     )
 
 
+@dataclass(frozen=True)
+class Security:
+    """What a device checks callers with, and shows them: the cluster's token secret (None:
+    ``--insecure``, nothing checked), its TLS certificate and key, and the CA it trusts when it
+    calls another device."""
+
+    secret: bytes | None = None
+    tls: tuple[bytes, bytes] | None = None  # certificate, key (PEM)
+    ca: bytes | None = None
+
+    @property
+    def scheme(self) -> str:
+        return "grpc+tls" if self.tls else "grpc"
+
+
 class DeviceServer(flight.FlightServerBase):
-    def __init__(self, data: Path, profile: Profile, location: str, name: str | None = None):
-        super().__init__(location)
+    def __init__(
+        self,
+        data: Path,
+        profile: Profile,
+        location: str,
+        name: str | None = None,
+        security: Security = Security(),
+    ):
+        middleware = {auth.NAME: auth.TokenCheck(security.secret)} if security.secret else None
+        tls = [security.tls] if security.tls else None
+        super().__init__(location, middleware=middleware, tls_certificates=tls)
         self.data = Path(data)
         self.profile = profile
         self.identity = identity_file.load_or_create(self.data, name, profile.name)
@@ -80,7 +110,12 @@ class DeviceServer(flight.FlightServerBase):
         self.runtime = loop.Runtime(self.store, Emulator(profile), self.name)
         # Pending ingests it took part in before it stopped: committed or aborted as their
         # deciders say, then watched while their coordinators renew them.
-        self.janitor = Janitor(self.store, self.name)
+        peer_token = mint(security.secret, Role.DEVICE) if security.secret else None
+        self.janitor = Janitor(
+            self.store,
+            self.name,
+            ask=functools.partial(ask_outcome, token=peer_token, root_ca=security.ca),
+        )
         self.janitor.start()
         self.started_at = time.time()
         self._inventory_cache: tuple[int, bytes] | None = None
@@ -99,6 +134,7 @@ class DeviceServer(flight.FlightServerBase):
         kind, header, payload = frame.decode(action.body.to_pybytes())
         if kind != action.type:
             raise ProtocolError(f"action type {action.type!r} does not match its body ({kind!r})")
+        auth.authorize(context, kind, needed(kind, header))
         handlers = self._actions()
         if kind not in handlers:
             raise ProtocolError(f"unknown action {kind!r}; this device knows {sorted(handlers)}")
@@ -235,6 +271,7 @@ class DeviceServer(flight.FlightServerBase):
         writer: flight.FlightMetadataWriter,
     ) -> None:
         kind, header, _ = frame.decode(descriptor.command)
+        auth.authorize(context, kind)
         if kind == Put.PARTITION:
             reply: Message = self._put_partition(ingest.PutPartition.from_json(header), reader)
         elif kind == Put.UPDATE_SLICE:
@@ -305,13 +342,16 @@ class DeviceServer(flight.FlightServerBase):
         kind, header, payload = frame.decode(descriptor.command)
         if kind != Exchange.WORK:
             raise ProtocolError(f"unknown exchange {kind!r}")
-        loop.run_work(self.runtime, work.WorkRequest.from_json(header), payload, writer)
+        request = work.WorkRequest.from_json(header)
+        auth.authorize(context, f"run {request.unit}", lookup(request.unit).ROLE)
+        loop.run_work(self.runtime, request, payload, writer)
 
     @_flight_errors
     def do_get(
         self, context: flight.ServerCallContext, ticket: flight.Ticket
     ) -> flight.FlightDataStream:
         kind, header, payload = frame.decode(ticket.ticket)
+        auth.authorize(context, kind)
         if kind == Get.CALIBRATION:
             request = work.CalibrationTransfer.from_json(header)
             schema, batches = calibration.calibration_stream(self.emulator, request.bytes)
@@ -343,6 +383,9 @@ class DeviceServer(flight.FlightServerBase):
         return schema, batches()
 
 
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
 def serve(
     data: str | Path,
     profile: Profile,
@@ -350,9 +393,17 @@ def serve(
     port: int = 0,
     name: str | None = None,
     ready_file: str | Path | None = None,
+    security: Security = Security(),
 ) -> None:
-    """Run a device until it is stopped (SIGTERM / SIGINT)."""
-    server = DeviceServer(Path(data), profile, f"grpc://{host}:{port}", name)
+    """Run a device until it is stopped (SIGTERM / SIGINT). Anywhere but loopback it needs
+    TLS: tokens must not cross a network in the clear."""
+    if host not in LOOPBACK and security.tls is None:
+        raise ClusterError(
+            f"a device listening on {host} must use TLS (--tls-cert, --tls-key): only loopback "
+            "may be plain"
+        )
+    scheme = security.scheme
+    server = DeviceServer(Path(data), profile, f"{scheme}://{host}:{port}", name, security)
     if ready_file is not None:
         import json
 
@@ -364,7 +415,7 @@ def serve(
                     "port": server.port,
                     "pid": os.getpid(),
                     "name": server.name,
-                    "address": f"grpc://{host}:{server.port}",
+                    "address": f"{scheme}://{host}:{server.port}",
                 }
             )
         )

@@ -34,6 +34,7 @@ from typing import Any, ClassVar, TypeVar
 
 import pyarrow as pa
 
+from quarry.auth.tokens import Role
 from quarry.device.emulation import Emulator
 from quarry.errors import KeyNotFound, QuarryError
 from quarry.protocol.stage import Skip, Stage
@@ -183,6 +184,9 @@ class Unit:
     # each chunk done, so a host can resume the rest on a replica if this device dies. A unit
     # that carries state (genes: one Combine at the end) is resumed from its start.
     RESUMABLE: ClassVar[bool] = False
+    # Who may run it: reading kinds of work need a reader's token; code that computes on the
+    # device beyond a query (kernels, offloaded programs) an admin's.
+    ROLE: ClassVar[Role] = Role.READER
 
     def __init__(self, request: WorkRequest, payload: bytes, context: UnitContext):
         self.request = request
