@@ -704,9 +704,7 @@ def token_create(
         sys.stdout.write(token + "\n")
         return
     private = ("credentials", "token_file", "pid", "data", "profiles_file")
-    handed = [
-        {**{k: v for k, v in d.items() if k not in private}, "token": token} for d in devices
-    ]
+    handed = [{**{k: v for k, v in d.items() if k not in private}, "token": token} for d in devices]
     write_cluster_file(output, handed)
     console.print(f"wrote {output}: a cluster file with a {role} token")
 

@@ -28,6 +28,12 @@ class DatasetNotFound(QuarryError, KeyError):
         return str(self.args[0]) if self.args else ""
 
 
+class InvalidOption(QuarryError, ValueError):
+    """An option outside its choices (a compression, a mode); the message lists them."""
+
+    code = "invalid_option"
+
+
 class SchemaMismatch(QuarryError, ValueError):
     code = "schema_mismatch"
 
@@ -79,6 +85,13 @@ class Forbidden(QuarryError):
     """A valid token whose role may not make this call; nothing was changed."""
 
     code = "forbidden"
+
+
+class CorruptSlice(QuarryError):
+    """A stored slice that does not decode or does not match its metadata (damaged storage):
+    the device names the slice; a replica may still hold a good copy."""
+
+    code = "corrupt_slice"
 
 
 class ProtocolError(QuarryError, ValueError):

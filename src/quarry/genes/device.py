@@ -198,7 +198,10 @@ def _load(unit: Accumulate, meta: PartitionMeta) -> Cached | None:
     raw = unit.context.cache_get(_cache_key(unit, meta.partition))
     if raw is None:
         return None
-    table = pa.ipc.open_stream(pa.py_buffer(raw)).read_all()
+    try:
+        table = pa.ipc.open_stream(pa.py_buffer(raw)).read_all()
+    except (pa.ArrowException, OSError):
+        return None  # a damaged cache entry: recompute (the put below replaces it)
     metadata = table.schema.metadata or {}
     if (
         metadata.get(b"format") != CACHE_FORMAT

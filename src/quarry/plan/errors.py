@@ -23,3 +23,10 @@ class StageError(RuntimeError):
         super().__init__(message)
         self.operator = operator
         self.while_running = while_running
+
+
+def is_engine_failure(error: BaseException) -> bool:
+    """An error the engine raised about its input, including a Rust panic (``PanicException``
+    derives from BaseException), as opposed to the interpreter stopping or a generator closing.
+    """
+    return not isinstance(error, KeyboardInterrupt | SystemExit | GeneratorExit)

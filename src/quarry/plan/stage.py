@@ -15,7 +15,7 @@ import pyarrow as pa
 from google.protobuf.message import DecodeError
 
 from quarry.plan import engine, merge, tree
-from quarry.plan.errors import StageError
+from quarry.plan.errors import StageError, is_engine_failure
 
 INPUT_TABLE = "__quarry_input"
 # Stages repeat per slice range; decoding each once is enough. Bounded like every cache.
@@ -36,12 +36,26 @@ class PreparedStage:
 
 @functools.lru_cache(maxsize=PREPARED_CACHE_ENTRIES_MAX)
 def prepare(stage: bytes) -> PreparedStage:
+    """Decode a stage and find the table it reads. The bytes come over the wire: a plan that
+    decodes but is malformed (a dangling reference, a schema whose names and types disagree)
+    is a StageError like one that does not decode, never a crash of the device."""
     try:
-        plan = tree.parse_plan(stage)
+        return _prepare(stage)
+    except StageError:
+        raise
     except DecodeError as error:
         raise StageError(
             f"cannot decode sub-plan: not a Substrait plan ({error})", "plan"
         ) from None
+    except BaseException as error:
+        if not is_engine_failure(error):
+            raise
+        detail = _first_line(error) if str(error) else type(error).__name__
+        raise StageError(f"cannot decode sub-plan: malformed plan ({detail})", "plan") from None
+
+
+def _prepare(stage: bytes) -> PreparedStage:
+    plan = tree.parse_plan(stage)
     if len(plan.relations) != 1:
         raise StageError(f"cannot decode sub-plan: {len(plan.relations)} roots, expected 1", "plan")
     reads = [rel for rel in tree.iter_rels(plan) if tree.kind(rel) == "read"]
@@ -83,15 +97,20 @@ def run_stage(
     """
     prepared = prepare(stage)
     input_schema = _input_schema(prepared, schema)
-    bound = [_bind(batch, prepared, input_schema) for batch in batches]
+    try:
+        bound = [_bind(batch, prepared, input_schema) for batch in batches]
+    except pa.ArrowException as error:
+        raise StageError(f"cannot read the input as the stage declares: {error}", "read") from None
     ctx = engine.session(target_partitions)
     engine.register_batches(ctx, INPUT_TABLE, input_schema, bound, target_partitions)
     try:
         merge.register_merge_functions(ctx, prepared.merge_functions)
         frame = engine.consume(ctx, prepared.plan)
         stream = frame.execute_stream()
-    except Exception as error:
-        operator = failing_operator(prepared, input_schema)
+    except BaseException as error:
+        if not is_engine_failure(error):
+            raise
+        operator = _failing_operator_or_plan(prepared, input_schema)
         # Every operator plans on an empty input: the rows themselves made it fail.
         data = operator == "plan"
         raise StageError(
@@ -104,13 +123,15 @@ def _batches(stream) -> Iterator[pa.RecordBatch]:
     try:
         for batch in stream:
             yield batch.to_pyarrow()
-    except Exception as error:
+    except BaseException as error:
+        if not is_engine_failure(error):
+            raise
         raise StageError(
             f"sub-plan failed while running: {_first_line(error)}", "execution", while_running=True
         ) from None
 
 
-def _first_line(error: Exception) -> str:
+def _first_line(error: BaseException) -> str:
     """DataFusion's message without its backtrace."""
     lines = [line for line in str(error).splitlines() if line.strip()]
     return lines[0] if lines else type(error).__name__
@@ -146,6 +167,15 @@ def _bind(
     return pa.RecordBatch.from_arrays(columns, schema=input_schema)
 
 
+def _failing_operator_or_plan(prepared: PreparedStage, input_schema: pa.Schema) -> str:
+    try:
+        return failing_operator(prepared, input_schema)
+    except BaseException as error:  # a plan too malformed to take apart names the plan
+        if not is_engine_failure(error):
+            raise
+        return "plan"
+
+
 def failing_operator(prepared: PreparedStage, input_schema: pa.Schema) -> str:
     """The lowest relation of the stage that DataFusion cannot take, as "kind (functions)"."""
     plan = tree.parse_plan(prepared.plan)
@@ -157,7 +187,9 @@ def failing_operator(prepared: PreparedStage, input_schema: pa.Schema) -> str:
         try:
             merge.register_merge_functions(ctx, prepared.merge_functions)
             engine.consume(ctx, tree.make_plan(plan, rel))
-        except Exception as error:
+        except BaseException as error:
+            if not is_engine_failure(error):
+                raise
             child = tree.single_input(rel)
             own = _functions(rel, names) - (_functions(child, names) if child else set())
             # Name the function DataFusion complained about when its message says which.

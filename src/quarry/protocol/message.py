@@ -282,7 +282,7 @@ def _decode_schema(value: Any, where: str) -> pa.Schema:
         raise ProtocolError(f"{where}: expected an Arrow schema (base64 IPC), got {_show(value)}")
     try:
         return _schema_of_text(value)
-    except (binascii.Error, pa.ArrowInvalid, ValueError) as error:
+    except (binascii.Error, pa.ArrowException, OSError, ValueError) as error:
         raise ProtocolError(f"{where}: not an Arrow schema ({error})") from None
 
 

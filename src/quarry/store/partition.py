@@ -21,6 +21,7 @@ from typing import Any
 import pyarrow as pa
 
 from quarry.errors import (
+    CorruptSlice,
     DatasetExists,
     DatasetNotFound,
     IngestFailed,
@@ -419,7 +420,12 @@ def read_slice(
     info = meta.slices[number]
     key = naming.slice_key(meta.domain, meta.dataset, meta.partition, number)
     value = codec.unstripe(store.get_many(naming.slice_value_keys(key, info.stripes)))
-    batch = codec.decode_slice(value, meta.schema, info.rows)
+    try:
+        batch = codec.decode_slice(value, meta.schema, info.rows)
+    except CorruptSlice as error:
+        raise CorruptSlice(
+            f"slice {number} of partition {meta.partition} of {meta.domain}/{meta.dataset}: {error}"
+        ) from None
     return batch.select(columns) if columns is not None else batch
 
 
