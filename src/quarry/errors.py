@@ -6,6 +6,8 @@ typed exception that the device raised (see ``quarry.protocol.encode_error``).
 
 from __future__ import annotations
 
+import re
+
 
 class QuarryError(Exception):
     """Base of every error quarry raises on purpose. ``code`` names it on the wire."""
@@ -69,6 +71,20 @@ class DeviceUnavailable(QuarryError, ConnectionError):
     """A device does not answer (down, wrong address, or died mid-request)."""
 
     code = "device_unavailable"
+
+
+class DeviceBusy(QuarryError):
+    """A device at its bound of concurrent work refused a request before starting it; it says
+    when to come back (``retry_after_ms``). The coordinator backs off and retries."""
+
+    code = "device_busy"
+
+    def __init__(self, message: str, retry_after_ms: int | None = None):
+        super().__init__(message)
+        if retry_after_ms is None:  # rebuilt from the wire: the figure is in the message
+            match = re.search(r"retry after (\d+) ms", message)
+            retry_after_ms = int(match.group(1)) if match else 100
+        self.retry_after_ms = retry_after_ms
 
 
 class ProtocolMismatch(QuarryError):

@@ -9,6 +9,7 @@ import pyarrow as pa
 import pytest
 
 from quarry.device import loop
+from quarry.device.admission import Admission
 from quarry.device.controller import Controllers
 from quarry.device.emulation import Emulator
 from quarry.device.parked import Parked
@@ -128,7 +129,10 @@ def runtime(tmp_path):
     writer.write(table.to_batches()[0])
     writer.finish()
     partitions.commit(store, "i", "dev0")
-    return loop.Runtime(store, Emulator(get_profile("host")), "dev0", Controllers(), Parked())
+    admission = Admission("dev0", exchanges_max=4, queued_bytes_max=1 << 30)
+    return loop.Runtime(
+        store, Emulator(get_profile("host")), "dev0", admission, Controllers(), Parked()
+    )
 
 
 @pytest.fixture(autouse=True)

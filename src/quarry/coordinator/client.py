@@ -14,6 +14,7 @@ import pyarrow as pa
 from pyarrow import flight
 
 from quarry.auth.middleware import bearer
+from quarry.coordinator.backoff import BusyCounter, retrying
 from quarry.errors import DeviceUnavailable, ProtocolError, QuarryError, Unauthenticated
 from quarry.protocol import control, frame, ingest, work
 from quarry.protocol.message import Message
@@ -38,6 +39,7 @@ class DeviceClient:
         # cluster's CA signed
         self._headers = bearer(token) if token else []
         self._client = flight.FlightClient(address, tls_root_certs=root_ca)
+        self.busy = BusyCounter()  # what this device's admission held back
 
     def __repr__(self) -> str:
         return f"DeviceClient({self.name!r}, {self.address!r})"
@@ -182,9 +184,16 @@ class DeviceClient:
     # ---- reads ---------------------------------------------------------------------------
 
     def get(self, request: Message, payload: bytes = b"") -> flight.FlightStreamReader:
-        """A do_get stream for a ticket (scan, pushed-back slices, calibration)."""
+        """A do_get stream for a ticket (scan, pushed-back slices, calibration), once the
+        device has admitted it (a busy device is retried after the wait it asks for)."""
         ticket = flight.Ticket(request.encode(payload))
-        return self.guard(lambda: self._client.do_get(ticket, self._options()))
+
+        def admitted() -> flight.FlightStreamReader:
+            reader = self.guard(lambda: self._client.do_get(ticket, self._options()))
+            self.guard(lambda: reader.schema)  # the device's first answer: admitted, or busy
+            return reader
+
+        return retrying(admitted, self.busy)
 
     def scan(
         self,
@@ -210,8 +219,18 @@ class DeviceClient:
         """Run a unit of work; iterate the stream for its batches and, in stream order, the
         device's notices (``PushedBack``) and its last word (``WorkDone``)."""
         descriptor = flight.FlightDescriptor.for_command(request.encode(payload))
-        writer, reader = self.guard(lambda: self._client.do_exchange(descriptor, self._options()))
-        return WorkStream(self, writer, reader)
+
+        def admitted() -> WorkStream:
+            exchange = self.guard(lambda: self._client.do_exchange(descriptor, self._options()))
+            stream = WorkStream(self, *exchange)
+            try:
+                stream.schema  # noqa: B018 - the device's first answer: admitted, or busy
+            except BaseException:
+                stream.close()
+                raise
+            return stream
+
+        return retrying(admitted, self.busy)
 
     def program(
         self, unit: str, header: dict[str, Any] | None = None, payload: bytes = b""

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 from pyarrow import flight
 
+from quarry.device.admission import Admission
 from quarry.device.controller import Adaptive, Annotation, Controllers
 from quarry.device.emulation import Emulator
 from quarry.device.parked import Parked
@@ -57,29 +58,39 @@ class Runtime:
     store: KeyValueStore
     emulator: Emulator
     device: str
+    admission: Admission
     controllers: Controllers = field(default_factory=Controllers)
     parked: Parked = field(default_factory=Parked)
 
 
 class Stream:
-    """The exchange's writer, with the drive's external link in front of it."""
+    """The exchange's writer, with the drive's external link in front of it. Output computed
+    and waiting for the link counts as the device's queued bytes (``Admission``)."""
 
-    def __init__(self, writer: flight.MetadataRecordBatchWriter, emulator: Emulator):
+    def __init__(
+        self, writer: flight.MetadataRecordBatchWriter, emulator: Emulator, admission: Admission
+    ):
         self.writer = writer
         self.emulator = emulator
+        self.admission = admission
 
-    def batches(
-        self, batches: Iterable[pa.RecordBatch], schema: pa.Schema, metrics: Counters
-    ) -> int:
+    def batches(self, batches: list[pa.RecordBatch], schema: pa.Schema, metrics: Counters) -> int:
+        queued = sum(batch.nbytes for batch in batches)
+        self.admission.queue(queued)
         shipped = 0
-        for batch in batches:
-            if not batch.num_rows:
-                continue
-            size = pa.ipc.get_record_batch_size(batch)
-            self.emulator.ship(size)
-            self.writer.write_batch(conform(batch, schema))
-            shipped += size
-            metrics.rows_shipped += batch.num_rows
+        try:
+            for batch in batches:
+                if not batch.num_rows:
+                    continue
+                size = pa.ipc.get_record_batch_size(batch)
+                self.emulator.ship(size)
+                self.writer.write_batch(conform(batch, schema))
+                self.admission.unqueue(batch.nbytes)
+                queued -= batch.nbytes
+                shipped += size
+                metrics.rows_shipped += batch.num_rows
+        finally:
+            self.admission.unqueue(queued)
         metrics.bytes_shipped += shipped
         return shipped
 
@@ -362,7 +373,7 @@ def run_work(
     context = UnitContext(runtime.store, runtime.emulator, runtime.device)
     unit = lookup(request.unit)(request, payload, context)
     writer.begin(unit.output_schema)
-    stream = Stream(writer, runtime.emulator)
+    stream = Stream(writer, runtime.emulator, runtime.admission)
     runs = [PartitionRun(runtime, request, partition, unit) for partition in request.partitions]
     if unit.payload_needed():
         # Not an error: the host asked first without its payload, hoping nothing needs it.

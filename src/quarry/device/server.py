@@ -24,13 +24,14 @@ from pyarrow import flight
 from quarry import auth
 from quarry.auth.middleware import needed
 from quarry.auth.tokens import Role, mint
-from quarry.device import calibration, faults, loop
+from quarry.device import admission, calibration, faults, loop
 from quarry.device import identity as identity_file
+from quarry.device.admission import Admission
 from quarry.device.janitor import Janitor
 from quarry.device.peers import ask_outcome
 from quarry.device.profile import Profile
 from quarry.device.unit import lookup
-from quarry.errors import ClusterError, ProtocolError, QuarryError
+from quarry.errors import ClusterError, ProtocolError, QuarryError, QueryError
 from quarry.protocol import control, frame, ingest, work
 from quarry.protocol.frame import Exchange, Get, Put
 from quarry.protocol.message import Message
@@ -107,7 +108,10 @@ class DeviceServer(flight.FlightServerBase):
         self.store = KeyValueStore(self.data / "kv", kv_bytes_max=profile.kv_bytes_max)
         from quarry.device.emulation import Emulator
 
-        self.runtime = loop.Runtime(self.store, Emulator(profile), self.name)
+        self.admission = Admission(
+            self.name, admission.exchanges_for(profile.cores), admission.queued_bytes_default()
+        )
+        self.runtime = loop.Runtime(self.store, Emulator(profile), self.name, self.admission)
         # Pending ingests it took part in before it stopped: committed or aborted as their
         # deciders say, then watched while their coordinators renew them.
         peer_token = mint(security.secret, Role.DEVICE) if security.secret else None
@@ -344,7 +348,8 @@ class DeviceServer(flight.FlightServerBase):
             raise ProtocolError(f"unknown exchange {kind!r}")
         request = work.WorkRequest.from_json(header)
         auth.authorize(context, f"run {request.unit}", lookup(request.unit).ROLE)
-        loop.run_work(self.runtime, request, payload, writer)
+        with self.admission.exchange():
+            loop.run_work(self.runtime, request, payload, writer)
 
     @_flight_errors
     def do_get(
@@ -359,7 +364,14 @@ class DeviceServer(flight.FlightServerBase):
             request = work.SliceRequest.from_json(header)
             schema, batches = loop.fetch_slices(self.runtime, request, payload)
         elif kind == Get.SCAN:
-            schema, batches = self._scan(work.ScanRequest.from_json(header))
+            scan = work.ScanRequest.from_json(header)
+            started = self.admission.enter()
+            try:
+                schema, scanned = self._scan(scan)
+            except BaseException:
+                self.admission.leave(started)
+                raise
+            batches = self.admission.stream(scanned, started)
         else:
             raise ProtocolError(f"unknown ticket {kind!r}")
         return flight.GeneratorStream(schema, batches)
@@ -368,6 +380,12 @@ class DeviceServer(flight.FlightServerBase):
         """Raw slices, through the profile's internal and external bandwidth limits."""
         meta = partitions.read_meta(self.store, request.domain, request.dataset, request.partition)
         columns = list(request.columns) if request.columns is not None else None
+        unknown = sorted(set(columns or ()) - set(meta.schema.names))
+        if unknown:
+            raise QueryError(
+                f"{request.domain}/{request.dataset} has no column {', '.join(unknown)} "
+                f"(its columns: {', '.join(meta.schema.names)})"
+            )
         schema = (
             meta.schema if columns is None else pa.schema([meta.schema.field(c) for c in columns])
         )

@@ -1,0 +1,135 @@
+"""Admission: how much work a device takes on at once, and "busy, retry after N ms" beyond it.
+
+A device runs at most ``exchanges_max`` streams of new work (work exchanges and scans) and holds
+at most ``queued_bytes_max`` bytes of output computed but not yet written to its streams. A
+request that finds a slot within ``WAIT_S`` runs; otherwise it is refused at once with
+``DeviceBusy``, before any work, naming when to come back: the time one slot takes to free at
+the device's recent pace. The coordinator backs off and retries (``coordinator.backoff``), so
+an overloaded device slows its callers down instead of running out of memory, and an answer
+never changes (Exadata: a busy cell never changes an answer).
+
+Fetches of ranges a device pushed back, and control actions (hello, inventory, commit) are not
+admitted here: they belong to work already admitted, or are small; refusing them would stall
+queries under way or make a busy device look dead.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import os
+import threading
+import time
+from collections.abc import Iterator
+
+from quarry.errors import DeviceBusy
+
+WAIT_S = 0.05  # a short queue at the door before refusing
+EXCHANGES_PER_CORE = 2
+EXCHANGES_MIN = 4
+QUEUED_BYTES_MAX_DEFAULT = 256 << 20
+RETRY_AFTER_MS_MIN = 5
+RETRY_AFTER_MS_MAX = 2_000
+RETRY_AFTER_MS_UNKNOWN = 20
+RECENT_EXCHANGES = 32
+EXCHANGES_ENV = "QUARRY_DEVICE_EXCHANGES_MAX"
+QUEUED_MIB_ENV = "QUARRY_DEVICE_QUEUED_MIB_MAX"
+
+
+def exchanges_for(cores: int | None) -> int:
+    """The default bound: two streams per core (one computing while one ships), at least 4."""
+    configured = os.environ.get(EXCHANGES_ENV)
+    if configured:
+        return max(1, int(configured))
+    return max(EXCHANGES_MIN, EXCHANGES_PER_CORE * (cores or os.cpu_count() or 1))
+
+
+def queued_bytes_default() -> int:
+    configured = os.environ.get(QUEUED_MIB_ENV)
+    return int(float(configured) * (1 << 20)) if configured else QUEUED_BYTES_MAX_DEFAULT
+
+
+class Admission:
+    def __init__(self, device: str, exchanges_max: int, queued_bytes_max: int):
+        assert exchanges_max >= 1 and queued_bytes_max > 0
+        self.device = device
+        self.exchanges_max = exchanges_max
+        self.queued_bytes_max = queued_bytes_max
+        self._slots = threading.BoundedSemaphore(exchanges_max)
+        self._lock = threading.Lock()
+        self._recent: collections.deque[float] = collections.deque(maxlen=RECENT_EXCHANGES)
+        self.running = 0
+        self.queued_bytes = 0
+        self.admitted = 0
+        self.refused = 0
+
+    @contextlib.contextmanager
+    def exchange(self) -> Iterator[None]:
+        """Hold a slot while a stream of new work runs; DeviceBusy when none frees in time."""
+        started = self.enter()
+        try:
+            yield
+        finally:
+            self.leave(started)
+
+    def enter(self) -> float:
+        if self.queued_bytes > self.queued_bytes_max or not self._slots.acquire(timeout=WAIT_S):
+            with self._lock:
+                self.refused += 1
+            raise self._busy()
+        with self._lock:
+            self.running += 1
+            self.admitted += 1
+        return time.perf_counter()
+
+    def leave(self, started: float | None = None) -> None:
+        with self._lock:
+            self.running -= 1
+            if started is not None:
+                self._recent.append(time.perf_counter() - started)
+        self._slots.release()
+
+    def stream(self, batches: Iterator, started: float) -> Iterator:
+        """A scan's batches, holding the slot taken at ``started`` until the stream ends (or
+        its reader goes away and the generator is closed)."""
+        try:
+            yield from batches
+        finally:
+            self.leave(started)
+
+    def queue(self, size: int) -> None:
+        with self._lock:
+            self.queued_bytes += size
+
+    def unqueue(self, size: int) -> None:
+        with self._lock:
+            self.queued_bytes -= size
+
+    def retry_after_ms(self) -> int:
+        """When a slot should be free: a recent exchange's time over the slots it shares."""
+        with self._lock:
+            recent = list(self._recent)
+        if not recent:
+            return RETRY_AFTER_MS_UNKNOWN
+        typical_s = sorted(recent)[len(recent) // 2]
+        estimate = 1000 * typical_s / self.exchanges_max
+        return int(min(RETRY_AFTER_MS_MAX, max(RETRY_AFTER_MS_MIN, estimate)))
+
+    def _busy(self) -> DeviceBusy:
+        wait = self.retry_after_ms()
+        return DeviceBusy(
+            f"device {self.device} is busy ({self.running} of {self.exchanges_max} exchanges "
+            f"running, {self.queued_bytes / (1 << 20):.0f} MiB of output queued): "
+            f"retry after {wait} ms",
+            retry_after_ms=wait,
+        )
+
+    def status(self) -> dict[str, int]:
+        with self._lock:
+            return {
+                "running": self.running,
+                "exchanges_max": self.exchanges_max,
+                "queued_bytes": self.queued_bytes,
+                "admitted": self.admitted,
+                "refused": self.refused,
+            }

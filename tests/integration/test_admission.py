@@ -1,0 +1,45 @@
+"""Devices at their bound of concurrent work answer "busy, retry after N ms"; the coordinator
+backs off and every answer is still right."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+import duckdb
+import pytest
+
+import quarry
+from quarry.device.admission import EXCHANGES_ENV
+from quarry.samples import particles
+
+QUERIES = [
+    "SELECT count(*) AS n, sum(ke) AS ke FROM physics.particles WHERE ke > {x}",
+    "SELECT id % 5 AS g, count(*) AS n FROM physics.particles WHERE ke > {x} GROUP BY 1 ORDER BY 1",
+]
+
+
+def test_a_busy_device_slows_callers_down_and_changes_no_answer(monkeypatch):
+    table = particles.table(40_000, seed=9)
+    monkeypatch.setenv(EXCHANGES_ENV, "1")  # the devices started below take one at a time
+    with quarry.local(devices=2, profile="kinetic") as cluster:  # slow drives: long exchanges
+        cluster.ingest(table, "physics/particles", partitions=4)
+
+        def run(i: int) -> tuple[str, list]:
+            sql = QUERIES[i % 2].format(x=i % 4)
+            pushdown = ("always", "auto")[i % 2]
+            return sql, cluster.sql(sql, pushdown=pushdown).read_all().to_pylist()
+
+        with ThreadPoolExecutor(12) as pool:
+            answers = list(pool.map(run, range(24)))
+        scans = [cluster.scan("physics/particles").read_all().num_rows for _ in range(2)]
+        retries = sum(device.busy.retries for device in cluster.devices.values())
+
+    con = duckdb.connect()
+    con.register("particles", table)
+    for sql, answer in answers:
+        expected = con.sql(sql.replace("physics.particles", "particles")).fetch_arrow_table()
+        assert [row.keys() for row in answer] == [row.keys() for row in expected.to_pylist()]
+        for row, want in zip(answer, expected.to_pylist()):
+            assert row == pytest.approx(want, rel=1e-9)
+    assert scans == [table.num_rows] * 2
+    assert retries > 0  # the bound was met, and waited out
