@@ -30,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import png_path, progress, write_json
 
 import quarry
+from quarry.errors import QuarryError
 from quarry.fuzz import live, workers
 from quarry.fuzz.core import Outcomes
 from quarry.samples import particles
@@ -90,7 +91,7 @@ def _check(cluster: Any, expected: list[dict], health: dict[str, int]) -> None:
     health["checks"] += 1
     try:
         answer = cluster.sql(HEALTH_SQL).read_all().to_pylist()
-    except quarry.QuarryError:
+    except QuarryError:
         health["failed"] += 1
         return
     health["wrong"] += answer != expected
@@ -108,7 +109,7 @@ def plot(results: dict[str, Outcomes], path: Path) -> None:
     ax.barh(names, bad, left=left, label="unclear, hang or crash", color="crimson")
     ax.set_xlabel("inputs")
     ax.set_title("What each decoder did with mutated inputs")
-    ax.legend(loc="lower right")
+    ax.legend(loc="upper right")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 

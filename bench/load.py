@@ -41,6 +41,7 @@ from common import png_path, progress, write_json
 
 import quarry
 from quarry.device.admission import exchanges_for
+from quarry.errors import QuarryError
 from quarry.samples import particles
 
 matplotlib.use("Agg")
@@ -113,7 +114,7 @@ class Foreground:
         try:
             table = self.cluster.sql(FOREGROUND_SQL.format(a=a, b=a + FOREGROUND_ROWS - 1))
             ids = sorted(table.read_all().column("id").to_pylist())
-        except quarry.QuarryError as error:
+        except QuarryError as error:
             self.errors.append(str(error)[:200])
             return
         self.latencies.append(time.perf_counter() - started)
@@ -192,7 +193,7 @@ def main() -> None:
                 try:
                     answer = cluster.sql(queries[name]).read_all()
                     outcome = "right" if same_rows(answer, expected[name]) else "wrong"
-                except quarry.QuarryError as error:
+                except QuarryError as error:
                     outcome = f"error: {str(error)[:200]}"
                 with lock:
                     results.append(

@@ -23,11 +23,24 @@ def test_beyond_its_slots_a_device_is_busy_and_names_a_wait():
         assert admission.status()["running"] == 1
     assert admission.status() == {
         "running": 0,
+        "running_small": 0,
         "exchanges_max": 2,
         "queued_bytes": 0,
         "admitted": 3,
         "refused": 1,
     }
+
+
+def test_small_work_has_a_lane_of_its_own():
+    admission = Admission("dev0", exchanges_max=1, queued_bytes_max=1 << 20)
+    large = admission.enter()
+    with pytest.raises(DeviceBusy):
+        admission.enter()
+    with admission.exchange(small=True):  # a point lookup does not queue behind the scan
+        assert admission.status()["running_small"] == 1
+        with pytest.raises(DeviceBusy, match="1 of 1 small exchanges"):
+            admission.enter(small=True)
+    admission.leave(large)
 
 
 def test_output_waiting_for_the_link_counts_against_the_bound():

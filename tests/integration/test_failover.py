@@ -12,6 +12,7 @@ import duckdb
 import pytest
 
 import quarry
+from quarry.errors import QuarryError
 from quarry.samples import particles
 from tests.plan.conftest import tpch  # noqa: F401 - the session fixture
 from tests.plan.harness import assert_same_rows
@@ -177,3 +178,39 @@ def test_gene_statistics_fail_over_to_replicas(replicated):
         assert_same_bits(outcome["ranked"], baseline)
         failovers += outcome["ranked"].attrs["quarry"]["failovers"]
     assert failovers, "no kill landed mid-request"
+
+
+def test_without_a_replica_a_kill_is_a_clear_error_never_a_wrong_answer(replicated):
+    cluster, _ = replicated
+    table = particles.table(400_000, seed=8)
+    cluster.ingest(table, "physics/single", replicas=1)
+    sql = PARTICLE_SQL.replace("particles", "physics.single")
+    con = duckdb.connect()
+    con.register("particles", table)
+    expected = con.execute(PARTICLE_SQL).fetch_arrow_table()
+    started = time.perf_counter()
+    cluster.sql(sql, pushdown="always").read_all()
+    duration_s = time.perf_counter() - started
+    rng = random.Random(21)
+    answered, refused = 0, []
+    for round_number in range(10):
+        victim = f"dev{rng.randrange(4)}"
+        outcome: dict = {}
+        pushdown = rng.choice(PUSHDOWNS)
+        thread = threading.Thread(target=_run, args=(cluster, sql, pushdown, outcome))
+        thread.start()
+        time.sleep(rng.uniform(0.05, 0.5) * duration_s)
+        cluster.kill_device(victim)
+        thread.join(QUERY_TIMEOUT_S)
+        assert not thread.is_alive(), f"round {round_number}: the query hangs"
+        cluster.restart_device(victim)
+        if "error" in outcome:  # clear: the device, and that no replica holds its partition
+            assert isinstance(outcome["error"], QuarryError), outcome["error"]
+            assert victim in str(outcome["error"]), outcome["error"]
+            refused.append(str(outcome["error"]).splitlines()[0][:160])
+        else:  # the kill came after the victim's part: then the answer must be right
+            assert_same_rows(outcome["table"], expected, ordered=False, context="single")
+            answered += 1
+    print(f"replicas=1: {answered} answered right, {len(refused)} clear errors: {refused[:2]}")
+    assert refused, "no kill landed mid-query"
+    cluster.drop("physics/single")

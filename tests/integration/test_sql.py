@@ -235,9 +235,12 @@ def test_device_dying_mid_query_fails_naming_it():
             except BaseException as error:
                 errors.append(error)
 
+        started = time.perf_counter()
+        run()  # how long it takes, to land the kill in its middle
+        duration_s = time.perf_counter() - started
         thread = threading.Thread(target=run)
         thread.start()
-        time.sleep(0.5)
+        time.sleep(0.3 * duration_s)
         cluster.kill_device("dev1")
         thread.join(timeout=120)
         assert not thread.is_alive()

@@ -16,6 +16,7 @@ from quarry.auth.credentials import read_private
 from quarry.coordinator import catalog as catalog_module
 from quarry.coordinator.catalog import DatasetEntry
 from quarry.coordinator.client import DeviceClient
+from quarry.coordinator.workload import Workload
 from quarry.errors import ClusterError, DatasetNotFound, DeviceUnavailable
 from quarry.protocol.control import HelloReply
 from quarry.store import naming
@@ -48,6 +49,7 @@ class Membership:
         self.catalog: dict[str, DatasetEntry] = {}
         self.calibration_cache: dict[str, dict[str, Any]] = {}
         self.figures_cache: dict[tuple[bytes, str], Any] = {}  # auto's sampled sub-plan costs
+        self.workload = Workload()  # the host's turns for long queries
         self.refresh()
 
     def __repr__(self) -> str:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 import uuid
+import weakref
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -78,19 +79,33 @@ class Query:
         return self.cuts.choices
 
     def execute(self) -> pa.RecordBatchReader:
-        self.started = time.perf_counter()
-        cpu_started = cpu_seconds()
-        outputs = {f.name: self._fragment_output(f) for f in self.decomposition.fragments}
-        result = run_super(self.decomposition, outputs)
+        """Run the query once the host admits it (``workload``: a long one waits its turn);
+        the turn is given back when the answer has been read, fails, or is dropped."""
+        workload = self.cluster.workload
+        slot = workload.admit(self.sql)
+        try:
+            self.started = time.perf_counter()
+            cpu_started = cpu_seconds()
+            outputs = {f.name: self._fragment_output(f) for f in self.decomposition.fragments}
+            result = run_super(self.decomposition, outputs)
+        except BaseException:
+            slot.release()
+            raise
 
         def stream() -> Iterator[pa.RecordBatch]:
-            for batch in _engine_errors(result):
-                self.rows += batch.num_rows
-                yield batch
-            self.finished = time.perf_counter()
-            self.host_cpu_s = cpu_seconds() - cpu_started
+            try:
+                for batch in _engine_errors(result):
+                    self.rows += batch.num_rows
+                    yield batch
+                self.finished = time.perf_counter()
+                self.host_cpu_s = cpu_seconds() - cpu_started
+                workload.learn(self.sql, self.finished - self.started)
+            finally:
+                slot.release()
 
-        return pa.RecordBatchReader.from_batches(result.schema, stream())
+        batches = stream()
+        weakref.finalize(batches, slot.release)  # a reader dropped unread
+        return pa.RecordBatchReader.from_batches(result.schema, batches)
 
     def _fragment_output(self, fragment: Fragment) -> Iterator[pa.RecordBatch]:
         entry = self.cluster.entry(fragment.dataset)

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 from pyarrow import flight
 
-from quarry.device.admission import Admission
+from quarry.device.admission import SMALL_BYTES_MAX, Admission
 from quarry.device.controller import Adaptive, Annotation, Controllers
 from quarry.device.emulation import Emulator
 from quarry.device.parked import Parked
@@ -163,6 +163,10 @@ class PartitionRun:
     @property
     def partition(self) -> int:
         return self.meta.partition
+
+    def candidate_bytes(self) -> int:
+        """Stored bytes of the slices left to run once pruning and caches have had their say."""
+        return sum(self.meta.slices[n].bytes_stored for n in self.candidates)
 
     # ---- the loop ------------------------------------------------------------------------------
 
@@ -372,9 +376,33 @@ def run_work(
     started, cpu_started = time.perf_counter(), cpu_seconds()
     context = UnitContext(runtime.store, runtime.emulator, runtime.device)
     unit = lookup(request.unit)(request, payload, context)
-    writer.begin(unit.output_schema)
-    stream = Stream(writer, runtime.emulator, runtime.admission)
     runs = [PartitionRun(runtime, request, partition, unit) for partition in request.partitions]
+    # Admitted (or refused as busy) once pruning says how much is left to read, before a byte
+    # of output: a refused request has started nothing the caller must undo.
+    small = sum(run.candidate_bytes() for run in runs) <= SMALL_BYTES_MAX
+    with runtime.admission.exchange(small):
+        writer.begin(unit.output_schema)
+        _run_admitted(
+            runtime,
+            request,
+            unit,
+            runs,
+            Stream(writer, runtime.emulator, runtime.admission),
+            started,
+            cpu_started,
+        )
+
+
+def _run_admitted(
+    runtime: Runtime,
+    request: WorkRequest,
+    unit: Unit,
+    runs: list[PartitionRun],
+    stream: Stream,
+    started: float,
+    cpu_started: float,
+) -> None:
+    context = unit.context
     if unit.payload_needed():
         # Not an error: the host asked first without its payload, hoping nothing needs it.
         stream.message(WorkDone((), unit.summary(), None, True, time.perf_counter() - started))

@@ -13,7 +13,7 @@ import functools
 import logging
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -61,6 +61,22 @@ def _flight_errors(method: Callable) -> Callable:
             ) from None
 
     return wrapper
+
+
+def _typed_errors(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """A stream's batches; an error raised while they are made reaches the client typed, as
+    one raised before the stream began does (``_flight_errors``)."""
+    try:
+        yield from batches
+    except (flight.FlightError, GeneratorExit):
+        raise
+    except QuarryError as error:
+        raise flight.FlightServerError(frame.encode_error(error)) from None
+    except Exception as error:
+        log.exception("device error in a stream")
+        raise flight.FlightServerError(
+            frame.encode_error(QuarryError(f"device error: {type(error).__name__}: {error}"))
+        ) from None
 
 
 def summary_message(meta: PartitionMeta) -> control.PartitionSummary:
@@ -348,8 +364,7 @@ class DeviceServer(flight.FlightServerBase):
             raise ProtocolError(f"unknown exchange {kind!r}")
         request = work.WorkRequest.from_json(header)
         auth.authorize(context, f"run {request.unit}", lookup(request.unit).ROLE)
-        with self.admission.exchange():
-            loop.run_work(self.runtime, request, payload, writer)
+        loop.run_work(self.runtime, request, payload, writer)  # admitted inside, once pruned
 
     @_flight_errors
     def do_get(
@@ -374,7 +389,7 @@ class DeviceServer(flight.FlightServerBase):
             batches = self.admission.stream(scanned, started)
         else:
             raise ProtocolError(f"unknown ticket {kind!r}")
-        return flight.GeneratorStream(schema, batches)
+        return flight.GeneratorStream(schema, _typed_errors(batches))
 
     def _scan(self, request: work.ScanRequest) -> tuple[pa.Schema, Iterator[pa.RecordBatch]]:
         """Raw slices, through the profile's internal and external bandwidth limits."""

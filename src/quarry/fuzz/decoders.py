@@ -18,7 +18,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from quarry.errors import QuarryError
+from quarry.errors import ProtocolError
 
 # A damaged HDF5 file that makes the library loop is stopped after this long when fuzzing (the
 # reader's own default is generous, for large real files on slow disks).
@@ -87,7 +87,7 @@ def decode_any_frame(data: bytes) -> None:
     if kind in kinds:
         kinds[kind].from_json(header)
     else:
-        raise QuarryError(f"unknown kind {kind!r}")
+        raise ProtocolError(f"unknown kind {kind!r}")  # as a device says it
 
 
 def substrait_seeds() -> tuple[list[bytes], pa.Schema, list[pa.RecordBatch]]:
