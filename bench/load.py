@@ -11,7 +11,9 @@ under load. Every answer is checked against DuckDB on the same data; a query tha
 finish within ``--deadline-s`` is a hang.
 
 Devices bound their concurrent exchanges (``device.admission``); beyond it they answer "busy,
-retry after N ms" and the coordinator backs off: the run reports how often and how long.
+retry after N ms" and the coordinator backs off: the run reports how often and how long. The
+host gives long queries turns (``coordinator.workload``): it reports how many ran at once and
+how many waited.
 Writes bench/results/load.json and load.png (latency distributions, idle against loaded).
 """
 
@@ -223,6 +225,7 @@ def main() -> None:
             name: {"retries": device.busy.retries, "waited_s": round(device.busy.waited_s, 2)}
             for name, device in cluster.devices.items()
         }
+        host_turns = cluster.workload.status()
 
     by_query: dict[str, list[float]] = {}
     for result in results:
@@ -249,6 +252,7 @@ def main() -> None:
         "p99_loaded_over_idle": _ratio(loaded.latencies, idle.latencies, 99),
         "p50_loaded_over_idle": _ratio(loaded.latencies, idle.latencies, 50),
         "busy": busy,
+        "host_turns": host_turns,
         "per_query": {name: percentiles(values) for name, values in sorted(by_query.items())},
     }
     path = write_json("load", body)
