@@ -94,15 +94,15 @@ def test_the_cost_model_is_a_leaf():
             assert not outside, f"{module} imports {sorted(outside)}"
 
 
-# Valid messages of every kind, built as seeds for mutation and never sent.
-FUZZ_SEEDS = "quarry.fuzz.decoders"
+# A valid message of every class, for tests and as fuzzing seeds: built, never sent.
+EXAMPLES = "quarry.protocol.examples"
 
 
 def _constructed(name: str, methods_only: bool = False) -> set[str]:
-    """Modules that call ``name(...)`` (or only ``something.name(...)``), fuzz seeds aside."""
+    """Modules that call ``name(...)`` (or only ``something.name(...)``), examples aside."""
     users = set()
     for module, path in MODULES.items():
-        if module == FUZZ_SEEDS:
+        if module == EXAMPLES:
             continue
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Call):

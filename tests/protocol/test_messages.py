@@ -6,96 +6,12 @@ import dataclasses
 import inspect
 import json
 
-import pyarrow as pa
 import pytest
 
 from quarry.errors import ProtocolError, ProtocolMismatch
 from quarry.protocol import control, frame, ingest, work
+from quarry.protocol.examples import EXAMPLES, RECORD
 from quarry.protocol.message import Message
-from quarry.protocol.stage import Skip, Stage
-
-SCHEMA = pa.schema([("id", pa.int64()), ("ke", pa.float64())])
-RECORD = control.IngestRecord("abc", 0, 4, 1, "create", 1.5, {"0": ["dev0"]}, "p.parquet")
-
-EXAMPLES: list[Message] = [
-    control.Hello(),
-    control.HelloReply(2, "id", "dev0", control.ProfileInfo("kinetic", cores=2), 7, "/d", 1.0),
-    control.Inventory(),
-    control.InventoryReply([control.PartitionSummary("d", "t", 0, RECORD, SCHEMA, rows=3)]),
-    control.PartitionRef("d", "t", 3),
-    control.PartitionDescription(
-        control.PartitionSummary("d", "t", 0, RECORD, SCHEMA),
-        [control.SliceDescription(3, 10, 12, 1, {"ke": control.ZoneMap(0.5, 9.0, 0, 3)})],
-    ),
-    control.Stats(),
-    control.StatsReply(5, 4096, 1, 0),
-    control.KvGet("a/b"),
-    control.KvValue(3),
-    control.KvPut("a/b", 0),
-    control.KvDelete("a/b", None),
-    control.KvList("a/", 10),
-    control.KvKeys(["a/b"]),
-    control.Version(2),
-    control.Deleted(4),
-    control.Load(0.5, 2.0),
-    control.LoadStarted(0.5, 2.0, "dev0"),
-    control.LoadStatusRequest(),
-    control.LoadStatus(0.25, 1.0, 0.0),
-    control.Calibrate(control.CalibratePart.KERNEL, 3),
-    control.CalibrateReply(kernel_s=0.01),
-    control.CalibrationReport(
-        "dev0",
-        "kinetic",
-        control.Measured(15.0, 14.9, True, 0.01),
-        control.Measured(261e6, 260e6, True),
-        control.Measured(None, 2e9),
-        0.1,
-        1.5,
-        1.0,
-    ),
-    ingest.PutPartition("d", "t", 0, RECORD, "zstd", {"lab": "x"}, {"sorted_by": "id"}),
-    ingest.PartitionWritten(0, 100, 2, 4000),
-    ingest.UpdateSlice("d", "t", 0, 1, 3),
-    ingest.Commit("abc"),
-    ingest.Committed([0, 1]),
-    ingest.Abort("abc"),
-    ingest.Drop("d", "t"),
-    ingest.Renew("abc", 30.0),
-    ingest.Renewed(2),
-    ingest.OutcomeRequest("abc"),
-    ingest.OutcomeReply(ingest.Outcome.PENDING),
-    work.WorkRequest(
-        unit="substrait",
-        domain="d",
-        dataset="t",
-        partitions=(0, 2),
-        forced=(work.ForcedDecision(0, 1, 3, Stage.FILTER),),
-        host=work.HostCost(1e-9, 0.5, 0.1, 1e9, 0.5, Stage.RAW),
-        query_id="q/f0",
-        chunk_slices=2,
-        args={"anything": [1, 2.5, "x", None, {"nested": True}]},
-        elsewhere=(work.PartitionRange(0, 0, 1),),
-    ),
-    work.ChunkDone(2, 4, 8),
-    work.PushedBack(0, (work.SliceRange(1, 3),), Stage.RAW, 100, 4000),
-    work.WorkDone(
-        (
-            work.PartitionReport(
-                0,
-                (
-                    work.Decision(0, 1, Skip.PRUNED, "zone maps"),
-                    work.Decision(1, 3, Stage.RAW, "raw: cheaper", 0.5),
-                ),
-                work.WorkMetrics(slices_total=3, slices_pruned=1),
-            ),
-        ),
-        {"cache_hits": 1},
-        (work.TraceEntry(0, 1, 2, 0.1, 0.05, 100, 10),),
-    ),
-    work.SliceRequest("substrait", "d", "t", 0, (work.SliceRange(0, 2),), Stage.FILTER, "q"),
-    work.ScanRequest("d", "t", 0, 1, None, ("id",)),
-    work.CalibrationTransfer(1 << 20),
-]
 
 
 def _message_classes() -> set[type[Message]]:

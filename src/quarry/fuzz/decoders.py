@@ -25,53 +25,6 @@ from quarry.errors import ProtocolError
 HDF5_CHECK_S = 3.0
 
 
-def message_examples() -> list[Any]:
-    """One valid message of every class that travels as a frame or a reply."""
-    from quarry.protocol import control, ingest, work
-    from quarry.protocol.stage import Skip, Stage
-
-    schema = pa.schema([("id", pa.int64()), ("ke", pa.float64())])
-    record = control.IngestRecord("abc", 0, 4, 2, "create", 1.5, {"0": ["dev0"]}, "p.parquet")
-    summary = control.PartitionSummary("d", "t", 0, record, schema, rows=3)
-    return [
-        control.Hello(),
-        control.PartitionRef("d", "t", 3),
-        control.InventoryReply([summary]),
-        control.PartitionDescription(summary, [control.SliceDescription(3, 10, 12, 1, {})]),
-        control.KvPut("a/b", 0),
-        control.KvList("a/", 10),
-        control.Load(0.5, 2.0),
-        control.Calibrate(control.CalibratePart.KERNEL, 3),
-        ingest.PutPartition("d", "t", 0, record, "zstd", {"lab": "x"}, {}, 30.0, 1000),
-        ingest.UpdateSlice("d", "t", 0, 1, 3),
-        ingest.Commit("abc"),
-        ingest.Renew("abc", 30.0),
-        ingest.OutcomeRequest("abc"),
-        work.WorkRequest(
-            unit="substrait",
-            domain="d",
-            dataset="t",
-            partitions=(0, 2),
-            forced=(work.ForcedDecision(0, 1, 3, Stage.FILTER),),
-            host=work.HostCost(1e-9, 0.5, 0.1, 1e9, 0.5, Stage.RAW),
-            query_id="q/f0",
-            elsewhere=(work.PartitionRange(0, 0, 1),),
-        ),
-        work.PushedBack(0, (work.SliceRange(1, 3),), Stage.RAW, 100, 4000),
-        work.ChunkDone(0, 0, 4),
-        work.WorkDone(
-            (
-                work.PartitionReport(
-                    0, (work.Decision(0, 1, Skip.PRUNED, "zone maps"),), work.WorkMetrics()
-                ),
-            ),
-        ),
-        work.SliceRequest("substrait", "d", "t", 0, (work.SliceRange(0, 2),), Stage.FILTER),
-        work.ScanRequest("d", "t", 0, 1, None, ("id",)),
-        work.CalibrationTransfer(1 << 20),
-    ]
-
-
 def decode_any_frame(data: bytes) -> None:
     """What a device does with a request: split the frame, then decode it as its kind says."""
     from quarry.protocol import control, frame, ingest, work
@@ -217,7 +170,9 @@ def target_names() -> tuple[str, ...]:
 def targets(folder: Path) -> dict[str, tuple[Callable[[bytes], Any], list[bytes]]]:
     """Every in-process target: name -> (decoder, seeds)."""
     found: dict[str, tuple[Callable[[bytes], Any], list[bytes]]] = {}
-    frames = [m.encode() for m in message_examples() if m.KIND]
+    from quarry.protocol.examples import EXAMPLES
+
+    frames = [m.encode() for m in EXAMPLES if m.KIND]
     found["frames"] = (decode_any_frame, frames)
     stages, schema, batches = substrait_seeds()
     found["substrait"] = (run_any_stage(schema, batches), stages)

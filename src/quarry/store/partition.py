@@ -310,16 +310,21 @@ def _catalog_key(domain: str, dataset: str, partition: int) -> str:
     return f"{CATALOG_PREFIX}{domain}/{dataset}/{partition:0{naming.PARTITION_DIGITS}d}"
 
 
-def abort(store: KeyValueStore, ingest_id: str | None = None) -> int:
-    """Delete pending partitions (of one ingest, or all): their slices and their marks."""
-    deleted = 0
+def _pending_marks(store: KeyValueStore) -> Iterator[tuple[str, dict[str, Any]]]:
+    """Each pending partition's mark and its body (one gone meanwhile is passed over)."""
     for pending in store.list(naming.PENDING_PREFIX):
         if pending.count("/") != 3:
             continue
         try:
-            body = _load_json(store.get(pending)[0])
+            yield pending, _load_json(store.get(pending)[0])
         except KeyNotFound:
             continue
+
+
+def abort(store: KeyValueStore, ingest_id: str | None = None) -> int:
+    """Delete pending partitions (of one ingest, or all): their slices and their marks."""
+    deleted = 0
+    for pending, body in _pending_marks(store):
         if ingest_id is not None and body["ingest"]["id"] != ingest_id:
             continue
         domain, dataset, partition = pending[len(naming.PENDING_PREFIX) :].split("/")
@@ -331,13 +336,7 @@ def abort(store: KeyValueStore, ingest_id: str | None = None) -> int:
 def pending_ingests(store: KeyValueStore) -> dict[str, dict[str, Any]]:
     """Ingests this device holds pending: id -> its record and when its lease ends."""
     found: dict[str, dict[str, Any]] = {}
-    for pending in store.list(naming.PENDING_PREFIX):
-        if pending.count("/") != 3:
-            continue
-        try:
-            body = _load_json(store.get(pending)[0])
-        except KeyNotFound:
-            continue
+    for _, body in _pending_marks(store):
         record = body["ingest"]
         entry = found.setdefault(record["id"], {"ingest": record, "lease_until": 0.0})
         # a marker from before leases existed: its coordinator is long gone
