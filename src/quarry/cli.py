@@ -728,11 +728,13 @@ def _mount_optional() -> None:
     `quarry genes ingest|drop` for the matrix-only options (cell metadata, orientation)."""
     from quarry.capacity.cli import app as capacity_app
     from quarry.genes import cli as genes_cli
+    from quarry.offload import cli as offload_cli
 
     app.add_typer(
         capacity_app, name="capacity", help="Capacity planning for computational storage."
     )
     app.command("de")(genes_cli.de)
+    app.command("run")(offload_cli.run_command)
     matrices = typer.Typer(no_args_is_help=True, help="Expression matrices: ingest and drop.")
     matrices.command("ingest")(genes_cli.ingest)
     matrices.command("drop")(genes_cli.drop)

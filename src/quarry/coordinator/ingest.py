@@ -18,6 +18,7 @@ import os
 import threading
 import time
 import uuid
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
@@ -124,7 +125,8 @@ def ingest(
         mode=mode,
         created_at=time.time(),
         placement=placement,
-        source=opened.name,
+        # the file it came from, absolute: a program that reads it is served this dataset
+        source=str(Path(opened.name).resolve()) if isinstance(source, str | Path) else opened.name,
         # whose commit decides: the first holder of the first partition, asked by any
         # participant that misses the outcome
         decider=placement[str(first)][0],

@@ -1,0 +1,89 @@
+"""Algorithm 1 of ActivePy (§III.B): which lines run on the devices.
+
+Start with every line on the host, ``T_csd = T_host``. Walk the lines in order; for each, the
+program's time if it moved to the devices: its host time replaced by its device time, and its
+data priced on the link (Eq. 1's terms, ``cost.eq1``). When the line before it is already on
+the devices (or it is the first), its input no longer crosses the link (``- Din/BW``); otherwise
+its input must go to the devices (``+ Din/BW``); either way its output comes back (``+ Dout/BW``).
+
+One departure, on purpose: the paper moves one line at a time, and a line that reads data
+outputs as much as it read, so on its own it never pays (it saves shipping its input and ships
+its output instead); a pandas program that reads in one line and reduces in the next would
+never move. So from each line the walk also prices the runs of lines that start there (the same
+sum, line after line) and moves the best run when it beats the time so far. A run of one line
+is the paper's step. A line that prints or writes files is the user's: it stays on the host
+and ends any run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from quarry.cost.eq1 import transfer_s
+from quarry.offload.estimate import LineEstimate
+
+
+@dataclass(frozen=True)
+class Step:
+    number: int
+    if_device_s: float  # T with this line on the devices
+    moved: bool
+
+
+@dataclass
+class Cut:
+    host_s: float  # T_host: everything on the host, raw data over the link
+    csd_s: float  # T_csd: the chosen cut
+    device_lines: set[int] = field(default_factory=set)
+    steps: list[Step] = field(default_factory=list)
+
+
+def host_time(lines: Sequence[LineEstimate], link_bytes_per_s: float) -> float:
+    """T_host: the host computes every line, and what they read from storage crosses the link."""
+    stored = sum(line.stored_bytes for line in lines)
+    return sum(line.host_s for line in lines) + _over(stored, link_bytes_per_s)
+
+
+def assign(lines: Sequence[LineEstimate], link_bytes_per_s: float) -> Cut:
+    t_host = host_time(lines, link_bytes_per_s)
+    cut = Cut(host_s=t_host, csd_s=t_host)
+    previous_on_device = True  # "i == 0": the first line's input is the stored data
+    index = 0
+    while index < len(lines):
+        run_end, t_run = _best_run(lines, index, cut.csd_s, previous_on_device, link_bytes_per_s)
+        moved = t_run < cut.csd_s <= t_host
+        if not moved:
+            run_end = index + 1
+        for position in range(index, run_end):
+            number = lines[position].number
+            if moved:
+                cut.device_lines.add(number)
+            cut.steps.append(Step(number, t_run, moved))
+        if moved:
+            cut.csd_s = t_run
+        previous_on_device = moved
+        index = run_end
+    return cut
+
+
+def _best_run(
+    lines: Sequence[LineEstimate], first: int, t_csd: float, on_device: bool, link: float
+) -> tuple[int, float]:
+    """The run of lines from ``first`` whose move gives the least time: (its end, that time)."""
+    best_end, best_t = first + 1, float("inf")
+    t = t_csd
+    for end in range(first, len(lines)):
+        line = lines[end]
+        if line.pinned:
+            break
+        din = _over(line.din_bytes, link)
+        moved_in = -din if (on_device or end > first) else din
+        t = t - line.host_s + line.device_s + moved_in + _over(line.out_bytes, link)
+        if t < best_t:
+            best_end, best_t = end + 1, t
+    return best_end, best_t
+
+
+def _over(size_bytes: float, link_bytes_per_s: float) -> float:
+    return 0.0 if link_bytes_per_s == float("inf") else transfer_s(size_bytes, link_bytes_per_s)

@@ -1,0 +1,118 @@
+"""``quarry run SCRIPT [ARGS]``: a plain Python program over the cluster's datasets."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from quarry.cli_common import ClusterOption, JsonOption, console, human_bytes, open_cluster
+from quarry.cli_common import print_json as print_json_body
+from quarry.offload.reads import MountError
+from quarry.offload.run import Plan, plan, run
+
+TEXT_CHARS = 48
+
+
+def run_command(
+    script: Annotated[
+        Path, typer.Argument(help="a Python script; its reads of files name datasets")
+    ],
+    args: Annotated[list[str] | None, typer.Argument(help="the script's own arguments")] = None,
+    mount: Annotated[
+        list[str] | None,
+        typer.Option(help="PATH=DOMAIN/NAME: serve reads of PATH from that dataset (repeat)"),
+    ] = None,
+    explain: Annotated[
+        bool, typer.Option(help="sample it at four scales and show which lines would offload")
+    ] = False,
+    json: JsonOption = False,
+    cluster: ClusterOption = None,
+) -> None:
+    """Run an unmodified Python program whose file reads are stored datasets (ActivePy).
+
+    Reads of a file a dataset was ingested from (pd.read_parquet, pq.read_table, pd.read_csv)
+    are answered from the devices; anything else reads the file system. The program prints what
+    `python SCRIPT ARGS` prints. Pass the script's own options after `--`.
+    """
+    mounts = _mounts(mount or [])
+    c = open_cluster(cluster)
+    try:
+        if explain:
+            planned = plan(script, c, args or [], mounts)
+            print_json_body(_plan_json(planned)) if json else _print_plan(planned)
+        else:
+            run(script, c, args or [], mounts)
+    finally:
+        c.close()
+
+
+def _mounts(values: list[str]) -> dict[str, str]:
+    mounts = {}
+    for value in values:
+        path, sep, dataset = value.partition("=")
+        if not sep or not path or "/" not in dataset:
+            raise MountError(f"--mount {value!r}: expected PATH=DOMAIN/NAME")
+        mounts[path] = dataset
+    return mounts
+
+
+def _plan_json(planned: Plan) -> dict[str, Any]:
+    return {
+        "devices": vars(planned.devices),
+        "full_rows": planned.full_rows,
+        "sample_rows": planned.sample_rows,
+        "host_s": planned.cut.host_s,
+        "offloaded_s": planned.cut.csd_s,
+        "lines": [
+            {
+                "line": line.number,
+                "text": line.text,
+                "time": line.time_fit.curve,
+                "output": line.out_fit.curve,
+                "host_s": line.host_s,
+                "device_s": line.device_s,
+                "din_bytes": line.din_bytes,
+                "dout_bytes": line.out_bytes,
+                "on": "device" if line.number in planned.cut.device_lines else "host",
+                "if_device_s": step.if_device_s,
+            }
+            for line, step in zip(planned.lines, planned.cut.steps)
+        ],
+    }
+
+
+def _print_plan(planned: Plan) -> None:
+    devices = planned.devices
+    link = (
+        "unlimited"
+        if devices.link_bytes_per_s == float("inf")
+        else (f"{human_bytes(devices.link_bytes_per_s)}/s")
+    )
+    console.print(
+        f"sampled {planned.sample_rows} of {planned.full_rows:,} rows; {devices.count} devices, "
+        f"C = {devices.compute_factor:g}, links {link}"
+    )
+    table = Table(title="lines, estimated at full scale (Algorithm 1)")
+    for column in ("line", "code", "time", "host s", "device s", "in", "out", "runs on"):
+        table.add_column(column, justify="left" if column in ("code", "runs on") else "right")
+    for line in planned.lines:
+        text = " ".join(line.text.split())
+        table.add_row(
+            str(line.number),
+            escape(text if len(text) <= TEXT_CHARS else text[: TEXT_CHARS - 1] + "…"),
+            line.time_fit.curve,
+            f"{line.host_s:.4f}",
+            f"{line.device_s:.4f}",
+            human_bytes(line.din_bytes),
+            human_bytes(line.out_bytes),
+            "device" if line.number in planned.cut.device_lines else "host",
+        )
+    console.print(table)
+    console.print(
+        f"all on the host: {planned.cut.host_s:.3f} s; with the cut: {planned.cut.csd_s:.3f} s "
+        "(this release runs every line on the host)"
+    )

@@ -1,0 +1,65 @@
+"""Each line's time and output size, fitted to one of five curves and extrapolated (§III.A).
+
+From the runs at four scales (2^-10 .. 2^-7 of the rows) a quantity is fitted as ``a·g(n) + b``
+(a, b ≥ 0) for g in O(1), O(n), O(n log n), O(n²), O(n³); the closest fit wins, the simpler
+curve when two fit about as well (four noisy points cannot tell n from n log n, and guessing
+the steeper one would extrapolate a small error into a large one).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+CURVES: dict[str, Callable[[float], float]] = {
+    "O(1)": lambda n: 1.0,
+    "O(n)": lambda n: n,
+    "O(n log n)": lambda n: n * math.log2(max(n, 2.0)),
+    "O(n^2)": lambda n: n * n,
+    "O(n^3)": lambda n: n**3,
+}
+SIMPLER_WITHIN = 1.25  # a simpler curve wins unless a steeper one's error is this much smaller
+
+
+@dataclass(frozen=True)
+class Fit:
+    curve: str
+    a: float
+    b: float
+    error: float  # relative root-mean-square error over the samples
+
+    def at(self, n: float) -> float:
+        return self.a * CURVES[self.curve](n) + self.b
+
+
+def fit(sizes: Sequence[float], values: Sequence[float]) -> Fit:
+    """The curve through ``values`` measured at ``sizes``."""
+    assert len(sizes) == len(values) and sizes, "one value per size"
+    n = np.asarray(sizes, dtype=float)
+    y = np.asarray(values, dtype=float)
+    scale = float(np.sqrt(np.mean(y * y))) or 1.0
+    fits = [_one(name, n, y, scale) for name in CURVES]
+    best = min(f.error for f in fits)
+    for candidate in fits:  # in order of steepness: the simplest that fits about as well
+        if candidate.error <= best * SIMPLER_WITHIN + 1e-12:
+            return candidate
+    raise AssertionError("unreachable")
+
+
+def _one(name: str, n: np.ndarray, y: np.ndarray, scale: float) -> Fit:
+    g = np.array([CURVES[name](v) for v in n])
+    if name == "O(1)":
+        a, b = 0.0, float(max(0.0, y.mean()))
+    else:
+        design = np.column_stack([g, np.ones_like(g)])
+        (a, b), *_ = np.linalg.lstsq(design, y, rcond=None)
+        if b < 0:  # through the origin
+            a, b = float(max(0.0, (g @ y) / (g @ g))), 0.0
+        if a < 0:
+            a, b = 0.0, float(max(0.0, y.mean()))
+    predicted = a * g + b
+    error = float(np.sqrt(np.mean((predicted - y) ** 2))) / scale
+    return Fit(name, float(a), float(b), error)

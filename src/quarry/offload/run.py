@@ -1,0 +1,85 @@
+"""``quarry run SCRIPT``: a plain Python program over stored datasets.
+
+``run`` executes the program line by line in one namespace, its file reads served from quarry
+(``reads``), printing what a plain ``python SCRIPT`` would print. ``plan`` is the sampling phase
+and Algorithm 1: the program runs quietly on samples at four scales, every line is timed and
+fitted, and the lines that pay to run on the devices are chosen; ``quarry run --explain``
+shows that cut with every line's estimate.
+
+Running the chosen lines on the devices (a unit of work in the device loop, in a worker
+process with limits) and migrating them back are the next step; today every line runs on the
+host, which is what ``forced host`` gives.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from quarry.offload import profile
+from quarry.offload.assign import Cut, assign
+from quarry.offload.estimate import Devices, LineEstimate, estimate
+from quarry.offload.program import Program
+from quarry.offload.reads import Mounts, Reads
+
+SCALES = (10, 9, 8, 7)  # samples of 2^-10 .. 2^-7 of the rows (§III.A)
+
+
+@dataclass(frozen=True)
+class Plan:
+    lines: list[LineEstimate]
+    cut: Cut
+    devices: Devices
+    full_rows: int
+    sample_rows: list[int]
+
+
+def run(
+    script: str | Path,
+    cluster: Any,
+    argv: Sequence[str] = (),
+    mounts: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """Run the program as ``python SCRIPT argv`` would, reading stored datasets; its namespace
+    when it ends."""
+    program = Program.read(script)
+    reads = Reads(cluster, Mounts.of(cluster, mounts))
+    return profile.run(program, reads, argv).namespace
+
+
+def plan(
+    script: str | Path,
+    cluster: Any,
+    argv: Sequence[str] = (),
+    mounts: dict[str, str] | None = None,
+    scales: Sequence[int] = SCALES,
+) -> Plan:
+    """The sampling phase and Algorithm 1: every line's estimate at full scale, and the cut."""
+    program = Program.read(script)
+    mount_map = Mounts.of(cluster, mounts)
+    runs = []
+    full_rows = 0
+    for scale in scales:
+        reads = Reads(cluster, mount_map, every=2**scale)
+        runs.append(profile.run(program, reads, argv, quiet=True))
+        full_rows = reads.full_rows
+    devices = devices_of(cluster)
+    lines = estimate(runs, max(1, full_rows), devices)
+    return Plan(
+        lines,
+        assign(lines, devices.link_bytes_per_s),
+        devices,
+        full_rows,
+        [r.rows_read for r in runs],
+    )
+
+
+def devices_of(cluster: Any) -> Devices:
+    """C and BW_D2H from the devices' profiles (a device with no link cap: loopback, free)."""
+    profiles = [info.profile for info in cluster.info.values()]
+    factor = sum(p.compute_factor for p in profiles) / max(1, len(profiles))
+    links = [p.external_bytes_per_s for p in profiles]
+    link = float("inf") if any(x is None for x in links) else float(sum(links))
+    return Devices(len(profiles), factor, link)

@@ -1,0 +1,118 @@
+"""`quarry run`: a plain pandas program over stored datasets prints what it prints when run
+plainly on the files; the sampling phase estimates every line; errors name the line."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import subprocess
+import sys
+
+import pyarrow as pa
+import pyarrow.csv as pacsv
+import pyarrow.parquet as pq
+import pytest
+
+from quarry.offload import profile
+from quarry.offload.reads import MountError
+from quarry.offload.run import plan, run
+from quarry.samples import particles
+
+SCRIPT = """import sys
+import pandas as pd
+import pyarrow.parquet as pq
+df = pd.read_parquet(sys.argv[1])
+labels = pd.read_csv(sys.argv[2])
+hot = df[df.ke > 2.0]
+hot = hot.assign(e2=hot.ke * 2, g=hot.id % 4)
+summary = hot.groupby("g").e2.agg(["sum", "count"]).reset_index().merge(labels, on="g")
+ids = pq.read_table(sys.argv[1], columns=["id"]).column("id")
+print(summary.round(6).to_string())
+print(len(ids), int(ids[0].as_py()), int(ids[-1].as_py()))
+"""
+
+
+@pytest.fixture(scope="module")
+def stored(cluster, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("offload")
+    data = folder / "particles.parquet"
+    pq.write_table(particles.table(60_000, seed=12), data, row_group_size=7_000)
+    labels = folder / "labels.csv"  # a small local table: read from the file system
+    pacsv.write_csv(pa.table({"g": [0, 1, 2, 3], "label": ["a", "b", "c", "d"]}), labels)
+    script = folder / "analysis.py"
+    script.write_text(SCRIPT)
+    cluster.ingest(str(data), "offload/particles", partitions=5)
+    yield folder, script, [str(data), str(labels)]
+    cluster.drop("offload/particles")
+
+
+def _plain(script, args) -> str:
+    done = subprocess.run(
+        [sys.executable, str(script), *args], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def _under_quarry(script, cluster, args, **options) -> str:
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        run(script, cluster, args, **options)
+    return out.getvalue()
+
+
+def test_a_program_prints_what_it_prints_plainly(stored, cluster):
+    folder, script, args = stored
+    expected = _plain(script, args)
+    assert "60000 0 59999" in expected  # write order kept: the first and last ids
+    assert _under_quarry(script, cluster, args) == expected
+
+
+def test_a_mount_serves_another_path_and_a_bad_one_is_refused(stored, cluster, tmp_path):
+    folder, script, args = stored
+    elsewhere = str(tmp_path / "not-here.parquet")  # no such file: only the mount serves it
+    mounted = _under_quarry(
+        script, cluster, [elsewhere, args[1]], mounts={elsewhere: "offload/particles"}
+    )
+    assert mounted == _plain(script, args)
+    with pytest.raises(MountError, match="no dataset offload/nothing"):
+        run(script, cluster, args, mounts={elsewhere: "offload/nothing"})
+
+
+def test_a_line_that_raises_is_named(cluster, tmp_path):
+    script = tmp_path / "broken.py"
+    script.write_text("x = 1\ny = 0\nz = x / y\n")
+    with pytest.raises(profile.ProgramFailed, match=r"broken.py:3: ZeroDivisionError"):
+        run(script, cluster)
+
+
+def test_the_sampling_phase_estimates_every_line(stored, cluster):
+    folder, script, args = stored
+    planned = plan(script, cluster, args)
+    assert planned.full_rows == 120_000  # two reads of 60,000 rows
+    assert planned.sample_rows == sorted(planned.sample_rows)  # 2^-10 .. 2^-7 of the rows
+    assert len(planned.lines) == SCRIPT.count("\n")
+    read = planned.lines[3]
+    assert read.text.startswith("df = pd.read_parquet")
+    entry = cluster.entry("offload/particles")
+    assert 0.5 * entry.bytes_arrow < read.stored_bytes < 2 * entry.bytes_arrow
+    assert all(line.host_s >= 0 and line.out_bytes >= 0 for line in planned.lines)
+    prints = [line for line in planned.lines if line.text.startswith("print")]
+    assert prints and all(line.number not in planned.cut.device_lines for line in prints)
+    assert planned.cut.csd_s <= planned.cut.host_s
+
+
+def test_the_command_line_runs_and_explains(stored, cluster):
+    folder, script, args = stored
+    command = [sys.executable, "-m", "quarry", "run", "--cluster", str(cluster.cluster_file)]
+    ran = subprocess.run([*command, str(script), *args], capture_output=True, text=True)
+    assert ran.returncode == 0, ran.stderr
+    assert ran.stdout == _plain(script, args)
+    explained = subprocess.run(
+        [*command, "--explain", "--json", str(script), *args], capture_output=True, text=True
+    )
+    assert explained.returncode == 0, explained.stderr
+    body = json.loads(explained.stdout)
+    assert [line["line"] for line in body["lines"]] == list(range(1, 12))
+    assert {line["on"] for line in body["lines"]} <= {"host", "device"}
