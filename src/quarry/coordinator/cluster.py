@@ -19,6 +19,7 @@ from quarry.coordinator.catalog import DatasetEntry
 from quarry.coordinator.fragments import Forced
 from quarry.coordinator.ingest import ingest
 from quarry.coordinator.membership import Membership
+from quarry.coordinator.order import source_order
 from quarry.coordinator.query import Query
 from quarry.coordinator.repair import (
     BANDWIDTH_BYTES_PER_S_DEFAULT,
@@ -111,7 +112,8 @@ class Cluster(Membership):
         """Every row of a dataset, streamed from a replica of each partition that answers.
 
         Devices stream in parallel, so batches of different partitions interleave;
-        ``ordered=True`` streams partition after partition, in write order.
+        ``ordered=True`` gives the rows in the order of the source they were ingested from
+        (``order.py``), as a program reading that file would see them.
         """
         entry = self.entry(dataset)
         if entry.unavailable:
@@ -127,8 +129,12 @@ class Cluster(Membership):
     def _scan_batches(
         self, entry: DatasetEntry, columns: list[str] | None
     ) -> Iterator[pa.RecordBatch]:
-        for p in entry.partitions:
-            yield from self._scan_partition(entry, p.partition, p.devices, columns)
+        devices = {p.partition: p.devices for p in entry.partitions}
+
+        def fetch(partition: int, first: int, end: int) -> Iterator[pa.RecordBatch]:
+            return self._scan_partition(entry, partition, devices[partition], columns, first, end)
+
+        return source_order(entry, fetch)
 
     def _scan_parallel(
         self, entry: DatasetEntry, columns: list[str] | None
@@ -143,12 +149,19 @@ class Cluster(Membership):
         return merge(producers, workers, SCAN_QUEUE_BATCHES_MAX, "quarry-scan")
 
     def _scan_partition(
-        self, entry: DatasetEntry, partition: int, devices: list[str], columns: list[str] | None
+        self,
+        entry: DatasetEntry,
+        partition: int,
+        devices: list[str],
+        columns: list[str] | None,
+        first: int = 0,
+        end: int | None = None,
     ) -> Iterator[pa.RecordBatch]:
-        """Stream one partition, a batch per slice; a replica that stops answering is left for
-        the next, which goes on from the first slice not yet received (none twice)."""
+        """Stream one partition's slices ``first`` to ``end``, a batch per slice; a replica
+        that stops answering is left for the next, which goes on from the first slice not yet
+        received (none twice)."""
         errors: list[str] = []
-        received = 0
+        received = first
         for device in devices:
             if device in self.down:
                 errors.append(f"{device} is down")
@@ -156,7 +169,7 @@ class Cluster(Membership):
             client = self.devices[device]
             try:
                 reader = client.scan(
-                    entry.domain, entry.name, partition, first=received, columns=columns
+                    entry.domain, entry.name, partition, first=received, end=end, columns=columns
                 )
                 for batch in client.batches(reader):
                     received += 1
@@ -165,8 +178,8 @@ class Cluster(Membership):
             except DeviceUnavailable as error:
                 errors.append(str(error))
         raise DeviceUnavailable(
-            f"no replica of partition {partition} of {entry.qualified} answers after "
-            f"{received} of its slices: " + "; ".join(errors)
+            f"no replica of partition {partition} of {entry.qualified} answers from "
+            f"slice {received}: " + "; ".join(errors)
         )
 
     def sample(

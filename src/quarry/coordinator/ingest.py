@@ -14,10 +14,12 @@ absent everywhere, and its name can be ingested again.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import threading
 import time
 import uuid
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -117,6 +119,8 @@ def ingest(
         ).items()
     }
     involved = sorted({d for names in placement.values() for d in names})
+    first_batch, rows = _peek(GuardedReader(opened))
+    group_rows = _group_rows(first_batch, opened.rows_total, partition_count)
     record = IngestRecord(
         id=ingest_id,
         first_partition=first,
@@ -131,6 +135,7 @@ def ingest(
         # participant that misses the outcome
         decider=placement[str(first)][0],
         addresses={d: by_id[d].address for d in involved},
+        group_rows=group_rows,
     )
     lease_s = lease_seconds()
     streams: dict[tuple[int, str], tuple[Any, Any]] = {}
@@ -157,7 +162,7 @@ def ingest(
 
     with Renewer([by_id[d] for d in involved], ingest_id, lease_s):
         try:
-            _send(opened, schema, first, partition_count, placement, by_id, stream, progress)
+            _send(rows, opened, record, by_id, stream, progress)
             for partition in range(first, first + partition_count):
                 for device in placement[str(partition)]:
                     writer, reader = stream(partition, device)
@@ -243,30 +248,46 @@ def _commit_rest(by_id: dict[str, DeviceClient], involved: list[str], record: In
             by_id[device].commit(record.id)
 
 
+def _peek(batches: Iterable[pa.RecordBatch]) -> tuple[pa.RecordBatch | None, Iterator]:
+    """The first batch with rows, and every batch (that one included)."""
+    rest = iter(batches)
+    for batch in rest:
+        if batch.num_rows:
+            return batch, itertools.chain([batch], rest)
+    return None, iter(())
+
+
+def _group_rows(first: pa.RecordBatch | None, rows_total: int | None, partitions: int) -> int:
+    """Rows per group dealt to a partition: about ROW_GROUP_BYTES of the first rows' width."""
+    if first is None:
+        return 0
+    group_rows = max(1, int(ROW_GROUP_BYTES / max(1.0, first.nbytes / first.num_rows)))
+    if rows_total:
+        # a table smaller than its partitions' row groups still spreads over all
+        group_rows = max(1, min(group_rows, -(-rows_total // partitions)))
+    return group_rows
+
+
 def _send(
+    rows: Iterator[pa.RecordBatch],
     opened: Any,
-    schema: pa.Schema,
-    first: int,
-    partition_count: int,
-    placement: dict[str, list[str]],
+    record: IngestRecord,
     by_id: dict[str, DeviceClient],
     stream: Any,
     progress: bool | None,
 ) -> None:
-    """Cut the source into row groups of whole rows and deal them round-robin to partitions."""
-    group_rows = 0
+    """Deal the source's rows round-robin to the record's partitions in groups of its
+    ``group_rows``: the source's order can be read back (``coordinator/order.py``)."""
+    schema = opened.reader.schema
+    first, partition_count, placement = record.first_partition, record.partitions, record.placement
+    group_rows = record.group_rows
     pending: list[pa.RecordBatch] = []
     pending_rows = 0
     group = 0
     with Bar("ingest", opened.rows_total, "rows", progress) as bar:
-        for batch in GuardedReader(opened):
+        for batch in rows:
             if not batch.num_rows:
                 continue
-            if group_rows == 0:
-                group_rows = max(1, int(ROW_GROUP_BYTES / max(1.0, batch.nbytes / batch.num_rows)))
-                if opened.rows_total:
-                    # a table smaller than its partitions' row groups still spreads over all
-                    group_rows = max(1, min(group_rows, -(-opened.rows_total // partition_count)))
             pending.append(batch)
             pending_rows += batch.num_rows
             while pending_rows >= group_rows:

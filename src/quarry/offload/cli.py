@@ -65,6 +65,7 @@ def _plan_json(planned: Plan) -> dict[str, Any]:
         "devices": vars(planned.devices),
         "full_rows": planned.full_rows,
         "sample_rows": planned.sample_rows,
+        "sample_failures": planned.failed,
         "host_s": planned.cut.host_s,
         "offloaded_s": planned.cut.csd_s,
         "lines": [
@@ -112,6 +113,8 @@ def _print_plan(planned: Plan) -> None:
             "device" if line.number in planned.cut.device_lines else "host",
         )
     console.print(table)
+    for failure in sorted(set(planned.failed)):
+        console.print(f"on a sample: {escape(failure)} (from there, lines run on the host)")
     console.print(
         f"all on the host: {planned.cut.host_s:.3f} s; with the cut: {planned.cut.csd_s:.3f} s "
         "(this release runs every line on the host)"

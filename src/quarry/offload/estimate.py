@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from quarry.offload.fit import Fit, fit
 from quarry.offload.profile import Run
+from quarry.offload.program import Line
 
 
 @dataclass(frozen=True)
@@ -44,11 +45,14 @@ class LineEstimate:
         return self.stored_bytes + self.in_bytes
 
 
-def estimate(runs: Sequence[Run], full_rows: int, devices: Devices) -> list[LineEstimate]:
+def estimate(
+    lines: Sequence[Line], runs: Sequence[Run], full_rows: int, devices: Devices
+) -> list[LineEstimate]:
     """Per line, its costs at ``full_rows`` from ``runs`` at smaller scales."""
     sizes = [max(1, run.rows_read) for run in runs]
     estimates = []
-    for index, first in enumerate(runs[0].lines):
+    ran = min(len(run.lines) for run in runs)  # lines every sample run reached
+    for index, first in enumerate(runs[0].lines[:ran]):
         samples = [run.lines[index] for run in runs]
         time_fit = fit(sizes, [s.compute_s for s in samples])
         out_fit = fit(sizes, [s.out_bytes for s in samples])
@@ -69,4 +73,11 @@ def estimate(runs: Sequence[Run], full_rows: int, devices: Devices) -> list[Line
                 pinned=first.line.pinned,
             )
         )
-    return estimates
+    return estimates + [_unknown(line) for line in lines[ran:]]
+
+
+def _unknown(line: Line) -> LineEstimate:
+    """A line the samples did not reach (an earlier line failed on them): it runs on the
+    host, and nothing is claimed about its cost."""
+    nothing = Fit("O(1)", 0.0, 0.0, 0.0)
+    return LineEstimate(line.number, line.text, nothing, nothing, 0.0, 0.0, 0.0, 0.0, 0.0, True)

@@ -38,13 +38,22 @@ class LineRun:
 
 @dataclass(frozen=True)
 class Run:
-    lines: tuple[LineRun, ...]
+    lines: tuple[LineRun, ...]  # the lines that ran, in order
     rows_read: int  # rows of stored datasets the program read
     namespace: dict[str, Any]
+    failed: str | None = None  # a sample run that raised: where, and what
 
 
-def run(program: Program, reads: Reads, argv: Sequence[str] = (), quiet: bool = False) -> Run:
-    """Every line in order, in one namespace, as ``python SCRIPT argv`` would run them."""
+def run(
+    program: Program,
+    reads: Reads,
+    argv: Sequence[str] = (),
+    quiet: bool = False,
+    tolerate: bool = False,
+) -> Run:
+    """Every line in order, in one namespace, as ``python SCRIPT argv`` would run them.
+    ``tolerate``: a line that raises ends the run (a sample may be too small for the program:
+    ``df.iloc[12345]``) and the run says where, instead of raising ``ProgramFailed``."""
     namespace: dict[str, Any] = {"__name__": "__main__", "__file__": program.path}
     made: set[str] = set()
     runs = []
@@ -60,9 +69,11 @@ def run(program: Program, reads: Reads, argv: Sequence[str] = (), quiet: bool = 
             except BaseException as error:
                 if isinstance(error, KeyboardInterrupt):
                     raise
-                raise ProgramFailed(
-                    f"{program.path}:{line.number}: {type(error).__name__}: {error}"
-                ) from error
+                where = f"{program.path}:{line.number}: {type(error).__name__}: {error}"
+                if tolerate:
+                    rows = sum(r.access.rows for r in runs)
+                    return Run(tuple(runs), rows, namespace, where)
+                raise ProgramFailed(where) from error
             elapsed = time.perf_counter() - started
             made |= line.binds
             out_bytes = sum(size_of(namespace[n]) for n in line.binds if n in namespace)

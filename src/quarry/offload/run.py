@@ -34,6 +34,7 @@ class Plan:
     devices: Devices
     full_rows: int
     sample_rows: list[int]
+    failed: list[str]  # sample runs that raised, where (the lines from there stay on the host)
 
 
 def run(
@@ -63,16 +64,17 @@ def plan(
     full_rows = 0
     for scale in scales:
         reads = Reads(cluster, mount_map, every=2**scale)
-        runs.append(profile.run(program, reads, argv, quiet=True))
+        runs.append(profile.run(program, reads, argv, quiet=True, tolerate=True))
         full_rows = reads.full_rows
     devices = devices_of(cluster)
-    lines = estimate(runs, max(1, full_rows), devices)
+    lines = estimate(program.lines, runs, max(1, full_rows), devices)
     return Plan(
         lines,
         assign(lines, devices.link_bytes_per_s),
         devices,
         full_rows,
         [r.rows_read for r in runs],
+        [r.failed for r in runs if r.failed],
     )
 
 

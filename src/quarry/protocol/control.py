@@ -79,6 +79,9 @@ class IngestRecord(Message):
     # a device that missed the outcome (it was down, or the coordinator died) asks it
     decider: str = ""
     addresses: dict[str, str] = bounded(default_factory=dict)
+    # rows of each group dealt round-robin to the partitions, first_partition first (0: not
+    # recorded): the source's order is group 0 of the first partition, group 0 of the next...
+    group_rows: int = bounded(low=0, default=0)
 
     def __post_init__(self) -> None:
         assert self.mode in ("create", "append"), f"mode must be create or append: {self.mode!r}"
