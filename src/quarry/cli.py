@@ -418,6 +418,9 @@ def _print_explain(report: dict[str, Any]) -> None:
         f"{human_bytes(analyzed['bytes_shipped'])} shipped to the host, "
         f"{analyzed['rows']:,} result rows"
     )
+    turn = analyzed.get("host_turn")
+    if turn and turn["waited_s"] >= 0.001:
+        console.print(f"waited {turn['waited_s']:.3f} s for a host turn (long queries take turns)")
 
 
 CUTS_SHOWN = STAGES_BY_DATA_SHIPPED  # the cost model's cuts, least data moved first

@@ -54,3 +54,16 @@ def test_the_least_time_of_a_shape_is_what_it_is_expected_to_take():
     for seconds in (3.0, 0.1, 2.0):  # slow under contention, fast when quiet
         workload.learn("SELECT x FROM t WHERE y > 5", seconds)
     assert workload.expected_s("SELECT x FROM t WHERE y > 6") == 0.1
+
+
+def test_a_turn_says_whether_it_was_long_and_how_long_it_waited():
+    workload = Workload(slots=1)
+    first = workload.admit("SELECT a FROM big")
+    assert first.long and first.waited_s < 0.1
+    threading.Timer(0.2, first.release).start()
+    second = threading.Thread(target=lambda: waited.append(workload.admit("SELECT b FROM big")))
+    waited: list = []
+    second.start()
+    second.join(5)
+    assert waited[0].long and waited[0].waited_s >= 0.15
+    waited[0].release()

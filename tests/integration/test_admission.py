@@ -33,6 +33,11 @@ def test_a_busy_device_slows_callers_down_and_changes_no_answer(monkeypatch):
             answers = list(pool.map(run, range(24)))
         scans = [cluster.scan("physics/particles").read_all().num_rows for _ in range(2)]
         retries = sum(device.busy.retries for device in cluster.devices.values())
+        planned = cluster.query(QUERIES[0].format(x=1))
+        planned.execute().read_all()
+        turn = planned.explain(analyze=True)["analyze"]["host_turn"]  # the host's side
+        assert isinstance(turn["long"], bool) and turn["waited_s"] >= 0
+        assert cluster.workload.status()["long"] >= 2  # each shape ran long once at least
 
     con = duckdb.connect()
     con.register("particles", table)

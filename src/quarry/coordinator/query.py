@@ -19,6 +19,7 @@ from quarry.coordinator import explain as explaining
 from quarry.coordinator import planning
 from quarry.coordinator.dispatch import Dispatch
 from quarry.coordinator.fragments import Forced, fragment_tasks
+from quarry.coordinator.workload import Slot
 from quarry.device.loop import cpu_seconds
 from quarry.device.unit import host_cores
 from quarry.errors import DeviceUnavailable, ExecutionError, QuarryError, QueryError
@@ -59,6 +60,7 @@ class Query:
         self.dispatch = Dispatch()
         self.started = self.finished = self.host_cpu_s = 0.0
         self.rows = 0
+        self.turn: Slot | None = None
 
     def _plan(self) -> tuple[Any, planning.Cuts]:
         """The cut and, under auto, where each fragment starts. A device that stops answering
@@ -82,7 +84,7 @@ class Query:
         """Run the query once the host admits it (``workload``: a long one waits its turn);
         the turn is given back when the answer has been read, fails, or is dropped."""
         workload = self.cluster.workload
-        slot = workload.admit(self.sql)
+        slot = self.turn = workload.admit(self.sql)
         try:
             self.started = time.perf_counter()
             cpu_started = cpu_seconds()
@@ -134,6 +136,11 @@ class Query:
             reports = self.dispatch.sorted_reports()
             wall_s = self.finished - self.started
             body["analyze"] = explaining.analyze(reports, self.host_cpu_s, wall_s, self.rows)
+            if self.turn is not None:  # the host's turns (coordinator/workload.py)
+                body["analyze"]["host_turn"] = {
+                    "long": self.turn.long,
+                    "waited_s": round(self.turn.waited_s, 4),
+                }
         return body
 
 

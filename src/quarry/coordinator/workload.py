@@ -47,10 +47,12 @@ def slots_default() -> int:
 class Slot:
     """A long query's turn (or none), given back once, whichever thread gives it."""
 
-    def __init__(self, workload: Workload | None, owner: int = 0):
+    def __init__(self, workload: Workload | None, owner: int = 0, waited_s: float = 0.0):
         self._workload = workload
         self._owner = owner
         self._lock = threading.Lock()
+        self.long = workload is not None
+        self.waited_s = waited_s  # how long it waited for its turn
 
     def release(self) -> None:
         with self._lock:
@@ -91,11 +93,12 @@ class Workload:
                 f"slot; try again later (${SLOTS_ENV} sets the slots, $QUARRY_HOST_QUEUE_S the "
                 "wait)"
             )
+        waited_s = time.perf_counter() - started
         with self._lock:
             self.long += 1
-            self.waited_s += time.perf_counter() - started
+            self.waited_s += waited_s
             self._holding[me] = self._holding.get(me, 0) + 1
-        return Slot(self, me)
+        return Slot(self, me, waited_s)
 
     def _give_back(self, owner: int) -> None:
         with self._lock:
