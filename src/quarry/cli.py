@@ -125,7 +125,8 @@ def down(cluster: ClusterOption = None) -> None:
 
 @app.command()
 def status(cluster: ClusterOption = None, as_json: JsonOption = False) -> None:
-    """Show every device: up or down, profile, keys and partitions held."""
+    """Show every device: up or down, profile, keys and partitions held, work running now and
+    requests refused as busy."""
     c = open_cluster(cluster)
     rows = c.status()
     short = c.deficits()
@@ -146,7 +147,8 @@ def status(cluster: ClusterOption = None, as_json: JsonOption = False) -> None:
 
 def _print_status(rows: list[dict[str, Any]]) -> None:
     table = Table(title="devices")
-    for column in ("device", "address", "up", "profile", "partitions", "keys", "file"):
+    columns = ("device", "address", "up", "profile", "partitions", "keys", "file", "work", "busy")
+    for column in columns:
         table.add_column(column)
     for row in rows:
         table.add_row(
@@ -157,8 +159,18 @@ def _print_status(rows: list[dict[str, Any]]) -> None:
             str(row.get("partitions", "-")),
             str(row.get("keys", "-")),
             human_bytes(row["file_bytes"]) if "file_bytes" in row else "-",
+            f"{row['running']} of {row['exchanges_max']}" if "running" in row else "-",
+            _busy(row),
         )
     console.print(table)
+
+
+def _busy(row: dict[str, Any]) -> str:
+    """Requests refused as busy since the device started, of all it was asked to run."""
+    if "refused" not in row:
+        return "-"
+    asked = row["admitted"] + row["refused"]
+    return f"{row['refused']:,} of {asked:,}" if asked else "0"
 
 
 # ---- datasets ------------------------------------------------------------------------------------

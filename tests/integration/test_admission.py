@@ -33,6 +33,9 @@ def test_a_busy_device_slows_callers_down_and_changes_no_answer(monkeypatch):
             answers = list(pool.map(run, range(24)))
         scans = [cluster.scan("physics/particles").read_all().num_rows for _ in range(2)]
         retries = sum(device.busy.retries for device in cluster.devices.values())
+        status = cluster.status()  # what `quarry status` shows: the devices' own count
+        assert [row["exchanges_max"] for row in status] == [1, 1]
+        assert sum(row["refused"] for row in status) >= retries > 0
         planned = cluster.query(QUERIES[0].format(x=1))
         planned.execute().read_all()
         turn = planned.explain(analyze=True)["analyze"]["host_turn"]  # the host's side

@@ -254,6 +254,7 @@ class DeviceServer(flight.FlightServerBase):
 
     def _stats(self, request: control.Stats, payload: bytes) -> control.StatsReply:
         stats = self.store.stats()
+        admitted = self.admission.status()
         return control.StatsReply(
             keys=stats["keys"],
             file_bytes=stats["file_bytes"],
@@ -261,6 +262,10 @@ class DeviceServer(flight.FlightServerBase):
             pending_partitions=sum(
                 1 for k in self.store.list(naming.PENDING_PREFIX) if k.count("/") == 3
             ),
+            running=admitted["running"] + admitted["running_small"],
+            exchanges_max=admitted["exchanges_max"],
+            admitted=admitted["admitted"],
+            refused=admitted["refused"],
         )
 
     def _load(self, request: control.Load, payload: bytes) -> control.LoadStarted:

@@ -170,6 +170,12 @@ class StatsReply(Message):
     file_bytes: int = bounded(low=0)
     partitions: int = bounded(low=0, default=0)
     pending_partitions: int = bounded(low=0, default=0)
+    # admission (device/admission.py): work running now, its bound, and since start how much
+    # was admitted and how much refused as busy
+    running: int = bounded(low=0, default=0)
+    exchanges_max: int = bounded(low=0, default=0)
+    admitted: int = bounded(low=0, default=0)
+    refused: int = bounded(low=0, default=0)
 
 
 @dataclass(frozen=True)

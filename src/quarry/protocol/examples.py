@@ -24,7 +24,7 @@ EXAMPLES: list[Message] = [
         [control.SliceDescription(3, 10, 12, 1, {"ke": control.ZoneMap(0.5, 9.0, 0, 3)})],
     ),
     control.Stats(),
-    control.StatsReply(5, 4096, 1, 0),
+    control.StatsReply(5, 4096, 1, 0, running=2, exchanges_max=4, admitted=10, refused=1),
     control.KvGet("a/b"),
     control.KvValue(3),
     control.KvPut("a/b", 0),
