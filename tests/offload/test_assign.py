@@ -16,7 +16,7 @@ GB = 1e9
 
 def line(number, host_s, device_s, stored=0.0, din=0.0, dout=0.0, pinned=False) -> LineEstimate:
     return LineEstimate(
-        number, f"line {number}", FLAT, FLAT, host_s, device_s, stored, din, dout, pinned
+        number, f"line {number}", FLAT, FLAT, host_s, device_s, stored, din, dout, pinned, True
     )
 
 
@@ -61,3 +61,12 @@ def test_a_run_moves_when_only_the_whole_run_pays():
     lines = program(c=1.0)
     assert assign(lines[:1], link_bytes_per_s=1 * GB).device_lines == set()
     assert assign(lines, link_bytes_per_s=1 * GB).device_lines == {1, 2, 3}
+
+
+def test_a_line_that_looks_across_partitions_ends_the_run():
+    lines = program(c=1.0)
+    across = LineEstimate(
+        2, "hot = df.sort_values('ke')", FLAT, FLAT, 1.0, 1.0, 0.0, 8 * GB, 0.8 * GB, False, False
+    )
+    cut = assign([lines[0], across, *lines[2:]], link_bytes_per_s=1 * GB)
+    assert 2 not in cut.device_lines and 1 not in cut.device_lines  # alone, the read never pays

@@ -120,3 +120,32 @@ def test_the_command_line_runs_and_explains(stored, cluster):
     body = json.loads(explained.stdout)
     assert [line["line"] for line in body["lines"]] == list(range(1, 13))
     assert {line["on"] for line in body["lines"]} <= {"host", "device"}
+
+
+SPLITS = """import sys
+import pandas as pd
+limit = 2.0
+df = pd.read_parquet(sys.argv[1])
+hot = df[df.ke > limit]
+hot = hot.assign(e2=hot.ke * 2)
+total = hot.e2.sum()
+groups = hot.groupby(hot.id % 3).e2.sum()
+first = hot.head(5)
+ranked = hot.sort_values("ke")
+print(total, len(groups), len(first), len(ranked))
+"""
+
+
+def test_only_lines_that_split_by_partition_may_move(stored, cluster):
+    folder, _, args = stored
+    script = folder / "splits.py"
+    script.write_text(SPLITS)
+    planned = plan(script, cluster, args[:1])
+    split = {line.text.split(" =")[0]: line.partitionable for line in planned.lines}
+    assert split["import sys"] and split["limit"]  # the same in every piece
+    assert split["df"] and split["hot"]  # a read, a filter, a new column: row by row
+    assert not split["total"] and not split["groups"]  # reductions
+    assert not split["first"] and not split["ranked"]  # they look across rows
+    assert not planned.lines[-1].partitionable  # print: the user's
+    movable = {line.number for line in planned.lines if line.movable}
+    assert planned.cut.device_lines <= movable

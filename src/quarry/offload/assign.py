@@ -11,8 +11,9 @@ outputs as much as it read, so on its own it never pays (it saves shipping its i
 its output instead); a pandas program that reads in one line and reduces in the next would
 never move. So from each line the walk also prices the runs of lines that start there (the same
 sum, line after line) and moves the best run when it beats the time so far. A run of one line
-is the paper's step. A line that prints or writes files is the user's: it stays on the host
-and ends any run.
+is the paper's step. A line that prints or writes files is the user's, and a line that does
+not give, per partition and concatenated, what it gives on the whole (``partitions.py``) looks
+across partitions: both stay on the host and end any run.
 """
 
 from __future__ import annotations
@@ -75,7 +76,7 @@ def _best_run(
     t = t_csd
     for end in range(first, len(lines)):
         line = lines[end]
-        if line.pinned:
+        if not line.movable:
             break
         din = _over(line.din_bytes, link)
         moved_in = -din if (on_device or end > first) else din

@@ -78,6 +78,7 @@ def _plan_json(planned: Plan) -> dict[str, Any]:
                 "device_s": line.device_s,
                 "din_bytes": line.din_bytes,
                 "dout_bytes": line.out_bytes,
+                "per_partition": line.partitionable,
                 "on": "device" if line.number in planned.cut.device_lines else "host",
                 "if_device_s": step.if_device_s,
             }
@@ -97,9 +98,12 @@ def _print_plan(planned: Plan) -> None:
         f"sampled {planned.sample_rows} of {planned.full_rows:,} rows; {devices.count} devices, "
         f"C = {devices.compute_factor:g}, links {link}"
     )
-    table = Table(title="lines, estimated at full scale (Algorithm 1)")
-    for column in ("line", "code", "time", "host s", "device s", "in", "out", "runs on"):
-        table.add_column(column, justify="left" if column in ("code", "runs on") else "right")
+    table = Table(
+        title="lines, estimated at full scale (Algorithm 1)",
+        caption="split: per partition, concatenated, the line gives what it gives on the whole",
+    )
+    for column in ("line", "code", "time", "host s", "device s", "in", "out", "split", "on"):
+        table.add_column(column, justify="left" if column in ("code", "split", "on") else "right")
     for line in planned.lines:
         text = " ".join(line.text.split())
         table.add_row(
@@ -110,6 +114,7 @@ def _print_plan(planned: Plan) -> None:
             f"{line.device_s:.4f}",
             human_bytes(line.din_bytes),
             human_bytes(line.out_bytes),
+            "yes" if line.partitionable else "no",
             "device" if line.number in planned.cut.device_lines else "host",
         )
     console.print(table)

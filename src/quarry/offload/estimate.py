@@ -38,6 +38,11 @@ class LineEstimate:
     in_bytes: float  # earlier lines' values
     out_bytes: float  # Dout
     pinned: bool = False  # prints or writes files: stays on the host
+    partitionable: bool = False  # per partition, concatenated, it gives the whole's values
+
+    @property
+    def movable(self) -> bool:
+        return self.partitionable and not self.pinned
 
     @property
     def din_bytes(self) -> float:
@@ -46,7 +51,11 @@ class LineEstimate:
 
 
 def estimate(
-    lines: Sequence[Line], runs: Sequence[Run], full_rows: int, devices: Devices
+    lines: Sequence[Line],
+    runs: Sequence[Run],
+    full_rows: int,
+    devices: Devices,
+    partitionable: set[int] = frozenset(),
 ) -> list[LineEstimate]:
     """Per line, its costs at ``full_rows`` from ``runs`` at smaller scales."""
     sizes = [max(1, run.rows_read) for run in runs]
@@ -71,6 +80,7 @@ def estimate(
                 in_bytes=in_fit.at(full_rows),
                 out_bytes=out_fit.at(full_rows),
                 pinned=first.line.pinned,
+                partitionable=first.line.number in partitionable,
             )
         )
     return estimates + [_unknown(line) for line in lines[ran:]]

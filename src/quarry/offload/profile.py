@@ -42,6 +42,8 @@ class Run:
     rows_read: int  # rows of stored datasets the program read
     namespace: dict[str, Any]
     failed: str | None = None  # a sample run that raised: where, and what
+    # with ``keep``: per line, copies of the values it bound, as they were right after it
+    values: dict[int, dict[str, Any]] | None = None
 
 
 def run(
@@ -50,6 +52,7 @@ def run(
     argv: Sequence[str] = (),
     quiet: bool = False,
     tolerate: bool = False,
+    keep: bool = False,
 ) -> Run:
     """Every line in order, in one namespace, as ``python SCRIPT argv`` would run them.
     ``tolerate``: a line that raises ends the run (a sample may be too small for the program:
@@ -57,6 +60,7 @@ def run(
     namespace: dict[str, Any] = {"__name__": "__main__", "__file__": program.path}
     made: set[str] = set()
     runs = []
+    values: dict[int, dict[str, Any]] | None = {} if keep else None
     with _argv([program.path, *argv]), reads.active(), _quiet(quiet):
         for line in program.lines:
             in_bytes = sum(size_of(namespace[n]) for n in line.reads & made if n in namespace)
@@ -72,17 +76,27 @@ def run(
                 where = f"{program.path}:{line.number}: {type(error).__name__}: {error}"
                 if tolerate:
                     rows = sum(r.access.rows for r in runs)
-                    return Run(tuple(runs), rows, namespace, where)
+                    return Run(tuple(runs), rows, namespace, where, values)
                 raise ProgramFailed(where) from error
             elapsed = time.perf_counter() - started
             made |= line.binds
             out_bytes = sum(size_of(namespace[n]) for n in line.binds if n in namespace)
+            if values is not None:
+                values[line.number] = {n: _copy(namespace[n]) for n in line.binds if n in namespace}
             access = reads.access
             runs.append(
                 LineRun(line, max(0.0, elapsed - access.seconds), access, in_bytes, out_bytes)
             )
     rows = sum(r.access.rows for r in runs)
-    return Run(tuple(runs), rows, namespace)
+    return Run(tuple(runs), rows, namespace, None, values)
+
+
+def _copy(value: Any) -> Any:
+    """A copy a later line cannot change in place (data values; anything else as it is)."""
+    copy = getattr(value, "copy", None)
+    if callable(copy) and type(value).__module__.split(".")[0] in ("pandas", "numpy"):
+        return copy()
+    return value
 
 
 def size_of(value: Any) -> int:

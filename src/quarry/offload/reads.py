@@ -74,10 +74,17 @@ def _resolved(path: str) -> str:
 class Reads:
     """While active, the read functions a program calls come here."""
 
-    def __init__(self, cluster: Any, mounts: Mounts, every: int = 1):
+    def __init__(
+        self, cluster: Any, mounts: Mounts, every: int = 1, piece: tuple[int, int] | None = None
+    ):
         self.cluster = cluster
         self.mounts = mounts
         self.every = every  # 1: every row; k: every k-th row of every slice (a sample)
+        # (k, K): only the k-th of K row ranges of a sample, rows in a fixed order (every
+        # column sorted) so the whole and its pieces agree; pandas frames keep the whole's
+        # row labels (the per-partition check, ``partitions.py``)
+        self.piece = piece
+        self._offset = 0
         self.access = Access()  # the current line's
         self.full_rows = 0  # rows the same reads return at full scale (each read counted)
 
@@ -89,11 +96,21 @@ class Reads:
             table = self.cluster.sample(dataset, self.every).table
             if columns is not None:
                 table = table.select(columns)
+            if self.piece is not None:
+                table = self._piece_of(table)
         self.access.seconds += time.perf_counter() - started
         self.access.bytes += table.nbytes
         self.access.rows += table.num_rows
         self.full_rows += self.cluster.entry(dataset).rows
         return table
+
+    def _piece_of(self, table: pa.Table) -> pa.Table:
+        """The whole sample (K = 1) or one piece of it, in an order every run agrees on."""
+        table = table.sort_by([(name, "ascending") for name in table.column_names])
+        k, pieces = self.piece
+        start, end = k * table.num_rows // pieces, (k + 1) * table.num_rows // pieces
+        self._offset = start
+        return table.slice(start, end - start)
 
     @contextlib.contextmanager
     def active(self) -> Iterator[None]:
@@ -123,7 +140,12 @@ class Reads:
                 value = original(path, *args, **kwargs)
                 self.access.seconds += time.perf_counter() - started
                 return value
-            return convert(self.fetch(dataset, kwargs.get("columns")))
+            value = convert(self.fetch(dataset, kwargs.get("columns")))
+            if self.piece is not None and hasattr(value, "index"):  # the whole's row labels
+                import pandas as pd
+
+                value.index = pd.RangeIndex(self._offset, self._offset + len(value))
+            return value
 
         return read
 

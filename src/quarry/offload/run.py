@@ -21,6 +21,7 @@ from typing import Any
 from quarry.offload import profile
 from quarry.offload.assign import Cut, assign
 from quarry.offload.estimate import Devices, LineEstimate, estimate
+from quarry.offload.partitions import partitionable
 from quarry.offload.program import Program
 from quarry.offload.reads import Mounts, Reads
 
@@ -67,7 +68,8 @@ def plan(
         runs.append(profile.run(program, reads, argv, quiet=True, tolerate=True))
         full_rows = reads.full_rows
     devices = devices_of(cluster)
-    lines = estimate(program.lines, runs, max(1, full_rows), devices)
+    per_partition = partitionable(program, cluster, mount_map, argv, 2 ** min(scales))
+    lines = estimate(program.lines, runs, max(1, full_rows), devices, per_partition)
     return Plan(
         lines,
         assign(lines, devices.link_bytes_per_s),
