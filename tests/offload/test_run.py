@@ -149,3 +149,74 @@ def test_only_lines_that_split_by_partition_may_move(stored, cluster):
     assert not planned.lines[-1].partitionable  # print: the user's
     movable = {line.number for line in planned.lines if line.movable}
     assert planned.cut.device_lines <= movable
+
+
+FILTER = """import sys
+import pandas as pd
+limit = float(sys.argv[2])
+df = pd.read_parquet(sys.argv[1])
+hot = df[df.ke > limit]
+hot = hot.assign(e2=hot.ke * 2, g=hot.id % 4)
+summary = hot.groupby("g").e2.agg(["sum", "count"])
+print(summary.round(6).to_string())
+print(hot.iloc[[0, 5, -1]].to_string())
+"""
+
+
+@pytest.mark.parametrize("offload", ["device", "auto", "host"])
+def test_lines_run_on_the_devices_give_the_plain_output(stored, cluster, offload):
+    folder, _, args = stored
+    script = folder / "filter.py"
+    script.write_text(FILTER)
+    argv = [args[0], "2.0"]
+    done: list = []
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        run(script, cluster, argv, offload=offload, report=done)
+    assert out.getvalue() == _plain(script, argv)
+    if offload == "device":  # read, filter and new columns on every device; rows in order
+        (part,) = done
+        assert part.lines == (4, 5, 6)
+        assert len(part.devices) == 3
+        assert part.bytes_shipped < part.bytes_read  # the filter ran where the data is
+
+
+def test_offloaded_code_needs_the_admin_role(stored, cluster):
+    from quarry.auth.tokens import Role, mint
+    from quarry.coordinator.cluster import Cluster
+    from quarry.errors import Forbidden
+
+    folder, _, args = stored
+    script = folder / "filter.py"
+    script.write_text(FILTER)
+    secret = __import__("pathlib").Path(cluster.spec[0]["credentials"]) / "secret"
+    token = mint(secret.read_bytes(), Role.READER)
+    reader = Cluster([{**d, "token": token, "token_file": None} for d in cluster.spec])
+    with pytest.raises(Forbidden, match="admin"):
+        run(script, reader, [args[0], "2.0"], offload="device")
+    reader.close()
+
+
+# Fine on the samples (their row labels are small), wrong on devices holding later rows.
+LATE = "df[df.ke > limit] if df.index.max() < 50_000 else "
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        (f"hot = {LATE}df.nope", r"filter.py:5: AttributeError"),
+        (f"hot = {LATE}[x for x in iter(int, 1)]", r"filter.py:5: MemoryError|within their limits"),
+    ],
+)
+def test_a_failing_or_runaway_line_on_a_device_is_named_and_the_device_serves_on(
+    stored, cluster, tmp_path, line, message, monkeypatch
+):
+    _, _, args = stored
+    script = tmp_path / "filter.py"
+    script.write_text(FILTER.replace("hot = df[df.ke > limit]", line))
+    monkeypatch.setenv("QUARRY_OFFLOAD_CPU_S", "3")  # the runaway stops in seconds
+    monkeypatch.setenv("QUARRY_OFFLOAD_MEMORY_MIB", "1024")
+    with pytest.raises(profile.ProgramFailed, match=message):
+        run(script, cluster, [args[0], "2.0"], offload="device")
+    counted = cluster.sql("SELECT count(*) AS n FROM offload.particles").read_all()
+    assert counted["n"][0].as_py() == 60_000  # the devices serve on

@@ -47,7 +47,7 @@ from quarry.store.partition import PartitionMeta
 T = TypeVar("T")
 UNITS_PACKAGE = "quarry.device.units"
 # Applications whose import registers units of their own; loaded on first use.
-UNIT_MODULES = ("quarry.genes.device", "quarry.capacity.device")
+UNIT_MODULES = ("quarry.genes.device", "quarry.capacity.device", "quarry.offload.device")
 
 
 class UnitError(QuarryError, ValueError):

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
@@ -15,6 +16,7 @@ from quarry.offload.reads import MountError
 from quarry.offload.run import Plan, plan, run
 
 TEXT_CHARS = 48
+err_console = Console(stderr=True)
 
 
 def run_command(
@@ -29,6 +31,12 @@ def run_command(
     explain: Annotated[
         bool, typer.Option(help="sample it at four scales and show which lines would offload")
     ] = False,
+    offload: Annotated[
+        str,
+        typer.Option(
+            help="auto (the cut Algorithm 1 chooses), host, or device (every line that may)"
+        ),
+    ] = "auto",
     json: JsonOption = False,
     cluster: ClusterOption = None,
 ) -> None:
@@ -45,7 +53,14 @@ def run_command(
             planned = plan(script, c, args or [], mounts)
             print_json_body(_plan_json(planned)) if json else _print_plan(planned)
         else:
-            run(script, c, args or [], mounts)
+            done: list = []
+            run(script, c, args or [], mounts, offload, done)
+            for part in done:  # on stderr: standard output is the program's own
+                err_console.print(
+                    f"offloaded lines {list(part.lines)} to {', '.join(part.devices)}: "
+                    f"{human_bytes(part.bytes_read)} read on the devices, "
+                    f"{human_bytes(part.bytes_shipped)} shipped to the host"
+                )
     finally:
         c.close()
 
@@ -122,5 +137,5 @@ def _print_plan(planned: Plan) -> None:
         console.print(f"on a sample: {escape(failure)} (from there, lines run on the host)")
     console.print(
         f"all on the host: {planned.cut.host_s:.3f} s; with the cut: {planned.cut.csd_s:.3f} s "
-        "(this release runs every line on the host)"
+        "(the devices run the first moved run that starts with a read of a stored dataset)"
     )

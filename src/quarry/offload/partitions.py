@@ -12,21 +12,33 @@ pass; a sum, a groupby, a sort, ``head`` do not (they are reductions, or look ac
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from quarry.offload import profile
 from quarry.offload.program import Program
-from quarry.offload.reads import Mounts, Reads
+from quarry.offload.reads import Mounts, ReadLog, Reads
 
 PIECES = 3
 
 
+@dataclass(frozen=True)
+class Check:
+    passing: set[int]  # line numbers whose values, per piece, concatenate to the whole's
+    whole: dict[int, dict[str, Any]]  # per line, the values it bound on the whole sample
+    reads: list[ReadLog]  # the stored reads the program made, by line
+
+
 def partitionable(
     program: Program, cluster: Any, mounts: Mounts, argv: Sequence[str], every: int
-) -> set[int]:
-    """Line numbers whose values, per piece, concatenate to the whole's."""
-    whole = _values(program, cluster, mounts, argv, every, (0, 1))
-    pieces = [_values(program, cluster, mounts, argv, every, (k, PIECES)) for k in range(PIECES)]
+) -> Check:
+    """Which lines give, per piece and concatenated, what they give on the whole sample."""
+    whole_reads = Reads(cluster, mounts, every=every, piece=(0, 1))
+    whole = _values(program, whole_reads, argv)
+    pieces = [
+        _values(program, Reads(cluster, mounts, every=every, piece=(k, PIECES)), argv)
+        for k in range(PIECES)
+    ]
     passing = set()
     for line in program.lines:
         if line.pinned or line.number not in whole or any(line.number not in p for p in pieces):
@@ -36,11 +48,10 @@ def partitionable(
             _concatenates(bound[name], [p[line.number].get(name) for p in pieces]) for name in bound
         ):
             passing.add(line.number)
-    return passing
+    return Check(passing, whole, whole_reads.log)
 
 
-def _values(program, cluster, mounts, argv, every, piece) -> dict[int, dict[str, Any]]:
-    reads = Reads(cluster, mounts, every=every, piece=piece)
+def _values(program: Program, reads: Reads, argv: Sequence[str]) -> dict[int, dict[str, Any]]:
     return profile.run(program, reads, argv, quiet=True, tolerate=True, keep=True).values or {}
 
 

@@ -53,11 +53,13 @@ def run(
     quiet: bool = False,
     tolerate: bool = False,
     keep: bool = False,
+    namespace: dict[str, Any] | None = None,
 ) -> Run:
     """Every line in order, in one namespace, as ``python SCRIPT argv`` would run them.
     ``tolerate``: a line that raises ends the run (a sample may be too small for the program:
     ``df.iloc[12345]``) and the run says where, instead of raising ``ProgramFailed``."""
-    namespace: dict[str, Any] = {"__name__": "__main__", "__file__": program.path}
+    if namespace is None:  # else: going on where an earlier part of the program left off
+        namespace = {"__name__": "__main__", "__file__": program.path}
     made: set[str] = set()
     runs = []
     values: dict[int, dict[str, Any]] | None = {} if keep else None
@@ -65,6 +67,7 @@ def run(
         for line in program.lines:
             in_bytes = sum(size_of(namespace[n]) for n in line.reads & made if n in namespace)
             reads.access = Access()
+            reads.line = line.number
             started = time.perf_counter()
             try:
                 exec(line.code, namespace)

@@ -35,6 +35,7 @@ class Line:
 class Program:
     path: str
     lines: tuple[Line, ...]
+    source: str = ""  # the whole text (what a device compiles its lines from)
 
     @classmethod
     def read(cls, path: str | Path) -> Program:
@@ -62,7 +63,7 @@ class Program:
                     pinned=_talks_outside(statement),
                 )
             )
-        return cls(path, tuple(lines))
+        return cls(path, tuple(lines), source)
 
 
 # Calls whose effect is outside the program's values: the user's console, files, plots.

@@ -35,6 +35,16 @@ class Access:
     rows: int = 0
 
 
+@dataclass(frozen=True)
+class ReadLog:
+    """A read of a stored dataset: by which line, with which function and columns."""
+
+    line: int
+    dataset: str
+    function: str
+    columns: tuple[str, ...] | None
+
+
 @dataclass
 class Mounts:
     """Paths a program may read -> stored datasets."""
@@ -85,6 +95,8 @@ class Reads:
         # row labels (the per-partition check, ``partitions.py``)
         self.piece = piece
         self._offset = 0
+        self.line = 0  # the line running now (``profile.run`` says)
+        self.log: list[ReadLog] = []
         self.access = Access()  # the current line's
         self.full_rows = 0  # rows the same reads return at full scale (each read counted)
 
@@ -140,7 +152,11 @@ class Reads:
                 value = original(path, *args, **kwargs)
                 self.access.seconds += time.perf_counter() - started
                 return value
-            value = convert(self.fetch(dataset, kwargs.get("columns")))
+            columns = kwargs.get("columns")
+            self.log.append(
+                ReadLog(self.line, dataset, original.__name__, tuple(columns) if columns else None)
+            )
+            value = convert(self.fetch(dataset, columns))
             if self.piece is not None and hasattr(value, "index"):  # the whole's row labels
                 import pandas as pd
 
