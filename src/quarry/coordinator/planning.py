@@ -12,15 +12,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from quarry.coordinator.dispatch import Task
 from quarry.coordinator.figures import device_figures, sample_subplan
 from quarry.cost.model import choose, device_full_s_per_byte, host_share
-from quarry.device.unit import host_cores
+from quarry.device.unit import Unit, host_cores
 from quarry.errors import DeviceUnavailable, QueryError
 from quarry.plan.capabilities import per_dataset
 from quarry.plan.decompose import Decomposition, Fragment, decompose
 from quarry.plan.errors import PlanError
 from quarry.protocol.stage import Stage
-from quarry.protocol.work import HostCost
+from quarry.protocol.work import HostCost, WorkRequest
 
 if TYPE_CHECKING:
     from quarry.coordinator.catalog import DatasetEntry, PartitionEntry
@@ -72,6 +73,26 @@ def replicas_of(cluster: Membership, partition: PartitionEntry, chosen: str) -> 
         for name in partition.devices
         if name != chosen and name not in cluster.down
     ]
+
+
+def partition_task(
+    cluster: Membership,
+    entry: DatasetEntry,
+    partition: PartitionEntry,
+    request: WorkRequest,
+    host: Unit,
+    **options: Any,
+) -> Task:
+    """One partition's work, on the replica that serves it, with the others to go on on."""
+    device = device_for(cluster, entry, partition)
+    return Task(
+        client=cluster.devices[device],
+        replicas={partition.partition: replicas_of(cluster, partition, device)},
+        request=request,
+        host=host,
+        label=entry.qualified,
+        **options,
+    )
 
 
 @dataclass

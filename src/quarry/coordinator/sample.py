@@ -13,9 +13,9 @@ from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
-from quarry.coordinator.dispatch import Dispatch, Task
+from quarry.coordinator.dispatch import Dispatch
 from quarry.coordinator.fragments import Forced
-from quarry.coordinator.planning import device_for, replicas_of
+from quarry.coordinator.planning import partition_task
 from quarry.coordinator.report import WorkReport
 from quarry.device.unit import host_context
 from quarry.device.units.sample import SampleArgs, SampleUnit
@@ -72,16 +72,9 @@ def sample(
             forced=forced,
             args=args,
         )
-        device = device_for(cluster, entry, p)
+        host = SampleUnit(request, b"", host_context())
         tasks.append(
-            Task(
-                client=cluster.devices[device],
-                replicas={p.partition: replicas_of(cluster, p, device)},
-                request=request,
-                host=SampleUnit(request, b"", host_context()),
-                label=entry.qualified,
-                host_only=pushdown == "never",
-            )
+            partition_task(cluster, entry, p, request, host, host_only=pushdown == "never")
         )
     dispatch = Dispatch()
     workers = WORKERS_PER_DEVICE * len(cluster.live_devices())

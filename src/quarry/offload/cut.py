@@ -19,8 +19,8 @@ from typing import Any
 
 import pyarrow as pa
 
-from quarry.coordinator.dispatch import Dispatch, Task
-from quarry.coordinator.planning import device_for, replicas_of
+from quarry.coordinator.dispatch import Dispatch
+from quarry.coordinator.planning import partition_task
 from quarry.device.unit import host_context
 from quarry.offload import profile
 from quarry.offload.device import Geometry, Lines, LinesArgs, OffloadFailed
@@ -166,15 +166,8 @@ def run_on_devices(
             partitions=(p.partition,),
             args=body,
         )
-        device = device_for(cluster, entry, p)
         tasks.append(
-            Task(
-                client=cluster.devices[device],
-                replicas={p.partition: replicas_of(cluster, p, device)},
-                request=request,
-                host=Lines(request, b"", host_context()),
-                label=entry.qualified,
-            )
+            partition_task(cluster, entry, p, request, Lines(request, b"", host_context()))
         )
     workers = WORKERS_PER_DEVICE * len(cluster.live_devices())
     dispatch = Dispatch()
