@@ -6,13 +6,12 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 
 import pyarrow.parquet as pq
 
 import quarry
 from quarry.samples import particles
+from tests.integration.test_cli import _quarry
 
 
 def test_repair_restores_every_partition_from_the_survivors():
@@ -41,19 +40,6 @@ def test_repair_restores_every_partition_from_the_survivors():
         assert cluster.sql(sql).read_all().column("n")[0].as_py() == 300_000
         cluster.restart_device("dev3")  # back: three replicas of some partitions, read once
         assert cluster.scan("physics/particles").read_all().num_rows == 300_000
-
-
-def _quarry(*args: str, cwd) -> subprocess.CompletedProcess:
-    done = subprocess.run(
-        [sys.executable, "-m", "quarry", *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, "COLUMNS": "200"},
-    )
-    assert done.returncode == 0, done.stderr + done.stdout
-    return done
 
 
 def test_status_remove_repair_and_restart_from_the_command_line(tmp_path):
