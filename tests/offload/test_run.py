@@ -144,7 +144,9 @@ def test_only_lines_that_split_by_partition_may_move(stored, cluster):
     split = {line.text.split(" =")[0]: line.partitionable for line in planned.lines}
     assert split["import sys"] and split["limit"]  # the same in every piece
     assert split["df"] and split["hot"]  # a read, a filter, a new column: row by row
-    assert not split["total"] and not split["groups"]  # reductions
+    assert split["total"]  # a recognised reduction: partials, combined on the host
+    assert {r.target for r in planned.check.reductions.values()} == {"total"}
+    assert not split["groups"]  # grouped by a computed key: not a recognised reduction
     assert not split["first"] and not split["ranked"]  # they look across rows
     assert not planned.lines[-1].partitionable  # print: the user's
     movable = {line.number for line in planned.lines if line.movable}
@@ -174,9 +176,9 @@ def test_lines_run_on_the_devices_give_the_plain_output(stored, cluster, offload
     with contextlib.redirect_stdout(out):
         run(script, cluster, argv, offload=offload, report=done)
     assert out.getvalue() == _plain(script, argv)
-    if offload == "device":  # read, filter and new columns on every device; rows in order
+    if offload == "device":  # read, filter, new columns and the group-by on every device
         (part,) = done
-        assert part.lines == (4, 5, 6)
+        assert part.lines == (4, 5, 6, 7)  # hot comes back in order, summary as partials
         assert len(part.devices) == 3
         assert part.bytes_shipped < part.bytes_read  # the filter ran where the data is
 
@@ -220,3 +222,23 @@ def test_a_failing_or_runaway_line_on_a_device_is_named_and_the_device_serves_on
         run(script, cluster, [args[0], "2.0"], offload="device")
     counted = cluster.sql("SELECT count(*) AS n FROM offload.particles").read_all()
     assert counted["n"][0].as_py() == 60_000  # the devices serve on
+
+
+@pytest.mark.parametrize("migrate", ["force", "never", "auto"])
+def test_slices_migrated_to_the_host_give_the_plain_output(stored, cluster, migrate):
+    folder, _, args = stored
+    script = folder / "filter.py"
+    script.write_text(FILTER)
+    argv = [args[0], "2.0"]
+    done: list = []
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        run(script, cluster, argv, offload="device", migrate=migrate, report=done)
+    assert out.getvalue() == _plain(script, argv)
+    (part,) = done
+    if migrate == "force":  # the second half of every partition ran here
+        assert part.migrations
+        assert all(m.slices == m.slices_total - m.slices_total // 2 for m in part.migrations)
+        assert all("forced" in m.reason and m.at_s > 0 for m in part.migrations)
+    if migrate == "never":
+        assert not part.migrations

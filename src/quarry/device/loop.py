@@ -462,7 +462,7 @@ def fetch_slices(
             f"slices {[(r.first, r.end) for r in request.ranges]} out of range: partition "
             f"{request.partition} has {len(meta.slices)}"
         )
-    schema = unit.raw_schema or meta.schema
+    schema = unit.raw_schema_of(meta)
 
     def batches() -> Iterable[pa.RecordBatch]:
         for number in numbers:
@@ -483,7 +483,7 @@ def _fetch_one(
 ) -> list[pa.RecordBatch]:
     chunk = Chunk(meta, [number], runtime.store, runtime.emulator)
     if request.stage is Stage.RAW:
-        return [batch.select(schema.names) for batch in chunk.batches()]
+        return [unit.raw_slice(meta, number, batch) for batch in chunk.batches()]
     if request.query_id:
         ready = runtime.parked.take((request.query_id, request.partition, number))
         if ready is not None:  # filtered during the work: ship what was parked

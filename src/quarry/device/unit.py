@@ -9,7 +9,7 @@ is:
 
 - ``execute(chunk)``: the whole unit (stage ``full``) over a run of slices; output batches;
 - ``filter(chunk)``: scan + filter only (stage ``filter``), for units that have one;
-- ``raw(batch)``: what a pushed-back slice ships (the columns the host needs);
+- ``raw_slice(meta, number, batch)``: what a pushed-back slice ships (the columns the host needs);
 - ``plan(meta, forced)``: ranges to skip (pruned, cached);
 - ``finish_partition(meta)`` / ``finish()``: output that exists only once everything is seen.
 
@@ -221,6 +221,14 @@ class Unit:
     def raw_schema(self) -> pa.Schema | None:
         """What a raw push back ships (None: the slices whole)."""
         return None
+
+    def raw_schema_of(self, meta: PartitionMeta) -> pa.Schema:
+        return self.raw_schema or meta.schema
+
+    def raw_slice(self, meta: PartitionMeta, number: int, batch: pa.RecordBatch) -> pa.RecordBatch:
+        """A pushed-back slice as it ships: the columns the host needs (a unit may add what the
+        host must know of where the rows came from)."""
+        return batch.select(self.raw_schema_of(meta).names)
 
     def finish_partition(self, meta: PartitionMeta) -> Iterable[pa.RecordBatch]:
         return ()

@@ -13,7 +13,8 @@ never move. So from each line the walk also prices the runs of lines that start 
 sum, line after line) and moves the best run when it beats the time so far. A run of one line
 is the paper's step. A line that prints or writes files is the user's, and a line that does
 not give, per partition and concatenated, what it gives on the whole (``partitions.py``) looks
-across partitions: both stay on the host and end any run.
+across partitions: both stay on the host and end any run. A recognised reduction may move, as
+partials the host combines; it ends its run (what it binds exists only once combined).
 """
 
 from __future__ import annotations
@@ -83,6 +84,8 @@ def _best_run(
         t = t - line.host_s + line.device_s + moved_in + _over(line.out_bytes, link)
         if t < best_t:
             best_end, best_t = end + 1, t
+        if line.reduction:
+            break
     return best_end, best_t
 
 

@@ -1,35 +1,43 @@
 """A program run with its cut: the lines before it on the host, a run of lines on the devices,
 the rest on the host again, each part in the same namespace.
 
-The devices' part is the first run of lines Algorithm 1 moved that starts with a pandas read of
-a stored dataset (``Block``). It runs as the ``offload.lines`` unit (``device.py``) through the
+The devices' part is the first run of lines Algorithm 1 moved that starts with a read of a
+stored dataset (``Block``). It runs as the ``offload.lines`` unit (``device.py``) through the
 one host dispatch, over every partition; with it go the imports and the earlier lines its
 lines need (a constant, a threshold from ``sys.argv``), computed again on the devices. What the
-host gets back is the one value the later lines read: the partitions' frames concatenated and
-put back in the source's order by their index, which is the plain run's value.
+host gets back is every value the later lines read: rows (frames, series, arrays, tables)
+concatenated in the source's order, and reductions' partials combined (``reductions.py``).
+Those are the plain run's values (reductions to floating-point rounding), whatever the devices
+decided: a slice a device pushes back runs the same lines here (migration, §III.D).
 """
 
 from __future__ import annotations
 
 import ast
 import os
+import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 
 from quarry.coordinator.dispatch import Dispatch
 from quarry.coordinator.planning import partition_task
 from quarry.device.unit import host_context
-from quarry.offload import profile
-from quarry.offload.device import Geometry, Lines, LinesArgs, OffloadFailed
+from quarry.offload import profile, values, worker
+from quarry.offload.device import Geometry, Lines, LinesArgs, OffloadFailed, Partial
 from quarry.offload.program import Line, Program
 from quarry.offload.reads import Mounts, Reads
-from quarry.protocol.work import WorkRequest
+from quarry.offload.reductions import Reduction
+from quarry.protocol.stage import Stage
+from quarry.protocol.work import ForcedDecision, HostCost, WorkRequest
 
 WORKERS_PER_DEVICE = 2
 QUEUE_BATCHES_MAX = 16
+READERS = {"read_parquet": "pandas", "read_csv": "pandas", "read_table": "arrow"}
+ROWS = ("DataFrame", "Series", "ndarray", "Table")  # values that concatenate
 
 
 @dataclass(frozen=True)
@@ -38,10 +46,17 @@ class Block:
     end: int  # index after its last line
     dataset: str
     frame: str  # the name the read binds
-    output: str  # the one name later lines read
+    reader: str  # "pandas" or "arrow"
+    outputs: tuple[str, ...]  # row values later lines read
+    reductions: tuple[tuple[int, Reduction], ...]  # (line, reduction) whose values they read
     columns: tuple[str, ...] | None
-    schema: pa.Schema  # of the output, as the whole sample gave it
     needs: tuple[int, ...]  # earlier lines run again on the devices (imports, constants)
+    lines: tuple[int, ...]  # its lines after the read
+
+    @property
+    def rows_lines(self) -> tuple[int, ...]:
+        """The block's lines after its read that run as written (not as partials)."""
+        return tuple(n for n in self.lines if n not in dict(self.reductions))
 
 
 def block_of(program: Program, planned: Any) -> Block | None:
@@ -53,33 +68,67 @@ def block_of(program: Program, planned: Any) -> Block | None:
         read = reads.get(line.number)
         if line.number not in moved or read is None:
             continue  # moved lines before the read (imports, constants) go along as needs
-        if read.function != "read_parquet" or len(line.binds) != 1:
+        if read.function not in READERS or len(line.binds) != 1:
             return None
         end = first + 1
         while end < len(lines) and lines[end].number in moved and lines[end].number not in reads:
             end += 1
-        return _block(lines, first, end, read, planned.check.whole)
+        return _block(lines, first, end, read, planned.check)
     return None
 
 
-def _block(
-    lines: Sequence[Line], first: int, end: int, read: Any, whole: dict[int, dict[str, Any]]
-) -> Block | None:
-    later = set().union(*(line.reads for line in lines[end:])) if end < len(lines) else set()
-    bound = set().union(*(line.binds for line in lines[first:end]))
-    live = bound & later
-    if len(live) != 1:
-        return None  # none, or several, values to bring back: the host runs it
-    output = live.pop()
-    last = max(i for i in range(first, end) if output in lines[i].binds)
-    value = whole.get(lines[last].number, {}).get(output)
-    if type(value).__name__ != "DataFrame":
+def _block(lines: Sequence[Line], first: int, end: int, read: Any, check: Any) -> Block | None:
+    reduced = check.reductions
+    # a reduction's value exists only once combined, on the host: lines reading it stay there
+    targets: set[str] = set()
+    for index in range(first + 1, end):
+        if lines[index].reads & targets:
+            end = index
+            break
+        if lines[index].number in reduced:
+            targets.add(reduced[lines[index].number].target)
+    while end > first + 1:
+        outputs = _outputs(lines, first, end, check)
+        if outputs is not None:
+            break
+        end -= 1  # a value that cannot come back (an object the program made): stop before
+    else:
         return None
-    schema = pa.Schema.from_pandas(value, preserve_index=True)
-    frame = next(iter(lines[first].binds))
+    rows, reductions = outputs
+    if not rows and not reductions:
+        return None
     return Block(
-        first, end, read.dataset, frame, output, read.columns, schema, _needs(lines, first, end)
+        first,
+        end,
+        read.dataset,
+        next(iter(lines[first].binds)),
+        READERS[read.function],
+        rows,
+        reductions,
+        read.columns,
+        _needs(lines, first, end),
+        tuple(line.number for line in lines[first + 1 : end]),
     )
+
+
+def _outputs(
+    lines: Sequence[Line], first: int, end: int, check: Any
+) -> tuple[tuple[str, ...], tuple[tuple[int, Reduction], ...]] | None:
+    """What later lines read of the block: row values, and reductions; None when one of them
+    cannot come back."""
+    later = set().union(*(line.reads for line in lines[end:])) if end < len(lines) else set()
+    rows, reductions = [], []
+    for name in sorted(set().union(*(line.binds for line in lines[first:end])) & later):
+        last = max(i for i in range(first, end) if name in lines[i].binds)
+        number = lines[last].number
+        reduction = check.reductions.get(number)
+        if reduction is not None and reduction.target == name:
+            reductions.append((number, reduction))
+        elif last > first and type(check.whole.get(number, {}).get(name)).__name__ in ROWS:
+            rows.append(name)
+        else:
+            return None
+    return tuple(rows), tuple(reductions)
 
 
 def _needs(lines: Sequence[Line], first: int, end: int) -> tuple[int, ...]:
@@ -127,30 +176,63 @@ def geometry_of(entry: Any) -> dict[str, Geometry]:
 
 
 @dataclass(frozen=True)
+class Migration:
+    """Slices a device handed back, which the host ran (§III.D)."""
+
+    device: str
+    partition: int
+    slices: int  # of the partition's
+    slices_total: int
+    at_s: float  # after the devices' part began, when the host finished the first of them
+    reason: str
+
+
+@dataclass(frozen=True)
 class Offloaded:
-    """What the devices did for a program: its lines, and the bytes on either side."""
+    """What the devices did for a program: its lines, the bytes on either side, migrations."""
 
     lines: tuple[int, ...]
     devices: tuple[str, ...]
     rows_read: int
     bytes_read: int
     bytes_shipped: int
+    wall_s: float = 0.0
+    migrations: tuple[Migration, ...] = field(default_factory=tuple)
+
+
+@dataclass(frozen=True)
+class Migrate:
+    """How the devices' part may move to the host: ``auto`` (each device's controller judges
+    its measured rate against the host's, Eq. 1), ``never``, or ``force`` (the second half of
+    every partition's slices, as if every device slowed half-way)."""
+
+    mode: str = "auto"
+    host_s_per_byte: float = 0.0  # the lines' host time per stored byte (the estimate)
+    device_s_per_byte: float = 0.0
+    out_ratio: float = 1.0  # bytes shipped per stored byte when the devices run them
+    link_bytes_per_s: float = 1e12
 
 
 def run_on_devices(
-    cluster: Any, program: Program, block: Block, argv: Sequence[str]
-) -> tuple[Any, Offloaded]:
-    """The block's output: every partition on its device, back in the source's order."""
+    cluster: Any,
+    program: Program,
+    block: Block,
+    argv: Sequence[str],
+    migrate: Migrate | None = None,
+) -> tuple[dict[str, Any], Offloaded]:
+    """The values later lines read of the block, every partition on its device (or, migrated,
+    here), back in the source's order."""
     entry = cluster.entry(block.dataset)
-    moved = tuple(line.number for line in program.lines[block.first + 1 : block.end])
+    migrate = migrate or Migrate()
     body = LinesArgs(
         source=program.source,
         path=program.path,
-        lines=block.needs + moved,
+        lines=block.needs + block.rows_lines,
         frame=block.frame,
-        output=block.output,
+        reader=block.reader,
+        outputs=block.outputs,
+        partials=tuple(Partial(n, r.target, r.partial) for n, r in block.reductions),
         columns=block.columns,
-        schema=block.schema,
         geometry=geometry_of(entry),
         argv=(program.path, *argv),
         **limits(),
@@ -165,27 +247,112 @@ def run_on_devices(
             dataset=entry.name,
             partitions=(p.partition,),
             args=body,
+            **_migration(migrate, p, len(entry.partitions)),
         )
-        tasks.append(
-            partition_task(cluster, entry, p, request, Lines(request, b"", host_context()))
-        )
+        host = Lines(request, b"", host_context())
+        tasks.append(partition_task(cluster, entry, p, request, host))
     workers = WORKERS_PER_DEVICE * len(cluster.live_devices())
     dispatch = Dispatch()
+    started = time.monotonic()
     batches = list(dispatch.run(tasks, workers, QUEUE_BATCHES_MAX, "quarry-offload"))
-    table = pa.Table.from_batches(batches, schema=block.schema)
+    wall_s = time.monotonic() - started
+    table = pa.Table.from_batches(batches, schema=worker.OUTPUT_SCHEMA)
     reports = dispatch.sorted_reports()
     done = Offloaded(
-        lines=(program.lines[block.first].number, *moved),
+        lines=(program.lines[block.first].number, *block.lines),
         devices=tuple(sorted({r.device for r in reports})),
         rows_read=sum(r.rows_read for r in reports),
         bytes_read=sum(r.bytes_read for r in reports),
         bytes_shipped=sum(r.bytes_shipped for r in reports),
+        wall_s=wall_s,
+        migrations=_migrations(reports, tasks, started),
     )
-    return table.to_pandas().sort_index(), done
+    return _values_of(table, block), done
+
+
+def _migration(migrate: Migrate, partition: Any, partitions: int) -> dict[str, Any]:
+    """The request's say on pushing back: forced for the second half, or the controller's."""
+    if migrate.mode == "force":
+        half = partition.slices // 2
+        return {"forced": (ForcedDecision(partition.partition, half, partition.slices),)}
+    if migrate.mode == "never":
+        return {}
+    host = HostCost(
+        full_s_per_byte=migrate.host_s_per_byte,
+        raw_ratio=1.0,
+        filter_ratio=1.0,
+        link_bytes_per_s=max(1.0, migrate.link_bytes_per_s),
+        host_share=1.0 / max(1, partitions),
+        start=Stage.FULL,
+        device_full_s_per_byte=migrate.device_s_per_byte,
+    )
+    return {"host": host, "query_id": f"offload-{os.getpid()}-{time.monotonic_ns()}"}
+
+
+def _migrations(reports: Sequence[Any], tasks: Sequence[Any], started: float) -> tuple:
+    found = []
+    hosts = {t.request.partitions[0]: t.host for t in tasks}
+    for report in reports:
+        pushed = [d for d in report.decisions if d.stage is Stage.RAW]
+        if not pushed:
+            continue
+        host = hosts.get(report.partition)
+        at = host.first_completed - started if host and host.first_completed else 0.0
+        found.append(
+            Migration(
+                report.device,
+                report.partition,
+                sum(d.end - d.first for d in pushed),
+                report.slices_total,
+                round(at, 3),
+                pushed[0].reason,
+            )
+        )
+    return tuple(found)
+
+
+def _values_of(table: pa.Table, block: Block) -> dict[str, Any]:
+    """Every value, its runs in the source's order: rows concatenated, partials combined."""
+    found: dict[str, Any] = {}
+    rows = table.sort_by([("name", "ascending"), ("first", "ascending"), ("part", "ascending")])
+    names = rows.column("name").to_pylist()
+    firsts = rows.column("first").to_pylist()
+    blobs = rows.column("value")
+    grouped: dict[str, dict[int, list[Any]]] = {}
+    for index, (name, first) in enumerate(zip(names, firsts)):
+        value = values.decode(blobs[index].as_py())
+        grouped.setdefault(name, {}).setdefault(first, []).append(value)
+    for name in block.outputs:
+        found[name] = _concatenated([parts[0] for parts in grouped.get(name, {}).values()])
+    for _, reduction in block.reductions:
+        runs = [tuple(parts) for parts in grouped.get(reduction.target, {}).values()]
+        found[reduction.target] = reduction.combine(runs)
+    return found
+
+
+def _concatenated(pieces: list[Any]) -> Any:
+    first = pieces[0]
+    if isinstance(first, pa.Table):
+        return pa.concat_tables(pieces)
+    if isinstance(first, np.ndarray):
+        return np.concatenate(pieces)
+    import pandas as pd
+
+    joined = pd.concat(pieces)
+    index = joined.index
+    every_row = len(index) and index[0] == 0 and index[-1] == len(index) - 1
+    if index.dtype.kind == "i" and every_row and index.is_monotonic_increasing:
+        joined.index = pd.RangeIndex(len(index))  # every row, in order: the plain run's index
+    return joined
 
 
 def run_with_cut(
-    program: Program, cluster: Any, mounts: Mounts, argv: Sequence[str], block: Block
+    program: Program,
+    cluster: Any,
+    mounts: Mounts,
+    argv: Sequence[str],
+    block: Block,
+    migrate: Migrate | None = None,
 ) -> tuple[dict[str, Any], Offloaded]:
     """The program, its block on the devices; the namespace when it ends, and what the
     devices did."""
@@ -197,8 +364,9 @@ def run_with_cut(
 
     host(program.lines[: block.first])
     try:
-        namespace[block.output], done = run_on_devices(cluster, program, block, argv)
+        found, done = run_on_devices(cluster, program, block, argv, migrate)
     except OffloadFailed as error:
         raise profile.ProgramFailed(str(error)) from None
+    namespace.update(found)
     host(program.lines[block.end :])
     return namespace, done

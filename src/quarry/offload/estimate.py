@@ -39,6 +39,7 @@ class LineEstimate:
     out_bytes: float  # Dout
     pinned: bool = False  # prints or writes files: stays on the host
     partitionable: bool = False  # per partition, concatenated, it gives the whole's values
+    reduction: bool = False  # per partition it gives partials the host combines
 
     @property
     def movable(self) -> bool:
@@ -56,6 +57,7 @@ def estimate(
     full_rows: int,
     devices: Devices,
     partitionable: set[int] = frozenset(),
+    reductions: set[int] = frozenset(),
 ) -> list[LineEstimate]:
     """Per line, its costs at ``full_rows`` from ``runs`` at smaller scales."""
     sizes = [max(1, run.rows_read) for run in runs]
@@ -81,6 +83,7 @@ def estimate(
                 out_bytes=out_fit.at(full_rows),
                 pinned=first.line.pinned,
                 partitionable=first.line.number in partitionable,
+                reduction=first.line.number in reductions,
             )
         )
     return estimates + [_unknown(line) for line in lines[ran:]]

@@ -11,13 +11,15 @@ pass; a sum, a groupby, a sort, ``head`` do not (they are reductions, or look ac
 
 from __future__ import annotations
 
+import ast
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from quarry.offload import profile
-from quarry.offload.program import Program
+from quarry.offload import profile, reductions
+from quarry.offload.program import Line, Program
 from quarry.offload.reads import Mounts, ReadLog, Reads
+from quarry.offload.reductions import Reduction
 
 PIECES = 3
 
@@ -27,6 +29,7 @@ class Check:
     passing: set[int]  # line numbers whose values, per piece, concatenate to the whole's
     whole: dict[int, dict[str, Any]]  # per line, the values it bound on the whole sample
     reads: list[ReadLog]  # the stored reads the program made, by line
+    reductions: dict[int, Reduction]  # lines that pass as partials combined on the host
 
 
 def partitionable(
@@ -39,7 +42,7 @@ def partitionable(
         _values(program, Reads(cluster, mounts, every=every, piece=(k, PIECES)), argv)
         for k in range(PIECES)
     ]
-    passing = set()
+    passing, reduced = set(), {}
     for line in program.lines:
         if line.pinned or line.number not in whole or any(line.number not in p for p in pieces):
             continue
@@ -48,7 +51,70 @@ def partitionable(
             _concatenates(bound[name], [p[line.number].get(name) for p in pieces]) for name in bound
         ):
             passing.add(line.number)
-    return Check(passing, whole, whole_reads.log)
+            continue
+        reduction = _reduces(program, line, whole, pieces)
+        if reduction is not None:
+            passing.add(line.number)
+            reduced[line.number] = reduction
+    return Check(passing, whole, whole_reads.log, reduced)
+
+
+def _reduces(
+    program: Program,
+    line: Line,
+    whole: dict[int, dict[str, Any]],
+    pieces: list[dict[int, dict[str, Any]]],
+) -> Reduction | None:
+    """The line's reduction, when its pieces' partials combine to the whole's value."""
+    statement = ast.parse(line.text).body[0] if line.text else None
+    reduction = reductions.recognise(statement) if statement is not None else None
+    if reduction is None:
+        return None
+    try:
+        parts = [eval(reduction.partial, _before(program, line, piece)) for piece in pieces]
+        combined = reduction.combine(parts)
+        return reduction if _close(whole[line.number][reduction.target], combined) else None
+    except Exception:  # a partial that does not run on a piece: not this reduction
+        return None
+
+
+def _before(program: Program, line: Line, values: dict[int, dict[str, Any]]) -> dict[str, Any]:
+    """A piece's namespace just before ``line``: what the lines before it bound, in order."""
+    namespace: dict[str, Any] = {reductions.HELPERS: reductions}
+    for earlier in program.lines:
+        if earlier.number == line.number:
+            break
+        namespace.update(values.get(earlier.number, {}))
+    return namespace
+
+
+def _close(whole: Any, combined: Any) -> bool:
+    """The same value, floating-point sums allowed their rounding."""
+    import numpy as np
+    import pandas as pd
+
+    try:
+        if isinstance(whole, pd.DataFrame | pd.Series):
+            assert type(whole) is type(combined)
+            check = (
+                pd.testing.assert_frame_equal
+                if isinstance(whole, pd.DataFrame)
+                else pd.testing.assert_series_equal
+            )
+            check(combined, whole, check_exact=False, rtol=1e-9, atol=1e-12)
+            return True
+        if isinstance(whole, np.ndarray):
+            return (
+                isinstance(combined, np.ndarray)
+                and combined.shape == whole.shape
+                and combined.dtype.kind == whole.dtype.kind
+                and bool(np.allclose(combined, whole, rtol=1e-9, atol=1e-12, equal_nan=True))
+            )
+        if isinstance(whole, bool | int | np.integer):
+            return bool(whole == combined)
+        return bool(np.isclose(combined, whole, rtol=1e-9, atol=1e-12, equal_nan=True))
+    except (AssertionError, TypeError, ValueError):
+        return False
 
 
 def _values(program: Program, reads: Reads, argv: Sequence[str]) -> dict[int, dict[str, Any]]:

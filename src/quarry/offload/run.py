@@ -8,19 +8,20 @@ shows that cut with every line's estimate.
 
 With ``offload`` other than ``host``, the cut is run (``cut.py``): the first run of moved lines
 that starts with a read of a stored dataset runs on the devices as the ``offload.lines`` unit,
-the rest here. Push-back and migration of that unit are the next step.
+the rest here. While it runs, each device's controller compares its measured rate with the
+host's estimate and hands the rest back when that pays (``migrate``, §III.D).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from quarry.offload import profile
 from quarry.offload.assign import Cut, assign
-from quarry.offload.cut import Offloaded, block_of, run_with_cut
+from quarry.offload.cut import Block, Migrate, Offloaded, block_of, run_with_cut
 from quarry.offload.estimate import Devices, LineEstimate, estimate
 from quarry.offload.partitions import Check, partitionable
 from quarry.offload.program import Program, ProgramError
@@ -41,6 +42,8 @@ class Plan:
 
 
 OFFLOADS = ("auto", "host", "device")
+MIGRATES = ("auto", "never", "force")
+LOOPBACK_BYTES_PER_S = 2e9  # a device with no link cap: about what loopback carries
 
 
 def run(
@@ -50,26 +53,55 @@ def run(
     mounts: dict[str, str] | None = None,
     offload: str = "auto",
     report: list[Offloaded] | None = None,
+    migrate: str = "auto",
+    device_lines: Collection[int] | None = None,
+    planned: Plan | None = None,
 ) -> dict[str, Any]:
     """Run the program as ``python SCRIPT argv`` would, reading stored datasets; its namespace
     when it ends. ``offload``: ``host`` runs every line here; ``auto`` samples it and runs the
-    lines Algorithm 1 moves on the devices; ``device`` moves every line that may move. What
-    the devices did is appended to ``report``."""
+    lines Algorithm 1 moves on the devices; ``device`` moves every line that may move.
+    ``device_lines`` forces a cut instead (of those lines, the ones that may move).
+    ``migrate``: ``auto`` lets each device hand the rest back when its measured rate says the
+    host would finish sooner; ``never``; ``force`` hands back the second half of every
+    partition. What the devices did is appended to ``report``. ``planned``: a plan made
+    already (the sampling phase is not run again)."""
     if offload not in OFFLOADS:
         raise ProgramError(f"offload must be one of {', '.join(OFFLOADS)}, not {offload!r}")
+    if migrate not in MIGRATES:
+        raise ProgramError(f"migrate must be one of {', '.join(MIGRATES)}, not {migrate!r}")
     program = Program.read(script)
     mount_map = Mounts.of(cluster, mounts)
-    if offload != "host":
-        planned = plan(script, cluster, argv, mounts)
-        if offload == "device":
+    if offload != "host" or device_lines is not None:
+        planned = planned or plan(script, cluster, argv, mounts)
+        if device_lines is not None:
+            planned.cut.device_lines = {
+                line.number for line in planned.lines if line.movable
+            } & set(device_lines)
+        elif offload == "device":
             planned.cut.device_lines = {line.number for line in planned.lines if line.movable}
         block = block_of(program, planned)
         if block is not None:
-            namespace, done = run_with_cut(program, cluster, mount_map, argv, block)
+            how = migration(planned, block, migrate)
+            namespace, done = run_with_cut(program, cluster, mount_map, argv, block, how)
             if report is not None:
                 report.append(done)
             return namespace
     return profile.run(program, Reads(cluster, mount_map), argv).namespace
+
+
+def migration(planned: Plan, block: Block, mode: str) -> Migrate:
+    """What each device's controller is told of the host (Eq. 1's terms, per stored byte)."""
+    moved = set(block.lines)
+    host_s = sum(line.host_s for line in planned.lines if line.number in moved)
+    stored = max(1.0, planned.lines[block.first].stored_bytes)
+    devices = planned.devices
+    link = devices.link_bytes_per_s / max(1, devices.count)
+    return Migrate(
+        mode=mode,
+        host_s_per_byte=host_s / stored,
+        device_s_per_byte=host_s * devices.compute_factor / stored,
+        link_bytes_per_s=link if link != float("inf") else LOOPBACK_BYTES_PER_S,
+    )
 
 
 def plan(
@@ -90,7 +122,9 @@ def plan(
         full_rows = reads.full_rows
     devices = devices_of(cluster)
     check = partitionable(program, cluster, mount_map, argv, 2 ** min(scales))
-    lines = estimate(program.lines, runs, max(1, full_rows), devices, check.passing)
+    lines = estimate(
+        program.lines, runs, max(1, full_rows), devices, check.passing, set(check.reductions)
+    )
     return Plan(
         lines,
         assign(lines, devices.link_bytes_per_s),

@@ -1,29 +1,61 @@
 """Offloaded lines in a process of their own, inside limits they cannot escape.
 
-The device starts one per work request (``python -m quarry.offload.worker``) with an address
-space limit (``RLIMIT_AS``) and a CPU-time limit (``RLIMIT_CPU``) set before the program's code
-runs; the device kills it, too, when a chunk outlives its wall-time bound. A program that
-raises, loops or eats memory ends this process, never the device.
+A device (or the host, completing pushed-back slices) starts one per work request
+(``python -m quarry.offload.worker``) with an address space limit (``RLIMIT_AS``) and a CPU-time
+limit (``RLIMIT_CPU``) set before the program's code runs; the device kills it, too, when a
+chunk outlives its wall-time bound. A program that raises, loops or eats memory ends this
+process, never the device.
 
-On its standard input: one JSON line (``source``: the whole program, ``lines``: the numbers of
-the statements to run, ``path``, ``frame``, ``output``), then frames of a tag
-byte, an 8-byte length and an Arrow IPC stream (the chunk's rows, with their source row numbers
-in ``ROW_COLUMN``). On its standard output, per chunk: ``D`` and the output as Arrow IPC (the
-frame's index kept), or ``E`` and the error, naming the line.
+On its standard input: one JSON line (``Header``), then frames of a tag byte, an 8-byte length
+and an Arrow IPC stream: one slice's rows, with their source row numbers in ``ROW_COLUMN``.
+The slice is cut into runs of consecutive source rows; each run is the program's frame on its
+own, the lines run over it in a fresh namespace, and every value the host needs comes back as
+one row of ``OUTPUT_SCHEMA``: its name, the run's first source row, the part's number (a
+reduction gives several) and the value (``values.py``). On its standard output, per slice:
+``D`` and those rows as Arrow IPC, or ``E`` and the error, naming the line of the user's file.
 """
 
 from __future__ import annotations
 
+import ast
 import json
 import struct
 import sys
 import traceback
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
 from typing import IO, Any
 
+import numpy as np
 import pyarrow as pa
 
 ROW_COLUMN = "__quarry_row"
+PART_PREFIX = "__quarry_part_"
+OUTPUT_SCHEMA = pa.schema(
+    [
+        pa.field("name", pa.string(), nullable=False),
+        pa.field("first", pa.int64(), nullable=False),  # the run's first source row
+        pa.field("part", pa.int32(), nullable=False),
+        pa.field("value", pa.large_binary(), nullable=False),
+    ]
+)
 _LENGTH = struct.Struct(">Q")
+
+
+@dataclass(frozen=True)
+class Header:
+    source: str  # the whole program
+    path: str
+    frame: str  # the name the read binds
+    reader: str  # "pandas": the frame is a DataFrame indexed by source row; "arrow": a Table
+    lines: list[int]  # statements run as written (imports, needed lines, per-row lines)
+    partials: dict[str, str] = field(default_factory=dict)  # line -> reduction's partial
+    targets: dict[str, str] = field(default_factory=dict)  # line -> the name it binds
+    outputs: list[str] = field(default_factory=list)  # row values the host needs
+    argv: list[str] = field(default_factory=list)
+
+    def to_line(self) -> bytes:
+        return json.dumps(asdict(self)).encode() + b"\n"
 
 
 def write_frame(stream: IO[bytes], tag: bytes, body: bytes) -> None:
@@ -49,45 +81,90 @@ def ipc(table: pa.Table) -> bytes:
     return sink.getvalue().to_pybytes()
 
 
-def run_chunk(code: Any, frame: str, output: str, rows: pa.Table, path: str) -> pa.Table:
+def compile_steps(header: Header) -> Any:
+    """The statements to run, in the program's order, compiled with their own line numbers (an
+    error names the line of the user's file); a reduction's line binds its partial instead."""
+    tree = ast.parse(header.source, filename=header.path)
+    wanted = set(header.lines) | {int(n) for n in header.partials}
+    body: list[ast.stmt] = []
+    for statement in tree.body:
+        if statement.lineno not in wanted:
+            continue
+        partial = header.partials.get(str(statement.lineno))
+        if partial is None:
+            body.append(statement)
+            continue
+        target = PART_PREFIX + header.targets[str(statement.lineno)]
+        value = ast.parse(partial, mode="eval").body
+        ast.increment_lineno(value, statement.lineno - 1)
+        assign = ast.Assign(targets=[ast.Name(target, ast.Store())], value=value)
+        body.append(ast.fix_missing_locations(ast.copy_location(assign, statement)))
+    return compile(ast.Module(body=body, type_ignores=[]), header.path, "exec")
+
+
+def runs(rows: pa.Table) -> Iterator[tuple[int, pa.Table]]:
+    """The slice's runs of consecutive source rows: (first source row, its rows)."""
+    numbers = rows.column(ROW_COLUMN).to_numpy()
+    if len(numbers) == 0:
+        return
+    breaks = np.flatnonzero(np.diff(numbers) != 1) + 1
+    starts = [0, *breaks.tolist()]
+    ends = [*breaks.tolist(), len(numbers)]
+    for start, end in zip(starts, ends):
+        yield int(numbers[start]), rows.slice(start, end - start)
+
+
+def run_slice(code: Any, header: Header, rows: pa.Table) -> pa.Table:
+    """Every run of the slice through the lines: the values the host needs, as rows."""
+    from quarry.offload import reductions, values
+
+    out: dict[str, list] = {name: [] for name in OUTPUT_SCHEMA.names}
+
+    def add(name: str, first: int, part: int, value: Any) -> None:
+        for column, item in zip(OUTPUT_SCHEMA.names, (name, first, part, values.encode(value))):
+            out[column].append(item)
+
+    for first, run in runs(rows):
+        namespace: dict[str, Any] = {
+            "__name__": "__main__",
+            "__file__": header.path,
+            reductions.HELPERS: reductions,
+            header.frame: _frame(run, header.reader),
+        }
+        exec(code, namespace)
+        for name in header.outputs:
+            add(name, first, 0, namespace[name])
+        for target in header.targets.values():
+            for part, value in enumerate(namespace[PART_PREFIX + target]):
+                add(target, first, part, value)
+    return pa.table(out, schema=OUTPUT_SCHEMA)
+
+
+def _frame(run: pa.Table, reader: str) -> Any:
+    table = run.drop_columns([ROW_COLUMN])
+    if reader == "arrow":
+        return table
     import pandas as pd
 
-    numbers = rows.column(ROW_COLUMN).to_numpy()
-    df = rows.drop_columns([ROW_COLUMN]).to_pandas()
-    df.index = pd.Index(numbers)
-    namespace: dict[str, Any] = {"__name__": "__main__", "__file__": path, frame: df}
-    exec(code, namespace)
-    value = namespace.get(output)
-    if not isinstance(value, pd.DataFrame):
-        raise TypeError(f"{output} is a {type(value).__name__}, not a DataFrame")
-    return pa.Table.from_pandas(value, preserve_index=True)
-
-
-def select(source: str, path: str, lines: set[int]) -> Any:
-    """The program's statements that start on ``lines``, compiled with their own line numbers
-    (an error names the line of the user's file)."""
-    import ast
-
-    tree = ast.parse(source, filename=path)
-    tree.body = [statement for statement in tree.body if statement.lineno in lines]
-    return compile(tree, path, "exec")
+    frame = table.to_pandas()
+    frame.index = pd.Index(run.column(ROW_COLUMN).to_numpy())
+    return frame
 
 
 def main() -> None:
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
-    header = json.loads(stdin.readline())
-    sys.argv = list(header.get("argv") or [header["path"]])
-    code = select(header["source"], header["path"], set(header["lines"]))
+    header = Header(**json.loads(stdin.readline()))
+    sys.argv = list(header.argv or [header.path])
+    code = compile_steps(header)
     while (frame := read_frame(stdin)) is not None:
         _, body = frame
         try:
             rows = pa.ipc.open_stream(pa.py_buffer(body)).read_all()
-            out = run_chunk(code, header["frame"], header["output"], rows, header["path"])
-            write_frame(stdout, b"D", ipc(out))
+            write_frame(stdout, b"D", ipc(run_slice(code, header, rows)))
         except BaseException as error:  # the program's own error, named by its line
             where = traceback.extract_tb(error.__traceback__)
-            lines = [f"{f.filename}:{f.lineno}" for f in where if f.filename == header["path"]]
-            place = lines[-1] if lines else header["path"]
+            lines = [f"{f.filename}:{f.lineno}" for f in where if f.filename == header.path]
+            place = lines[-1] if lines else header.path
             write_frame(stdout, b"E", f"{place}: {type(error).__name__}: {error}".encode())
 
 
