@@ -26,6 +26,7 @@ def test_each_top_level_statement_is_a_line_with_its_names():
     assert read.reads == {"pd"} and read.binds == {"df"}
     assert define.binds == {"twice"}  # not its locals
     assert assign.reads >= {"df", "twice"}
+    assert assign.binds == {"df"}  # df["k"] = ...: the frame changes
     assert loop.text.startswith("for c in") and "print(c)" in loop.text
     assert "df" in sort.binds  # changed in place
 

@@ -12,6 +12,8 @@ from rich.table import Table
 
 from quarry.cli_common import ClusterOption, JsonOption, console, human_bytes, open_cluster
 from quarry.cli_common import print_json as print_json_body
+from quarry.offload.cut import Offloaded
+from quarry.offload.estimate import LineEstimate
 from quarry.offload.reads import MountError
 from quarry.offload.run import Plan, plan, run
 
@@ -37,6 +39,13 @@ def run_command(
             help="auto (the cut Algorithm 1 chooses), host, or device (every line that may)"
         ),
     ] = "auto",
+    migrate: Annotated[
+        str,
+        typer.Option(
+            help="auto (a device hands the rest back when the host would finish sooner), "
+            "never, or force (the second half of every partition runs on the host)"
+        ),
+    ] = "auto",
     json: JsonOption = False,
     cluster: ClusterOption = None,
 ) -> None:
@@ -54,15 +63,24 @@ def run_command(
             print_json_body(_plan_json(planned)) if json else _print_plan(planned)
         else:
             done: list = []
-            run(script, c, args or [], mounts, offload, done)
+            run(script, c, args or [], mounts, offload, done, migrate=migrate)
             for part in done:  # on stderr: standard output is the program's own
-                err_console.print(
-                    f"offloaded lines {list(part.lines)} to {', '.join(part.devices)}: "
-                    f"{human_bytes(part.bytes_read)} read on the devices, "
-                    f"{human_bytes(part.bytes_shipped)} shipped to the host"
-                )
+                _print_offloaded(part)
     finally:
         c.close()
+
+
+def _print_offloaded(part: Offloaded) -> None:
+    err_console.print(
+        f"offloaded lines {list(part.lines)} to {', '.join(part.devices)} in "
+        f"{part.wall_s:.2f} s: {human_bytes(part.bytes_read)} read on the devices, "
+        f"{human_bytes(part.bytes_shipped)} shipped to the host"
+    )
+    for m in part.migrations:
+        err_console.print(
+            f"  migrated: {m.device} partition {m.partition}, {m.slices} of {m.slices_total} "
+            f"slices ran on the host (first done at {m.at_s:.2f} s): {escape(m.reason)}"
+        )
 
 
 def _mounts(values: list[str]) -> dict[str, str]:
@@ -94,12 +112,19 @@ def _plan_json(planned: Plan) -> dict[str, Any]:
                 "din_bytes": line.din_bytes,
                 "dout_bytes": line.out_bytes,
                 "per_partition": line.partitionable,
+                "reduction": line.reduction,
                 "on": "device" if line.number in planned.cut.device_lines else "host",
                 "if_device_s": step.if_device_s,
             }
             for line, step in zip(planned.lines, planned.cut.steps)
         ],
     }
+
+
+def _split(line: LineEstimate) -> str:
+    if line.reduction:
+        return "partial"
+    return "rows" if line.partitionable else "no"
 
 
 def _print_plan(planned: Plan) -> None:
@@ -115,7 +140,8 @@ def _print_plan(planned: Plan) -> None:
     )
     table = Table(
         title="lines, estimated at full scale (Algorithm 1)",
-        caption="split: per partition, concatenated, the line gives what it gives on the whole",
+        caption="split: rows — per partition, concatenated, the line gives what it gives on the "
+        "whole; partial — a reduction, its partials combined on the host",
     )
     for column in ("line", "code", "time", "host s", "device s", "in", "out", "split", "on"):
         table.add_column(column, justify="left" if column in ("code", "split", "on") else "right")
@@ -129,7 +155,7 @@ def _print_plan(planned: Plan) -> None:
             f"{line.device_s:.4f}",
             human_bytes(line.din_bytes),
             human_bytes(line.out_bytes),
-            "yes" if line.partitionable else "no",
+            _split(line),
             "device" if line.number in planned.cut.device_lines else "host",
         )
     console.print(table)

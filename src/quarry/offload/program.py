@@ -104,6 +104,13 @@ def _bound(statement: ast.stmt) -> set[str]:
     if isinstance(statement, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
         return {statement.name}  # its body's names are its own
     names = _names(statement, ast.Store)
+    # df["x"] = ..., df.x = ..., df.loc[...] = ...: the frame itself changes
+    targets = getattr(statement, "targets", None) or [getattr(statement, "target", None)]
+    for target in targets:
+        while isinstance(target, ast.Subscript | ast.Attribute):
+            target = target.value
+        if isinstance(target, ast.Name):
+            names.add(target.id)
     if isinstance(statement, ast.Import | ast.ImportFrom):
         names |= {(a.asname or a.name).split(".")[0] for a in statement.names}
     # a method call on a name may change it in place (df.sort_values(inplace=True), list.append)
