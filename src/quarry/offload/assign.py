@@ -14,7 +14,8 @@ sum, line after line) and moves the best run when it beats the time so far. A ru
 is the paper's step. A line that prints or writes files is the user's, and a line that does
 not give, per partition and concatenated, what it gives on the whole (``partitions.py``) looks
 across partitions: both stay on the host and end any run. A recognised reduction may move, as
-partials the host combines; it ends its run (what it binds exists only once combined).
+partials the host combines; what it binds exists only once combined, on the host, so a line
+that reads it ends the run.
 """
 
 from __future__ import annotations
@@ -75,17 +76,18 @@ def _best_run(
     """The run of lines from ``first`` whose move gives the least time: (its end, that time)."""
     best_end, best_t = first + 1, float("inf")
     t = t_csd
+    combined: set[str] = set()  # what the run's reductions bind: only on the host
     for end in range(first, len(lines)):
         line = lines[end]
-        if not line.movable:
+        if not line.movable or line.reads & combined:
             break
+        if line.reduction:
+            combined |= line.binds
         din = _over(line.din_bytes, link)
         moved_in = -din if (on_device or end > first) else din
         t = t - line.host_s + line.device_s + moved_in + _over(line.out_bytes, link)
         if t < best_t:
             best_end, best_t = end + 1, t
-        if line.reduction:
-            break
     return best_end, best_t
 
 

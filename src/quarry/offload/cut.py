@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ast
 import os
+import pickle
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -38,6 +39,7 @@ WORKERS_PER_DEVICE = 2
 QUEUE_BATCHES_MAX = 16
 READERS = {"read_parquet": "pandas", "read_csv": "pandas", "read_table": "arrow"}
 ROWS = ("DataFrame", "Series", "ndarray", "Table")  # values that concatenate
+SHIPPED_BYTES_MAX = 256 << 20  # earlier lines' values sent with a block, per request
 
 
 @dataclass(frozen=True)
@@ -48,10 +50,12 @@ class Block:
     frame: str  # the name the read binds
     reader: str  # "pandas" or "arrow"
     outputs: tuple[str, ...]  # row values later lines read
+    same: tuple[str, ...]  # values the same on every device (a constant made in the block)
     reductions: tuple[tuple[int, Reduction], ...]  # (line, reduction) whose values they read
     columns: tuple[str, ...] | None
-    needs: tuple[int, ...]  # earlier lines run again on the devices (imports, constants)
+    needs: tuple[int, ...]  # earlier lines run again on the devices (imports, definitions)
     lines: tuple[int, ...]  # its lines after the read
+    shipped: tuple[str, ...] = ()  # values of earlier lines the host sends with the work
 
     @property
     def rows_lines(self) -> tuple[int, ...]:
@@ -59,22 +63,29 @@ class Block:
         return tuple(n for n in self.lines if n not in dict(self.reductions))
 
 
-def block_of(program: Program, planned: Any) -> Block | None:
-    """The devices' part of the plan, or None when it has none this can run."""
+def blocks_of(program: Program, planned: Any) -> list[Block]:
+    """The devices' parts of the plan, in the program's order: every run of moved lines that
+    starts with a read of a stored dataset (moved lines before a read, such as imports and
+    constants, go along as needs)."""
     lines = program.lines
     moved = planned.cut.device_lines
     reads = {r.line: r for r in planned.check.reads}
-    for first, line in enumerate(lines):
-        read = reads.get(line.number)
-        if line.number not in moved or read is None:
-            continue  # moved lines before the read (imports, constants) go along as needs
-        if read.function not in READERS or len(line.binds) != 1:
-            return None
+    blocks: list[Block] = []
+    first = 0
+    while first < len(lines):
+        read = reads.get(lines[first].number)
+        usable = read is not None and read.function in READERS and len(lines[first].binds) == 1
+        if lines[first].number not in moved or not usable:
+            first += 1
+            continue
         end = first + 1
         while end < len(lines) and lines[end].number in moved and lines[end].number not in reads:
             end += 1
-        return _block(lines, first, end, read, planned.check)
-    return None
+        block = _block(lines, first, end, read, planned.check)
+        if block is not None:
+            blocks.append(block)
+        first = block.end if block is not None else first + 1
+    return blocks
 
 
 def _block(lines: Sequence[Line], first: int, end: int, read: Any, check: Any) -> Block | None:
@@ -94,9 +105,10 @@ def _block(lines: Sequence[Line], first: int, end: int, read: Any, check: Any) -
         end -= 1  # a value that cannot come back (an object the program made): stop before
     else:
         return None
-    rows, reductions = outputs
+    rows, same, reductions = outputs
     if not rows and not reductions:
         return None
+    rerun, shipped = _needs(lines, first, end)
     return Block(
         first,
         end,
@@ -104,45 +116,56 @@ def _block(lines: Sequence[Line], first: int, end: int, read: Any, check: Any) -
         next(iter(lines[first].binds)),
         READERS[read.function],
         rows,
+        same,
         reductions,
         read.columns,
-        _needs(lines, first, end),
+        rerun,
         tuple(line.number for line in lines[first + 1 : end]),
+        shipped,
     )
 
 
 def _outputs(
     lines: Sequence[Line], first: int, end: int, check: Any
-) -> tuple[tuple[str, ...], tuple[tuple[int, Reduction], ...]] | None:
+) -> tuple[tuple[str, ...], tuple[str, ...], tuple[tuple[int, Reduction], ...]] | None:
     """What later lines read of the block: row values, and reductions; None when one of them
     cannot come back."""
     later = set().union(*(line.reads for line in lines[end:])) if end < len(lines) else set()
-    rows, reductions = [], []
+    rows, same, reductions = [], [], []
     for name in sorted(set().union(*(line.binds for line in lines[first:end])) & later):
         last = max(i for i in range(first, end) if name in lines[i].binds)
         number = lines[last].number
         reduction = check.reductions.get(number)
         if reduction is not None and reduction.target == name:
             reductions.append((number, reduction))
-        elif last > first and type(check.whole.get(number, {}).get(name)).__name__ in ROWS:
+        elif name in check.same.get(number, ()):
+            same.append(name)  # the same everywhere: any run's value is the value
+        elif type(check.whole.get(number, {}).get(name)).__name__ in ROWS:
             rows.append(name)
         else:
             return None
-    return tuple(rows), tuple(reductions)
+    return tuple(rows), tuple(same), tuple(reductions)
 
 
-def _needs(lines: Sequence[Line], first: int, end: int) -> tuple[int, ...]:
-    """Earlier lines the block's lines need: every import, and the lines that bind what they
-    read (and what those read), unless they print, write or read stored data."""
+def _needs(lines: Sequence[Line], first: int, end: int) -> tuple[tuple[int, ...], tuple[str, ...]]:
+    """What the block's lines need of earlier ones: (lines run again on the devices: every
+    import, and the definitions of functions and classes they use; names whose values the
+    host sends: whatever else an earlier line bound, as it is when the block starts)."""
     needed = set().union(*(line.reads for line in lines[first + 1 : end]))
-    chosen = []
+    rerun, shipped = [], set()
     for line in reversed(lines[:first]):
         statement = ast.parse(line.text).body[0] if line.text else None
-        is_import = isinstance(statement, ast.Import | ast.ImportFrom)
-        if is_import or (line.binds & needed and not line.pinned):
-            chosen.append(line.number)
-            needed |= line.reads
-    return tuple(sorted(chosen))
+        if isinstance(statement, ast.Import | ast.ImportFrom):
+            rerun.append(line.number)
+        elif not line.binds & needed:
+            continue
+        elif isinstance(statement, ast.FunctionDef | ast.ClassDef):
+            rerun.append(line.number)
+            needed |= line.reads  # what the function uses of the program's globals
+        else:
+            shipped |= line.binds & needed
+        needed -= line.binds
+    return tuple(sorted(rerun)), tuple(sorted(shipped))
 
 
 def limits() -> dict[str, Any]:
@@ -198,6 +221,7 @@ class Offloaded:
     bytes_shipped: int
     wall_s: float = 0.0
     migrations: tuple[Migration, ...] = field(default_factory=tuple)
+    bytes_sent: int = 0  # values of earlier lines sent to the devices, every request counted
 
 
 @dataclass(frozen=True)
@@ -213,15 +237,37 @@ class Migrate:
     link_bytes_per_s: float = 1e12
 
 
+class NotOffloadable(Exception):
+    """A block whose inputs cannot go to the devices (a value that does not pickle, or too
+    large to send): its lines run on the host."""
+
+
+def shipped_values(block: Block, namespace: dict[str, Any]) -> bytes:
+    """The values of earlier lines the block's lines read, for the devices."""
+    if not block.shipped:
+        return b""
+    try:
+        payload = pickle.dumps({name: namespace[name] for name in block.shipped}, protocol=5)
+    except Exception as error:
+        raise NotOffloadable(f"{', '.join(block.shipped)} cannot be sent: {error}") from None
+    if len(payload) > SHIPPED_BYTES_MAX:
+        raise NotOffloadable(
+            f"{', '.join(block.shipped)} take {len(payload):,} bytes, over "
+            f"{SHIPPED_BYTES_MAX:,} to send to every device"
+        )
+    return payload
+
+
 def run_on_devices(
     cluster: Any,
     program: Program,
     block: Block,
     argv: Sequence[str],
     migrate: Migrate | None = None,
+    payload: bytes = b"",
 ) -> tuple[dict[str, Any], Offloaded]:
     """The values later lines read of the block, every partition on its device (or, migrated,
-    here), back in the source's order."""
+    here), back in the source's order. ``payload``: the values it needs of earlier lines."""
     entry = cluster.entry(block.dataset)
     migrate = migrate or Migrate()
     body = LinesArgs(
@@ -230,7 +276,7 @@ def run_on_devices(
         lines=block.needs + block.rows_lines,
         frame=block.frame,
         reader=block.reader,
-        outputs=block.outputs,
+        outputs=block.outputs + block.same,
         partials=tuple(Partial(n, r.target, r.partial) for n, r in block.reductions),
         columns=block.columns,
         geometry=geometry_of(entry),
@@ -249,8 +295,8 @@ def run_on_devices(
             args=body,
             **_migration(migrate, p, len(entry.partitions)),
         )
-        host = Lines(request, b"", host_context())
-        tasks.append(partition_task(cluster, entry, p, request, host))
+        host = Lines(request, payload, host_context())
+        tasks.append(partition_task(cluster, entry, p, request, host, payload=payload))
     workers = WORKERS_PER_DEVICE * len(cluster.live_devices())
     dispatch = Dispatch()
     started = time.monotonic()
@@ -266,6 +312,7 @@ def run_on_devices(
         bytes_shipped=sum(r.bytes_shipped for r in reports),
         wall_s=wall_s,
         migrations=_migrations(reports, tasks, started),
+        bytes_sent=dispatch.bytes_sent,
     )
     return _values_of(table, block), done
 
@@ -324,6 +371,8 @@ def _values_of(table: pa.Table, block: Block) -> dict[str, Any]:
         grouped.setdefault(name, {}).setdefault(first, []).append(value)
     for name in block.outputs:
         found[name] = _concatenated([parts[0] for parts in grouped.get(name, {}).values()])
+    for name in block.same:
+        found[name] = next(iter(grouped[name].values()))[0]
     for _, reduction in block.reductions:
         runs = [tuple(parts) for parts in grouped.get(reduction.target, {}).values()]
         found[reduction.target] = reduction.combine(runs)
@@ -351,22 +400,33 @@ def run_with_cut(
     cluster: Any,
     mounts: Mounts,
     argv: Sequence[str],
-    block: Block,
-    migrate: Migrate | None = None,
-) -> tuple[dict[str, Any], Offloaded]:
-    """The program, its block on the devices; the namespace when it ends, and what the
-    devices did."""
+    blocks: Sequence[Block],
+    migrate: Migrate | Sequence[Migrate] | None = None,
+    report: list[Offloaded] | None = None,
+) -> dict[str, Any]:
+    """The program, its blocks on the devices and the rest here, in one namespace; the
+    namespace when it ends. What the devices did for each block goes to ``report``."""
     namespace: dict[str, Any] = {"__name__": "__main__", "__file__": program.path}
+    migrates = migrate if isinstance(migrate, Sequence) else [migrate] * len(blocks)
 
     def host(lines: Sequence[Line]) -> None:
         part = Program(program.path, tuple(lines), program.source)
         profile.run(part, Reads(cluster, mounts), argv, namespace=namespace)
 
-    host(program.lines[: block.first])
-    try:
-        found, done = run_on_devices(cluster, program, block, argv, migrate)
-    except OffloadFailed as error:
-        raise profile.ProgramFailed(str(error)) from None
-    namespace.update(found)
-    host(program.lines[block.end :])
-    return namespace, done
+    position = 0
+    for block, how in zip(blocks, migrates):
+        host(program.lines[position : block.first])
+        try:
+            payload = shipped_values(block, namespace)
+            found, done = run_on_devices(cluster, program, block, argv, how, payload)
+        except NotOffloadable:
+            host(program.lines[block.first : block.end])  # here, as a plain run would
+        except OffloadFailed as error:
+            raise profile.ProgramFailed(str(error)) from None
+        else:
+            namespace.update(found)
+            if report is not None:
+                report.append(done)
+        position = block.end
+    host(program.lines[position:])
+    return namespace

@@ -16,11 +16,6 @@ or the request forces it.
 
 from __future__ import annotations
 
-import contextlib
-import os
-import resource
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterable
@@ -31,8 +26,8 @@ import pyarrow as pa
 
 from quarry.auth.tokens import Role
 from quarry.device.unit import Chunk, Unit, UnitError, register
-from quarry.errors import QuarryError
 from quarry.offload import worker
+from quarry.offload.process import Limits, OffloadFailed, Worker
 from quarry.protocol.message import Message, bounded
 from quarry.protocol.stage import Stage
 from quarry.store.partition import PartitionMeta
@@ -40,12 +35,7 @@ from quarry.store.partition import PartitionMeta
 MEMORY_BYTES_DEFAULT = 2 << 30
 CPU_S_DEFAULT = 600
 CHUNK_WALL_S_DEFAULT = 600.0
-
-
-class OffloadFailed(QuarryError):
-    """An offloaded line raised, or ran out of its limits, on a device: where, and what."""
-
-    code = "offload_failed"
+__all__ = ["Geometry", "Lines", "LinesArgs", "OffloadFailed", "Partial"]
 
 
 @dataclass(frozen=True)
@@ -136,7 +126,8 @@ class Lines(Unit):
         return [b for b in out if b.num_rows]
 
     def raw_schema_of(self, meta: PartitionMeta) -> pa.Schema:
-        schema = meta.schema if self.args.columns is None else meta.schema.select(self.columns())
+        names = meta.schema.names if self.args.columns is None else self.args.columns
+        schema = pa.schema([meta.schema.field(name) for name in names])
         return schema.append(pa.field(worker.ROW_COLUMN, pa.int64(), nullable=False))
 
     def raw_slice(self, meta: PartitionMeta, number: int, batch: pa.RecordBatch) -> pa.RecordBatch:
@@ -167,7 +158,8 @@ class Lines(Unit):
     def worker(self) -> Worker:
         with self._lock:  # the host may complete two pushed-back ranges at once
             if self._worker is None:
-                self._worker = Worker(self.args)
+                limits = Limits(self.args.memory_bytes, self.args.cpu_s, self.args.chunk_wall_s)
+                self._worker = Worker(self.args.header(), self.payload, limits)
             return self._worker
 
     def finish(self) -> Iterable[pa.RecordBatch]:
@@ -179,67 +171,3 @@ class Lines(Unit):
 
 def _with_rows(table: pa.Table, rows: np.ndarray) -> pa.Table:
     return table.append_column(worker.ROW_COLUMN, pa.array(rows))
-
-
-class Worker:
-    """One worker process and its pipes."""
-
-    def __init__(self, args: LinesArgs):
-        self.args = args
-        self._lock = threading.Lock()
-
-        def limits() -> None:  # in the child, before anything of the program runs
-            resource.setrlimit(resource.RLIMIT_AS, (args.memory_bytes, args.memory_bytes))
-            resource.setrlimit(resource.RLIMIT_CPU, (args.cpu_s, args.cpu_s))
-
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "quarry.offload.worker"],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            preexec_fn=limits,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        )
-        self.process.stdin.write(args.header().to_line())
-        self.process.stdin.flush()
-
-    def run(self, rows: pa.Table) -> pa.Table:
-        with self._lock:
-            return self._run(rows)
-
-    def _run(self, rows: pa.Table) -> pa.Table:
-        timer = threading.Timer(self.args.chunk_wall_s, self.process.kill)
-        timer.start()
-        try:
-            worker.write_frame(self.process.stdin, b"D", worker.ipc(rows))
-            frame = worker.read_frame(self.process.stdout)
-        except (BrokenPipeError, EOFError, OSError):
-            frame = None
-        finally:
-            timer.cancel()
-        if frame is None:
-            raise OffloadFailed(self._death())
-        tag, body = frame
-        if tag == b"E":
-            self.close()
-            raise OffloadFailed(body.decode(errors="replace"))
-        return pa.ipc.open_stream(pa.py_buffer(body)).read_all()
-
-    def _death(self) -> str:
-        code = self.process.wait(timeout=10)
-        limits = (
-            f"{self.args.memory_bytes >> 20} MiB of memory, {self.args.cpu_s} s of CPU, "
-            f"{self.args.chunk_wall_s:g} s per chunk"
-        )
-        return (
-            f"{self.args.path}: the offloaded lines {list(self.args.lines)} stopped "
-            f"(exit {code}) within their limits ({limits})"
-        )
-
-    def close(self) -> None:
-        with contextlib.suppress(OSError):
-            self.process.stdin.close()
-        try:
-            self.process.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            self.process.kill()

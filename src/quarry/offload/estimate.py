@@ -40,6 +40,8 @@ class LineEstimate:
     pinned: bool = False  # prints or writes files: stays on the host
     partitionable: bool = False  # per partition, concatenated, it gives the whole's values
     reduction: bool = False  # per partition it gives partials the host combines
+    reads: frozenset[str] = frozenset()  # names of earlier lines' values it reads
+    binds: frozenset[str] = frozenset()
 
     @property
     def movable(self) -> bool:
@@ -84,6 +86,8 @@ def estimate(
                 pinned=first.line.pinned,
                 partitionable=first.line.number in partitionable,
                 reduction=first.line.number in reductions,
+                reads=first.line.reads,
+                binds=first.line.binds,
             )
         )
     return estimates + [_unknown(line) for line in lines[ran:]]

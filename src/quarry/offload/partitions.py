@@ -30,6 +30,9 @@ class Check:
     whole: dict[int, dict[str, Any]]  # per line, the values it bound on the whole sample
     reads: list[ReadLog]  # the stored reads the program made, by line
     reductions: dict[int, Reduction]  # lines that pass as partials combined on the host
+    # per line, the names it binds that are the same in every piece (a constant, a function):
+    # any one device's value is the value
+    same: dict[int, frozenset[str]]
 
 
 def partitionable(
@@ -42,21 +45,23 @@ def partitionable(
         _values(program, Reads(cluster, mounts, every=every, piece=(k, PIECES)), argv)
         for k in range(PIECES)
     ]
-    passing, reduced = set(), {}
+    passing, reduced, same = set(), {}, {}
     for line in program.lines:
         if line.pinned or line.number not in whole or any(line.number not in p for p in pieces):
             continue
         bound = whole[line.number]
-        if all(
-            _concatenates(bound[name], [p[line.number].get(name) for p in pieces]) for name in bound
-        ):
+        how = {
+            name: _splits(bound[name], [p[line.number].get(name) for p in pieces]) for name in bound
+        }
+        if all(how.values()):
             passing.add(line.number)
+            same[line.number] = frozenset(n for n, h in how.items() if h == "same")
             continue
         reduction = _reduces(program, line, whole, pieces)
         if reduction is not None:
             passing.add(line.number)
             reduced[line.number] = reduction
-    return Check(passing, whole, whole_reads.log, reduced)
+    return Check(passing, whole, whole_reads.log, reduced, same)
 
 
 def _reduces(
@@ -121,14 +126,17 @@ def _values(program: Program, reads: Reads, argv: Sequence[str]) -> dict[int, di
     return profile.run(program, reads, argv, quiet=True, tolerate=True, keep=True).values or {}
 
 
-def _concatenates(whole: Any, parts: list[Any]) -> bool:
+def _splits(whole: Any, parts: list[Any]) -> str | None:
+    """``same``: every piece has the whole's value; ``rows``: the pieces' values concatenated
+    are the whole's (floats to their last bits' rounding: a matrix product may sum in another
+    order on fewer rows); None: neither."""
     try:
         if all(_same(whole, part) for part in parts):
-            return True  # replicated: every piece has it whole
+            return "same"
         joined = _concat(parts)
-        return joined is not None and _same(whole, joined)
+        return "rows" if joined is not None and _same(whole, joined, rounding=True) else None
     except Exception:  # values that do not compare or concatenate: not per-partition work
-        return False
+        return None
 
 
 def _concat(parts: list[Any]) -> Any:
@@ -149,7 +157,7 @@ def _concat(parts: list[Any]) -> Any:
     return None
 
 
-def _same(left: Any, right: Any) -> bool:
+def _same(left: Any, right: Any, rounding: bool = False) -> bool:
     if left is right:
         return True
     module = type(left).__module__.split(".")[0]
@@ -158,7 +166,11 @@ def _same(left: Any, right: Any) -> bool:
     if module == "numpy":
         import numpy as np
 
-        return isinstance(right, np.ndarray) and np.array_equal(left, right)
+        if not isinstance(right, np.ndarray) or left.shape != right.shape:
+            return False
+        if rounding and left.dtype.kind == "f" and right.dtype == left.dtype:
+            return bool(np.allclose(left, right, rtol=1e-12, atol=0.0, equal_nan=True))
+        return bool(np.array_equal(left, right))
     if module == "pyarrow" and hasattr(left, "equals"):
         return bool(left.equals(right))
     if callable(left) or type(left).__name__ == "module":

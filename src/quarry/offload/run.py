@@ -21,7 +21,7 @@ from typing import Any
 
 from quarry.offload import profile
 from quarry.offload.assign import Cut, assign
-from quarry.offload.cut import Block, Migrate, Offloaded, block_of, run_with_cut
+from quarry.offload.cut import Block, Migrate, Offloaded, blocks_of, run_with_cut
 from quarry.offload.estimate import Devices, LineEstimate, estimate
 from quarry.offload.partitions import Check, partitionable
 from quarry.offload.program import Program, ProgramError
@@ -79,13 +79,10 @@ def run(
             } & set(device_lines)
         elif offload == "device":
             planned.cut.device_lines = {line.number for line in planned.lines if line.movable}
-        block = block_of(program, planned)
-        if block is not None:
-            how = migration(planned, block, migrate)
-            namespace, done = run_with_cut(program, cluster, mount_map, argv, block, how)
-            if report is not None:
-                report.append(done)
-            return namespace
+        blocks = blocks_of(program, planned)
+        if blocks:
+            how = [migration(planned, block, migrate) for block in blocks]
+            return run_with_cut(program, cluster, mount_map, argv, blocks, how, report)
     return profile.run(program, Reads(cluster, mount_map), argv).namespace
 
 

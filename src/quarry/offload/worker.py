@@ -6,8 +6,10 @@ limit (``RLIMIT_CPU``) set before the program's code runs; the device kills it, 
 chunk outlives its wall-time bound. A program that raises, loops or eats memory ends this
 process, never the device.
 
-On its standard input: one JSON line (``Header``), then frames of a tag byte, an 8-byte length
-and an Arrow IPC stream: one slice's rows, with their source row numbers in ``ROW_COLUMN``.
+On its standard input: one JSON line (``Header``), a ``V`` frame (a tag byte, an 8-byte length,
+a body) with the values of earlier lines the host sent (pickled; empty when none: only an
+admin may send code here at all), then ``D`` frames, each an Arrow IPC stream of one slice's
+rows, with their source row numbers in ``ROW_COLUMN``.
 The slice is cut into runs of consecutive source rows; each run is the program's frame on its
 own, the lines run over it in a fresh namespace, and every value the host needs comes back as
 one row of ``OUTPUT_SCHEMA``: its name, the run's first source row, the part's number (a
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import ast
 import json
+import pickle
 import struct
 import sys
 import traceback
@@ -114,7 +117,9 @@ def runs(rows: pa.Table) -> Iterator[tuple[int, pa.Table]]:
         yield int(numbers[start]), rows.slice(start, end - start)
 
 
-def run_slice(code: Any, header: Header, rows: pa.Table) -> pa.Table:
+def run_slice(
+    code: Any, header: Header, rows: pa.Table, shipped: dict[str, Any] | None = None
+) -> pa.Table:
     """Every run of the slice through the lines: the values the host needs, as rows."""
     from quarry.offload import reductions, values
 
@@ -129,6 +134,7 @@ def run_slice(code: Any, header: Header, rows: pa.Table) -> pa.Table:
             "__name__": "__main__",
             "__file__": header.path,
             reductions.HELPERS: reductions,
+            **(shipped or {}),
             header.frame: _frame(run, header.reader),
         }
         exec(code, namespace)
@@ -152,15 +158,24 @@ def _frame(run: pa.Table, reader: str) -> Any:
 
 
 def main() -> None:
+    import pandas  # noqa: F401  (started ahead of its work: the imports are done when it comes)
+
+    from quarry.offload import reductions, values  # noqa: F401
+
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
-    header = Header(**json.loads(stdin.readline()))
+    line = stdin.readline()
+    if not line:  # its device went away before giving it work
+        return
+    header = Header(**json.loads(line))
     sys.argv = list(header.argv or [header.path])
     code = compile_steps(header)
+    sent = read_frame(stdin)
+    shipped = pickle.loads(sent[1]) if sent is not None and sent[1] else {}
     while (frame := read_frame(stdin)) is not None:
         _, body = frame
         try:
             rows = pa.ipc.open_stream(pa.py_buffer(body)).read_all()
-            write_frame(stdout, b"D", ipc(run_slice(code, header, rows)))
+            write_frame(stdout, b"D", ipc(run_slice(code, header, rows, shipped)))
         except BaseException as error:  # the program's own error, named by its line
             where = traceback.extract_tb(error.__traceback__)
             lines = [f"{f.filename}:{f.lineno}" for f in where if f.filename == header.path]

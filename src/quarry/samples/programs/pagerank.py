@@ -7,10 +7,10 @@ import pandas as pd
 iterations = int(sys.argv[2]) if len(sys.argv) > 2 else 20
 damping = 0.85
 edges = pd.read_parquet(sys.argv[1] + "/edges.parquet", columns=["src", "dst"])
-top = edges[["src", "dst"]].max()
+src = edges.src.to_numpy().astype(np.int32)
+dst = edges.dst.to_numpy().astype(np.int32)
+top = edges.max()
 n = int(top.max()) + 1
-src = edges.src.to_numpy()
-dst = edges.dst.to_numpy()
 deg = np.bincount(src, minlength=n)
 # CSR by source: the targets of vertex v are targets[offsets[v]:offsets[v + 1]]
 order = np.argsort(src, kind="stable")

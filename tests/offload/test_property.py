@@ -1,0 +1,133 @@
+"""Property: a program prints the same whatever cut is forced.
+
+Generated pandas programs (filters, column arithmetic, a join with a small local table, group-by
+aggregates and other reductions) over a stored table print, under ``quarry run``, exactly what
+they print run plainly on the file: with every line on the host, every line that may on the
+devices, a random cut, and a forced migration of half of every partition.
+
+Floats are multiples of 1/8 below 128 in magnitude, so sums of them are exact whatever their
+order and partials combine to the plain run's bits; a variance merges pairwise and is printed
+to 6 decimals.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import subprocess
+import sys
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.csv as pacsv
+import pyarrow.parquet as pq
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from quarry.offload.run import plan, run
+
+ROWS = 24_000
+HEADER = """import sys
+import pandas as pd
+labels = pd.read_csv(sys.argv[2])
+weight = dict(zip(labels.g, labels.w))
+df = pd.read_parquet(sys.argv[1])
+"""
+
+
+@pytest.fixture(scope="module")
+def stored(cluster, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("offload-property")
+    rng = np.random.default_rng(5)
+    table = pa.table(
+        {
+            "id": np.arange(ROWS),
+            "g": rng.integers(0, 5, ROWS),
+            "a": rng.integers(-400, 400, ROWS) / 8,
+            "b": rng.integers(-400, 400, ROWS) / 8,
+            "n": rng.integers(0, 50, ROWS),
+        }
+    )
+    data = folder / "table.parquet"
+    pq.write_table(table, data)
+    labels = folder / "labels.csv"  # a small local table, read from the file system
+    pacsv.write_csv(pa.table({"g": [0, 1, 2, 3, 4], "w": [1, 2, 3, 5, 8]}), labels)
+    cluster.ingest(str(data), "offload/property", partitions=4)
+    yield folder, [str(data), str(labels)]
+    cluster.drop("offload/property")
+
+
+STEPS = st.sampled_from(
+    [
+        "df = df[df.a > {k}]",
+        "df = df[(df.n % 3 != 0) | (df.b < {k})]",
+        "df = df.assign(c=df.a * 2 + df.b)",
+        "df = df.assign(w=df.g.map(weight))",  # the small local table, row by row
+        "df['d'] = df.n * 4 - df.g",
+        "df = df[['g', 'a', 'b', 'n']]",
+    ]
+)
+REDUCTIONS = st.sampled_from(
+    [
+        "r = df.groupby('g').agg(s=('a', 'sum'), c=('b', 'count'), m=('n', 'mean'))",
+        "r = df.groupby(['g', 'n'], sort=False).a.sum()",
+        "r = df.a.sum()",
+        "r = len(df)",
+        "r = df[['a', 'b']].max()",
+        "r = df.n.value_counts()",
+        "r = df.b.var()",
+        "r = df.merge(labels, on='g').groupby('g').w.sum()",  # a join: on the host
+    ]
+)
+
+
+@st.composite
+def programs(draw) -> str:
+    steps = draw(st.lists(STEPS, min_size=1, max_size=4))
+    lines = [s.format(k=draw(st.integers(-30, 30))) for s in steps]
+    reduction = draw(REDUCTIONS)
+    printed = "print(r.round(6).to_string() if hasattr(r, 'to_string') else round(float(r), 6))"
+    if "df.merge" in reduction and "df = df[['g', 'a', 'b', 'n']]" not in lines:
+        lines.append("df = df[['g', 'a', 'b', 'n']]")
+    tail = "print(len(df), df.tail(3).to_string())"
+    return HEADER + "\n".join([*lines, reduction, tail, printed])
+
+
+def _plain(script, args) -> str:
+    done = subprocess.run(
+        [sys.executable, str(script), *args], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def _under(script, cluster, args, **options) -> str:
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        run(script, cluster, args, **options)
+    return out.getvalue()
+
+
+@settings(
+    max_examples=int(__import__("os").environ.get("QUARRY_PROPERTY_EXAMPLES", "5")),
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(source=programs(), data=st.data())
+def test_the_output_is_the_same_whatever_cut_is_forced(stored, cluster, tmp_path, source, data):
+    folder, args = stored
+    script = tmp_path / "generated.py"
+    script.write_text(source)
+    expected = _plain(script, args)
+    planned = plan(script, cluster, args)
+    movable = sorted(line.number for line in planned.lines if line.movable)
+    chosen = data.draw(st.sets(st.sampled_from(movable)) if movable else st.just(set()))
+    cuts = [
+        {"offload": "host"},
+        {"offload": "device"},
+        {"device_lines": chosen},
+        {"offload": "device", "migrate": "force"},
+    ]
+    for options in cuts:
+        assert _under(script, cluster, args, planned=planned, **options) == expected, options
