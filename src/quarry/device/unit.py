@@ -74,6 +74,17 @@ class UnitContext:
             self.drive_s += drive_s
         return result
 
+    def compute_elsewhere(self, work: Callable[[], tuple[T, float]]) -> T:
+        """CPU work another process does for the drive (an offload worker), which reports the
+        CPU seconds it spent: held in a slot of the drive, stretched and counted like
+        ``compute``."""
+        with self.emulator.slot():
+            result, work_s = work()
+            drive_s = work_s + self.emulator.stretch(work_s)
+        with self._lock:
+            self.drive_s += drive_s
+        return result
+
     # ---- a small cache of derived results in the device's own store -------------------------
 
     def cache_key(self, domain: str, dataset: str, *parts: str) -> str:

@@ -122,7 +122,8 @@ class Lines(Unit):
         for batch in chunk.batches():  # one slice at a time: the same runs wherever it runs
             rows = _with_rows(pa.Table.from_batches([batch]), geometry.rows(first, batch.num_rows))
             first += batch.num_rows
-            out.extend(self.context.compute(lambda rows=rows: self.worker().run(rows)).to_batches())
+            values = self.context.compute_elsewhere(lambda rows=rows: self.worker().run(rows))
+            out.extend(values.to_batches())
         return [b for b in out if b.num_rows]
 
     def raw_schema_of(self, meta: PartitionMeta) -> pa.Schema:
@@ -143,7 +144,7 @@ class Lines(Unit):
         """On the host: the same lines over pushed-back slices, one slice at a time."""
         for batch in batches:
             rows = pa.Table.from_batches([batch])
-            out = self.context.compute(lambda rows=rows: self.worker().run(rows))
+            out = self.context.compute_elsewhere(lambda rows=rows: self.worker().run(rows))
             self.completed_slices += 1
             if self.first_completed is None:
                 self.first_completed = time.monotonic()

@@ -102,11 +102,12 @@ class Worker:
         except OSError:
             raise OffloadFailed(self._death()) from None
 
-    def run(self, rows: pa.Table) -> pa.Table:
+    def run(self, rows: pa.Table) -> tuple[pa.Table, float]:
+        """The values for a slice's rows, and the worker's CPU seconds for them."""
         with self._lock:  # the host may complete two pushed-back ranges at once
             return self._run(rows)
 
-    def _run(self, rows: pa.Table) -> pa.Table:
+    def _run(self, rows: pa.Table) -> tuple[pa.Table, float]:
         timer = threading.Timer(self.limits.chunk_wall_s, self.process.kill)
         timer.start()
         try:
@@ -122,7 +123,9 @@ class Worker:
         if tag == b"E":
             self.close()
             raise OffloadFailed(body.decode(errors="replace"))
-        return pa.ipc.open_stream(pa.py_buffer(body)).read_all()
+        table = pa.ipc.open_stream(pa.py_buffer(body)).read_all()
+        cpu_s = float((table.schema.metadata or {}).get(worker.CPU_S, b"0"))
+        return table.replace_schema_metadata(None), cpu_s
 
     def _death(self) -> str:
         code = self.process.wait(timeout=10)

@@ -24,6 +24,7 @@ import json
 import pickle
 import struct
 import sys
+import time
 import traceback
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
@@ -34,6 +35,7 @@ import pyarrow as pa
 
 ROW_COLUMN = "__quarry_row"
 PART_PREFIX = "__quarry_part_"
+CPU_S = b"quarry.cpu_s"  # in a reply's schema: the worker's CPU seconds for it
 OUTPUT_SCHEMA = pa.schema(
     [
         pa.field("name", pa.string(), nullable=False),
@@ -174,8 +176,11 @@ def main() -> None:
     while (frame := read_frame(stdin)) is not None:
         _, body = frame
         try:
+            started = time.process_time()
             rows = pa.ipc.open_stream(pa.py_buffer(body)).read_all()
-            write_frame(stdout, b"D", ipc(run_slice(code, header, rows, shipped)))
+            out = run_slice(code, header, rows, shipped)
+            cpu = str(time.process_time() - started).encode()  # what the drive is charged
+            write_frame(stdout, b"D", ipc(out.replace_schema_metadata({CPU_S: cpu})))
         except BaseException as error:  # the program's own error, named by its line
             where = traceback.extract_tb(error.__traceback__)
             lines = [f"{f.filename}:{f.lineno}" for f in where if f.filename == header.path]
