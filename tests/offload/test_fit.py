@@ -42,3 +42,11 @@ def test_noise_prefers_the_simpler_curve():
 def test_a_fit_never_predicts_negative_cost():
     found = fit(SIZES, [0.004, 0.003, 0.002, 0.001])  # shrinking: noise, not a real trend
     assert found.at(10**7) >= 0
+
+
+def test_growth_that_flattens_at_the_largest_samples_is_not_extrapolated_as_n_squared():
+    sizes = [8_000, 16_000, 32_000, 64_000]
+    values = [0.001, 0.003, 0.007, 0.014]  # caches: fast when small, then per row
+    found = fit(sizes, values)
+    assert found.curve == "O(n)"
+    assert found.at(2_000_000) == pytest.approx(0.44, rel=0.15)

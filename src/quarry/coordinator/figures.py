@@ -53,12 +53,24 @@ def sample_subplan(cluster: Membership, fragment: Fragment, entry: DatasetEntry)
     )
 
 
+def calibration_of(cluster: Membership, name: str) -> dict[str, Any]:
+    """A device's stored calibration (read once per coordinator), or nothing."""
+    from quarry.coordinator.calibrate import stored as stored_calibration
+
+    if name not in cluster.calibration_cache:
+        cluster.calibration_cache[name] = stored_calibration(cluster.devices[name]) or {}
+    return cluster.calibration_cache[name]
+
+
+def measured(calibration: dict[str, Any], key: str, default: Any) -> Any:
+    found = calibration.get(key)
+    return found["measured"] if found else default
+
+
 def device_figures(
     cluster: Membership, entry: DatasetEntry, stored: dict[str, int]
 ) -> list[DeviceFigures]:
     """Calibrated figures where a calibration was stored, the profile's otherwise."""
-    from quarry.coordinator.calibrate import stored as stored_calibration
-
     figures = []
     partitions: dict[str, int] = {}
     for p in entry.partitions:
@@ -66,27 +78,23 @@ def device_figures(
     for name, stored_bytes in sorted(stored.items()):
         client = cluster.devices[name]
         profile = cluster.info[name].profile
-        calibration: dict[str, Any] = cluster.calibration_cache.get(name) or {}
-        if name not in cluster.calibration_cache:
-            calibration = stored_calibration(client) or {}
-            cluster.calibration_cache[name] = calibration
-
-        def measured(key: str, default: Any, calibration: dict[str, Any] = calibration) -> Any:
-            entry_ = calibration.get(key)
-            return entry_["measured"] if entry_ else default
-
+        calibration = calibration_of(cluster, name)
         load = client.load_status()
         figures.append(
             DeviceFigures(
                 name=name,
                 stored_bytes=stored_bytes,
                 partitions=partitions.get(name, 1),
-                compute_factor=measured("compute_factor", profile.compute_factor),
+                compute_factor=measured(calibration, "compute_factor", profile.compute_factor),
                 cores=profile.cores,
-                internal_bytes_per_s=measured("internal_bytes_per_s", profile.internal_bytes_per_s)
+                internal_bytes_per_s=measured(
+                    calibration, "internal_bytes_per_s", profile.internal_bytes_per_s
+                )
                 if profile.internal_bytes_per_s
                 else None,
-                external_bytes_per_s=measured("external_bytes_per_s", profile.external_bytes_per_s)
+                external_bytes_per_s=measured(
+                    calibration, "external_bytes_per_s", profile.external_bytes_per_s
+                )
                 if profile.external_bytes_per_s
                 else None,
                 cpu_busy=load.cpu_busy,

@@ -2,9 +2,13 @@
 
 Start with every line on the host, ``T_csd = T_host``. Walk the lines in order; for each, the
 program's time if it moved to the devices: its host time replaced by its device time, and its
-data priced on the link (Eq. 1's terms, ``cost.eq1``). When the line before it is already on
-the devices (or it is the first), its input no longer crosses the link (``- Din/BW``); otherwise
-its input must go to the devices (``+ Din/BW``); either way its output comes back (``+ Dout/BW``).
+data priced on the link (Eq. 1's terms, ``cost.eq1``). The paper prices a moved line's input
+(``∓ Din/BW``, by where the line before it runs) and its output (``+ Dout/BW``); that assumes
+each line reads only the one before it. Real programs read a frame in many lines (four
+reductions of one frame would each save its bytes again, and the sum goes negative), so the
+time of a cut is summed over the program's data flow instead (``time_of``): a value crosses the
+link once when it is made on one side and read on the other, and stored data crosses when a
+host line reads it. For a chain of lines the two sums are the same.
 
 One departure, on purpose: the paper moves one line at a time, and a line that reads data
 outputs as much as it read, so on its own it never pays (it saves shipping its input and ships
@@ -30,7 +34,7 @@ from quarry.offload.estimate import LineEstimate
 @dataclass(frozen=True)
 class Step:
     number: int
-    if_device_s: float  # T with this line on the devices
+    if_device_s: float  # T with this line (and the run it starts) on the devices
     moved: bool
 
 
@@ -44,18 +48,16 @@ class Cut:
 
 def host_time(lines: Sequence[LineEstimate], link_bytes_per_s: float) -> float:
     """T_host: the host computes every line, and what they read from storage crosses the link."""
-    stored = sum(line.stored_bytes for line in lines)
-    return sum(line.host_s for line in lines) + _over(stored, link_bytes_per_s)
+    return time_of(lines, set(), link_bytes_per_s)
 
 
 def assign(lines: Sequence[LineEstimate], link_bytes_per_s: float) -> Cut:
     t_host = host_time(lines, link_bytes_per_s)
     cut = Cut(host_s=t_host, csd_s=t_host)
-    previous_on_device = True  # "i == 0": the first line's input is the stored data
     index = 0
     while index < len(lines):
-        run_end, t_run = _best_run(lines, index, cut.csd_s, previous_on_device, link_bytes_per_s)
-        moved = t_run < cut.csd_s <= t_host
+        run_end, t_run = _best_run(lines, index, cut, link_bytes_per_s)
+        moved = t_run < cut.csd_s
         if not moved:
             run_end = index + 1
         for position in range(index, run_end):
@@ -65,17 +67,43 @@ def assign(lines: Sequence[LineEstimate], link_bytes_per_s: float) -> Cut:
             cut.steps.append(Step(number, t_run, moved))
         if moved:
             cut.csd_s = t_run
-        previous_on_device = moved
         index = run_end
     return cut
 
 
+def time_of(
+    lines: Sequence[LineEstimate], device_lines: set[int], link_bytes_per_s: float
+) -> float:
+    """The model's time for a cut: every line's compute where it runs, and every value that
+    crosses the link (stored data read on the host; a value made on one side, read on the
+    other), once."""
+    t = 0.0
+    crossing = 0.0
+    made: dict[str, LineEstimate] = {}  # name -> the line that bound it last
+    crossed: set[int] = set()  # lines whose output crossed already
+    for line in lines:
+        on_device = line.number in device_lines
+        t += line.device_s if on_device else line.host_s
+        if not on_device:
+            crossing += line.stored_bytes
+        for name in line.reads:
+            maker = made.get(name)
+            if maker is None or maker.number in crossed:
+                continue
+            if (maker.number in device_lines) != on_device:
+                crossing += maker.out_bytes
+                crossed.add(maker.number)
+        for name in line.binds:
+            made[name] = line
+    return t + _over(crossing, link_bytes_per_s)
+
+
 def _best_run(
-    lines: Sequence[LineEstimate], first: int, t_csd: float, on_device: bool, link: float
+    lines: Sequence[LineEstimate], first: int, cut: Cut, link: float
 ) -> tuple[int, float]:
     """The run of lines from ``first`` whose move gives the least time: (its end, that time)."""
     best_end, best_t = first + 1, float("inf")
-    t = t_csd
+    run: set[int] = set()
     combined: set[str] = set()  # what the run's reductions bind: only on the host
     for end in range(first, len(lines)):
         line = lines[end]
@@ -83,9 +111,8 @@ def _best_run(
             break
         if line.reduction:
             combined |= line.binds
-        din = _over(line.din_bytes, link)
-        moved_in = -din if (on_device or end > first) else din
-        t = t - line.host_s + line.device_s + moved_in + _over(line.out_bytes, link)
+        run.add(line.number)
+        t = time_of(lines, cut.device_lines | run, link)
         if t < best_t:
             best_end, best_t = end + 1, t
     return best_end, best_t

@@ -26,7 +26,8 @@ import pyarrow as pa
 
 from quarry.coordinator.dispatch import Dispatch
 from quarry.coordinator.planning import partition_task
-from quarry.device.unit import host_context
+from quarry.cost.model import host_share
+from quarry.device.unit import host_context, host_cores
 from quarry.offload import profile, values, worker
 from quarry.offload.device import Geometry, Lines, LinesArgs, OffloadFailed, Partial
 from quarry.offload.program import Line, Program
@@ -293,7 +294,7 @@ def run_on_devices(
             dataset=entry.name,
             partitions=(p.partition,),
             args=body,
-            **_migration(migrate, p, len(entry.partitions)),
+            **_migration(migrate, p, len(cluster.live_devices())),
         )
         host = Lines(request, payload, host_context())
         tasks.append(partition_task(cluster, entry, p, request, host, payload=payload))
@@ -317,7 +318,7 @@ def run_on_devices(
     return _values_of(table, block), done
 
 
-def _migration(migrate: Migrate, partition: Any, partitions: int) -> dict[str, Any]:
+def _migration(migrate: Migrate, partition: Any, devices: int) -> dict[str, Any]:
     """The request's say on pushing back: forced for the second half, or the controller's."""
     if migrate.mode == "force":
         half = partition.slices // 2
@@ -329,7 +330,7 @@ def _migration(migrate: Migrate, partition: Any, partitions: int) -> dict[str, A
         raw_ratio=1.0,
         filter_ratio=1.0,
         link_bytes_per_s=max(1.0, migrate.link_bytes_per_s),
-        host_share=1.0 / max(1, partitions),
+        host_share=host_share(host_cores(), max(1, devices)),
         start=Stage.FULL,
         device_full_s_per_byte=migrate.device_s_per_byte,
     )

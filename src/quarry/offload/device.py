@@ -99,6 +99,7 @@ class Lines(Unit):
     ROLE = Role.ADMIN  # it runs the caller's code
     STAGES = frozenset({Stage.FULL, Stage.RAW})
     RESUMABLE = True  # run by run: a chunk's output is whole once streamed
+    CHUNK_SLICES_MAX = 1  # a slice at a time: the controller judges, and migrates, per slice
 
     def __init__(self, request, payload, context):
         super().__init__(request, payload, context)
@@ -160,12 +161,12 @@ class Lines(Unit):
         with self._lock:  # the host may complete two pushed-back ranges at once
             if self._worker is None:
                 limits = Limits(self.args.memory_bytes, self.args.cpu_s, self.args.chunk_wall_s)
-                self._worker = Worker(self.args.header(), self.payload, limits)
+                self._worker = Worker.given(self.args.header(), self.payload, limits)
             return self._worker
 
     def finish(self) -> Iterable[pa.RecordBatch]:
         if self._worker is not None:
-            self._worker.close()
+            self._worker.release()
             self._worker = None
         return ()
 

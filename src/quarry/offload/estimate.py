@@ -16,6 +16,8 @@ from quarry.offload.fit import Fit, fit
 from quarry.offload.profile import Run
 from quarry.offload.program import Line
 
+TIME_FLOOR_S = 0.002  # a line's sample times all below this show no curve, only noise
+
 
 @dataclass(frozen=True)
 class Devices:
@@ -67,7 +69,7 @@ def estimate(
     ran = min(len(run.lines) for run in runs)  # lines every sample run reached
     for index, first in enumerate(runs[0].lines[:ran]):
         samples = [run.lines[index] for run in runs]
-        time_fit = fit(sizes, [s.compute_s for s in samples])
+        time_fit = fit(sizes, [s.compute_s for s in samples], floor=TIME_FLOOR_S)
         out_fit = fit(sizes, [s.out_bytes for s in samples])
         in_fit = fit(sizes, [s.in_bytes for s in samples])
         stored_per_row = max(s.access.bytes / n for s, n in zip(samples, sizes))

@@ -22,6 +22,16 @@ CURVES: dict[str, Callable[[float], float]] = {
     "O(n^3)": lambda n: n**3,
 }
 SIMPLER_WITHIN = 1.25  # a simpler curve wins unless a steeper one's error is this much smaller
+LINEAR = ("O(1)", "O(n)")
+# the growth between the two largest samples a curve needs (as an exponent of n): caches make
+# small samples grow faster than rows, then flatten; only growth that persists is extrapolated
+EXPONENT_MIN = {
+    "O(1)": -math.inf,
+    "O(n)": -math.inf,
+    "O(n log n)": 1.02,
+    "O(n^2)": 1.5,
+    "O(n^3)": 2.4,
+}
 
 
 @dataclass(frozen=True)
@@ -35,18 +45,37 @@ class Fit:
         return self.a * CURVES[self.curve](n) + self.b
 
 
-def fit(sizes: Sequence[float], values: Sequence[float]) -> Fit:
-    """The curve through ``values`` measured at ``sizes``."""
+def fit(
+    sizes: Sequence[float],
+    values: Sequence[float],
+    floor: float = 0.0,
+    curves: Sequence[str] = tuple(CURVES),
+) -> Fit:
+    """The curve through ``values`` measured at ``sizes``. Values all below ``floor`` are too
+    small to show a curve's bend (a timer's noise at microseconds): only O(1) and O(n) are
+    tried for them, so a fluke is not extrapolated as n² or n³."""
     assert len(sizes) == len(values) and sizes, "one value per size"
     n = np.asarray(sizes, dtype=float)
     y = np.asarray(values, dtype=float)
     scale = float(np.sqrt(np.mean(y * y))) or 1.0
-    fits = [_one(name, n, y, scale) for name in CURVES]
+    grown = _exponent(n, y)
+    names = LINEAR if float(y.max()) < floor else tuple(CURVES)
+    names = tuple(n for n in names if grown >= EXPONENT_MIN[n] and n in curves) or ("O(n)",)
+    fits = [_one(name, n, y, scale) for name in names]
     best = min(f.error for f in fits)
     for candidate in fits:  # in order of steepness: the simplest that fits about as well
         if candidate.error <= best * SIMPLER_WITHIN + 1e-12:
             return candidate
     raise AssertionError("unreachable")
+
+
+def _exponent(n: np.ndarray, y: np.ndarray) -> float:
+    """How fast the value grew between the two largest samples, as a power of the rows."""
+    order = np.argsort(n)
+    (n1, n2), (y1, y2) = n[order][-2:], y[order][-2:]
+    if n2 <= n1 or y1 <= 0 or y2 <= 0:
+        return math.inf if y2 > 0 >= y1 else 0.0
+    return float(math.log(y2 / y1) / math.log(n2 / n1))
 
 
 def _one(name: str, n: np.ndarray, y: np.ndarray, scale: float) -> Fit:

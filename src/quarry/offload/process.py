@@ -2,20 +2,24 @@
 
 Starting Python and importing pandas takes most of a second; a device (and the host, completing
 pushed-back slices) keeps ``SPARES`` workers started ahead per set of limits, each waiting for
-its work, so a request starts at once. A worker serves one request and exits: the program's
-state never carries from one request to the next. Limits (``RLIMIT_AS``, ``RLIMIT_CPU``) are
-set in the child before it imports anything; a chunk that outlives its wall-time bound is
-killed by the parent.
+its work, so a request starts at once. A worker is given one program's lines (and the values
+sent with them); when its request ends it waits, ``IDLE_MAX`` at most, for another request of
+exactly the same lines, values and limits (the same program run again: a k-means step, a
+benchmark), and is retired once it has used half its CPU-time limit. Limits (``RLIMIT_AS``,
+``RLIMIT_CPU``) are set in the child before it imports anything; a chunk that outlives its
+wall-time bound is killed by the parent.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import resource
 import subprocess
 import sys
 import threading
+import time
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -23,8 +27,8 @@ import pyarrow as pa
 from quarry.errors import QuarryError
 from quarry.offload import worker
 
-SPARES = 2  # workers started ahead, per set of limits
-LIMIT_SETS_MAX = 4  # sets of limits with spares kept (others start a worker when asked)
+SPARES = 1  # workers started ahead, per set of limits
+LIMIT_SETS_MAX = 2  # sets of limits with spares kept (others start a worker when asked)
 
 
 class OffloadFailed(QuarryError):
@@ -86,6 +90,49 @@ class Spares:
 
 
 SPARE_WORKERS = Spares()
+IDLE_MAX = 4  # workers waiting for the same lines again, per process (oldest retired first)
+IDLE_S_MAX = 120.0  # and for at most this long
+
+
+class Idle:
+    """Workers whose request ended, by what they were given; bounded, oldest out first."""
+
+    def __init__(self, size_max: int = IDLE_MAX):
+        self.size_max = size_max
+        self._lock = threading.Lock()
+        self._waiting: list[tuple[str, float, Worker]] = []  # key, since, worker
+
+    def take(self, key: str) -> Worker | None:
+        found = None
+        with self._lock:
+            for index, (waiting, _, worker_) in enumerate(self._waiting):
+                if waiting == key and worker_.process.poll() is None:
+                    found = self._waiting.pop(index)[2]
+                    break
+        self._retire()
+        return found
+
+    def put(self, key: str, worker_: Worker) -> None:
+        with self._lock:
+            self._waiting.append((key, time.monotonic(), worker_))
+        self._retire()
+
+    def _retire(self) -> None:
+        """The oldest beyond ``size_max``, and any that waited too long, stop."""
+        horizon = time.monotonic() - IDLE_S_MAX
+        with self._lock:
+            keep = [w for w in self._waiting if w[1] >= horizon][-self.size_max :]
+            retired = [w for w in self._waiting if w not in keep]
+            self._waiting = keep
+        for _, _, old in retired:
+            old.close()
+
+
+IDLE_WORKERS = Idle()
+
+
+def _key(line: bytes, shipped: bytes, limits: Limits) -> str:
+    return hashlib.sha256(line + shipped + repr(limits).encode()).hexdigest()
 
 
 class Worker:
@@ -94,13 +141,29 @@ class Worker:
     def __init__(self, header: worker.Header, shipped: bytes, limits: Limits):
         self.header = header
         self.limits = limits
+        self.cpu_s = 0.0  # used so far (its CPU-time limit counts every request)
         self._lock = threading.Lock()
+        line = header.to_line()
+        self.key = _key(line, shipped, limits)
         self.process = SPARE_WORKERS.take(limits)
         try:
-            self.process.stdin.write(header.to_line())
+            self.process.stdin.write(line)
             worker.write_frame(self.process.stdin, b"V", shipped)  # earlier lines' values
         except OSError:
             raise OffloadFailed(self._death()) from None
+
+    @classmethod
+    def given(cls, header: worker.Header, shipped: bytes, limits: Limits) -> Worker:
+        """A worker for these lines: one that ran them before and waits, or a new one."""
+        found = IDLE_WORKERS.take(_key(header.to_line(), shipped, limits))
+        return found or cls(header, shipped, limits)
+
+    def release(self) -> None:
+        """The request is over: wait for the same lines again, or stop."""
+        if self.process.poll() is None and self.cpu_s < self.limits.cpu_s / 2:
+            IDLE_WORKERS.put(self.key, self)
+        else:
+            self.close()
 
     def run(self, rows: pa.Table) -> tuple[pa.Table, float]:
         """The values for a slice's rows, and the worker's CPU seconds for them."""
@@ -125,6 +188,7 @@ class Worker:
             raise OffloadFailed(body.decode(errors="replace"))
         table = pa.ipc.open_stream(pa.py_buffer(body)).read_all()
         cpu_s = float((table.schema.metadata or {}).get(worker.CPU_S, b"0"))
+        self.cpu_s += cpu_s
         return table.replace_schema_metadata(None), cpu_s
 
     def _death(self) -> str:

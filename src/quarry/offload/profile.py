@@ -13,7 +13,7 @@ import io
 import sys
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from quarry.errors import QuarryError
@@ -92,6 +92,19 @@ def run(
             )
     rows = sum(r.access.rows for r in runs)
     return Run(tuple(runs), rows, namespace, None, values)
+
+
+def least(runs: Sequence[Run]) -> Run:
+    """Runs of the same program on the same rows as one: each line's least time (a pause of
+    the collector or the scheduler is not the line's cost)."""
+    first = runs[0]
+    reached = min(len(run.lines) for run in runs)
+    lines = tuple(
+        replace(first.lines[i], compute_s=min(run.lines[i].compute_s for run in runs))
+        for i in range(reached)
+    )
+    failed = next((run.failed for run in runs if len(run.lines) == reached), first.failed)
+    return replace(first, lines=lines, failed=failed)
 
 
 def _copy(value: Any) -> Any:

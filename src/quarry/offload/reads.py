@@ -85,7 +85,12 @@ class Reads:
     """While active, the read functions a program calls come here."""
 
     def __init__(
-        self, cluster: Any, mounts: Mounts, every: int = 1, piece: tuple[int, int] | None = None
+        self,
+        cluster: Any,
+        mounts: Mounts,
+        every: int = 1,
+        piece: tuple[int, int] | None = None,
+        cache: dict | None = None,
     ):
         self.cluster = cluster
         self.mounts = mounts
@@ -99,13 +104,14 @@ class Reads:
         self.log: list[ReadLog] = []
         self.access = Access()  # the current line's
         self.full_rows = 0  # rows the same reads return at full scale (each read counted)
+        self.cache = cache  # samples drawn already, shared by runs on the same samples
 
     def fetch(self, dataset: str, columns: list[str] | None) -> pa.Table:
         started = time.perf_counter()
-        if self.every == 1:
+        if self.every == 1 and self.piece is None:
             table = self.cluster.scan(dataset, columns=columns, ordered=True).read_all()
         else:
-            table = self.cluster.sample(dataset, self.every).table
+            table = self._sample(dataset)
             if columns is not None:
                 table = table.select(columns)
             if self.piece is not None:
@@ -114,6 +120,19 @@ class Reads:
         self.access.bytes += table.nbytes
         self.access.rows += table.num_rows
         self.full_rows += self.cluster.entry(dataset).rows
+        return table
+
+    def _sample(self, dataset: str) -> pa.Table:
+        """Every k-th row of every slice (k = 1: every row, as the source has them)."""
+        key = (dataset, self.every)
+        if self.cache is not None and key in self.cache:
+            return self.cache[key]
+        if self.every == 1:
+            table = self.cluster.scan(dataset, ordered=True).read_all()
+        else:
+            table = self.cluster.sample(dataset, self.every).table
+        if self.cache is not None:
+            self.cache[key] = table
         return table
 
     def _piece_of(self, table: pa.Table) -> pa.Table:

@@ -14,20 +14,25 @@ host's estimate and hands the rest back when that pays (``migrate``, §III.D).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from quarry.coordinator.figures import calibration_of, measured
 from quarry.offload import profile
 from quarry.offload.assign import Cut, assign
 from quarry.offload.cut import Block, Migrate, Offloaded, blocks_of, run_with_cut
 from quarry.offload.estimate import Devices, LineEstimate, estimate
+from quarry.offload.fit import fit
 from quarry.offload.partitions import Check, partitionable
 from quarry.offload.program import Program, ProgramError
 from quarry.offload.reads import Mounts, Reads
 
 SCALES = (10, 9, 8, 7)  # samples of 2^-10 .. 2^-7 of the rows (§III.A)
+SAMPLE_TRIES = 2  # runs per sample: each line's least time counts
+SAMPLE_ROWS_MIN = 1 << 16  # rows in the largest sample, when the input has them
 
 
 @dataclass(frozen=True)
@@ -106,18 +111,25 @@ def plan(
     cluster: Any,
     argv: Sequence[str] = (),
     mounts: dict[str, str] | None = None,
-    scales: Sequence[int] = SCALES,
+    scales: Sequence[int] | None = None,
 ) -> Plan:
-    """The sampling phase and Algorithm 1: every line's estimate at full scale, and the cut."""
+    """The sampling phase and Algorithm 1: every line's estimate at full scale, and the cut.
+    ``scales``: the samples, as powers of two of the rows (default: ``sample_scales``)."""
     program = Program.read(script)
     mount_map = Mounts.of(cluster, mounts)
     runs = []
     full_rows = 0
+    samples: dict = {}  # each sample drawn once, its runs timed twice
+    if scales is None:
+        scales = sample_scales(program, cluster, mount_map, argv, samples)
     for scale in scales:
-        reads = Reads(cluster, mount_map, every=2**scale)
-        runs.append(profile.run(program, reads, argv, quiet=True, tolerate=True))
+        tries = []
+        for _ in range(SAMPLE_TRIES):
+            reads = Reads(cluster, mount_map, every=2**scale, cache=samples)
+            tries.append(profile.run(program, reads, argv, quiet=True, tolerate=True))
+        runs.append(profile.least(tries))
         full_rows = reads.full_rows
-    devices = devices_of(cluster)
+    devices = devices_of(cluster, read_rate(runs))
     check = partitionable(program, cluster, mount_map, argv, 2 ** min(scales))
     lines = estimate(
         program.lines, runs, max(1, full_rows), devices, check.passing, set(check.reductions)
@@ -133,10 +145,43 @@ def plan(
     )
 
 
-def devices_of(cluster: Any) -> Devices:
-    """C and BW_D2H from the devices' profiles (a device with no link cap: loopback, free)."""
+def sample_scales(
+    program: Program, cluster: Any, mounts: Mounts, argv: Sequence[str], samples: dict
+) -> tuple[int, ...]:
+    """The paper's four scales, 2^-10 .. 2^-7 of the rows, assume inputs of gigabytes. On a
+    smaller input a sample of a few thousand rows times pandas' cost per call, not per row, and
+    extrapolates it a hundredfold: the four scales move up (each still half the next) until the
+    largest holds ``SAMPLE_ROWS_MIN`` rows, or half the input."""
+    reads = Reads(cluster, mounts, every=2 ** SCALES[0], cache=samples)
+    profile.run(program, reads, argv, quiet=True, tolerate=True)  # how many rows it reads
+    top = int(math.floor(math.log2(max(1, reads.full_rows) / SAMPLE_ROWS_MIN)))
+    top = min(SCALES[-1], max(1, top))  # a sample, never the whole input
+    return tuple(range(top + len(SCALES) - 1, top - 1, -1))
+
+
+def read_rate(runs: Sequence[profile.Run]) -> float:
+    """Bytes per second the host took in stored rows at, over the samples: the slope of their
+    read times against their sizes (what a request costs whatever its size is the intercept)."""
+    sizes, seconds = [], []
+    for run in runs:
+        sizes.append(sum(line.access.bytes for line in run.lines))
+        seconds.append(sum(line.access.seconds for line in run.lines))
+    if len(set(sizes)) < 2:
+        return float("inf")
+    slope = fit(sizes, seconds, floor=0.0, curves=("O(n)",)).a
+    return 1.0 / slope if slope > 0 else float("inf")
+
+
+def devices_of(cluster: Any, measured_bytes_per_s: float = float("inf")) -> Devices:
+    """C from the devices' calibration (``quarry calibrate``), else their profiles; BW_D2H the
+    least of their links together (a device with no link cap: loopback) and what the host
+    measured taking in the samples."""
     profiles = [info.profile for info in cluster.info.values()]
-    factor = sum(p.compute_factor for p in profiles) / max(1, len(profiles))
+    factors = [
+        measured(calibration_of(cluster, name), "compute_factor", info.profile.compute_factor)
+        for name, info in cluster.info.items()
+    ]
+    factor = sum(factors) / max(1, len(factors))
     links = [p.external_bytes_per_s for p in profiles]
     link = float("inf") if any(x is None for x in links) else float(sum(links))
-    return Devices(len(profiles), factor, link)
+    return Devices(len(profiles), factor, min(link, measured_bytes_per_s))
