@@ -186,6 +186,8 @@ def stop_pid(pid: int, timeout_s: float = STOP_TIMEOUT_S) -> None:
 class LocalCluster(Cluster):
     """A Cluster whose device processes this process started (and stops on close)."""
 
+    devices_on_this_machine = True  # they share its cores with the host (cost models ask)
+
     def __init__(
         self,
         devices: list[dict[str, Any]],

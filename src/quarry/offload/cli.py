@@ -136,7 +136,8 @@ def _print_plan(planned: Plan) -> None:
     )
     console.print(
         f"sampled {planned.sample_rows} of {planned.full_rows:,} rows; {devices.count} devices, "
-        f"C = {devices.compute_factor:g}, links {link}"
+        f"C = {devices.compute_factor:g}, links {link}; a probe on the devices took "
+        f"{devices.probe_factor:.2f}x their estimate (device times below include it)"
     )
     table = Table(
         title="lines, estimated at full scale (Algorithm 1)",

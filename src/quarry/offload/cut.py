@@ -34,7 +34,7 @@ from quarry.offload.program import Line, Program
 from quarry.offload.reads import Mounts, Reads
 from quarry.offload.reductions import Reduction
 from quarry.protocol.stage import Stage
-from quarry.protocol.work import ForcedDecision, HostCost, WorkRequest
+from quarry.protocol.work import ForcedDecision, HostCost, PartitionRange, WorkRequest
 
 WORKERS_PER_DEVICE = 2
 QUEUE_BATCHES_MAX = 16
@@ -223,6 +223,7 @@ class Offloaded:
     wall_s: float = 0.0
     migrations: tuple[Migration, ...] = field(default_factory=tuple)
     bytes_sent: int = 0  # values of earlier lines sent to the devices, every request counted
+    drive_s: float = 0.0  # the devices' seconds: their CPU, stretched by profile and load
 
 
 @dataclass(frozen=True)
@@ -266,9 +267,12 @@ def run_on_devices(
     argv: Sequence[str],
     migrate: Migrate | None = None,
     payload: bytes = b"",
+    probe_slices: int = 0,
 ) -> tuple[dict[str, Any], Offloaded]:
     """The values later lines read of the block, every partition on its device (or, migrated,
-    here), back in the source's order. ``payload``: the values it needs of earlier lines."""
+    here), back in the source's order. ``payload``: the values it needs of earlier lines.
+    ``probe_slices``: only the first slices of one partition per device, to measure the
+    devices' time (the values are then partial)."""
     entry = cluster.entry(block.dataset)
     migrate = migrate or Migrate()
     body = LinesArgs(
@@ -285,15 +289,16 @@ def run_on_devices(
         **limits(),
     ).to_json()
     tasks = []
-    for p in entry.partitions:
-        if not p.rows:
-            continue
+    for p in _probed(entry, probe_slices):
+        rest = probe_slices and p.slices > probe_slices
+        skip = (PartitionRange(p.partition, probe_slices, p.slices),) if rest else ()
         request = WorkRequest(
             unit=Lines.NAME,
             domain=entry.domain,
             dataset=entry.name,
             partitions=(p.partition,),
             args=body,
+            elsewhere=skip,
             **_migration(migrate, p, len(cluster.live_devices())),
         )
         host = Lines(request, payload, host_context())
@@ -314,8 +319,20 @@ def run_on_devices(
         wall_s=wall_s,
         migrations=_migrations(reports, tasks, started),
         bytes_sent=dispatch.bytes_sent,
+        drive_s=sum(r.drive_s for r in reports),
     )
     return _values_of(table, block), done
+
+
+def _probed(entry: Any, probe_slices: int) -> list[Any]:
+    """Every partition with rows; to probe, the first each device holds."""
+    found, devices = [], set()
+    for p in entry.partitions:
+        if not p.rows or (probe_slices and p.devices[0] in devices):
+            continue
+        devices.add(p.devices[0])
+        found.append(p)
+    return found
 
 
 def _migration(migrate: Migrate, partition: Any, devices: int) -> dict[str, Any]:

@@ -105,6 +105,7 @@ class Lines(Unit):
         super().__init__(request, payload, context)
         self.args = LinesArgs.from_json(request.args)
         self._worker: Worker | None = None
+        self._in_process: worker.InProcess | None = None  # the host's, for pushed-back slices
         self._lock = threading.Lock()
         self.completed_slices = 0  # on the host: pushed-back slices it ran
         self.first_completed: float | None = None  # and when it finished the first (monotonic)
@@ -142,14 +143,24 @@ class Lines(Unit):
         )
 
     def complete(self, stage: Stage, batches: Iterable[pa.RecordBatch]) -> Iterable[pa.RecordBatch]:
-        """On the host: the same lines over pushed-back slices, one slice at a time."""
+        """On the host: the same lines over pushed-back slices, one slice at a time, in this
+        process (the program is the host's own: its plain run would run here too)."""
         for batch in batches:
             rows = pa.Table.from_batches([batch])
-            out = self.context.compute_elsewhere(lambda rows=rows: self.worker().run(rows))
+            try:
+                out = self.context.compute(lambda rows=rows: self._here().run(rows))
+            except worker.LinesFailed as error:
+                raise OffloadFailed(str(error)) from None
             self.completed_slices += 1
             if self.first_completed is None:
                 self.first_completed = time.monotonic()
             yield from out.to_batches()
+
+    def _here(self) -> worker.InProcess:
+        with self._lock:
+            if self._in_process is None:
+                self._in_process = worker.InProcess(self.args.header(), self.payload)
+            return self._in_process
 
     def _geometry(self, partition: int) -> Geometry:
         geometry = self.args.geometry.get(str(partition))

@@ -26,6 +26,7 @@ class Devices:
     count: int
     compute_factor: float  # C: device seconds per host second
     link_bytes_per_s: float  # BW_D2H, all devices' links together
+    probe_factor: float = 1.0  # the devices' measured time over the estimate (``run.probed``)
 
 
 @dataclass(frozen=True)

@@ -16,14 +16,25 @@ from __future__ import annotations
 
 import math
 from collections.abc import Collection, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from quarry.coordinator.figures import calibration_of, measured
+from quarry.device.unit import host_cores
 from quarry.offload import profile
 from quarry.offload.assign import Cut, assign
-from quarry.offload.cut import Block, Migrate, Offloaded, blocks_of, run_with_cut
+from quarry.offload.cut import (
+    Block,
+    Migrate,
+    NotOffloadable,
+    Offloaded,
+    blocks_of,
+    run_on_devices,
+    run_with_cut,
+    shipped_values,
+)
+from quarry.offload.device import OffloadFailed
 from quarry.offload.estimate import Devices, LineEstimate, estimate
 from quarry.offload.fit import fit
 from quarry.offload.partitions import Check, partitionable
@@ -33,6 +44,8 @@ from quarry.offload.reads import Mounts, Reads
 SCALES = (10, 9, 8, 7)  # samples of 2^-10 .. 2^-7 of the rows (§III.A)
 SAMPLE_TRIES = 2  # runs per sample: each line's least time counts
 SAMPLE_ROWS_MIN = 1 << 16  # rows in the largest sample, when the input has them
+PROBE_SLICES = 2  # slices per device the probe runs
+PROBE_FACTOR_MIN, PROBE_FACTOR_MAX = 0.5, 100.0
 
 
 @dataclass(frozen=True)
@@ -134,7 +147,7 @@ def plan(
     lines = estimate(
         program.lines, runs, max(1, full_rows), devices, check.passing, set(check.reductions)
     )
-    return Plan(
+    planned = Plan(
         lines,
         assign(lines, devices.link_bytes_per_s),
         devices,
@@ -143,6 +156,50 @@ def plan(
         [r.failed for r in runs if r.failed],
         check,
     )
+    return probed(planned, program, cluster, argv, runs[-1].namespace)
+
+
+def probed(
+    planned: Plan, program: Program, cluster: Any, argv: Sequence[str], namespace: dict
+) -> Plan:
+    """The devices' time measured: the first block the cut moved runs on a slice of one
+    partition per device, and every line's device time is scaled by what that showed against
+    the estimate (the offload path's own costs: a worker's round trip, pandas on a slice's
+    rows). Algorithm 1 then cuts again with it."""
+    blocks = blocks_of(program, planned)
+    if not blocks:
+        return planned
+    block = blocks[0]
+    try:
+        payload = shipped_values(block, namespace)
+        _, done = run_on_devices(
+            cluster, program, block, argv, Migrate("never"), payload, probe_slices=PROBE_SLICES
+        )
+    except (NotOffloadable, OffloadFailed):
+        return planned  # the run itself will say, or keep the block here
+    rows = max(1, cluster.entry(block.dataset).rows)
+    moved = {program.lines[block.first].number, *block.lines}
+    host_s = sum(line.host_s for line in planned.lines if line.number in moved)
+    expected = host_s * planned.devices.compute_factor * done.rows_read / rows
+    if expected <= 0 or done.drive_s <= 0:
+        return planned
+    factor = min(PROBE_FACTOR_MAX, max(PROBE_FACTOR_MIN, done.drive_s / expected))
+    factor *= shared_cores_factor(cluster, planned.devices)
+    lines = [replace(line, device_s=line.device_s * factor) for line in planned.lines]
+    devices = replace(planned.devices, probe_factor=factor)
+    return replace(
+        planned, lines=lines, devices=devices, cut=assign(lines, devices.link_bytes_per_s)
+    )
+
+
+def shared_cores_factor(cluster: Any, devices: Devices) -> float:
+    """Devices emulated on this machine share its cores: their real CPU (1/C of their time)
+    runs ``count / cores`` times slower when every device works at once."""
+    if not getattr(cluster, "devices_on_this_machine", False):
+        return 1.0
+    crowding = max(1.0, devices.count / host_cores())
+    c = max(1.0, devices.compute_factor)
+    return (crowding + c - 1.0) / c
 
 
 def sample_scales(

@@ -20,6 +20,7 @@ reduction gives several) and the value (``values.py``). On its standard output, 
 from __future__ import annotations
 
 import ast
+import contextlib
 import json
 import pickle
 import struct
@@ -159,6 +160,42 @@ def _frame(run: pa.Table, reader: str) -> Any:
     return frame
 
 
+class InProcess:
+    """The same lines run in the calling process (the host completing pushed-back slices)."""
+
+    def __init__(self, header: Header, shipped: bytes):
+        self.header = header
+        self.code = compile_steps(header)
+        self.shipped = pickle.loads(shipped) if shipped else {}
+
+    def run(self, rows: pa.Table) -> pa.Table:
+        with _argv(self.header):
+            try:
+                return run_slice(self.code, self.header, rows, self.shipped)
+            except Exception as error:
+                raise LinesFailed(_where(error, self.header.path)) from None
+
+
+class LinesFailed(Exception):
+    """A line raised: where (the user's file and line), and what."""
+
+
+def _where(error: BaseException, path: str) -> str:
+    where = traceback.extract_tb(error.__traceback__)
+    lines = [f"{f.filename}:{f.lineno}" for f in where if f.filename == path]
+    return f"{lines[-1] if lines else path}: {type(error).__name__}: {error}"
+
+
+@contextlib.contextmanager
+def _argv(header: Header) -> Iterator[None]:
+    saved = sys.argv
+    sys.argv = list(header.argv or [header.path])
+    try:
+        yield
+    finally:
+        sys.argv = saved
+
+
 def main() -> None:
     import pandas  # noqa: F401  (started ahead of its work: the imports are done when it comes)
 
@@ -182,10 +219,7 @@ def main() -> None:
             cpu = str(time.process_time() - started).encode()  # what the drive is charged
             write_frame(stdout, b"D", ipc(out.replace_schema_metadata({CPU_S: cpu})))
         except BaseException as error:  # the program's own error, named by its line
-            where = traceback.extract_tb(error.__traceback__)
-            lines = [f"{f.filename}:{f.lineno}" for f in where if f.filename == header.path]
-            place = lines[-1] if lines else header.path
-            write_frame(stdout, b"E", f"{place}: {type(error).__name__}: {error}".encode())
+            write_frame(stdout, b"E", _where(error, header.path).encode())
 
 
 if __name__ == "__main__":
