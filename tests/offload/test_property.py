@@ -12,11 +12,6 @@ to 6 decimals.
 
 from __future__ import annotations
 
-import contextlib
-import io
-import subprocess
-import sys
-
 import numpy as np
 import pyarrow as pa
 import pyarrow.csv as pacsv
@@ -25,7 +20,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from quarry.offload.run import plan, run
+from quarry.offload.run import plan
+
+from .programs import plain, under_quarry
 
 ROWS = 24_000
 HEADER = """import sys
@@ -94,21 +91,6 @@ def programs(draw) -> str:
     return HEADER + "\n".join([*lines, reduction, tail, printed])
 
 
-def _plain(script, args) -> str:
-    done = subprocess.run(
-        [sys.executable, str(script), *args], capture_output=True, text=True, timeout=120
-    )
-    assert done.returncode == 0, done.stderr
-    return done.stdout
-
-
-def _under(script, cluster, args, **options) -> str:
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        run(script, cluster, args, **options)
-    return out.getvalue()
-
-
 @settings(
     max_examples=int(__import__("os").environ.get("QUARRY_PROPERTY_EXAMPLES", "5")),
     deadline=None,
@@ -119,7 +101,7 @@ def test_the_output_is_the_same_whatever_cut_is_forced(stored, cluster, tmp_path
     folder, args = stored
     script = tmp_path / "generated.py"
     script.write_text(source)
-    expected = _plain(script, args)
+    expected = plain(script, args)
     planned = plan(script, cluster, args)
     movable = sorted(line.number for line in planned.lines if line.movable)
     chosen = data.draw(st.sets(st.sampled_from(movable)) if movable else st.just(set()))
@@ -130,4 +112,4 @@ def test_the_output_is_the_same_whatever_cut_is_forced(stored, cluster, tmp_path
         {"offload": "device", "migrate": "force"},
     ]
     for options in cuts:
-        assert _under(script, cluster, args, planned=planned, **options) == expected, options
+        assert under_quarry(script, cluster, args, planned=planned, **options) == expected, options

@@ -3,8 +3,6 @@ plainly on the files; the sampling phase estimates every line; errors name the l
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import subprocess
 import sys
@@ -18,6 +16,8 @@ from quarry.offload import profile
 from quarry.offload.reads import MountError
 from quarry.offload.run import plan, run
 from quarry.samples import particles
+
+from .programs import plain, under_quarry
 
 SCRIPT = """import sys
 import pandas as pd
@@ -48,35 +48,20 @@ def stored(cluster, tmp_path_factory):
     cluster.drop("offload/particles")
 
 
-def _plain(script, args) -> str:
-    done = subprocess.run(
-        [sys.executable, str(script), *args], capture_output=True, text=True, timeout=120
-    )
-    assert done.returncode == 0, done.stderr
-    return done.stdout
-
-
-def _under_quarry(script, cluster, args, **options) -> str:
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        run(script, cluster, args, **options)
-    return out.getvalue()
-
-
 def test_a_program_prints_what_it_prints_plainly(stored, cluster):
     folder, script, args = stored
-    expected = _plain(script, args)
+    expected = plain(script, args)
     assert "60000 0 59999" in expected  # the source's order: rows where a plain run has them
-    assert _under_quarry(script, cluster, args) == expected
+    assert under_quarry(script, cluster, args) == expected
 
 
 def test_a_mount_serves_another_path_and_a_bad_one_is_refused(stored, cluster, tmp_path):
     folder, script, args = stored
     elsewhere = str(tmp_path / "not-here.parquet")  # no such file: only the mount serves it
-    mounted = _under_quarry(
+    mounted = under_quarry(
         script, cluster, [elsewhere, args[1]], mounts={elsewhere: "offload/particles"}
     )
-    assert mounted == _plain(script, args)
+    assert mounted == plain(script, args)
     with pytest.raises(MountError, match="no dataset offload/nothing"):
         run(script, cluster, args, mounts={elsewhere: "offload/nothing"})
 
@@ -112,7 +97,7 @@ def test_the_command_line_runs_and_explains(stored, cluster):
     command = [sys.executable, "-m", "quarry", "run", "--cluster", str(cluster.cluster_file)]
     ran = subprocess.run([*command, str(script), *args], capture_output=True, text=True)
     assert ran.returncode == 0, ran.stderr
-    assert ran.stdout == _plain(script, args)
+    assert ran.stdout == plain(script, args)
     explained = subprocess.run(
         [*command, "--explain", "--json", str(script), *args], capture_output=True, text=True
     )
@@ -172,10 +157,8 @@ def test_lines_run_on_the_devices_give_the_plain_output(stored, cluster, offload
     script.write_text(FILTER)
     argv = [args[0], "2.0"]
     done: list = []
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        run(script, cluster, argv, offload=offload, report=done)
-    assert out.getvalue() == _plain(script, argv)
+    printed = under_quarry(script, cluster, argv, offload=offload, report=done)
+    assert printed == plain(script, argv)
     if offload == "device":  # read, filter, new columns and the group-by on every device
         (part,) = done
         assert part.lines == (4, 5, 6, 7)  # hot comes back in order, summary as partials
@@ -208,6 +191,7 @@ LATE = "df[df.ke > limit] if df.index.max() < 50_000 else "
     [
         (f"hot = {LATE}df.nope", r"filter.py:5: AttributeError"),
         (f"hot = {LATE}[x for x in iter(int, 1)]", r"filter.py:5: MemoryError|within their limits"),
+        (f"hot = {LATE}next(x for x in iter(int, 1) if x)", r"within their limits"),  # spins
     ],
 )
 def test_a_failing_or_runaway_line_on_a_device_is_named_and_the_device_serves_on(
@@ -231,10 +215,8 @@ def test_slices_migrated_to_the_host_give_the_plain_output(stored, cluster, migr
     script.write_text(FILTER)
     argv = [args[0], "2.0"]
     done: list = []
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        run(script, cluster, argv, offload="device", migrate=migrate, report=done)
-    assert out.getvalue() == _plain(script, argv)
+    printed = under_quarry(script, cluster, argv, offload="device", migrate=migrate, report=done)
+    assert printed == plain(script, argv)
     (part,) = done
     if migrate == "force":  # the second half of every partition ran here
         assert part.migrations

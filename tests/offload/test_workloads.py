@@ -5,15 +5,12 @@ of every partition to the host."""
 
 from __future__ import annotations
 
-import contextlib
-import io
-import subprocess
-import sys
-
 import pytest
 
-from quarry.offload.run import plan, run
+from quarry.offload.run import plan
 from quarry.samples import workloads
+
+from .programs import plain, under_quarry
 
 SCALE = 0.02
 MODES = {
@@ -39,17 +36,13 @@ def stored(cluster, tmp_path_factory):
 @pytest.mark.parametrize("name", sorted(workloads.PROGRAMS))
 def test_a_workload_prints_what_it_prints_plainly_whatever_the_cut(stored, cluster, name):
     script, args = workloads.script(name), workloads.argv(name, stored)
-    done = subprocess.run(
-        [sys.executable, str(script), *args], capture_output=True, text=True, timeout=120
-    )
-    assert done.returncode == 0, done.stderr
+    expected = plain(script, args)
     planned = plan(script, cluster, args)
     offloaded = {}
     for mode, options in MODES.items():
-        out, report = io.StringIO(), []
-        with contextlib.redirect_stdout(out):
-            run(script, cluster, args, planned=planned, report=report, **options)
-        assert out.getvalue() == done.stdout, mode
+        report: list = []
+        printed = under_quarry(script, cluster, args, planned=planned, report=report, **options)
+        assert printed == expected, mode
         offloaded[mode] = report
     assert not offloaded["host"]
     assert offloaded["device"], "every workload has lines that run on the devices"

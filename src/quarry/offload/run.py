@@ -15,6 +15,7 @@ host's estimate and hands the rest back when that pays (``migrate``, §III.D).
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -36,7 +37,6 @@ from quarry.offload.cut import (
 )
 from quarry.offload.device import OffloadFailed
 from quarry.offload.estimate import Devices, LineEstimate, estimate
-from quarry.offload.fit import fit
 from quarry.offload.partitions import Check, partitionable
 from quarry.offload.program import Program, ProgramError
 from quarry.offload.reads import Mounts, Reads
@@ -45,6 +45,7 @@ SCALES = (10, 9, 8, 7)  # samples of 2^-10 .. 2^-7 of the rows (§III.A)
 SAMPLE_TRIES = 2  # runs per sample: each line's least time counts
 SAMPLE_ROWS_MIN = 1 << 16  # rows in the largest sample, when the input has them
 PROBE_SLICES = 2  # slices per device the probe runs
+INTAKE_BYTES = 32 << 20  # read of a stored dataset timed to learn the host's intake
 PROBE_FACTOR_MIN, PROBE_FACTOR_MAX = 0.5, 100.0
 
 
@@ -142,8 +143,8 @@ def plan(
             tries.append(profile.run(program, reads, argv, quiet=True, tolerate=True))
         runs.append(profile.least(tries))
         full_rows = reads.full_rows
-    devices = devices_of(cluster, read_rate(runs))
     check = partitionable(program, cluster, mount_map, argv, 2 ** min(scales))
+    devices = devices_of(cluster, intake_rate(cluster, {r.dataset for r in check.reads}))
     lines = estimate(
         program.lines, runs, max(1, full_rows), devices, check.passing, set(check.reductions)
     )
@@ -216,23 +217,28 @@ def sample_scales(
     return tuple(range(top + len(SCALES) - 1, top - 1, -1))
 
 
-def read_rate(runs: Sequence[profile.Run]) -> float:
-    """Bytes per second the host took in stored rows at, over the samples: the slope of their
-    read times against their sizes (what a request costs whatever its size is the intercept)."""
-    sizes, seconds = [], []
-    for run in runs:
-        sizes.append(sum(line.access.bytes for line in run.lines))
-        seconds.append(sum(line.access.seconds for line in run.lines))
-    if len(set(sizes)) < 2:
-        return float("inf")
-    slope = fit(sizes, seconds, floor=0.0, curves=("O(n)",)).a
-    return 1.0 / slope if slope > 0 else float("inf")
+def intake_rate(cluster: Any, datasets: set[str]) -> float:
+    """Bytes per second at which the host takes in a stored dataset the way the program reads
+    it (an ordered scan, every column), measured on its first ``INTAKE_BYTES``."""
+    taken, seconds = 0, 0.0
+    for dataset in sorted(datasets):
+        started = time.perf_counter()
+        reader = cluster.scan(dataset, ordered=True)
+        try:
+            for batch in reader:
+                taken += batch.nbytes
+                if taken >= INTAKE_BYTES:
+                    break
+        finally:
+            reader.close()
+        seconds += time.perf_counter() - started
+    return taken / seconds if taken and seconds > 0 else float("inf")
 
 
 def devices_of(cluster: Any, measured_bytes_per_s: float = float("inf")) -> Devices:
     """C from the devices' calibration (``quarry calibrate``), else their profiles; BW_D2H the
-    least of their links together (a device with no link cap: loopback) and what the host
-    measured taking in the samples."""
+    least of their links together (a device with no link cap: loopback) and the host's
+    measured intake (``intake_rate``)."""
     profiles = [info.profile for info in cluster.info.values()]
     factors = [
         measured(calibration_of(cluster, name), "compute_factor", info.profile.compute_factor)
