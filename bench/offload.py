@@ -289,6 +289,7 @@ def summarise(results: dict[str, Any]) -> None:
     for profile, rows in results["profiles"].items():
         speedups = [r["speedup"] for r in rows.values()]
         ratios = [r["auto_over_best"] for r in rows.values()]
+        same = [same_cut(r) for r in rows.values()]
         errors = [
             r["model"]["time_error_geomean"]
             for r in rows.values()
@@ -298,6 +299,9 @@ def summarise(results: dict[str, Any]) -> None:
             "speedup_geomean": geomean(speedups),
             "auto_over_best_max": max(ratios),
             "within_5_percent": sum(r <= 1.05 for r in ratios),
+            # the auto cut is the best one itself (its time then differs only by run-to-run noise)
+            "same_cut_as_best": sum(same),
+            "same_cut_or_within_5_percent": sum(s or r <= 1.05 for s, r in zip(same, ratios)),
             "workloads": len(ratios),
             "time_error_geomean": geomean(errors),
         }
@@ -307,6 +311,12 @@ def summarise(results: dict[str, Any]) -> None:
             ]
             summary[f"loss_{key}_mean"] = float(np.mean(losses)) if losses else None
         results.setdefault("summary", {})[profile] = summary
+
+
+def same_cut(row: dict[str, Any]) -> bool:
+    """Auto chose the exhaustive best's lines (host-only: none)."""
+    best = next(c for c in row["cuts"] if c["cut"] == row["best"]["cut"])
+    return sorted(best["lines"]) == sorted(row["auto"]["lines"])
 
 
 def plot(results: dict[str, Any]) -> None:
