@@ -6,8 +6,19 @@ import os
 # when DuckDB or pyarrow.dataset scan them) warns on every batch. Correctness is unaffected.
 os.environ.setdefault("ACERO_ALIGNMENT_HANDLING", "ignore")
 
-from quarry.coordinator.cluster import Cluster, connect
-from quarry.coordinator.local import local
-
 __all__ = ["Cluster", "connect", "local"]
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str):
+    """``quarry.local``, ``quarry.connect``, ``quarry.Cluster``, imported when first asked for:
+    a device process imports only what a device needs, not the coordinator."""
+    if name in ("Cluster", "connect"):
+        from quarry.coordinator import cluster
+
+        return getattr(cluster, name)
+    if name == "local":
+        from quarry.coordinator.local import local
+
+        return local
+    raise AttributeError(f"module 'quarry' has no attribute {name!r}")

@@ -544,29 +544,9 @@ def device_serve(
     ] = False,
 ) -> None:
     """Run one device: an Arrow Flight server over an LMDB key-value store."""
-    import logging
+    from quarry.device.server import serve_with
 
-    from quarry.auth.credentials import Credentials, read_private
-    from quarry.device.profile import get_profile
-    from quarry.device.server import Security, serve
-
-    if credentials is None and not insecure:
-        raise ClusterError(
-            "a device checks every call's token: give --credentials FOLDER (made by quarry up), "
-            "or --insecure for a loopback experiment"
-        )
-    security = Security()
-    if credentials is not None:
-        found = Credentials(credentials)
-        security = Security(
-            secret=found.secret(),
-            tls=(read_private(found.cert_file), read_private(found.key_file)) if tls else None,
-            ca=read_private(found.ca_file) if tls else None,
-        )
-    elif tls:
-        raise ClusterError("--tls needs --credentials FOLDER (its certificate and key)")
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    serve(data, get_profile(profile, profiles), host, port, name, ready_file, security)
+    serve_with(data, port, profile, host, name, ready_file, profiles, credentials, tls, insecure)
 
 
 @app.command()

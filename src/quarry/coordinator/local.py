@@ -12,6 +12,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,7 @@ from quarry.device.profile import get_profile
 from quarry.errors import ClusterError
 
 DEVICES_MAX = 64
+STARTS_AT_ONCE = 8  # device processes starting at the same time
 START_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 10.0
 CLUSTER_FILE = "cluster.json"
@@ -42,8 +44,7 @@ def device_command(
     command = [
         sys.executable,
         "-m",
-        "quarry",
-        "device",
+        "quarry.device",  # the lean entry: no CLI, no coordinator in a device's memory
         "serve",
         "--data",
         str(data),
@@ -147,7 +148,8 @@ def is_device(pid: int, data: str | None = None) -> bool:
     except OSError:
         return False
     text = [w.decode(errors="replace") for w in words]
-    is_quarry = "quarry" in text and "device" in text and "serve" in text
+    entry = "quarry.device" in text or ("quarry" in text and "device" in text)
+    is_quarry = entry and "serve" in text
     return is_quarry and (data is None or data in text)
 
 
@@ -279,12 +281,13 @@ def start_local(
     credentials = create_credentials(root)
     started: list[dict[str, Any]] = []
     try:
-        for index, device_profile in enumerate(profiles):
-            name = f"dev{index}"
-            started.append(
-                start_device(
-                    root / name,
-                    name,
+        # in parallel: each device spends most of its start importing, and many fit at once
+        with ThreadPoolExecutor(min(devices, STARTS_AT_ONCE), "quarry-start") as pool:
+            futures = [
+                pool.submit(
+                    start_device,
+                    root / f"dev{index}",
+                    f"dev{index}",
                     device_profile,
                     0,
                     detach,
@@ -292,7 +295,16 @@ def start_local(
                     credentials,
                     tls,
                 )
-            )
+                for index, device_profile in enumerate(profiles)
+            ]
+            failures = []
+            for future in futures:
+                try:
+                    started.append(future.result())
+                except BaseException as error:
+                    failures.append(error)
+        if failures:
+            raise failures[0]
     except BaseException:
         for device in started:
             device["_process"].kill()

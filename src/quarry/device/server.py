@@ -424,6 +424,45 @@ class DeviceServer(flight.FlightServerBase):
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
+def serve_with(
+    data: str | Path,
+    port: int = 0,
+    profile: str = "host",
+    host: str = "127.0.0.1",
+    name: str | None = None,
+    ready_file: str | Path | None = None,
+    profiles: str | None = None,
+    credentials: str | Path | None = None,
+    tls: bool = False,
+    insecure: bool = False,
+) -> None:
+    """``quarry device serve``'s options: the credentials read, the profile found, then
+    ``serve``. Shared by the CLI and ``python -m quarry.device`` (the lean entry point local
+    clusters start, which imports no coordinator)."""
+    import logging
+
+    from quarry.auth.credentials import Credentials, read_private
+    from quarry.device.profile import get_profile
+
+    if credentials is None and not insecure:
+        raise ClusterError(
+            "a device checks every call's token: give --credentials FOLDER (made by quarry up), "
+            "or --insecure for a loopback experiment"
+        )
+    security = Security()
+    if credentials is not None:
+        found = Credentials(Path(credentials))
+        security = Security(
+            secret=found.secret(),
+            tls=(read_private(found.cert_file), read_private(found.key_file)) if tls else None,
+            ca=read_private(found.ca_file) if tls else None,
+        )
+    elif tls:
+        raise ClusterError("--tls needs --credentials FOLDER (its certificate and key)")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    serve(data, get_profile(profile, profiles), host, port, name, ready_file, security)
+
+
 def serve(
     data: str | Path,
     profile: Profile,

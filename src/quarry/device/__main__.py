@@ -1,0 +1,52 @@
+"""``python -m quarry.device serve --data DIR ...``: a device process, without the CLI.
+
+The same options as ``quarry device serve``; this entry imports only what a device needs (no
+coordinator, no DataFusion until a sub-plan comes), so many devices fit on one machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from quarry.errors import QuarryError
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m quarry.device")
+    commands = parser.add_subparsers(dest="command", required=True)
+    serve = commands.add_parser("serve", help="run one device")
+    serve.add_argument("--data", required=True)
+    serve.add_argument("--port", type=int, default=0)
+    serve.add_argument("--profile", default="host")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--name")
+    serve.add_argument("--ready-file")
+    serve.add_argument("--profiles")
+    serve.add_argument("--credentials")
+    serve.add_argument("--tls", action="store_true")
+    serve.add_argument("--insecure", action="store_true")
+    options = parser.parse_args(argv)
+    from quarry.device.server import serve_with
+
+    try:
+        serve_with(
+            options.data,
+            options.port,
+            options.profile,
+            options.host,
+            options.name,
+            options.ready_file,
+            options.profiles,
+            options.credentials,
+            options.tls,
+            options.insecure,
+        )
+    except QuarryError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

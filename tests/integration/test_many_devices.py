@@ -1,0 +1,55 @@
+"""Many drives on one machine (Kinetic Pipe's scale): 16 emulated Kinetic drives start at once,
+stay lean while idle, and answer Kinetic Pipe's two queries as DuckDB does in every pushdown
+mode."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import duckdb
+import pytest
+
+import quarry
+from quarry.samples import particles
+from tests.plan.harness import assert_same_rows
+
+DEVICES = 16
+IDLE_RSS_MIB_MAX = 150
+START_S_MAX = 30.0
+
+
+def _rss_mib(pid: int) -> int:
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(status.split("VmRSS:")[1].split()[0]) // 1024
+
+
+@pytest.fixture(scope="module")
+def kinetic_cluster():
+    started = time.monotonic()
+    with quarry.local(devices=DEVICES, profile="kinetic") as cluster:
+        start_s = time.monotonic() - started
+        idle = {name: _rss_mib(p.pid) for name, p in cluster.processes.items()}
+        cluster.ingest(particles.reader(200_000, seed=9), "physics/particles", partitions=DEVICES)
+        yield cluster, start_s, idle
+
+
+def test_sixteen_kinetic_drives_start_at_once_and_stay_lean(kinetic_cluster):
+    cluster, start_s, idle = kinetic_cluster
+    assert len(idle) == DEVICES
+    assert start_s < START_S_MAX, start_s  # started in parallel
+    assert max(idle.values()) < IDLE_RSS_MIB_MAX, idle  # no coordinator, no engine until used
+
+
+@pytest.mark.parametrize("select", ["*", "sum(ke) AS ke_sum"])
+def test_kinetic_pipes_queries_match_duckdb_in_every_mode(kinetic_cluster, select):
+    cluster, _, _ = kinetic_cluster
+    x = particles.ke_threshold(0.01)
+    sql = f"SELECT {select} FROM particles WHERE ke > {x}"
+    table = cluster.scan("physics/particles").read_all()
+    connection = duckdb.connect()
+    connection.register("particles", table)
+    expected = connection.execute(sql).fetch_arrow_table()
+    for mode in ("never", "always", "auto"):
+        result = cluster.sql(sql, pushdown=mode).read_all()
+        assert_same_rows(result, expected, ordered=False, context=mode)
