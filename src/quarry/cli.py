@@ -58,6 +58,13 @@ def up(
     detach: Annotated[bool, typer.Option(help="start in the background and return")] = False,
     profiles: Annotated[str | None, typer.Option(help="TOML file of user-defined profiles")] = None,
     tls: Annotated[bool, typer.Option(help="encrypt every call (TLS) as well")] = False,
+    host_profile: Annotated[
+        str | None,
+        typer.Option(
+            help="the host's own profile: its ingress link, cores and compute factor, applied "
+            "by every coordinator that opens this cluster"
+        ),
+    ] = None,
 ) -> None:
     """Start an embedded cluster of device processes on localhost; every call carries a token
     (the cluster's credentials are made in the data folder, owner-readable only)."""
@@ -78,11 +85,16 @@ def up(
                 "`quarry down` first, or use another --data folder"
             )
     chosen: str | list[str] = profile.split(",") if "," in profile else profile
+    if host_profile is not None:
+        from quarry.device.profile import get_profile
+
+        get_profile(host_profile, profiles)  # fail fast, before any process starts
     started, _root, _ = start_local(
         devices, chosen, data, detach=detach, profiles_file=profiles, tls=tls
     )
     processes = [d.pop("_process") for d in started]
-    write_cluster_file(file, started)
+    host = {"profile": host_profile, "profiles_file": profiles} if host_profile else None
+    write_cluster_file(file, started, host)
     cluster = Cluster(started, source=str(file))
     _print_status(cluster.status())
     cluster.close()

@@ -15,6 +15,7 @@ from pyarrow import flight
 
 from quarry.auth.middleware import bearer
 from quarry.coordinator.backoff import BusyCounter, retrying
+from quarry.device.unit import host_emulator
 from quarry.errors import DeviceUnavailable, ProtocolError, QuarryError, Unauthenticated
 from quarry.protocol import control, frame, ingest, work
 from quarry.protocol.message import Message
@@ -211,6 +212,7 @@ class DeviceClient:
         """A stream's batches, its errors translated."""
         while (chunk := self.guard(lambda: _next(reader))) is not None:
             if chunk.data is not None:
+                host_emulator().ship(chunk.data.nbytes)  # the host's ingress, when it has one
                 yield chunk.data
 
     # ---- work near the data ----------------------------------------------------------------
@@ -289,6 +291,7 @@ class WorkStream:
             guard(self.writer.done_writing)
             while (chunk := guard(lambda: _next(self.reader))) is not None:
                 if chunk.data is not None and chunk.data.num_rows:
+                    host_emulator().ship(chunk.data.nbytes)  # the host's ingress
                     yield chunk.data
                 if chunk.app_metadata is not None:
                     yield work.decode_stream_message(chunk.app_metadata.to_pybytes())

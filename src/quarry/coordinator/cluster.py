@@ -259,12 +259,24 @@ class Cluster(Membership):
         return {"format": CLUSTER_FILE_FORMAT, "devices": self.spec}
 
 
-def write_cluster_file(path: str | Path, devices: list[dict[str, Any]]) -> Path:
-    """Owner-readable only: an entry may carry a token, or say where the admin's is."""
+KEEP_HOST: Any = object()  # write_cluster_file: the host profile the file names stays
+
+
+def write_cluster_file(
+    path: str | Path, devices: list[dict[str, Any]], host: dict[str, Any] | None = KEEP_HOST
+) -> Path:
+    """Owner-readable only: an entry may carry a token, or say where the admin's is. ``host``:
+    the host's profile (``profile``, ``profiles_file``), applied by whoever opens the file; by
+    default what the file said before (a device restarted or removed keeps it)."""
     path = Path(path)
+    if host is KEEP_HOST:
+        host = _host_of(path) if path.exists() else None
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
-    text = json.dumps({"format": CLUSTER_FILE_FORMAT, "devices": devices}, indent=2)
+    body: dict[str, Any] = {"format": CLUSTER_FILE_FORMAT, "devices": devices}
+    if host is not None:
+        body["host"] = host
+    text = json.dumps(body, indent=2)
     descriptor = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(descriptor, "w") as file:
         file.write(text)
@@ -290,6 +302,21 @@ def read_cluster_file(path: str | Path) -> list[dict[str, Any]]:
     return body["devices"]
 
 
+def _host_of(path: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads(path.read_text()).get("host")
+    except (OSError, json.JSONDecodeError, AttributeError):
+        return None
+
+
 def connect(cluster_file: str | Path) -> Cluster:
-    """A Cluster over the devices a cluster file lists (written by ``quarry up`` or by hand)."""
-    return Cluster(read_cluster_file(cluster_file), source=str(cluster_file))
+    """A Cluster over the devices a cluster file lists (written by ``quarry up`` or by hand).
+    A host profile the file names holds this process to it (``device.unit.set_host_profile``)."""
+    devices = read_cluster_file(cluster_file)
+    host = _host_of(Path(cluster_file))
+    if host:
+        from quarry.device.profile import get_profile
+        from quarry.device.unit import set_host_profile
+
+        set_host_profile(get_profile(host["profile"], host.get("profiles_file")))
+    return Cluster(devices, source=str(cluster_file))

@@ -22,6 +22,7 @@ from quarry.auth.credentials import create as create_credentials
 from quarry.coordinator.cluster import Cluster, write_cluster_file
 from quarry.coordinator.membership import client_of
 from quarry.device.profile import get_profile
+from quarry.device.unit import set_host_profile
 from quarry.errors import ClusterError
 
 DEVICES_MAX = 64
@@ -321,15 +322,21 @@ def local(
     data: str | Path | None = None,
     profiles_file: str | None = None,
     tls: bool = False,
+    host_profile: str | None = None,
 ) -> Iterator[LocalCluster]:
     """Start ``devices`` device processes on localhost; stop them (and clean up) on exit.
 
     ``data`` defaults to a temporary folder that is removed afterwards; give a folder to keep it.
-    Calls carry the cluster's admin token; ``tls`` also encrypts them.
+    Calls carry the cluster's admin token; ``tls`` also encrypts them. ``host_profile``: limits
+    for this process while the cluster is open: its ingress link (every device stream into it
+    shares one bucket), its cores and compute factor (completions run under them).
     """
+    host = get_profile(host_profile, profiles_file) if host_profile is not None else None
     started, root, owns = start_local(devices, profile, data, profiles_file=profiles_file, tls=tls)
     cluster = LocalCluster(started, root, owns, profiles_file)
+    set_host_profile(host)
     try:
         yield cluster
     finally:
+        set_host_profile(None)
         cluster.close()

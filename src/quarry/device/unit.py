@@ -23,7 +23,6 @@ A new kind of work is one module: a ``Unit`` subclass decorated with ``@register
 
 from __future__ import annotations
 
-import functools
 import importlib
 import os
 import pkgutil
@@ -117,19 +116,38 @@ def host_cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
-@functools.cache
-def _host_emulator() -> Emulator:
+_HOST: dict[str, Emulator] = {}
+_HOST_LOCK = threading.Lock()
+
+
+def set_host_profile(profile: Any | None) -> None:
+    """The host's own profile, for this process (None: the machine as it is). Its cores are
+    the slots completions run in, its compute factor stretches them, and its external link is
+    the host's ingress: every batch any device sends this process passes that one bucket."""
+    with _HOST_LOCK:
+        _HOST.pop("emulator", None)
+        if profile is not None:
+            cores = profile.cores or host_cores()
+            _HOST["emulator"] = Emulator(replace(profile, cores=min(cores, host_cores() * 64)))
+
+
+def host_emulator() -> Emulator:
     """The host's cores as slots, shared by every completion in this process: handed-back work
     runs at most one piece per core at a time, so many device streams completing at once hold
-    the host's memory to a few groups instead of one per stream."""
-    from quarry.device.profile import get_profile
+    the host's memory to a few groups instead of one per stream. With a host profile
+    (``set_host_profile``), its limits too."""
+    with _HOST_LOCK:
+        if "emulator" not in _HOST:
+            from quarry.device.profile import get_profile
 
-    return Emulator(replace(get_profile("host"), cores=host_cores()))
+            _HOST["emulator"] = Emulator(replace(get_profile("host"), cores=host_cores()))
+        return _HOST["emulator"]
 
 
 def host_context() -> UnitContext:
-    """Where the host runs a unit to complete handed-back work: its own CPU, no emulation."""
-    return UnitContext(store=None, emulator=_host_emulator(), device="host")
+    """Where the host runs a unit to complete handed-back work: its own CPU, under the host's
+    profile when one is set."""
+    return UnitContext(store=None, emulator=host_emulator(), device="host")
 
 
 @dataclass
