@@ -74,7 +74,8 @@ REDUCTIONS = st.sampled_from(
         "r = df[['a', 'b']].max()",
         "r = df.n.value_counts()",
         "r = df.b.var()",
-        "r = df.merge(labels, on='g').groupby('g').w.sum()",  # a join: on the host
+        # a join (on the host); k is a name no step makes
+        "r = df.merge(labels.assign(k=labels.w * 2)[['g', 'k']], on='g').groupby('g').k.sum()",
     ]
 )
 

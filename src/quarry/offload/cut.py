@@ -234,8 +234,7 @@ class Migrate:
 
     mode: str = "auto"
     host_s_per_byte: float = 0.0  # the lines' host time per stored byte (the estimate)
-    device_s_per_byte: float = 0.0
-    out_ratio: float = 1.0  # bytes shipped per stored byte when the devices run them
+    device_s_per_byte: float = 0.0  # one device's estimate, the probe's measure included
     link_bytes_per_s: float = 1e12
 
 

@@ -66,6 +66,7 @@ class Spares:
         self.spares = spares
         self._lock = threading.Lock()
         self._ready: dict[Limits, list[subprocess.Popen]] = {}
+        self._starting: dict[Limits, int] = {}  # spares being started: counted against the bound
 
     def take(self, limits: Limits) -> subprocess.Popen:
         with self._lock:
@@ -81,12 +82,17 @@ class Spares:
         return process or _start(limits)
 
     def _refill(self, limits: Limits) -> None:
-        with self._lock:
-            ready = self._ready.get(limits, [])
-            missing = self.spares - len(ready)
-        started = [_start(limits) for _ in range(max(0, missing))]
-        with self._lock:
-            self._ready.setdefault(limits, []).extend(started)
+        with self._lock:  # reserve what to start, so refills at once never overshoot the bound
+            have = len(self._ready.get(limits, [])) + self._starting.get(limits, 0)
+            missing = max(0, self.spares - have)
+            self._starting[limits] = self._starting.get(limits, 0) + missing
+        started = []
+        try:
+            started = [_start(limits) for _ in range(missing)]
+        finally:
+            with self._lock:
+                self._starting[limits] -= missing
+                self._ready.setdefault(limits, []).extend(started)
 
 
 SPARE_WORKERS = Spares()

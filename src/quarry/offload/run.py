@@ -107,15 +107,16 @@ def run(
 
 def migration(planned: Plan, block: Block, mode: str) -> Migrate:
     """What each device's controller is told of the host (Eq. 1's terms, per stored byte)."""
-    moved = set(block.lines)
-    host_s = sum(line.host_s for line in planned.lines if line.number in moved)
+    moved = [line for line in planned.lines if line.number in set(block.lines)]
     stored = max(1.0, planned.lines[block.first].stored_bytes)
     devices = planned.devices
     link = devices.link_bytes_per_s / max(1, devices.count)
+    # a line's device time is spread over the devices: each runs its share of the bytes
+    device_s = sum(line.device_s for line in moved) * max(1, devices.count)
     return Migrate(
         mode=mode,
-        host_s_per_byte=host_s / stored,
-        device_s_per_byte=host_s * devices.compute_factor / stored,
+        host_s_per_byte=sum(line.host_s for line in moved) / stored,
+        device_s_per_byte=device_s / stored,
         link_bytes_per_s=link if link != float("inf") else LOOPBACK_BYTES_PER_S,
     )
 
