@@ -203,6 +203,13 @@ def ingest(
             "(default: by suffix; a .h5ad file or a folder is a matrix)"
         ),
     ] = None,
+    cluster_by: Annotated[
+        str | None,
+        typer.Option(
+            help="sort each partition by this column, so zone maps skip the slices a range "
+            "predicate on it excludes (a clustered index)"
+        ),
+    ] = None,
     cluster: ClusterOption = None,
     as_json: JsonOption = False,
 ) -> None:
@@ -230,6 +237,7 @@ def ingest(
         partitions=partitions,
         mode="append" if append else "create",
         format=format,
+        cluster_by=cluster_by,
     )
     elapsed = time.perf_counter() - started
     c.close()

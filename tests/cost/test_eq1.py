@@ -4,6 +4,7 @@ push down when   DS_raw / BW + CT_host   >   CT_device + DS_processed / BW
 """
 
 import ast
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -27,7 +28,14 @@ from quarry.cost.eq1 import (
     pushes_down,
     transfer_s,
 )
-from quarry.cost.model import DeviceFigures, SubPlanFigures, choose, estimate, host_share
+from quarry.cost.model import (
+    DeviceFigures,
+    HostFigures,
+    SubPlanFigures,
+    choose,
+    estimate,
+    host_share,
+)
 from quarry.device.controller import Adaptive
 from quarry.protocol.work import HostCost, Policy
 
@@ -88,7 +96,9 @@ def _device(compute_factor: float) -> DeviceFigures:
 
 def test_estimate_prices_each_cut_with_eq1() -> None:
     devices = [_device(compute_factor=4.0)]
-    full, filtered, raw = (estimate(c, devices, FIGURES, 4) for c in ("full", "filter", "raw"))
+    full, filtered, raw = (
+        estimate(c, devices, FIGURES, HostFigures(4)) for c in ("full", "filter", "raw")
+    )
     # full: 4 s of device compute, 1 MB shipped
     assert full.seconds == pytest.approx(device_path_s(4.0, transfer_s(1e6, GB)))
     assert full.seconds == pytest.approx(4.001)
@@ -98,12 +108,12 @@ def test_estimate_prices_each_cut_with_eq1() -> None:
     # raw: 500 MB shipped, the host's 0.25 s on four cores overlaps it
     assert raw.seconds == pytest.approx(host_path_s(transfer_s(5e8, GB), 0.0))
     assert (raw.seconds, raw.host_s) == pytest.approx((0.5, 0.25))
-    assert choose(devices, FIGURES, 4).cut == "raw"
+    assert choose(devices, FIGURES, HostFigures(4)).cut == "raw"
 
 
 def test_a_fast_device_gets_the_whole_sub_plan() -> None:
     devices = [_device(compute_factor=0.1)]
-    choice = choose(devices, FIGURES, 4)
+    choice = choose(devices, FIGURES, HostFigures(4))
     assert choice.cut == "full"
     assert choice.estimates["full"].seconds == pytest.approx(0.101)
 
@@ -221,3 +231,24 @@ def test_cost_imports_neither_the_coordinator_nor_the_devices() -> None:
             if module.startswith(FORBIDDEN):
                 offending.append(f"{path.relative_to(root.parent)}: {module}")
     assert offending == []
+
+
+def test_the_hosts_ingress_and_speed_bound_every_cut_that_ships_to_it() -> None:
+    """Kinetic Pipe's scenarios: a narrow host link or a slow host makes shipping raw rows the
+    slow cut, and the model says so."""
+    devices = [_device(compute_factor=4.0)]
+    narrow = HostFigures(4, link_bytes_per_s=0.1 * GB)
+    assert estimate("raw", devices, FIGURES, narrow).seconds == pytest.approx(5.0)  # 500 MB
+    assert estimate("full", devices, FIGURES, narrow).seconds == pytest.approx(4.001)
+    assert choose(devices, FIGURES, narrow).cut == "filter"  # 100 MB in 1 s, beside 1.7 s
+    slow = HostFigures(1, compute_factor=20.0)
+    assert estimate("raw", devices, FIGURES, slow).host_s == pytest.approx(20.0)  # 1 GB x 1 ns x 20
+    assert choose(devices, FIGURES, slow).cut == "full"
+
+
+def test_a_sub_plan_that_reads_one_column_reads_its_share() -> None:
+    device = _device(compute_factor=0.1)
+    device.internal_bytes_per_s = 0.1 * GB
+    whole = estimate("full", [device], FIGURES, HostFigures(4))
+    one_column = estimate("full", [device], replace(FIGURES, read_ratio=0.2), HostFigures(4))
+    assert (whole.seconds, one_column.seconds) == pytest.approx((10.0, 2.0))

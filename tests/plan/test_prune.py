@@ -80,6 +80,18 @@ def test_conservative_when_unsure() -> None:
     assert not slice_may_match([p("f", "<", -5.0, "float")], ZONE)
 
 
+def test_a_float_column_without_nan_prunes_from_above() -> None:
+    """A zone map that counted its NaNs and found none bounds every row by its max: a clustered
+    float column (Kinetic Pipe's ke) prunes ``ke > X`` and stays conservative otherwise."""
+    counted = {"f": {"min": 0.5, "max": 2.0, "null_count": 0, "rows": 10, "nan_count": 0}}
+    assert not slice_may_match([p("f", ">", 5.0, "float")], counted)
+    assert not slice_may_match([p("f", ">=", 2.5, "float")], counted)
+    assert slice_may_match([p("f", ">", 1.0, "float")], counted)
+    assert slice_may_match([p("f", ">", float("nan"), "float")], counted)
+    with_nan = {"f": {**counted["f"], "nan_count": 1}}
+    assert slice_may_match([p("f", ">", 5.0, "float")], with_nan)
+
+
 def test_predicates_are_plain_json(small) -> None:
     sql = (
         "SELECT id FROM t WHERE d >= DATE '2020-06-01' AND p < 10.5 AND s = 'apple' "

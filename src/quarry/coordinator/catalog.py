@@ -92,6 +92,7 @@ class DatasetEntry:
             "bytes_arrow": self.bytes_arrow,
             "compression": self.compression,
             "replicas": self.ingests[0].replicas,
+            "cluster_by": sorted({i.cluster_by for i in self.ingests if i.cluster_by}),
             "columns": [{"name": f.name, "type": str(f.type)} for f in self.schema],
             "devices": dict(sorted(by_device.items())),
             "metadata": self.metadata,

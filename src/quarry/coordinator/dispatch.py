@@ -130,6 +130,7 @@ class Dispatch:
         """A partition's slices as stored, one batch per slice; a device that stops answering
         is left for the next replica, from the first slice not yet received."""
         request, received = task.request, 0
+        columns = task.host.columns()  # what the unit reads: the rest stays on the drive
         lost: list[tuple[str, DeviceUnavailable]] = []
         for client in [task.client, *task.replicas.get(partition, ())]:
             if client.name in self.dead:
@@ -138,7 +139,9 @@ class Dispatch:
                 failover = {"from": lost[-1][0], "to": client.name, "slices_done_before": received}
                 report.failovers.append(failover)
             try:
-                reader = client.scan(request.domain, request.dataset, partition, first=received)
+                reader = client.scan(
+                    request.domain, request.dataset, partition, first=received, columns=columns
+                )
                 for batch in client.batches(reader):
                     received += 1
                     yield batch

@@ -8,8 +8,9 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from quarry.cost.model import DeviceFigures, SubPlanFigures
-from quarry.device.units.substrait import run_on_host
+from quarry.device.units.substrait import read_columns, run_on_host
 from quarry.protocol.stage import Stage
+from quarry.store.partition import column_bytes
 
 if TYPE_CHECKING:
     from quarry.coordinator.catalog import DatasetEntry
@@ -32,6 +33,9 @@ def sample_subplan(cluster: Membership, fragment: Fragment, entry: DatasetEntry)
     batches = device.guard(lambda: [c.data for c in reader])
     meta = device.describe(entry.domain, entry.name, partition.partition)
     stored_bytes = max(1, meta.slices[0].bytes_stored)
+    first = meta.slices[0]
+    needed = read_columns(fragment.stages, fragment.raw_schema)
+    read = column_bytes(entry.schema, first.columns, first.bytes_stored, needed)
 
     def timed(stage: Stage) -> tuple[float, list[pa.RecordBatch]]:
         best, out = float("inf"), []
@@ -50,6 +54,7 @@ def sample_subplan(cluster: Membership, fragment: Fragment, entry: DatasetEntry)
         raw_ratio=raw_bytes / stored_bytes,
         filter_ratio=_ipc_bytes(filter_out) / stored_bytes,
         output_ratio=_ipc_bytes(full_out) / stored_bytes,
+        read_ratio=read / stored_bytes,
     )
 
 

@@ -35,6 +35,7 @@ from quarry.errors import (
     DeviceUnavailable,
     Forbidden,
     IngestFailed,
+    InvalidOption,
     QuarryError,
     SchemaMismatch,
     SourceError,
@@ -71,6 +72,7 @@ def ingest(
     hints: dict[str, Any] | None = None,
     format: str | None = None,
     progress: bool | None = None,
+    cluster_by: str | None = None,
 ) -> DatasetEntry:
     domain, name = naming.split_dataset(dataset)
     check_compression(compression)
@@ -92,6 +94,7 @@ def ingest(
         raise SchemaMismatch(
             _schema_difference(f"{domain}/{name}", existing.schema, schema, opened.name)
         )
+    _check_cluster_by(cluster_by, schema)
     devices = cluster.live_devices()
     if not devices:
         raise IngestFailed("no device answers: start the cluster first (quarry up)")
@@ -136,6 +139,7 @@ def ingest(
         decider=placement[str(first)][0],
         addresses={d: by_id[d].address for d in involved},
         group_rows=group_rows,
+        cluster_by=cluster_by or "",
     )
     lease_s = lease_seconds()
     streams: dict[tuple[int, str], tuple[Any, Any]] = {}
@@ -187,6 +191,20 @@ def ingest(
             "they settle it on their own within seconds: list it again"
         )
     return entry
+
+
+def _check_cluster_by(column: str | None, schema: pa.Schema) -> None:
+    """A clustering column must exist and have an order (numbers, strings, dates...)."""
+    if column is None:
+        return
+    if column not in schema.names:
+        raise InvalidOption(
+            f"cannot cluster by {column!r}: the source has no such column "
+            f"(its columns: {', '.join(schema.names)})"
+        )
+    kind = schema.field(column).type
+    if pa.types.is_nested(kind) or pa.types.is_dictionary(kind) or pa.types.is_null(kind):
+        raise InvalidOption(f"cannot cluster by {column!r}: its type {kind} has no order")
 
 
 def _slice_rows(rows: pa.Table | None, kv_bytes_max: int) -> int | None:

@@ -4,7 +4,8 @@ Ingest deals a source's rows round-robin to its partitions in groups of ``group_
 ingest record keeps the figure): group g went to partition ``first + g % P``. Taking
 ``group_rows`` rows from each partition in turn gives the source back, row for row; ingests
 follow one another in the order they were made (an append comes after what it appended to).
-An ingest from before the figure was kept reads partition after partition.
+An ingest from before the figure was kept, or one that sorted each partition by a column
+(``cluster_by``), reads partition after partition.
 
 Each partition is read a slice at a time, each slice its own short scan: holding one stream
 per partition open while the others are read would hold a device's admission slots for as long
@@ -65,7 +66,7 @@ def source_order(entry: DatasetEntry, fetch: Fetch) -> Iterator[pa.RecordBatch]:
     for record in sorted(entry.ingests, key=lambda r: r.created_at):
         numbers = range(record.first_partition, record.first_partition + record.partitions)
         cursors = [Cursor(p, slices.get(p, 0), fetch) for p in numbers]
-        if record.group_rows <= 0:  # an ingest that did not keep its groups
+        if record.group_rows <= 0 or record.cluster_by:  # groups not kept, or rows sorted
             for cursor in cursors:
                 yield from cursor.take(rows.get(cursor.partition, 0))
             continue

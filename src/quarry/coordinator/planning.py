@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 from quarry.coordinator.dispatch import Task
 from quarry.coordinator.figures import device_figures, sample_subplan
-from quarry.cost.model import choose, device_full_s_per_byte, host_share
-from quarry.device.unit import Unit, host_cores
+from quarry.cost.model import HostFigures, choose, device_full_s_per_byte, host_share
+from quarry.device.unit import Unit, host_emulator
 from quarry.errors import DeviceUnavailable, QueryError
 from quarry.plan.capabilities import per_dataset
 from quarry.plan.decompose import Decomposition, Fragment, decompose
@@ -109,7 +109,7 @@ class Cuts:
 def choose_cuts(cluster: Membership, decomposition: Decomposition) -> Cuts:
     """pushdown="auto": the cost model picks each fragment's cut; devices start from it."""
     cuts = Cuts()
-    cores = host_cores()
+    host = host_figures()
     for fragment in decomposition.fragments:
         entry = cluster.entry(fragment.dataset)
         if entry.unavailable or entry.rows == 0:
@@ -124,21 +124,34 @@ def choose_cuts(cluster: Membership, decomposition: Decomposition) -> Cuts:
         # would cost an extra fetch for the same work.
         identical = fragment.stages[Stage.FILTER] == fragment.stages[Stage.FULL]
         allowed = (Stage.FULL, Stage.RAW) if identical else (Stage.FULL, Stage.FILTER, Stage.RAW)
-        choice = choose(devices, figures, cores, allowed)
+        choice = choose(devices, figures, host, allowed)
         cuts.choices[fragment.name] = choice.to_json()
-        share = host_share(cores, len(devices))
+        share = host_share(host.cores, len(devices))
+        # each device's share of the host's ingress, when it is narrower than its own link
+        ingress = host.link_bytes_per_s / len(devices) if host.link_bytes_per_s else None
         for d in devices:
             cuts.host_costs[(fragment.name, d.name)] = HostCost(
-                full_s_per_byte=figures.full_s_per_byte,
-                filter_s_per_byte=figures.filter_s_per_byte,
+                full_s_per_byte=figures.full_s_per_byte * host.compute_factor,
+                filter_s_per_byte=figures.filter_s_per_byte * host.compute_factor,
                 device_full_s_per_byte=device_full_s_per_byte(d, figures),
                 raw_ratio=figures.raw_ratio,
                 filter_ratio=figures.filter_ratio,
-                link_bytes_per_s=d.link_bytes_per_s,
+                link_bytes_per_s=min(d.link_bytes_per_s, ingress or d.link_bytes_per_s),
                 host_share=share,
                 start=Stage(choice.cut),
             )
     return cuts
+
+
+def host_figures() -> HostFigures:
+    """The host as its profile sets it (``quarry.local(host_profile=)``, ``quarry up
+    --host-profile``), or this machine as it is."""
+    profile = host_emulator().profile
+    return HostFigures(
+        cores=profile.cores or 1,
+        compute_factor=profile.compute_factor,
+        link_bytes_per_s=profile.external_bytes_per_s,
+    )
 
 
 def _figures(cluster: Membership, fragment: Fragment, entry: DatasetEntry) -> Any:

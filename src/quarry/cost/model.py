@@ -61,6 +61,17 @@ class SubPlanFigures:
     raw_ratio: float  # raw bytes shipped (needed columns) per stored byte
     filter_ratio: float  # bytes left after the filter per stored byte
     output_ratio: float  # full sub-plan output bytes per stored byte
+    read_ratio: float = 1.0  # bytes read off the store (the touched columns) per stored byte
+
+
+@dataclass(frozen=True)
+class HostFigures:
+    """The host as the model sees it: its cores, its seconds per second of this machine's for
+    the same work, and its ingress link that every device's stream shares (None: unlimited)."""
+
+    cores: int
+    compute_factor: float = 1.0
+    link_bytes_per_s: float | None = None
 
 
 @dataclass
@@ -97,14 +108,17 @@ def _device_compute_s(d: DeviceFigures, host_s_per_byte: float) -> float:
 
 
 def estimate(
-    cut: Stage, devices: list[DeviceFigures], f: SubPlanFigures, host_cores: int
+    cut: Stage, devices: list[DeviceFigures], f: SubPlanFigures, host: HostFigures
 ) -> Estimate:
-    """Wall seconds of one cut: the slowest device, or the host's own work if that is longer."""
+    """Wall seconds of one cut: the slowest device, the host's own work, or everything shipped
+    through the host's ingress, whichever is longest."""
     cut = Stage(cut)
     per_device: dict[str, float] = {}
     total_bytes = sum(d.stored_bytes for d in devices)
+    shipped_total = 0.0
     for d in devices:
-        read_s = d.stored_bytes / d.internal_bytes_per_s if d.internal_bytes_per_s else 0.0
+        read_bytes = d.stored_bytes * f.read_ratio
+        read_s = read_bytes / d.internal_bytes_per_s if d.internal_bytes_per_s else 0.0
         if cut is Stage.FULL:
             work_s = _device_compute_s(d, f.full_s_per_byte)
             shipped_bytes = d.stored_bytes * f.output_ratio
@@ -117,7 +131,8 @@ def estimate(
         # reading, computing and shipping overlap slice by slice; the slowest stage paces it
         device_s = device_path_s(work_s, transfer_s(shipped_bytes, d.link_bytes_per_s))
         per_device[d.name] = max(read_s, device_s)
-    cores = max(1, host_cores)
+        shipped_total += shipped_bytes
+    cores = max(1, host.cores) / host.compute_factor
     if cut is Stage.FULL:
         host_s = 0.0
     elif cut is Stage.FILTER:
@@ -130,20 +145,21 @@ def estimate(
     # Eq. 1 adds CT_host to the transfer; over several devices the host completes one
     # device's rows while the others still ship, so the wall time is the longer of the two
     slowest = max(per_device.values(), default=0.0)
-    return Estimate(cut, max(slowest, host_s), per_device, host_s)
+    ingress_s = shipped_total / host.link_bytes_per_s if host.link_bytes_per_s else 0.0
+    return Estimate(cut, max(slowest, host_s, ingress_s), per_device, host_s)
 
 
 def choose(
     devices: list[DeviceFigures],
     f: SubPlanFigures,
-    host_cores: int,
+    host: HostFigures,
     allowed: tuple[Stage, ...] = CUTS,
     tolerance: float = CHOICE_TOLERANCE,
 ) -> Choice:
     """The cut to start from: the one that moves the least data (``CUTS`` order) among those
     within ``tolerance`` of the fastest estimate. Estimates from one sampled slice are not
     exact; a cut that ships more must win clearly (the devices switch on the same margin)."""
-    estimates = {Stage(cut): estimate(cut, devices, f, host_cores) for cut in allowed}
+    estimates = {Stage(cut): estimate(cut, devices, f, host) for cut in allowed}
     fastest = min(e.seconds for e in estimates.values())
     best = next(
         c for c in CUTS if c in estimates and estimates[c].seconds <= fastest * (1 + tolerance)

@@ -481,14 +481,13 @@ def _fetch_one(
     number: int,
     schema: pa.Schema,
 ) -> list[pa.RecordBatch]:
-    chunk = Chunk(meta, [number], runtime.store, runtime.emulator)
+    chunk = Chunk(meta, [number], runtime.store, runtime.emulator, unit.columns())
     if request.stage is Stage.RAW:
         return [unit.raw_slice(meta, number, batch) for batch in chunk.batches()]
     if request.query_id:
         ready = runtime.parked.take((request.query_id, request.partition, number))
         if ready is not None:  # filtered during the work: ship what was parked
             return ready
-    chunk.columns = unit.columns()
     return [conform(b, schema) for b in unit.filter(chunk).get(number, []) if b.num_rows]
 
 

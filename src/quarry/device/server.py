@@ -413,7 +413,7 @@ class DeviceServer(flight.FlightServerBase):
 
         def batches() -> Iterator[pa.RecordBatch]:
             for number in range(request.first, end):
-                self.emulator.read(meta.slices[number].bytes_stored)
+                self.emulator.read(partitions.read_bytes(meta, number, columns))
                 batch = partitions.read_slice(self.store, meta, number, columns)
                 self.emulator.ship(pa.ipc.get_record_batch_size(batch))
                 yield batch

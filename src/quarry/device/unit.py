@@ -166,12 +166,13 @@ class Chunk:
     def batches(self) -> Iterator[pa.RecordBatch]:
         for number in self.numbers:
             info = self.meta.slices[number]
-            self.emulator.read(info.bytes_stored)
+            read = partitions.read_bytes(self.meta, number, self.columns)
+            self.emulator.read(read)
             batch = partitions.read_slice(self.store, self.meta, number, self.columns)
             # Paired with the write side: each slice holds the rows its metadata promised.
             assert batch.num_rows == info.rows, (number, batch.num_rows, info.rows)
             self.rows_read += batch.num_rows
-            self.bytes_read += info.bytes_stored
+            self.bytes_read += read
             yield batch
 
     @property
@@ -227,7 +228,8 @@ class Unit:
         raise NotImplementedError
 
     def columns(self) -> list[str] | None:
-        """The columns ``execute`` and ``filter`` read (None: all)."""
+        """The columns ``execute``, ``filter`` and a raw push back read off the store (None:
+        all); the device reads only these byte ranges of each slice."""
         return None
 
     def plan(self, meta: PartitionMeta, not_here: frozenset[int]) -> list[Skipped]:

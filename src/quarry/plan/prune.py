@@ -13,7 +13,8 @@ import decimal
 from collections.abc import Mapping, Sequence
 
 # Floats: DataFusion orders NaN above every number (NaN > x is true) while zone-map min/max
-# skip NaN, so a slice's max says nothing about rows matching >, >= or !=.
+# skip NaN, so a slice's max says nothing about rows matching >, >= or != unless its zone map
+# counted its NaNs and found none.
 _NAN_MAY_MATCH = (">", ">=", "!=")
 
 
@@ -53,7 +54,10 @@ def _may_match(predicate: Mapping, stats: Mapping | None) -> bool:
         return True
     value = decode_value(predicate)
     floats = any(isinstance(x, float) for x in (low, high, value))
-    if floats and (op in _NAN_MAY_MATCH or any(x != x for x in (low, high, value))):
+    nan_free = stats.get("nan_count") == 0  # counted, and none: max bounds every row
+    if floats and any(x != x for x in (low, high, value)):
+        return True
+    if floats and op in _NAN_MAY_MATCH and not nan_free:
         return True
     try:
         return _range_may_match(op, low, high, value)

@@ -22,6 +22,7 @@ LOAD_SECONDS_MAX = 3600.0
 KERNEL_REPEAT_MAX = 1024
 PARTITION_MAX = 1 << 20
 DEVICE_PARTITIONS_MAX = 1 << 20
+COLUMNS_MAX = 1 << 16
 
 
 # ---- who a device is ----------------------------------------------------------------------------
@@ -82,6 +83,9 @@ class IngestRecord(Message):
     # rows of each group dealt round-robin to the partitions, first_partition first (0: not
     # recorded): the source's order is group 0 of the first partition, group 0 of the next...
     group_rows: int = bounded(low=0, default=0)
+    # the column each partition was sorted by ("" none): slices then hold narrow ranges of it,
+    # which zone maps prune (Kinetic Pipe's clustered index); the source's order is not kept
+    cluster_by: str = bounded(chars_max=NAME_CHARS_MAX, default="")
 
     def __post_init__(self) -> None:
         assert self.mode in ("create", "append"), f"mode must be create or append: {self.mode!r}"
@@ -136,6 +140,7 @@ class ZoneMap(Message):
     max: Any = None
     null_count: int = bounded(low=0, default=0)
     rows: int = bounded(low=0, default=0)
+    nan_count: int | None = bounded(low=0, default=None)  # floats: NaNs (None: not counted)
 
 
 @dataclass(frozen=True)
@@ -146,6 +151,9 @@ class SliceDescription(Message):
     stripes: int = bounded(low=0)
     zone_map: dict[str, ZoneMap] = bounded(default_factory=dict)
     version: int = bounded(low=0, default=1)
+    # each column's stream length in the slice value (None: stored whole), and its stripe size
+    columns: list[int] | None = bounded(items_max=COLUMNS_MAX, default=None)
+    stripe_bytes: int = bounded(low=0, default=0)
 
 
 @dataclass(frozen=True)

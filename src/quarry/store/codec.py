@@ -1,7 +1,11 @@
-"""Slice values: one Arrow IPC stream per slice, optionally compressed, striped when too big.
+"""Slice values: one Arrow IPC stream per column, back to back, striped when too big.
 
-Compression uses Arrow's own IPC buffer compression (zstd, lz4 frame), so the device that reads a
-slice decompresses it on its own CPU (POLARDB §3.2) and the host only ever sees plain Arrow.
+A slice value is its columns' one-column IPC streams in schema order; the metadata slice keeps
+each stream's length, so a device reads only the byte ranges of the columns a sub-plan touches
+(Kinetic Pipe's column reads; `docs/protocol.md`, "Slice values"). Compression uses Arrow's own
+IPC buffer compression (zstd, lz4 frame), so the device that reads a slice decompresses it on its
+own CPU (POLARDB §3.2) and the host only ever sees plain Arrow. A value stored whole (one stream
+of every column, the first format) still reads.
 """
 
 from __future__ import annotations
@@ -54,6 +58,29 @@ def decode_slice(
     if rows is not None and batch.num_rows != rows:
         raise CorruptSlice(f"slice holds {batch.num_rows} rows, metadata says {rows}")
     return batch
+
+
+def encode_columns(batch: pa.RecordBatch, compression: str = "none") -> tuple[bytes, list[int]]:
+    """A slice value of one IPC stream per column, and each stream's length."""
+    parts = [
+        encode_slice(pa.record_batch([column], schema=pa.schema([field])), compression)
+        for field, column in zip(batch.schema, batch.columns, strict=True)
+    ]
+    return b"".join(parts), [len(p) for p in parts]
+
+
+def decode_columns(
+    parts: list[bytes], fields: list[pa.Field], rows: int, metadata: dict | None = None
+) -> pa.RecordBatch:
+    """Columns read back from their byte ranges, each checked like a whole slice, into one
+    batch of ``fields``."""
+    columns = []
+    for part, field in zip(parts, fields, strict=True):
+        try:
+            columns.append(decode_slice(part, pa.schema([field]), rows).column(0))
+        except CorruptSlice as error:
+            raise CorruptSlice(f"column {field.name}: {error}") from None
+    return pa.RecordBatch.from_arrays(columns, schema=pa.schema(fields, metadata=metadata))
 
 
 def stripe(value: bytes, kv_bytes_max: int) -> list[bytes]:

@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from quarry.errors import (
     CorruptSlice,
@@ -26,6 +27,7 @@ from quarry.errors import (
     DatasetNotFound,
     IngestFailed,
     KeyNotFound,
+    QueryError,
     SchemaMismatch,
     VersionConflict,
 )
@@ -34,6 +36,7 @@ from quarry.store.kv import KeyValueStore
 from quarry.store.zonemap import zone_map, zone_map_from_json, zone_map_to_json
 
 LEASE_S_DEFAULT = 60.0  # a pending partition outlives a coordinator that stopped renewing it
+CLUSTER_BYTES_MAX = 2 << 30  # a clustered partition is sorted in memory: at most this much
 
 META_FORMAT = 1
 CATALOG_PREFIX = "~catalog/"
@@ -55,6 +58,10 @@ class SliceInfo:
     stripes: int
     zone_map: dict[str, dict[str, Any]]
     version: int = 1
+    # Each column's IPC stream length, in schema order (None: a value stored whole, the first
+    # format), and the stripe size the value was cut at (0: one key-value).
+    columns: list[int] | None = None
+    stripe_bytes: int = 0
 
 
 @dataclass
@@ -123,6 +130,8 @@ class PartitionMeta:
                 s["stripes"],
                 zone_map_from_json(s["zone_map"]),
                 s.get("version", 1),
+                s.get("columns"),
+                s.get("stripe_bytes", 0),
             )
             for s in body["slices"]
         ]
@@ -142,6 +151,25 @@ class PartitionMeta:
 
 def _json_bytes(value: Any) -> bytes:
     return json.dumps(value, separators=(",", ":")).encode()
+
+
+def _stored_slice(
+    txn: Any, key: str, batch: pa.RecordBatch, compression: str, kv_bytes_max: int, version: int
+) -> SliceInfo:
+    """Store one slice value (a stream per column) and describe it for the metadata slice."""
+    value, lengths = codec.encode_columns(batch, compression)
+    stripes = _put_striped(txn, key, value, kv_bytes_max)
+    striped = kv_bytes_max if stripes > 1 else 0
+    return SliceInfo(
+        batch.num_rows,
+        len(value),
+        batch.nbytes,
+        stripes,
+        zone_map(batch),
+        version,
+        lengths,
+        striped,
+    )
 
 
 def _put_striped(txn: Any, key: str, value: bytes, kv_bytes_max: int) -> int:
@@ -178,6 +206,8 @@ class PartitionWriter:
         self.fixed = slice_rows is not None  # chosen for every replica: kept as given
         self.slice_rows = slice_rows or codec.rows_per_slice(bytes_per_row, store.kv_bytes_max)
         self._started = False
+        # sorted by this column before it is cut into slices (the whole partition waits here)
+        self.cluster_by = meta.ingest.get("cluster_by") or None
 
     def _start(self) -> None:
         d, n, p = self.meta.domain, self.meta.dataset, self.meta.partition
@@ -215,8 +245,28 @@ class PartitionWriter:
             self.slice_rows = codec.rows_per_slice(row_bytes, self.store.kv_bytes_max)
         self._pending_rows.append(batch)
         self._pending_count += batch.num_rows
+        if self.cluster_by:
+            self._check_cluster_bytes()
+            return
         while self._pending_count >= self.slice_rows:
             self._cut(self.slice_rows)
+
+    def _check_cluster_bytes(self) -> None:
+        held = sum(b.nbytes for b in self._pending_rows)
+        if held > CLUSTER_BYTES_MAX:
+            raise IngestFailed(
+                f"partition {self.meta.partition} of {self.meta.domain}/{self.meta.dataset} "
+                f"holds more than {CLUSTER_BYTES_MAX >> 20} MiB: an ingest clustered by "
+                f"{self.cluster_by} sorts each partition in the device's memory; use more "
+                "partitions (--partitions)"
+            )
+
+    def _sort(self) -> None:
+        """The whole partition in order of ``cluster_by`` (stable, nulls last: replicas given
+        the same rows store the same slices)."""
+        table = pa.Table.from_batches(self._pending_rows, schema=self.meta.schema)
+        order = pc.sort_indices(table, sort_keys=[(self.cluster_by, "ascending", "at_end")])
+        self._pending_rows = table.take(order).combine_chunks().to_batches()
 
     def _cut(self, rows: int) -> None:
         table = pa.Table.from_batches(self._pending_rows, schema=self.meta.schema)
@@ -235,18 +285,21 @@ class PartitionWriter:
         number = len(self.meta.slices)
         if number >= naming.SLICES_MAX:
             raise IngestFailed("partition has too many slices; use more partitions")
-        value = codec.encode_slice(batch, self.meta.compression)
         key = naming.slice_key(self.meta.domain, self.meta.dataset, self.meta.partition, number)
         with self.store.transaction() as txn:
-            stripes = _put_striped(txn, key, value, self.store.kv_bytes_max)
-        self.meta.slices.append(
-            SliceInfo(batch.num_rows, len(value), batch.nbytes, stripes, zone_map(batch))
-        )
+            info = _stored_slice(
+                txn, key, batch, self.meta.compression, self.store.kv_bytes_max, version=1
+            )
+        self.meta.slices.append(info)
 
     def finish(self) -> PartitionMeta:
         """Store the last rows and the pending metadata; durable when this returns."""
         if not self._started:
             self._start()
+        if self.cluster_by and self._pending_count:
+            self._sort()
+            while self._pending_count > self.slice_rows:
+                self._cut(self.slice_rows)
         if self._pending_count:
             self._cut(self._pending_count)
         m = self.meta
@@ -416,16 +469,91 @@ def read_meta(store: KeyValueStore, domain: str, dataset: str, partition: int) -
 def read_slice(
     store: KeyValueStore, meta: PartitionMeta, number: int, columns: list[str] | None = None
 ) -> pa.RecordBatch:
+    """One slice, only ``columns`` of it (None: all) read off the store, in that order."""
     info = meta.slices[number]
     key = naming.slice_key(meta.domain, meta.dataset, meta.partition, number)
-    value = codec.unstripe(store.get_many(naming.slice_value_keys(key, info.stripes)))
     try:
-        batch = codec.decode_slice(value, meta.schema, info.rows)
+        if info.columns is None:  # stored whole
+            value = codec.unstripe(store.get_many(naming.slice_value_keys(key, info.stripes)))
+            batch = codec.decode_slice(value, meta.schema, info.rows)
+            return batch.select(columns) if columns is not None else batch
+        wanted = column_indices(meta, columns)
+        parts = _column_values(store, key, info, wanted)
+        fields = [meta.schema.field(i) for i in wanted]
+        return codec.decode_columns(
+            [parts[i] for i in wanted], fields, info.rows, meta.schema.metadata
+        )
     except CorruptSlice as error:
         raise CorruptSlice(
             f"slice {number} of partition {meta.partition} of {meta.domain}/{meta.dataset}: {error}"
         ) from None
-    return batch.select(columns) if columns is not None else batch
+
+
+def column_indices(meta: PartitionMeta, columns: list[str] | None) -> list[int]:
+    """Schema positions of ``columns`` (None: every column), in the order asked."""
+    if columns is None:
+        return list(range(len(meta.schema)))
+    indices = [meta.schema.get_field_index(c) for c in columns]
+    unknown = [c for c, i in zip(columns, indices, strict=True) if i < 0]
+    if unknown:
+        raise QueryError(
+            f"{meta.domain}/{meta.dataset} has no column {', '.join(unknown)} "
+            f"(its columns: {', '.join(meta.schema.names)})"
+        )
+    return indices
+
+
+def read_bytes(meta: PartitionMeta, number: int, columns: list[str] | None = None) -> int:
+    """Bytes ``read_slice`` takes off the store for these columns of a slice."""
+    info = meta.slices[number]
+    return column_bytes(meta.schema, info.columns, info.bytes_stored, columns)
+
+
+def column_bytes(
+    schema: pa.Schema, lengths: list[int] | None, whole: int, columns: list[str] | None
+) -> int:
+    """Of a slice value of ``whole`` bytes, those of ``columns``' streams (all of it when the
+    value was stored whole, or every column is asked for)."""
+    if lengths is None or columns is None:
+        return whole
+    indices = {schema.get_field_index(c) for c in columns}
+    return sum(lengths[i] for i in indices if i >= 0)
+
+
+def _column_values(
+    store: KeyValueStore, key: str, info: SliceInfo, wanted: list[int]
+) -> dict[int, bytes]:
+    """The IPC streams of the wanted columns, read as byte ranges of the slice value (runs of
+    neighbouring columns as one range, each range cut at the stripes it crosses)."""
+    assert info.columns is not None
+    offsets = [0]
+    for length in info.columns:
+        offsets.append(offsets[-1] + length)
+    runs: list[list[int]] = []
+    for i in sorted(set(wanted)):
+        if runs and runs[-1][-1] == i - 1:
+            runs[-1].append(i)
+        else:
+            runs.append([i])
+    stripe = info.stripe_bytes or max(1, info.bytes_stored)
+    keys = naming.slice_value_keys(key, info.stripes)
+    pieces: list[tuple[str, int, int]] = []
+    counts = []
+    for run in runs:
+        start, end = offsets[run[0]], offsets[run[-1] + 1]
+        first, last = start // stripe, max(start, end - 1) // stripe
+        counts.append(last - first + 1)
+        for s in range(first, last + 1):
+            low, high = max(start, s * stripe), min(end, (s + 1) * stripe)
+            pieces.append((keys[min(s, len(keys) - 1)], low - s * stripe, high - s * stripe))
+    values = store.get_ranges(pieces)
+    out: dict[int, bytes] = {}
+    for run, count in zip(runs, counts, strict=True):
+        data, values = b"".join(values[:count]), values[count:]
+        base = offsets[run[0]]
+        for i in run:
+            out[i] = data[offsets[i] - base : offsets[i + 1] - base]
+    return out
 
 
 def read_slices(
@@ -481,12 +609,10 @@ def update_slice(
                 f"{old.version}, not {expected_version}: another writer updated it first; "
                 "nothing was written. Read it again and retry."
             )
-        value = codec.encode_slice(batch, meta.compression)
         for old_key in naming.slice_value_keys(key, old.stripes):
             txn.delete(old_key)
-        stripes = _put_striped(txn, key, value, store.kv_bytes_max)
-        meta.slices[number] = SliceInfo(
-            batch.num_rows, len(value), batch.nbytes, stripes, zone_map(batch), old.version + 1
+        meta.slices[number] = _stored_slice(
+            txn, key, batch, meta.compression, store.kv_bytes_max, old.version + 1
         )
         for old_meta in _meta_keys(txn, meta_key):
             txn.delete(old_meta)

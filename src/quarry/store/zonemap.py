@@ -1,4 +1,6 @@
-"""Zone maps: per slice, per column min / max / null count, for pruning slices on the device."""
+"""Zone maps: per slice, per column min / max / null count (and NaN count for floats), for
+pruning slices on the device. A float column's max says nothing of its NaNs (DataFusion orders
+NaN above every number), so ``ke > X`` prunes a slice only when its zone map counted no NaN."""
 
 from __future__ import annotations
 
@@ -40,6 +42,8 @@ def zone_map(batch: pa.RecordBatch) -> dict[str, dict[str, Any]]:
             entry["max"] = bounds["max"].as_py()
             if isinstance(entry["min"], float) and entry["min"] != entry["min"]:
                 del entry["min"], entry["max"]  # NaN bounds prune nothing safely
+        if pa.types.is_floating(field.type):
+            entry["nan_count"] = pc.sum(pc.is_nan(column)).as_py() or 0
         entries[field.name] = entry
     return entries
 

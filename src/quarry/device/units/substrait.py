@@ -20,7 +20,7 @@ from quarry.errors import ExecutionError, PlanNotSupported, QueryError
 from quarry.plan.errors import StageError
 from quarry.plan.prune import slice_may_match
 from quarry.plan.rowwise import groups
-from quarry.plan.stage import run_stage
+from quarry.plan.stage import prepare, run_stage
 from quarry.plan.superplan import COMPLETION_GROUP_BYTES_MAX, complete_group
 from quarry.protocol.message import Message, bounded
 from quarry.protocol.stage import Skip, Stage
@@ -81,6 +81,12 @@ class SubstraitUnit(Unit):
     def raw_schema(self) -> pa.Schema:
         return self.args.raw_schema
 
+    def columns(self) -> list[str] | None:
+        try:
+            return read_columns(self.stages, self.args.raw_schema)
+        except StageError:  # not a plan this device decodes: running it says so, as it did
+            return None
+
     def plan(self, meta: PartitionMeta, not_here: frozenset[int]) -> list[Skipped]:
         predicates = list(self.args.predicates)
         if not predicates:
@@ -117,6 +123,15 @@ class SubstraitUnit(Unit):
             filtered = self.context.compute(lambda b=batch: list(_run(stage, schema, [b])))
             out[number] = [conform(b, self.args.raw_schema) for b in filtered]
         return out
+
+
+def read_columns(stages: dict[Stage, bytes], raw_schema: pa.Schema) -> list[str]:
+    """What a fragment's stages read (the cut prunes its read to the query's columns): the only
+    byte ranges of each slice a device takes off its store."""
+    read = [*prepare(stages[Stage.FULL]).columns]
+    if stages[Stage.FILTER]:
+        read += prepare(stages[Stage.FILTER]).columns
+    return list(dict.fromkeys([*read, *raw_schema.names]))
 
 
 def _run(
