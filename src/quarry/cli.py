@@ -508,9 +508,11 @@ def demo(
 
 @app.command()
 def calibrate(cluster: ClusterOption = None, as_json: JsonOption = False) -> None:
-    """Measure every device's compute factor and bandwidths; store them with the cluster."""
+    """Measure every device's compute factor and bandwidths (stored with the cluster), then the
+    host's own (its profile's compute factor and ingress link, from ``quarry up
+    --host-profile``)."""
     c = open_cluster(cluster)
-    reports = c.calibrate()
+    reports = [*c.calibrate(), c.calibrate_host()]
     c.close()
     if as_json:
         print_json(reports)
@@ -521,10 +523,16 @@ def calibrate(cluster: ClusterOption = None, as_json: JsonOption = False) -> Non
 
     def cell(entry: dict[str, Any], bandwidth: bool) -> str:
         fmt = (lambda v: f"{v / 1e6:,.0f} MB/s") if bandwidth else (lambda v: f"{v:.2f}x")
+        if bandwidth and entry["expected"] is None and not entry["measured"]:
+            return "-"
         expected = "unlimited" if entry["expected"] is None else fmt(entry["expected"])
         mark = {True: "[green]ok[/green]", False: "[red]off[/red]", None: ""}[
             entry["within_10_percent"]
         ]
+        if not entry.get("settled", True):
+            mark = (
+                f"[yellow]unsettled after {entry['attempts']} tries: the machine is busy[/yellow]"
+            )
         return f"{expected} / {fmt(entry['measured'])} {mark}"
 
     for r in reports:

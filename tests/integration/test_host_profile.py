@@ -23,7 +23,7 @@ def test_the_hosts_ingress_caps_every_device_stream_into_it(tmp_path):
     profiles = tmp_path / "profiles.toml"
     profiles.write_text(PROFILES)
     with quarry.local(devices=2, host_profile="slowhost", profiles_file=str(profiles)) as c:
-        c.ingest(particles.reader(200_000, seed=3), "physics/particles", partitions=4)
+        c.ingest(particles.reader(1_000_000, seed=3), "physics/particles", partitions=4)
         sql = "SELECT sum(ke) AS s FROM particles WHERE ke > 1"
         c.sql(sql, pushdown="always").read_all()  # devices load their engine on first use
         started = time.perf_counter()
@@ -59,3 +59,28 @@ def test_quarry_up_names_the_host_profile_for_every_coordinator(tmp_path):
         _quarry("down", "--cluster", str(data / "cluster.json"), cwd=tmp_path)
     refused = _quarry(*up, "--host-profile", "nohost", cwd=tmp_path, check=False)
     assert refused.returncode != 0 and "nohost" in refused.stderr + refused.stdout
+
+
+CALIBRATED_HOST = """
+[profiles.calhost]
+from = "host"
+cores = 1
+compute_factor = 4.0
+external_bytes_per_s = 40e6
+"""
+
+
+def test_calibration_measures_the_hosts_profile_beside_the_drives(tmp_path):
+    """quarry calibrate measures the host's compute factor (the kernel in one of its slots
+    against the machine's own) and its ingress (devices streaming into it at once), each
+    within 10% of the profile's setting."""
+    profiles = tmp_path / "profiles.toml"
+    profiles.write_text(CALIBRATED_HOST)
+    with quarry.local(devices=2, host_profile="calhost", profiles_file=str(profiles)) as c:
+        report = c.calibrate_host()
+    assert report["device"] == "host" and report["profile"] == "calhost"
+    for key, expected in (("compute_factor", 4.0), ("external_bytes_per_s", 40e6)):
+        entry = report[key]
+        assert entry["expected"] == expected and entry["settled"], entry
+        assert abs(entry["measured"] - expected) <= 0.10 * expected, (key, entry)
+        assert entry["within_10_percent"] is True

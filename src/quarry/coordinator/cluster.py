@@ -14,7 +14,7 @@ from typing import Any, Self
 
 import pyarrow as pa
 
-from quarry.coordinator.calibrate import calibrate
+from quarry.coordinator.calibrate import calibrate, calibrate_host
 from quarry.coordinator.catalog import DatasetEntry
 from quarry.coordinator.fragments import Forced
 from quarry.coordinator.ingest import ingest
@@ -207,6 +207,11 @@ class Cluster(Membership):
         reports = calibrate(self)
         self.calibration_cache = {r["device"]: r for r in reports}
         return reports
+
+    def calibrate_host(self) -> dict[str, Any]:
+        """Measure this host's own profile (``host_profile``) as a device's is: its compute
+        factor and its ingress link, beside the profile's figures."""
+        return calibrate_host(self)
 
     def load(self, device: str, cpu: float, seconds: float = 60.0) -> dict[str, Any]:
         """Emulated background CPU load on one device, ending by itself after ``seconds``."""

@@ -12,8 +12,10 @@ last message (``WorkDone``) carries every decision and the metrics, each slice c
 from __future__ import annotations
 
 import resource
+import threading
 import time
 from collections.abc import Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import pyarrow as pa
@@ -23,7 +25,16 @@ from quarry.device.admission import SMALL_BYTES_MAX, Admission
 from quarry.device.controller import Adaptive, Annotation, Controllers
 from quarry.device.emulation import Emulator
 from quarry.device.parked import Parked
-from quarry.device.unit import Chunk, Skipped, Unit, UnitContext, UnitError, conform, lookup
+from quarry.device.unit import (
+    Chunk,
+    Skipped,
+    Unit,
+    UnitContext,
+    UnitError,
+    conform,
+    host_cores,
+    lookup,
+)
 from quarry.protocol.stage import Skip, Stage
 from quarry.protocol.work import (
     ChunkDone,
@@ -42,6 +53,11 @@ from quarry.store import partition as partitions
 from quarry.store.kv import KeyValueStore
 from quarry.store.partition import PartitionMeta
 
+# Reads of the next chunk while the unit computes this one: one chunk ahead per partition run,
+# on threads shared by every request (a bounded pool: a busy device queues its read-aheads).
+READ_AHEAD_THREADS_MAX = 8
+_READ_AHEAD = ThreadPoolExecutor(READ_AHEAD_THREADS_MAX, thread_name_prefix="quarry-read-ahead")
+PARTITIONS_AT_ONCE_MAX = 8  # a request's partitions run at once, at most one per drive core
 TRACE_ENTRIES_MAX = 100_000  # per-chunk timings kept when a request asks for a trace
 PUSHBACK_NOTICE_SLICES = 16  # announce pushed-back slices in groups so the host starts early
 
@@ -73,6 +89,7 @@ class Stream:
         self.writer = writer
         self.emulator = emulator
         self.admission = admission
+        self._lock = threading.Lock()  # partitions run at once write one stream
 
     def batches(self, batches: list[pa.RecordBatch], schema: pa.Schema, metrics: Counters) -> int:
         queued = sum(batch.nbytes for batch in batches)
@@ -84,7 +101,8 @@ class Stream:
                     continue
                 size = pa.ipc.get_record_batch_size(batch)
                 self.emulator.ship(size)
-                self.writer.write_batch(conform(batch, schema))
+                with self._lock:
+                    self.writer.write_batch(conform(batch, schema))
                 self.admission.unqueue(batch.nbytes)
                 queued -= batch.nbytes
                 shipped += size
@@ -95,7 +113,8 @@ class Stream:
         return shipped
 
     def message(self, message: PushedBack | ChunkDone | WorkDone) -> None:
-        self.writer.write_metadata(pa.py_buffer(message.encode()))
+        with self._lock:
+            self.writer.write_metadata(pa.py_buffer(message.encode()))
 
 
 @dataclass
@@ -159,6 +178,7 @@ class PartitionRun:
         self.pushed: list[int] = []
         self.pushed_stage = Stage.RAW
         self.started = time.perf_counter()
+        self._ahead: tuple[list[int], Future[Chunk]] | None = None
 
     @property
     def partition(self) -> int:
@@ -186,10 +206,28 @@ class PartitionRun:
             numbers = self._chunk(position, stage, controller)
             position += len(numbers)
             if stage is Stage.FULL:
-                self._execute(numbers, reason, controller, stream, trace)
+                chunk = self._new_chunk(numbers)
+                self._read_ahead(position, controller)
+                self._execute(chunk, reason, controller, stream, trace)
             else:
                 self._push_back(numbers, stage, reason, retry, controller, stream)
+        self._drop_ahead()
         self._flush(stream)
+
+    def _read_ahead(self, position: int, controller: Adaptive | None) -> None:
+        """Start reading the chunk that comes next if it runs whole as this one did; the drive's
+        decision for it is still its own (a chunk read ahead and then pushed back is dropped)."""
+        if position >= len(self.candidates):
+            return
+        if self.forced.get(self.candidates[position], Stage.FULL) is not Stage.FULL:
+            return
+        numbers = self._chunk(position, Stage.FULL, controller)
+        self._ahead = (numbers, _READ_AHEAD.submit(self._fresh_chunk(numbers).load))
+
+    def _drop_ahead(self) -> None:
+        if self._ahead is not None:
+            self._ahead[1].exception()  # wait: no read outlives its run; its error is moot
+            self._ahead = None
 
     def _decide(
         self, controller: Adaptive | None, number: int, remaining_bytes: int
@@ -227,23 +265,31 @@ class PartitionRun:
         return numbers
 
     def _new_chunk(self, numbers: list[int]) -> Chunk:
+        """The chunk of these slices: the one read ahead if it is that, a fresh one otherwise."""
+        if self._ahead is not None and self._ahead[0] == numbers:
+            future, self._ahead = self._ahead[1], None
+            return future.result()
+        self._drop_ahead()
+        return self._fresh_chunk(numbers)
+
+    def _fresh_chunk(self, numbers: list[int]) -> Chunk:
         return Chunk(
             self.meta, numbers, self.runtime.store, self.runtime.emulator, self.unit.columns()
         )
 
     def _execute(
         self,
-        numbers: list[int],
+        chunk: Chunk,
         reason: str,
         controller: Adaptive | None,
         stream: Stream,
         trace: list[TraceEntry] | None,
     ) -> None:
-        chunk = self._new_chunk(numbers)
+        numbers = chunk.numbers
         context = self.unit.context
-        started, drive_before = time.perf_counter(), context.drive_s
+        started, drive_before = time.perf_counter(), context.drive_s_here
         outputs = list(self.unit.execute(chunk))
-        drive_s = context.drive_s - drive_before
+        drive_s = context.drive_s_here - drive_before
         shipped = stream.batches(outputs, self.unit.output_schema, self.counters)
         if self.unit.RESUMABLE:  # everything this range yields is out: the host may count it
             stream.message(ChunkDone(self.partition, numbers[0], numbers[-1] + 1))
@@ -294,9 +340,9 @@ class PartitionRun:
         """The device filters now, timed like any work it does, and parks the rows for the host
         to fetch with the rest of the range (the read is counted here, once)."""
         chunk = self._new_chunk(numbers)
-        drive_before = self.unit.context.drive_s
+        drive_before = self.unit.context.drive_s_here
         outputs = self.unit.filter(chunk)
-        drive_s = self.unit.context.drive_s - drive_before
+        drive_s = self.unit.context.drive_s_here - drive_before
         self.counters.read(chunk)
         self.counters.drive_s += drive_s
         filtered = sum(pa.ipc.get_record_batch_size(b) for bs in outputs.values() for b in bs)
@@ -409,13 +455,23 @@ def _run_admitted(
         return
     controller = _controller(runtime, request)
     trace: list[TraceEntry] | None = [] if request.trace else None
-    for run in runs:
+
+    def one(run: PartitionRun) -> None:
         run.run(controller, stream, trace)
         stream.batches(
-            _computed(context, run.counters, lambda run=run: unit.finish_partition(run.meta)),
+            _computed(context, run.counters, lambda: unit.finish_partition(run.meta)),
             unit.output_schema,
             run.counters,
         )
+
+    at_once = _partitions_at_once(runtime, unit, controller, len(runs))
+    if at_once > 1:
+        with ThreadPoolExecutor(at_once, thread_name_prefix="quarry-partition") as pool:
+            for future in [pool.submit(one, run) for run in runs]:
+                future.result()
+    else:
+        for run in runs:
+            one(run)
     stream.batches(
         _computed(context, runs[-1].counters, unit.finish), unit.output_schema, runs[-1].counters
     )
@@ -430,10 +486,22 @@ def _run_admitted(
     stream.message(done)
 
 
+def _partitions_at_once(
+    runtime: Runtime, unit: Unit, controller: Adaptive | None, partitions: int
+) -> int:
+    """A drive's cores each take a partition of a request when its unit keeps no state across
+    partitions and no controller decides from one partition's measurements for the next: the
+    drive's cores work at once, as its compute factor per core assumes."""
+    if not unit.PARTITIONS_AT_ONCE or controller is not None:
+        return 1
+    cores = runtime.emulator.profile.cores or host_cores()
+    return max(1, min(cores, partitions, PARTITIONS_AT_ONCE_MAX))
+
+
 def _computed(context: UnitContext, counters: Counters, produce) -> list[pa.RecordBatch]:
-    drive_before = context.drive_s
+    drive_before = context.drive_s_here
     outputs = list(produce())
-    counters.drive_s += context.drive_s - drive_before
+    counters.drive_s += context.drive_s_here - drive_before
     return outputs
 
 

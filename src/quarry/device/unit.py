@@ -65,12 +65,22 @@ class UnitContext:
     device: str
     drive_s: float = 0.0
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    _thread: threading.local = field(default_factory=threading.local, repr=False)
+
+    @property
+    def drive_s_here(self) -> float:
+        """The drive's seconds of work this thread ran (partitions may run at once)."""
+        return getattr(self._thread, "drive_s", 0.0)
+
+    def _count(self, drive_s: float) -> None:
+        self._thread.drive_s = self.drive_s_here + drive_s
+        with self._lock:
+            self.drive_s += drive_s
 
     def compute(self, work: Callable[[], T]) -> T:
         """Run CPU work in a slot of the drive, stretched by its compute factor (and load)."""
         result, drive_s = self.emulator.run_timed(work)
-        with self._lock:
-            self.drive_s += drive_s
+        self._count(drive_s)
         return result
 
     def compute_elsewhere(self, work: Callable[[], tuple[T, float]]) -> T:
@@ -80,8 +90,7 @@ class UnitContext:
         with self.emulator.slot():
             result, work_s = work()
             drive_s = work_s + self.emulator.stretch(work_s)
-        with self._lock:
-            self.drive_s += drive_s
+        self._count(drive_s)
         return result
 
     # ---- a small cache of derived results in the device's own store -------------------------
@@ -162,8 +171,20 @@ class Chunk:
     columns: list[str] | None = None
     rows_read: int = 0
     bytes_read: int = 0
+    preloaded: list[pa.RecordBatch] | None = None
+
+    def load(self) -> Chunk:
+        """Read every slice now: the loop's read-ahead does, while the unit computes the chunk
+        before (a drive's reads and its cores work at once)."""
+        self.preloaded = list(self._read())
+        return self
 
     def batches(self) -> Iterator[pa.RecordBatch]:
+        if self.preloaded is not None:
+            return iter(self.preloaded)
+        return self._read()
+
+    def _read(self) -> Iterator[pa.RecordBatch]:
         for number in self.numbers:
             info = self.meta.slices[number]
             read = partitions.read_bytes(self.meta, number, self.columns)
@@ -214,6 +235,9 @@ class Unit:
     # each chunk done, so a host can resume the rest on a replica if this device dies. A unit
     # that carries state (genes: one Combine at the end) is resumed from its start.
     RESUMABLE: ClassVar[bool] = False
+    # The unit keeps no state across partitions, so a drive may run a request's partitions at
+    # once, one per core (its ``execute`` and ``filter`` are safe from several threads).
+    PARTITIONS_AT_ONCE: ClassVar[bool] = False
     # Who may run it: reading kinds of work need a reader's token; code that computes on the
     # device beyond a query (kernels, offloaded programs) an admin's.
     ROLE: ClassVar[Role] = Role.READER

@@ -305,6 +305,10 @@ class Measured(Message):
     measured: float
     within_10_percent: bool | None = None
     spread: float | None = None  # of the per-round ratios (compute factor only)
+    # times it was measured before it settled (the machine's own load moved it); not settled:
+    # the figure is the best seen, not to be trusted (``within_10_percent`` is then None)
+    attempts: int = bounded(low=1, high=64, default=1)
+    settled: bool = True
 
 
 @dataclass(frozen=True)

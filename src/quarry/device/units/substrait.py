@@ -67,6 +67,7 @@ class SubstraitUnit(Unit):
     STAGES = frozenset({Stage.FULL, Stage.FILTER, Stage.RAW})
     CHUNK_SLICES_MAX = 4
     RESUMABLE = True
+    PARTITIONS_AT_ONCE = True
 
     def __init__(self, request, payload, context):
         super().__init__(request, payload, context)
