@@ -18,6 +18,7 @@ from quarry.capacity.model import (
     CapacityInputError,
     CapacityInputs,
     HostConfig,
+    overloaded_host,
     t_csd_array_s,
     t_ssd_array_s,
 )
@@ -145,3 +146,36 @@ def test_an_absurd_break_even_point_is_an_error_not_a_crash() -> None:
     )
     with pytest.raises(CapacityInputError, match="^inputs: the break-even point is"):
         break_even(hopeless, HostConfig())
+
+
+def test_slow_down_factors_measured_on_the_host_give_the_papers_overload_bep() -> None:
+    """§4.5 / Figure 15: Array Merge on Newport CSDs needs 6 drives against a 2x slower host CPU;
+    the same host measured at twice the computation time gives sd_comp = 2 and that BEP."""
+    normal = PRESETS["array_merge-newport"]
+    slower_cpu = CapacityInputs(
+        normal.t_ssd_tx_s,
+        2 * normal.t_ssd_comp_s,
+        normal.t_csd_tx_s,
+        normal.t_csd_comp_s,
+        normal.data_bytes,
+    )
+    host = overloaded_host(normal, slower_cpu, HostConfig(host_cores=1, k_limit=8))
+    assert (host.sd_tx, host.sd_comp) == (1.0, pytest.approx(2.0))
+    assert break_even(normal, host).bep == 6
+    ratios = normal.ratios(1)
+    assert bep_eq13(ratios.r_tx, ratios.r_comp, ratios.r_ssd, host.sd_tx, host.sd_comp) == 6
+
+
+def test_a_host_measured_faster_under_overload_is_not_slowed() -> None:
+    normal = PRESETS["count-newport"]
+    quicker = CapacityInputs(
+        0.9 * normal.t_ssd_tx_s,
+        normal.t_ssd_comp_s,
+        normal.t_csd_tx_s,
+        normal.t_csd_comp_s,
+        normal.data_bytes,
+    )
+    host = overloaded_host(normal, quicker, HostConfig())
+    assert (host.sd_tx, host.sd_comp) == (1.0, 1.0)
+    with pytest.raises(CapacityInputError, match="same working set"):
+        overloaded_host(normal, CapacityInputs(1, 1, 1, 1, data_bytes=10), HostConfig())

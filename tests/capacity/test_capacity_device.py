@@ -24,6 +24,7 @@ from quarry.capacity.measure import (
     dataset_name,
     ingest_kernel_inputs,
     measure_kernel,
+    pagerank_blocks_table,
     run_devices,
     run_host,
 )
@@ -184,6 +185,25 @@ def test_pagerank_runs_on_the_drive_holding_the_whole_matrix(kinetic: LocalClust
     split = kinetic.ingest(as_table(inputs), "capacity/pagerank_split", partitions=2)
     with pytest.raises(CapacityProgramError, match="one partition"):
         run_devices(kinetic, split.qualified, "pagerank")
+
+
+def test_pagerank_blocks_give_each_drive_a_whole_graph(kinetic: LocalCluster) -> None:
+    """One graph per drive: each partition is a whole block (its ranks sum to 1), the host and
+    the drives agree, and the union's ranks are the graphs' shared equally."""
+    data_bytes = 8 << 20  # blocks wider than one row group: rows arrive in several groups
+    entry = ingest_kernel_inputs(
+        kinetic, "pagerank", data_bytes, "capacity/pagerank_blocks", pagerank_blocks=True
+    )
+    assert len(entry.partitions_by_device()) == 2 and len(entry.partitions) == 2
+    host = run_host(kinetic, entry.qualified, "pagerank", params={"iterations": 10})
+    drives = run_devices(kinetic, entry.qualified, "pagerank", params={"iterations": 10})
+    np.testing.assert_allclose(drives.result, host.result, rtol=1e-5)
+    assert host.result.sum() == pytest.approx(1.0, rel=1e-4)
+    width = entry.partitions[0].rows
+    for block in (host.result[:width], host.result[width:]):
+        assert 2 * block.sum() == pytest.approx(1.0, rel=1e-4)
+    table = pagerank_blocks_table(data_bytes, 2)
+    assert table.num_rows == 2 * width and table.column("matrix").type.list_size == width
 
 
 def test_bad_requests_name_what_is_wrong(kinetic: LocalCluster, count_dataset: str) -> None:

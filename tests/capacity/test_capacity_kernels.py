@@ -5,7 +5,7 @@ import pyarrow as pa
 import pytest
 
 from quarry.capacity.kernel_data import KernelInputError, as_table, make_inputs
-from quarry.capacity.kernels import KERNELS, run_kernel
+from quarry.capacity.kernels import KERNELS, MERGE_PIECE_BYTES_MAX, run_kernel
 
 THREADS = (1, 2, 3, 8)
 
@@ -35,6 +35,21 @@ def test_array_merge_removes_duplicates_and_keeps_order(threads: int) -> None:
     np.testing.assert_array_equal(result, np.union1d(inputs["left"], inputs["right"]))
     tiny = {"left": np.array([1, 1, 2]), "right": np.array([], dtype=np.int64)}
     np.testing.assert_array_equal(run_kernel("array_merge", tiny, threads)["result"], [1, 2])
+
+
+@pytest.mark.parametrize("threads", THREADS)
+def test_array_merge_in_bounded_value_ranges_is_still_one_merge(threads: int) -> None:
+    """Over MERGE_PIECE_BYTES_MAX the merge runs per value range: each piece in its own `run`."""
+    inputs = make_inputs("array_merge", 5 * MERGE_PIECE_BYTES_MAX, seed=4)
+    pieces = []
+
+    def run(work):
+        pieces.append(1)
+        return work()
+
+    result = run_kernel("array_merge", inputs, threads, run=run)["result"]
+    np.testing.assert_array_equal(result, np.union1d(inputs["left"], inputs["right"]))
+    assert len(pieces) >= 5 + 2  # five or more ranges, the cuts and the concatenation
 
 
 @pytest.mark.parametrize("threads", THREADS)

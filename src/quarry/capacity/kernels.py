@@ -32,6 +32,11 @@ PAGERANK_ITERATIONS_MAX = 1000
 # hold short (a 256 MiB Count as one piece would take a 15x-slower drive's core for seconds, and
 # other requests would queue behind it), and spread a partition's work over the drive's cores.
 PIECE_BYTES_MAX = 4 << 20
+# Array Merge works in value ranges of at most this many input bytes, for the same reason and
+# one more: a merge's cost per byte depends on how much of it fits the caches, so one merge of a
+# whole partition would cost less per byte on a drive holding 1/16 of a working set than on one
+# holding all of it. Bounded pieces make the cost linear in the bytes, as Eq. 7's 1/m assumes.
+MERGE_PIECE_BYTES_MAX = 1 << 20
 
 T = TypeVar("T")
 Run = Callable[[Callable[[], Any]], Any]
@@ -118,12 +123,14 @@ def _value_cuts(left: np.ndarray, right: np.ndarray, parts: int) -> tuple[np.nda
 def array_merge(
     inputs: Mapping[str, np.ndarray], threads: int, params: Mapping[str, Any], run: Run = direct
 ) -> np.ndarray:
-    """Merge two sorted arrays into one sorted array without duplicates."""
+    """Merge two sorted arrays into one sorted array without duplicates, in value ranges of at
+    most MERGE_PIECE_BYTES_MAX input bytes (at least one per thread)."""
     left, right = inputs["left"], inputs["right"]
-    if threads == 1 or len(left) < threads:
+    parts = max(threads, math.ceil((left.nbytes + right.nbytes) / MERGE_PIECE_BYTES_MAX))
+    if parts == 1 or len(left) < parts:
         return run(lambda: _merge_unique(left, right))
     # Split by value, not by position, so the pieces are disjoint and concatenate in order.
-    left_cuts, right_cuts = run(lambda: _value_cuts(left, right, threads))
+    left_cuts, right_cuts = run(lambda: _value_cuts(left, right, parts))
 
     def merge(index: int) -> np.ndarray:
         return _merge_unique(
@@ -162,9 +169,10 @@ def pagerank(
             out[part] = damping * (matrix[part] @ current) + teleport
 
         _map(step, ranges, threads, run)
-        change = run(lambda a=following, b=rank: float(np.abs(a - b).sum()))
-        rank = following
-        if change < tolerance:
+        previous, rank = rank, following
+        # Only a tolerance needs the change; without one, every iteration is one piece of work
+        # (on a drive, one hold of a core per iteration instead of two).
+        if tolerance > 0 and run(lambda a=rank, b=previous: float(np.abs(a - b).sum())) < tolerance:
             break
     return rank
 

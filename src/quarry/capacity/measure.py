@@ -34,6 +34,7 @@ from quarry.capacity.device import output_schema, program_name
 from quarry.capacity.kernel_data import Gatherer, as_table, make_inputs
 from quarry.capacity.kernels import KERNELS, check_kernel, check_preconditions, run_kernel
 from quarry.capacity.model import CapacityInputError, CapacityInputs
+from quarry.device.unit import host_emulator
 from quarry.errors import DatasetNotFound, DeviceUnavailable
 
 if TYPE_CHECKING:
@@ -78,17 +79,24 @@ def ingest_kernel_inputs(
     seed: int = 0,
     reuse: bool = True,
     progress: bool | None = False,
+    pagerank_blocks: bool = False,
 ) -> DatasetEntry:
     """Generate ``kernel``'s working set of about ``data_bytes`` and store it on every live device.
 
-    Each live device gets one partition (Page Rank: one partition in all, since each iteration
-    needs the whole matrix), so the working set is spread evenly as CSDPLAN assumes (§3.2.1). An
-    existing dataset with the expected rows is reused when ``reuse``; otherwise it is replaced.
+    Each live device gets one partition, so the working set is spread evenly as CSDPLAN assumes
+    (§3.2.1). Page Rank needs its whole matrix in one partition, so it gets one partition in all;
+    with ``pagerank_blocks`` it is instead one independent graph per device of about
+    ``data_bytes`` / devices (``pagerank_blocks_table``), which m drives share as Eq. 7 assumes.
+    An existing dataset with the expected rows is reused when ``reuse``; otherwise it is replaced.
     """
     check_kernel(kernel, 1)
     dataset = dataset or dataset_name(kernel, data_bytes)
-    table = as_table(make_inputs(kernel, data_bytes, seed=seed))
-    partitions = 1 if kernel == "pagerank" else len(cluster.live_devices())
+    devices = len(cluster.live_devices())
+    if kernel == "pagerank" and pagerank_blocks and devices > 1:
+        table, partitions = pagerank_blocks_table(data_bytes, devices, seed=seed), devices
+    else:
+        table = as_table(make_inputs(kernel, data_bytes, seed=seed))
+        partitions = 1 if kernel == "pagerank" else devices
     cluster.refresh()
     qualified = dataset if "/" in dataset else f"{DOMAIN}/{dataset}"
     existing = cluster.catalog.get(qualified)
@@ -108,6 +116,50 @@ def ingest_kernel_inputs(
     return cluster.ingest(table, qualified, partitions=partitions, progress=progress)
 
 
+def _pagerank_block_pages(pages: int, row_bytes: Callable[[int], float]) -> tuple[int, int]:
+    """The block width nearest ``pages`` that ingest's row groups divide, and the group.
+
+    Ingest deals rows to partitions round-robin in groups of about ROW_GROUP_BYTES; a block that
+    is a whole number of groups can be ordered so that each partition receives one whole block.
+    """
+    from quarry.coordinator.ingest import ROW_GROUP_BYTES
+
+    for width in sorted(range(max(2, pages // 2), 2 * pages + 1), key=lambda w: abs(w - pages)):
+        group = max(1, int(ROW_GROUP_BYTES / row_bytes(width)))
+        if group >= width or width % group == 0:
+            return width, min(group, width)
+    raise CapacityInputError("data_bytes", f"no block width near {pages} pages", "give more bytes")
+
+
+def pagerank_blocks_table(data_bytes: int, blocks: int, *, seed: int = 0) -> pa.Table:
+    """Page Rank over ``blocks`` drives: ``blocks`` independent graphs (a block-diagonal matrix),
+    each a square matrix of about ``data_bytes`` / ``blocks``, in the row order that makes
+    ingest's round-robin deal give partition p exactly block p.
+
+    Each iteration of Page Rank needs the whole matrix, so a graph split by rows would need the
+    rank vector exchanged between drives every iteration, which Eq. 7 does not model. Independent
+    graphs are what Eq. 7 assumes: each drive's share is a smaller whole problem. The pages of
+    block p are ranked as a graph of their own; the ranks of the union are those divided by
+    ``blocks``.
+    """
+    assert blocks >= 2, blocks
+    target = max(2, int((data_bytes // blocks // 4) ** 0.5))  # make_inputs' pages
+
+    def row_bytes(width: int) -> float:
+        two_rows = {"matrix": np.zeros((2, width), np.float32), "rank": np.zeros(2, np.float32)}
+        sample = as_table(two_rows)
+        return sample.nbytes / sample.num_rows
+
+    width, group = _pagerank_block_pages(target, row_bytes)
+    block_tables = [
+        as_table(make_inputs("pagerank", 4 * width * width, seed=seed + 1 + b))
+        for b in range(blocks)
+    ]
+    assert all(t.num_rows == width for t in block_tables), (width, block_tables[0].num_rows)
+    order = [t.slice(start, group) for start in range(0, width, group) for t in block_tables]
+    return pa.concat_tables(order).combine_chunks()
+
+
 # ---- the two systems -------------------------------------------------------------------------
 
 
@@ -121,6 +173,10 @@ class HostBus:
     when the last byte is through (``drain``). The readers themselves do not wait: a reader that
     slept in the bus would stall its drive's stream behind it (its flow-control window is small),
     and the drives would then deliver less than the bus can carry.
+
+    A host profile (``quarry.local(host_profile=...)``) is the other way: its ingress link is a
+    bucket every device stream into the host passes, with real back-pressure on the drives.
+    ``bench/capacity_validation.py`` uses that, which also slows the streams themselves.
     """
 
     def __init__(self, bytes_per_s: float):
@@ -241,8 +297,9 @@ def _combine(kernel: str, digests: Mapping[int, Any]) -> Any:
     if kernel == "count":
         return sum(digests.values())
     if kernel == "pagerank":
-        (rank,) = digests.values()
-        return rank
+        # One graph per partition; the union's ranks are each graph's, shared by the graphs.
+        ranks = [rank for _, rank in sorted(digests.items())]
+        return ranks[0] if len(ranks) == 1 else np.concatenate(ranks) / len(ranks)
     return {
         "rows": sum(rows for rows, _ in digests.values()),
         "checksum": sum(checksum for _, checksum in digests.values()),
@@ -262,7 +319,12 @@ def run_host(
     """The SSD system: read every partition raw (devices in parallel), then compute on the host.
 
     The transfer ends when every partition is in contiguous numpy arrays on the host; the
-    computation runs per partition (the unit the devices use too) with ``threads`` threads.
+    computation runs per partition (the unit the devices use too) with ``threads`` threads. Both
+    run under the host's profile when one is set (``quarry.local(host_profile=...)``): the reads
+    pass its ingress link (``DeviceClient.batches``), and every piece of the computation holds
+    one of its cores, stretched by its compute factor (``host_emulator().run``), so a host
+    profile can emulate a host bus and a host CPU shared with other work. Without a host profile
+    the computation runs as it is.
     """
     check_kernel(kernel, threads)
     entry = cluster.entry(dataset)
@@ -302,7 +364,7 @@ def run_host(
     digests, compute_s = {}, 0.0
     for partition, arrays in inputs.items():
         compute_started = time.perf_counter()
-        result = KERNELS[kernel](arrays, threads, params or {})
+        result = KERNELS[kernel](arrays, threads, params or {}, host_emulator().run)
         compute_s += time.perf_counter() - compute_started
         digests[partition] = _digest(kernel, result)
     return KernelRun(
@@ -357,7 +419,7 @@ def run_devices(
     for name, (table, summary) in answers.items():
         assert table.schema.equals(output_schema(kernel, "digest")), table.schema
         summaries.append({"device": name, **{key: summary.get(key) for key in SUMMARY_KEYS}})
-        digests.update(_table_digests(kernel, table))
+        digests.update(_table_digests(kernel, table, serving[name]))
     slowest = max(summaries, key=lambda s: s["transfer_s"] + s["compute_s"])
     rows = sum(s["rows"] for s in summaries)
     assert rows == entry.rows, (
@@ -380,10 +442,12 @@ def run_devices(
     )
 
 
-def _table_digests(kernel: str, table: pa.Table) -> dict[int, Any]:
+def _table_digests(kernel: str, table: pa.Table, partitions: Sequence[int]) -> dict[int, Any]:
     if kernel == "pagerank":
+        # Its output has no partition column: a device answers for the one graph it holds.
+        assert len(partitions) == 1, f"pagerank: one partition per device, got {partitions}"
         order = np.argsort(table.column("page").to_numpy())
-        return {0: table.column("rank").to_numpy()[order]}
+        return {partitions[0]: table.column("rank").to_numpy()[order]}
     partitions = table.column("partition").to_pylist()
     if kernel == "count":
         return dict(zip(partitions, table.column("count").to_pylist(), strict=True))
@@ -532,7 +596,7 @@ def measure_kernel(
                 )
                 if on_run is not None:
                     on_run(runs[-1])
-        if host_runs[0].result != device_runs[0].result and kernel != "pagerank":
+        if kernel != "pagerank" and host_runs[0].result != device_runs[0].result:
             raise AssertionError(
                 f"{kernel}: the host computed {host_runs[0].result}, device "
                 f"{name} {device_runs[0].result}"

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from quarry.cost.eq1 import device_path_s, host_path_s
@@ -248,6 +248,29 @@ class HostConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def overloaded_host(
+    normal: CapacityInputs, overloaded: CapacityInputs, host: HostConfig
+) -> HostConfig:
+    """``host`` with the slow-down factors (Eq. 4) measured on it: the SSD system's times under
+    other work (``overloaded``) over its times without (``normal``), for the same working set.
+
+    This is §4.4's first step: characterize the host under overload, then put the factors into
+    Eq. 5 and Eq. 8 / 13. A factor measured below 1 (noise: the other work did not slow that
+    term) counts as 1, the floor Eq. 4 sets.
+    """
+    if normal.data_bytes != overloaded.data_bytes:
+        raise CapacityInputError(
+            "overloaded.data_bytes",
+            f"{overloaded.data_bytes} bytes against {normal.data_bytes} without overload",
+            "measure both conditions on the same working set",
+        )
+    return replace(
+        host,
+        sd_tx=max(1.0, overloaded.t_ssd_tx_s / normal.t_ssd_tx_s),
+        sd_comp=max(1.0, overloaded.t_ssd_comp_s / normal.t_ssd_comp_s),
+    )
 
 
 def k_limit_from_bus(bus_bandwidth_bytes_per_s: float, ssd_bandwidth_bytes_per_s: float) -> int:
