@@ -16,7 +16,7 @@ SLICE_OVERHEAD_BYTES = 1024  # a one-column IPC stream's schema and batch header
 
 
 @pytest.fixture(scope="module")
-def stored(cluster, particle_table):
+def stored(cluster):
     table = particles.table(ROWS, seed=5)
     cluster.ingest(table, "physics/cols_plain", partitions=3)
     cluster.ingest(table, "physics/cols_sorted", partitions=3, cluster_by="ke")
