@@ -4,12 +4,11 @@ index): a device takes off its store only the byte ranges of the columns a sub-p
 
 from __future__ import annotations
 
-import duckdb
 import pytest
 
 from quarry.errors import InvalidOption
 from quarry.samples import particles
-from tests.plan.harness import assert_same_rows
+from tests.plan.harness import assert_same_rows, duckdb_answer
 
 ROWS = 1_000_000  # four slices a partition on the host profile
 SLICE_OVERHEAD_BYTES = 1024  # a one-column IPC stream's schema and batch headers, generously
@@ -26,9 +25,7 @@ def stored(cluster):
 
 
 def _expected(table, sql):
-    connection = duckdb.connect()
-    connection.register("t", table)
-    return connection.execute(sql.format(t="t")).fetch_arrow_table()
+    return duckdb_answer(table, "t", sql.format(t="t"))
 
 
 @pytest.mark.parametrize("mode", ["always", "never"])

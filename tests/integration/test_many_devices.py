@@ -7,12 +7,11 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-import duckdb
 import pytest
 
 import quarry
 from quarry.samples import particles
-from tests.plan.harness import assert_same_rows
+from tests.plan.harness import assert_same_rows, duckdb_answer
 
 DEVICES = 16
 IDLE_RSS_MIB_MAX = 150
@@ -46,10 +45,7 @@ def test_kinetic_pipes_queries_match_duckdb_in_every_mode(kinetic_cluster, selec
     cluster, _, _ = kinetic_cluster
     x = particles.ke_threshold(0.01)
     sql = f"SELECT {select} FROM particles WHERE ke > {x}"
-    table = cluster.scan("physics/particles").read_all()
-    connection = duckdb.connect()
-    connection.register("particles", table)
-    expected = connection.execute(sql).fetch_arrow_table()
+    expected = duckdb_answer(cluster.scan("physics/particles").read_all(), "particles", sql)
     for mode in ("never", "always", "auto"):
         result = cluster.sql(sql, pushdown=mode).read_all()
         assert_same_rows(result, expected, ordered=False, context=mode)

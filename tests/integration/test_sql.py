@@ -12,7 +12,7 @@ import pytest
 import quarry
 from quarry.errors import DeviceUnavailable, QueryError
 from quarry.samples import particles
-from tests.plan.harness import assert_same_rows
+from tests.plan.harness import assert_same_rows, duckdb_answer
 
 TPCH_QUERIES = range(1, 23)
 
@@ -117,16 +117,12 @@ def test_pushdown_ships_fifty_times_fewer_bytes(particle_cluster, select):
 
 
 def test_answers_match_across_modes_and_duckdb(particle_cluster):
-    import duckdb
-
     sql = (
         "SELECT CAST(floor(x / 25) AS BIGINT) AS b, count(*) AS n, avg(ke) AS a, stddev(ke) AS s, "
         "min(y) AS lo, max(z) AS hi FROM particles WHERE ke > 1.5 GROUP BY 1 ORDER BY 1"
     )
     table = particle_cluster.scan("physics/particles").read_all()
-    connection = duckdb.connect()
-    connection.register("particles", table)
-    expected = connection.execute(sql).fetch_arrow_table()
+    expected = duckdb_answer(table, "particles", sql)
     for mode in ("never", "always", "auto"):
         result = particle_cluster.sql(sql, pushdown=mode).read_all()
         assert_same_rows(result, expected, ordered=True, context=mode)

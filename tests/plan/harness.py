@@ -146,6 +146,16 @@ def rows_of(table: pa.Table) -> list[tuple]:
     return [tuple(row.values()) for row in table.to_pylist()] if table.num_columns else []
 
 
+def duckdb_answer(table: pa.Table, name: str, sql: str) -> pa.Table:
+    """What DuckDB answers for ``sql`` with ``table`` registered as ``name``: the reference
+    every query path is checked against."""
+    import duckdb
+
+    connection = duckdb.connect()
+    connection.register(name, table)
+    return connection.execute(sql).fetch_arrow_table()
+
+
 def assert_same_rows(
     actual: pa.Table,
     expected: pa.Table,
