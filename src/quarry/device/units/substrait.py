@@ -9,6 +9,7 @@ the same way.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -83,6 +84,11 @@ class SubstraitUnit(Unit):
         return self.args.raw_schema
 
     def columns(self) -> list[str] | None:
+        return self._columns
+
+    @functools.cached_property
+    def _columns(self) -> list[str] | None:
+        """Worked out once per request: the loop asks for every chunk it reads."""
         try:
             return read_columns(self.stages, self.args.raw_schema)
         except StageError:  # not a plan this device decodes: running it says so, as it did
