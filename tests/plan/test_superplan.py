@@ -110,3 +110,21 @@ def test_anything_above_the_read_runs_on_the_host(small, sql: str) -> None:
     decomposition = decompose(sql, small.schemas)
     assert passthrough_fragment(decomposition) is None
     assert decomposition.to_json()["super_plan_passthrough"] is None
+
+
+@pytest.mark.parametrize("sql", QUERIES[:2])
+def test_a_slower_host_holds_on_after_every_batch_and_answers_the_same(small, sql: str) -> None:
+    """A host profile's compute factor reaches the super-plan: DataFusion runs on its cores and
+    every batch it yields is followed by the stretch of that batch's work."""
+    from quarry.plan.superplan import HostPace
+
+    decomposition = decompose(sql, small.schemas)
+    (fragment,) = decomposition.fragments
+    output = list(complete(fragment, small.table.to_batches(max_chunksize=100)))
+    stretched: list[float] = []
+    reader = run_super(decomposition, {fragment.name: output}, pace=HostPace(1, stretched.append))
+    batches = list(reader)
+    assert len(stretched) >= len([b for b in batches if b.num_rows]) >= 1
+    assert all(seconds >= 0 for seconds in stretched)
+    actual = pa.Table.from_batches(batches, schema=reader.schema)
+    assert_same_rows(actual, small.expected(sql), ordered="ORDER BY" in sql, float_absolute=1e-9)

@@ -160,8 +160,17 @@ def pagerank(
             f"pagerank: damping must be in (0, 1) and iterations in 1..{PAGERANK_ITERATIONS_MAX}, "
             f"got {damping}, {iterations}"
         )
-    ranges = _ranges(pages, threads)
     teleport = (1.0 - damping) / pages
+    if threads == 1:
+        # One hold of the core for all iterations, as a drive's core runs a loop it owns: the
+        # matrix stays warm from one iteration to the next, as on the host. Holding it per
+        # iteration would leave the core idle between them (the emulated drive's stretch) and
+        # every iteration would start cold: the drive would pay 1.5 to 2 times the host's cost
+        # per byte, more for large matrices than small, which no drive does.
+        return run(
+            lambda: _power_iterations(matrix, rank, damping, teleport, iterations, tolerance)
+        )
+    ranges = _ranges(pages, threads)
     for _ in range(iterations):
         following = np.empty_like(rank)
 
@@ -171,10 +180,26 @@ def pagerank(
         _map(step, ranges, threads, run)
         previous, rank = rank, following
         # Only a tolerance needs the change; without one, every iteration is one piece of work
-        # (on a drive, one hold of a core per iteration instead of two).
+        # per thread (on a drive, one hold of a core per iteration instead of two).
         if tolerance > 0 and run(lambda a=rank, b=previous: float(np.abs(a - b).sum())) < tolerance:
             break
     return rank
+
+
+def _power_iterations(
+    matrix: np.ndarray,
+    rank: np.ndarray,
+    damping: float,
+    teleport: float,
+    iterations: int,
+    tolerance: float,
+) -> np.ndarray:
+    """Page Rank's power iterations on one thread, stopping early once within ``tolerance``."""
+    for _ in range(iterations):
+        previous, rank = rank, damping * (matrix @ rank) + teleport
+        if tolerance > 0 and float(np.abs(rank - previous).sum()) < tolerance:
+            break
+    return rank.astype(matrix.dtype, copy=False)
 
 
 KERNELS: dict[str, Kernel] = {

@@ -17,9 +17,11 @@ from quarry.coordinator.figures import device_figures, sample_subplan
 from quarry.cost.model import HostFigures, choose, device_full_s_per_byte, host_share
 from quarry.device.unit import Unit, host_emulator
 from quarry.errors import DeviceUnavailable, QueryError
+from quarry.plan import engine
 from quarry.plan.capabilities import per_dataset
 from quarry.plan.decompose import Decomposition, Fragment, decompose
 from quarry.plan.errors import PlanError
+from quarry.plan.superplan import HostPace
 from quarry.protocol.stage import Stage
 from quarry.protocol.work import HostCost, WorkRequest
 
@@ -152,6 +154,15 @@ def host_figures() -> HostFigures:
         compute_factor=profile.compute_factor,
         link_bytes_per_s=profile.external_bytes_per_s,
     )
+
+
+def host_pace() -> HostPace:
+    """The super-plan's share of the host: DataFusion on the profile's cores (no more than this
+    machine has), each batch stretched by the profile's compute factor."""
+    emulator = host_emulator()
+    cores = min(emulator.cores or engine.cpu_count(), engine.cpu_count())
+    slower = emulator.profile.compute_factor != 1.0 or emulator.background_load() > 0
+    return HostPace(cores, emulator.stretch if slower else None)
 
 
 def _figures(cluster: Membership, fragment: Fragment, entry: DatasetEntry) -> Any:

@@ -89,7 +89,7 @@ class Query:
             self.started = time.perf_counter()
             cpu_started = cpu_seconds()
             outputs = {f.name: self._fragment_output(f) for f in self.decomposition.fragments}
-            result = run_super(self.decomposition, outputs)
+            result = run_super(self.decomposition, outputs, pace=planning.host_pace())
         except BaseException:
             slot.release()
             raise

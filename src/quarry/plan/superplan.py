@@ -11,8 +11,11 @@ small by themselves; a join's build side must fit the pool, else the query ends 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 
@@ -36,6 +39,34 @@ from quarry.protocol.stage import Stage
 # groups on one core each, many streams at once (measured on 20 M rows under never: 4 MiB groups
 # on one partition held +80 MiB, 16 MiB +260, 64 MiB on two partitions +410, none faster).
 COMPLETION_GROUP_BYTES_MAX = 4 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class HostPace:
+    """The host's CPU as the super-plan meets it: the cores DataFusion may use, and what an
+    emulated host does after each batch that took ``seconds`` of work (``stretch``: hold on as
+    long as its slower cores would; None on the machine as it is). The coordinator builds it
+    from the host profile; this module knows no profile."""
+
+    cores: int
+    stretch: Callable[[float], object] | None = None
+
+    def paced(self, batches: Iterable[Any]) -> Iterator[Any]:
+        """``batches`` as they come, each followed by the stretch of the time it took."""
+        iterator = iter(batches)
+        while True:
+            started = time.perf_counter()
+            try:
+                batch = next(iterator)
+            except StopIteration:
+                return
+            if self.stretch is not None:
+                self.stretch(time.perf_counter() - started)
+            yield batch
+
+
+def machine_pace() -> HostPace:
+    return HostPace(engine.cpu_count())
 
 
 def complete(
@@ -80,6 +111,7 @@ def run_super(
     memory_bytes_max: int | None = None,
     spool_memory_bytes_max: int | None = None,
     temp_directory: str | Path | None = None,
+    pace: HostPace | None = None,
 ) -> pa.RecordBatchReader:
     """Run the super-plan over each fragment's (completed) output; the result streams.
 
@@ -92,7 +124,11 @@ def run_super(
     spill pool of the rest of the budget and its batches stream out. The spool and whatever
     DataFusion spilled are removed when the reader is exhausted, fails, or is dropped (pyarrow's
     ``close`` keeps a reader's Python iterator alive until the reader itself goes).
+
+    DataFusion runs on ``pace``'s cores, each of its batches stretched as ``pace`` says (the
+    host profile's compute factor); by default on this machine's cores as they are.
     """
+    pace = pace or machine_pace()
     missing = [f.name for f in decomposition.fragments if f.name not in fragment_outputs]
     if missing:
         raise ValueError(f"no output given for fragment(s) {', '.join(missing)}")
@@ -105,25 +141,29 @@ def run_super(
     if rowwise is not None:  # filters and projections: group by group, as rows arrive
         batches = _conformed(fragment_outputs[rowwise.name], rowwise.output_schema)
         return pa.RecordBatchReader.from_batches(
-            schema, _run_rowwise(decomposition, rowwise, batches)
+            schema, _run_rowwise(decomposition, rowwise, batches, pace)
         )
     budget = MemoryBudget.of(memory_bytes_max, spool_memory_bytes_max)
     return pa.RecordBatchReader.from_batches(
-        schema, _run(decomposition, fragment_outputs, budget, temp_directory)
+        schema, _run(decomposition, fragment_outputs, budget, temp_directory, pace)
     )
 
 
 def _run_rowwise(
-    decomposition: Decomposition, fragment: Fragment, batches: Iterable[pa.RecordBatch]
+    decomposition: Decomposition,
+    fragment: Fragment,
+    batches: Iterable[pa.RecordBatch],
+    pace: HostPace,
 ) -> Iterator[pa.RecordBatch]:
     schema = decomposition.output_schema
     functions = tree.function_names(tree.parse_plan(decomposition.super_plan)).values()
-    partitions = engine.cpu_count()
+    partitions = pace.cores
     for group in groups(batches):
         ctx = engine.session(partitions)
         merge.register_merge_functions(ctx, functions)
         engine.register_batches(ctx, fragment.name, fragment.output_schema, group, partitions)
-        for batch in engine.consume(ctx, decomposition.super_plan).execute_stream():
+        stream = engine.consume(ctx, decomposition.super_plan).execute_stream()
+        for batch in pace.paced(stream):
             out = conform(batch.to_pyarrow(), schema)
             if out.num_rows:
                 yield out
@@ -134,9 +174,10 @@ def _run(
     fragment_outputs: Mapping[str, Iterable[pa.RecordBatch]],
     budget: MemoryBudget,
     temp_directory: str | Path | None,
+    pace: HostPace,
 ) -> Iterator[pa.RecordBatch]:
     schema = decomposition.output_schema
-    partitions = engine.cpu_count()
+    partitions = pace.cores
     with Spool(budget.spool_memory_bytes_max, temp_directory, partitions) as spool:
         spooled = spool.fill(
             {
@@ -158,7 +199,7 @@ def _run(
             )
         try:
             stream = engine.consume(ctx, decomposition.super_plan).execute_stream()
-            for batch in stream:
+            for batch in pace.paced(stream):
                 yield conform(batch.to_pyarrow(), schema)
         except Exception as error:  # DataFusion raises plain Exceptions
             consumer = engine.memory_exhausted(error)
