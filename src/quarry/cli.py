@@ -65,9 +65,20 @@ def up(
             "by every coordinator that opens this cluster"
         ),
     ] = None,
+    servers: Annotated[
+        int,
+        typer.Option(help="storage servers in front of the drives (0: the host sees drives)"),
+    ] = 0,
+    drives_per_server: Annotated[int, typer.Option(help="drives behind each server")] = 2,
+    server_profile: Annotated[str, typer.Option(help="the storage servers' profile")] = "host",
+    drive_profile: Annotated[
+        str | None,
+        typer.Option(help="the drives' profile behind servers (default: --profile)"),
+    ] = None,
 ) -> None:
     """Start an embedded cluster of device processes on localhost; every call carries a token
-    (the cluster's credentials are made in the data folder, owner-readable only)."""
+    (the cluster's credentials are made in the data folder, owner-readable only). With
+    --servers, a hierarchy: storage servers, each in front of drives of its own."""
     from quarry.coordinator.cluster import Cluster, write_cluster_file
     from quarry.coordinator.local import CLUSTER_FILE, start_local, stop_pid
 
@@ -89,10 +100,27 @@ def up(
         from quarry.device.profile import get_profile
 
         get_profile(host_profile, profiles)  # fail fast, before any process starts
-    started, _root, _ = start_local(
-        devices, chosen, data, detach=detach, profiles_file=profiles, tls=tls
-    )
-    processes = [d.pop("_process") for d in started]
+    below: list[Any] = []
+    if servers:
+        from quarry.coordinator.local import start_hierarchy
+
+        data.mkdir(parents=True, exist_ok=True)
+        kinds = drive_profile or profile
+        started, below = start_hierarchy(
+            servers,
+            drives_per_server,
+            server_profile,
+            kinds.split(",") if "," in kinds else kinds,
+            data.resolve(),
+            profiles,
+            tls,
+            detach,
+        )
+    else:
+        started, _root, _ = start_local(
+            devices, chosen, data, detach=detach, profiles_file=profiles, tls=tls
+        )
+    processes = [d.pop("_process") for d in started] + below
     host = {"profile": host_profile, "profiles_file": profiles} if host_profile else None
     write_cluster_file(file, started, host)
     cluster = Cluster(started, source=str(file))
@@ -129,9 +157,11 @@ def down(cluster: ClusterOption = None) -> None:
     file = cluster_file(cluster)
     devices = read_cluster_file(file)
     for device in devices:
-        if "pid" in device:
-            outcome = stop_device(device)
-            console.print(f"{device['name']} (pid {device['pid']}): {outcome}")
+        # a storage server first, then the drives behind it
+        for one in [device, *device.get("drives", ())]:
+            if "pid" in one:
+                outcome = stop_device(one)
+                console.print(f"{one['name']} (pid {one['pid']}): {outcome}")
     file.unlink(missing_ok=True)
 
 

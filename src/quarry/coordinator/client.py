@@ -116,7 +116,10 @@ class DeviceClient:
         return info
 
     def inventory(self) -> list[control.PartitionSummary]:
-        return self.ask(control.Inventory(), control.InventoryReply).partitions
+        return self.inventory_reply().partitions
+
+    def inventory_reply(self) -> control.InventoryReply:
+        return self.ask(control.Inventory(), control.InventoryReply)
 
     def describe(self, domain: str, dataset: str, partition: int) -> control.PartitionDescription:
         request = control.PartitionRef(domain, dataset, partition)

@@ -14,7 +14,7 @@ threads, tasks run on a fixed pool, and the merged output waits in a queue of at
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -56,7 +56,15 @@ class Task:
 class Dispatch:
     """Runs tasks; ``reports`` says afterwards what every device did, partition by partition."""
 
-    def __init__(self) -> None:
+    def __init__(
+        self, marks: bool = False, passes_on: Callable[[Task, PushedBack], bool] | None = None
+    ) -> None:
+        # ``marks``: also yield a ``ChunkDone`` after the output of every slice range known
+        # whole, as a device does (a storage server passes them on to its own upstream).
+        # ``passes_on``: a pushed-back range it says yes to is not fetched here but yielded, for
+        # the upstream to fetch and complete (a storage server that hands work further back).
+        self.marks = marks
+        self.passes_on = passes_on
         self.reports: dict[tuple[str, str, int], WorkReport] = {}
         self.requests = 0  # work exchanges opened
         self.bytes_sent = 0  # payload bytes sent to devices
@@ -208,6 +216,7 @@ class Dispatch:
         fetchers = ThreadPoolExecutor(FETCHERS_PER_EXCHANGE, thread_name_prefix="quarry-fetch")
         fetches: list[tuple[PushedBack, Future]] = []
         pending: list[pa.RecordBatch] = []  # output of work not yet marked whole
+        passed: list[PushedBack] = []  # handed on upstream: neither fetched nor done here
         done: WorkDone | None = None
         try:
             for item in task.client.work(task.request, payload):
@@ -217,7 +226,13 @@ class Dispatch:
                     yield from self._release(task, pending)
                     pending = []
                     progress.add(item.partition, item.first, item.end)
+                    if self.marks:
+                        yield item
                 elif isinstance(item, PushedBack):
+                    if self.passes_on is not None and self.passes_on(task, item):
+                        passed.append(item)
+                        yield item
+                        continue
                     future = fetchers.submit(self._fetch, task, item, payload)
                     fetches.append((item, future))
                 else:
@@ -241,14 +256,16 @@ class Dispatch:
         for partition in done.partitions:  # the device's own work is all in, but not what
             handed_back = {  # it handed back: that counts once fetched and completed
                 n
-                for notice, _ in fetches
+                for notice in [*(notice for notice, _ in fetches), *passed]
                 if notice.partition == partition.partition
                 for r in notice.ranges
                 for n in r.numbers()
             }
             total = partition.metrics.slices_total
-            own = (n for n in range(total) if n not in handed_back)
+            own = [n for n in range(total) if n not in handed_back]
             progress.done.setdefault(partition.partition, set()).update(own)
+            if self.marks:
+                yield from _marks(partition.partition, own)
         try:
             yield from self._fetched(fetches, progress, wait_for_all=False)
         except DeviceUnavailable as error:
@@ -277,6 +294,8 @@ class Dispatch:
             yield from batches
             for r in notice.ranges:
                 progress.add(notice.partition, r.first, r.end)
+                if self.marks:
+                    yield ChunkDone(notice.partition, r.first, r.end)
 
     def _fetch(self, task: Task, notice: PushedBack, payload: bytes) -> list[pa.RecordBatch]:
         """Fetch a pushed-back range and complete it on the host."""
@@ -302,3 +321,18 @@ class Dispatch:
                 yield batch
 
         return list(self._complete(task.host, notice.stage, arriving()))
+
+
+def _marks(partition: int, numbers: list[int]) -> Iterator[ChunkDone]:
+    """``ChunkDone`` for each run of consecutive slice numbers."""
+    first = previous = None
+    for number in numbers:
+        if first is None:
+            first = previous = number
+        elif number == previous + 1:
+            previous = number
+        else:
+            yield ChunkDone(partition, first, previous + 1)
+            first = previous = number
+    if first is not None:
+        yield ChunkDone(partition, first, previous + 1)

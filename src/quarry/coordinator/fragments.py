@@ -116,6 +116,12 @@ def _args(fragment: Fragment, stages: dict[Stage, bytes], output: pa.Schema) -> 
 
 def _forced(partition: int, decisions: list[dict[str, Any]] | None) -> tuple[ForcedDecision, ...]:
     return tuple(
-        ForcedDecision(partition, int(d["first"]), int(d["end"]), Stage(d["stage"]))
+        ForcedDecision(
+            partition,
+            int(d["first"]),
+            int(d["end"]),
+            Stage(d["stage"]),
+            to_host=bool(d.get("to_host", False)),
+        )
         for d in decisions or ()
     )

@@ -80,27 +80,10 @@ def start_device(
     tls: bool = False,
 ) -> dict[str, Any]:
     """Start one device process and wait until it listens; returns its cluster-file entry."""
-    data.mkdir(parents=True, exist_ok=True)
-    ready = data / "ready.json"
-    ready.unlink(missing_ok=True)
-    with open(data / "device.log", "ab") as log:
-        process = subprocess.Popen(
-            device_command(data, name, profile, port, ready, profiles_file, credentials, tls),
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=detach,
-        )
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while not ready.exists():
-        if process.poll() is not None:
-            tail = (data / "device.log").read_text(errors="replace")[-2000:]
-            raise ClusterError(f"device {name} exited with code {process.returncode}:\n{tail}")
-        if time.monotonic() > deadline:
-            process.kill()
-            raise ClusterError(f"device {name} did not start within {START_TIMEOUT_S:.0f} s")
-        time.sleep(0.05)
-    info = json.loads(ready.read_text())
+    command = device_command(
+        data, name, profile, port, data / "ready.json", profiles_file, credentials, tls
+    )
+    process, info = _spawn(command, data, f"device {name}", detach)
     spec = {
         "name": name,
         "address": info["address"],
@@ -117,6 +100,35 @@ def start_device(
         if tls:
             spec["ca_file"] = str(credentials.ca_file)
     return spec
+
+
+def _spawn(
+    command: list[str], data: Path, what: str, detach: bool = False
+) -> tuple[subprocess.Popen, dict[str, Any]]:
+    """Start a server process (a device or a storage server) logging under ``data``, and wait
+    until its ready file says where it listens."""
+    data.mkdir(parents=True, exist_ok=True)
+    ready = data / "ready.json"
+    ready.unlink(missing_ok=True)
+    log_file = data / ("device.log" if "quarry.device" in command else "server.log")
+    with open(log_file, "ab") as log:
+        process = subprocess.Popen(
+            command,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=detach,
+        )
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while not ready.exists():
+        if process.poll() is not None:
+            tail = log_file.read_text(errors="replace")[-2000:]
+            raise ClusterError(f"{what} exited with code {process.returncode}:\n{tail}")
+        if time.monotonic() > deadline:
+            process.kill()
+            raise ClusterError(f"{what} did not start within {START_TIMEOUT_S:.0f} s")
+        time.sleep(0.05)
+    return process, json.loads(ready.read_text())
 
 
 def _credentials_of(spec: dict[str, Any]) -> Credentials | None:
@@ -143,13 +155,15 @@ def restart_detached(spec: dict[str, Any]) -> dict[str, Any]:
 
 
 def is_device(pid: int, data: str | None = None) -> bool:
-    """Whether ``pid`` is a quarry device (of ``data``), not a process that took its number."""
+    """Whether ``pid`` is a quarry device or storage server (of ``data``), not a process that
+    took its number."""
     try:
         words = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
     except OSError:
         return False
     text = [w.decode(errors="replace") for w in words]
-    entry = "quarry.device" in text or ("quarry" in text and "device" in text)
+    entry = "quarry.device" in text or "quarry.server" in text
+    entry = entry or ("quarry" in text and "device" in text)
     is_quarry = entry and "serve" in text
     return is_quarry and (data is None or data in text)
 
@@ -197,8 +211,12 @@ class LocalCluster(Cluster):
         data: Path,
         owns_data: bool,
         profiles_file: str | None = None,
+        drives: list[subprocess.Popen] | None = None,
     ):
         self.processes = {d["name"]: d.pop("_process") for d in devices}
+        # drives behind storage servers: stopped with the cluster, killed by name in tests
+        names = [d["name"] for spec in devices for d in spec.get("drives", ())]
+        self.processes.update(zip(names, drives or [], strict=True))
         self.data = data
         self.owns_data = owns_data
         self.profiles_file = profiles_file
@@ -315,6 +333,101 @@ def start_local(
     return started, root, owns
 
 
+def start_server(
+    data: Path,
+    name: str,
+    profile: str,
+    drives: list[dict[str, Any]],
+    profiles_file: str | None = None,
+    credentials: Credentials | None = None,
+    tls: bool = False,
+    detach: bool = False,
+) -> dict[str, Any]:
+    """Start one storage server in front of ``drives`` (their cluster-file entries); returns
+    its own entry, which lists them under ``drives``."""
+    data.mkdir(parents=True, exist_ok=True)
+    listed = [{k: v for k, v in d.items() if not k.startswith("_")} for d in drives]
+    (data / "drives.json").write_text(json.dumps(listed, indent=1))
+    command = [sys.executable, "-m", "quarry.server", "serve", "--data", str(data)]
+    command += ["--drives", str(data / "drives.json"), "--profile", profile, "--name", name]
+    command += ["--ready-file", str(data / "ready.json")]
+    if profiles_file is not None:
+        command += ["--profiles", profiles_file]
+    command += ["--credentials", str(credentials.folder)] if credentials else ["--insecure"]
+    if tls:
+        command += ["--tls"]
+    process, info = _spawn(command, data, f"storage server {name}", detach)
+    spec = {
+        "name": name,
+        "address": info["address"],
+        "pid": process.pid,
+        "data": str(data),
+        "profile": profile,
+        "drives": listed,
+        "_process": process,
+    }
+    if credentials is not None:
+        spec["credentials"] = str(credentials.folder)
+        spec["token_file"] = str(credentials.admin_token_file)
+        if tls:
+            spec["ca_file"] = str(credentials.ca_file)
+    return spec
+
+
+def start_hierarchy(
+    servers: int,
+    drives_per_server: int,
+    server_profile: str,
+    drive_profile: str | list[str],
+    data: Path,
+    profiles_file: str | None = None,
+    tls: bool = False,
+    detach: bool = False,
+) -> tuple[list[dict[str, Any]], list[subprocess.Popen]]:
+    """``servers`` storage servers, each in front of ``drives_per_server`` drives of its own
+    (named ``s<i>d<k>``; ``drive_profile`` one for all, or one per drive in server order).
+    Returns the servers' entries (the host's devices) and the drives' processes."""
+    if not 1 <= servers * drives_per_server <= DEVICES_MAX or servers < 1:
+        raise ClusterError(
+            f"servers x drives per server must be 1 to {DEVICES_MAX}, got {servers} x "
+            f"{drives_per_server}"
+        )
+    total = servers * drives_per_server
+    profiles = [drive_profile] * total if isinstance(drive_profile, str) else list(drive_profile)
+    if len(profiles) != total:
+        raise ClusterError(f"{len(profiles)} drive profiles given for {total} drives")
+    credentials = create_credentials(data)
+    names = [f"s{i}d{k}" for i in range(servers) for k in range(drives_per_server)]
+    drives: list[dict[str, Any]] = []
+    started: list[dict[str, Any]] = []
+    try:
+        with ThreadPoolExecutor(min(total, STARTS_AT_ONCE), "quarry-start") as pool:
+            futures = [
+                pool.submit(start_device, data / n, n, p, 0, False, profiles_file, credentials, tls)
+                for n, p in zip(names, profiles, strict=True)
+            ]
+            drives = [future.result() for future in futures]
+        for i in range(servers):
+            own = drives[i * drives_per_server : (i + 1) * drives_per_server]
+            started.append(
+                start_server(
+                    data / f"s{i}",
+                    f"s{i}",
+                    server_profile,
+                    own,
+                    profiles_file,
+                    credentials,
+                    tls,
+                    detach,
+                )
+            )
+    except BaseException:
+        for spec in [*drives, *started]:
+            spec["_process"].kill()
+        raise
+    return started, [d["_process"] for d in drives]
+
+
 @contextmanager
 def local(
     devices: int = 3,
@@ -323,6 +436,10 @@ def local(
     profiles_file: str | None = None,
     tls: bool = False,
     host_profile: str | None = None,
+    servers: int = 0,
+    drives_per_server: int = 0,
+    server_profile: str = "host",
+    drive_profile: str | list[str] | None = None,
 ) -> Iterator[LocalCluster]:
     """Start ``devices`` device processes on localhost; stop them (and clean up) on exit.
 
@@ -330,10 +447,36 @@ def local(
     Calls carry the cluster's admin token; ``tls`` also encrypts them. ``host_profile``: limits
     for this process while the cluster is open: its ingress link (every device stream into it
     shares one bucket), its cores and compute factor (completions run under them).
+
+    ``servers`` > 0 starts a hierarchy instead: that many storage servers (``server_profile``),
+    each in front of ``drives_per_server`` drives of its own (``drive_profile``, else
+    ``profile``); the host sees the servers as its devices.
     """
     host = get_profile(host_profile, profiles_file) if host_profile is not None else None
-    started, root, owns = start_local(devices, profile, data, profiles_file=profiles_file, tls=tls)
-    cluster = LocalCluster(started, root, owns, profiles_file)
+    if servers:
+        owns = data is None
+        root = Path(tempfile.mkdtemp(prefix="quarry-")) if owns else Path(data).resolve()
+        root.mkdir(parents=True, exist_ok=True)
+        try:
+            started, drives = start_hierarchy(
+                servers,
+                drives_per_server,
+                server_profile,
+                drive_profile or profile,
+                root,
+                profiles_file,
+                tls,
+            )
+        except BaseException:
+            if owns:
+                shutil.rmtree(root, ignore_errors=True)
+            raise
+        cluster = LocalCluster(started, root, owns, profiles_file, drives)
+    else:
+        started, root, owns = start_local(
+            devices, profile, data, profiles_file=profiles_file, tls=tls
+        )
+        cluster = LocalCluster(started, root, owns, profiles_file)
     set_host_profile(host)
     try:
         yield cluster

@@ -78,13 +78,17 @@ class Membership:
         """Rebuild the catalog from the devices' own metadata (no central metadata server)."""
         inventories = {}
         self.down = {}
-        for name, result in self.each(lambda c: (c.hello(), c.inventory())).items():
+        partial = set()  # storage servers with drives down: what they miss is lost, for now
+        for name, result in self.each(lambda c: (c.hello(), c.inventory_reply())).items():
             if isinstance(result, Exception):
                 self.down[name] = str(result)
                 continue
-            self.info[name], inventories[name] = result
+            self.info[name], reply = result
+            inventories[name] = reply.partitions
+            if reply.drives_down:
+                partial.add(name)
         self.catalog = catalog_module.build(
-            inventories, frozenset(self.down), frozenset(self.devices)
+            inventories, frozenset(self.down) | frozenset(partial), frozenset(self.devices)
         )
 
     def live_devices(self) -> list[DeviceClient]:

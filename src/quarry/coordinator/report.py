@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from quarry.protocol.stage import Skip, Stage
-from quarry.protocol.work import Decision, PartitionReport, TraceEntry, WorkMetrics
+from quarry.protocol.work import Decision, LevelReport, PartitionReport, TraceEntry, WorkMetrics
 
 # the counters of a partition's report, summed per device in EXPLAIN ANALYZE
 COUNTERS = (
@@ -59,11 +59,14 @@ class WorkReport:
     trace: list[TraceEntry] | None = None
     # this device stopped answering and the rest of the partition went to a replica
     failovers: list[dict[str, Any]] = field(default_factory=list)
+    # when the device is a storage server: what the drive below it did (one level down)
+    below: list[LevelReport] = field(default_factory=list)
 
     def add_device(self, report: PartitionReport, trace: list[TraceEntry] | None) -> None:
         """The device's own account of the partition (its ``WorkDone``)."""
         m: WorkMetrics = report.metrics
         self.decisions = list(report.decisions)
+        self.below.extend(report.below)
         self.slices_total = m.slices_total
         for name in (
             "slices_pruned",
@@ -104,6 +107,9 @@ class WorkReport:
         body = {f.name: getattr(self, f.name) for f in fields(self)}
         body["fragment"] = body.pop("label")
         body["decisions"] = [d.to_json() for d in self.decisions]
+        body["below"] = [level.to_json() for level in self.below]
+        if not self.below:
+            del body["below"]
         if self.trace is None:
             del body["trace"]
         else:

@@ -441,26 +441,32 @@ def serve_with(
     clusters start, which imports no coordinator)."""
     import logging
 
-    from quarry.auth.credentials import Credentials, read_private
     from quarry.device.profile import get_profile
+
+    security = security_of(credentials, tls, insecure)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    serve(data, get_profile(profile, profiles), host, port, name, ready_file, security)
+
+
+def security_of(credentials: str | Path | None, tls: bool, insecure: bool) -> Security:
+    """What a server (device or storage server) checks callers with, from its options."""
+    from quarry.auth.credentials import Credentials, read_private
 
     if credentials is None and not insecure:
         raise ClusterError(
             "a device checks every call's token: give --credentials FOLDER (made by quarry up), "
             "or --insecure for a loopback experiment"
         )
-    security = Security()
-    if credentials is not None:
-        found = Credentials(Path(credentials))
-        security = Security(
-            secret=found.secret(),
-            tls=(read_private(found.cert_file), read_private(found.key_file)) if tls else None,
-            ca=read_private(found.ca_file) if tls else None,
-        )
-    elif tls:
-        raise ClusterError("--tls needs --credentials FOLDER (its certificate and key)")
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    serve(data, get_profile(profile, profiles), host, port, name, ready_file, security)
+    if credentials is None:
+        if tls:
+            raise ClusterError("--tls needs --credentials FOLDER (its certificate and key)")
+        return Security()
+    found = Credentials(Path(credentials))
+    return Security(
+        secret=found.secret(),
+        tls=(read_private(found.cert_file), read_private(found.key_file)) if tls else None,
+        ca=read_private(found.ca_file) if tls else None,
+    )
 
 
 def serve(

@@ -118,6 +118,9 @@ class PartitionSummary(Message):
 @dataclass(frozen=True)
 class InventoryReply(Message):
     partitions: list[PartitionSummary] = bounded(items_max=DEVICE_PARTITIONS_MAX)
+    # a storage server whose drives these are not answering: what they hold is missing from
+    # ``partitions``, lost for now rather than never written
+    drives_down: tuple[str, ...] = bounded(items_max=4096, default=())
 
 
 @dataclass(frozen=True)

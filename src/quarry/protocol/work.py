@@ -69,6 +69,9 @@ class ForcedDecision(Message):
     first: int = bounded(low=0, high=SLICE_MAX)
     end: int = bounded(low=0, high=SLICE_MAX)
     stage: Stage = Stage.RAW
+    # behind a storage server: the range goes on to the host rather than being completed by the
+    # server (a forced push-back at the server's level as well as the drive's)
+    to_host: bool = False
 
 
 @dataclass(frozen=True)
@@ -207,10 +210,24 @@ class WorkMetrics(Message):
 
 
 @dataclass(frozen=True)
+class LevelReport(Message):
+    """What a device below a storage server did for one partition (one level down)."""
+
+    device: str = bounded(chars_max=NAME_CHARS_MAX)
+    decisions: tuple[Decision, ...] = bounded(items_max=DECISIONS_MAX)
+    metrics: WorkMetrics
+    fallback: str | None = bounded(chars_max=REASON_CHARS_MAX, default=None)
+
+
+@dataclass(frozen=True)
 class PartitionReport(Message):
+    """One partition's account: the decisions and metrics of the device that answered, and,
+    when it is a storage server, those of the drive below it (``below``)."""
+
     partition: int = bounded(low=0, high=PARTITION_MAX)
     decisions: tuple[Decision, ...] = bounded(items_max=DECISIONS_MAX)
     metrics: WorkMetrics
+    below: tuple[LevelReport, ...] = bounded(items_max=64, default=())
 
 
 @dataclass(frozen=True)

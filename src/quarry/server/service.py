@@ -1,0 +1,362 @@
+"""The storage server: one process in front of its drives (DESIGN §1, POLARDB §2, Skytether §4).
+
+To its upstream (the host, or another server) it is a device: it answers the device protocol
+(``docs/protocol.md``) over the union of its drives' partitions. To its drives it is a
+coordinator: it holds their clients, sends each the share of a work request for the partitions
+it holds (``quarry.server.work``), and completes what they hand back with its own CPU, under
+its profile (this process's host profile: its cores, compute factor, and ingress from the
+drives). Ingest passes through it: each partition it is sent lands on one of its drives (its
+drives in turn, per ingest, so a dataset spreads over all of them), and commit, abort,
+renew and drop go to all of them. A server keeps no data of its own: like a device it can be
+asked for everything it serves, because its drives can.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+from pyarrow import flight
+
+from quarry import auth
+from quarry.auth.middleware import needed
+from quarry.coordinator.client import DeviceClient, _finish_put
+from quarry.coordinator.membership import Membership
+from quarry.device import admission, calibration
+from quarry.device import identity as identity_file
+from quarry.device.admission import Admission
+from quarry.device.emulation import Emulator
+from quarry.device.profile import Profile
+from quarry.device.server import Security, _flight_errors, _typed_errors
+from quarry.device.unit import lookup, set_host_profile
+from quarry.errors import DeviceUnavailable, ProtocolError, QueryError
+from quarry.protocol import control, frame, ingest, work
+from quarry.protocol.frame import Exchange, Get, Put
+from quarry.protocol.message import Message
+from quarry.server import work as server_work
+
+log = logging.getLogger("quarry.server")
+INGESTS_REMEMBERED_MAX = 1024  # ingests whose next drive a server remembers
+
+
+class StorageServer(flight.FlightServerBase):
+    def __init__(
+        self,
+        data: Path,
+        profile: Profile,
+        location: str,
+        drives: list[dict[str, Any]],
+        name: str | None = None,
+        security: Security = Security(),
+    ):
+        middleware = {auth.NAME: auth.TokenCheck(security.secret)} if security.secret else None
+        tls = [security.tls] if security.tls else None
+        super().__init__(location, middleware=middleware, tls_certificates=tls)
+        self.data = Path(data)
+        self.data.mkdir(parents=True, exist_ok=True)
+        self.profile = profile
+        self.identity = identity_file.load_or_create(self.data, name, profile.name)
+        self.name = self.identity["name"]
+        self.drives = Membership(drives)
+        self.emulator = Emulator(profile)  # its own link to the host
+        set_host_profile(profile)  # completions in its slots; drives' streams through its ingress
+        self.admission = Admission(
+            self.name, admission.exchanges_for(profile.cores), admission.queued_bytes_default()
+        )
+        self.started_at = time.time()
+        self._holders: dict[tuple[str, str, int], str] = {}
+        self._turns: dict[str, int] = {}  # per ingest, the partitions placed so far
+        self._lock = threading.Lock()
+
+    # ---- where a partition is -------------------------------------------------------------
+
+    def ordered_drives(self) -> list[DeviceClient]:
+        return [self.drives.devices[name] for name in sorted(self.drives.devices)]
+
+    def holder(self, domain: str, dataset: str, partition: int) -> DeviceClient:
+        """The drive that holds a committed partition (asked of the drives when not known)."""
+        key = (domain, dataset, partition)
+        with self._lock:
+            name = self._holders.get(key)
+        if name is None:
+            self._learn()
+            with self._lock:
+                name = self._holders.get(key)
+        if name is None:
+            raise QueryError(
+                f"storage server {self.name} has no drive holding partition {partition} of "
+                f"{domain}/{dataset}"
+            )
+        return self.drives.devices[name]
+
+    def _learn(self) -> tuple[list[control.PartitionSummary], list[str]]:
+        """Every live drive's partitions, and the drives that do not answer; remembers which
+        drive holds which partition."""
+        found: list[control.PartitionSummary] = []
+        down: list[str] = []
+        holders: dict[tuple[str, str, int], str] = {}
+        for drive in self.ordered_drives():
+            try:
+                summaries = drive.inventory()
+            except DeviceUnavailable as error:  # its partitions are served by replicas
+                log.warning("storage server %s: %s", self.name, error)
+                down.append(drive.name)
+                continue
+            for summary in summaries:
+                holders[(summary.domain, summary.dataset, summary.partition)] = drive.name
+                found.append(summary)
+        with self._lock:
+            self._holders = holders
+        return found, down
+
+    def _placed(self, request: ingest.PutPartition) -> DeviceClient:
+        """Where a new partition goes: the drives of this server in turn, per ingest, so each
+        ingest spreads over all of them whatever partition numbers the host deals this server."""
+        drives = self.ordered_drives()
+        with self._lock:
+            turn = self._turns.get(request.ingest.id, 0)
+            self._turns[request.ingest.id] = turn + 1
+            while len(self._turns) > INGESTS_REMEMBERED_MAX:
+                self._turns.pop(next(iter(self._turns)))
+        return drives[turn % len(drives)]
+
+    def _all(self, call: Callable[[DeviceClient], Any]) -> list[Any]:
+        return [call(drive) for drive in self.ordered_drives()]
+
+    # ---- actions ----------------------------------------------------------------------------
+
+    @_flight_errors
+    def do_action(
+        self, context: flight.ServerCallContext, action: flight.Action
+    ) -> Iterator[bytes]:
+        kind, header, payload = frame.decode(action.body.to_pybytes())
+        if kind != action.type:
+            raise ProtocolError(f"action type {action.type!r} does not match its body ({kind!r})")
+        auth.authorize(context, kind, needed(kind, header))
+        handlers = self._actions()
+        if kind not in handlers:
+            raise ProtocolError(f"unknown action {kind!r}; this server knows {sorted(handlers)}")
+        request_class, handler = handlers[kind]
+        reply = handler(request_class.from_json(header), payload)
+        return iter([reply if isinstance(reply, bytes) else reply.to_bytes()])
+
+    def list_actions(self, context: flight.ServerCallContext) -> list[tuple[str, str]]:
+        return [(str(a), "") for a in frame.Action]
+
+    def _actions(self) -> dict[str, tuple[type[Message], Callable[[Any, bytes], Any]]]:
+        first = self.ordered_drives()[0]  # the server's own keys live on its first drive
+        return {
+            control.Hello.KIND: (control.Hello, self._hello),
+            control.Inventory.KIND: (control.Inventory, self._inventory),
+            control.PartitionRef.KIND: (control.PartitionRef, self._describe),
+            ingest.Commit.KIND: (
+                ingest.Commit,
+                lambda r, p: ingest.Committed(
+                    sorted(n for got in self._all(lambda d: d.commit(r.ingest_id)) for n in got)
+                ),
+            ),
+            ingest.Abort.KIND: (
+                ingest.Abort,
+                lambda r, p: control.Deleted(sum(self._all(lambda d: d.abort(r.ingest_id)))),
+            ),
+            ingest.Renew.KIND: (ingest.Renew, self._renew),
+            ingest.OutcomeRequest.KIND: (ingest.OutcomeRequest, self._outcome),
+            ingest.Drop.KIND: (
+                ingest.Drop,
+                lambda r, p: control.Deleted(sum(self._all(lambda d: d.drop(r.domain, r.dataset)))),
+            ),
+            control.Stats.KIND: (control.Stats, self._stats),
+            control.Load.KIND: (control.Load, self._load),
+            control.LoadStatusRequest.KIND: (
+                control.LoadStatusRequest,
+                lambda r, p: control.LoadStatus(**self.emulator.load()),
+            ),
+            control.Calibrate.KIND: (control.Calibrate, self._calibrate),
+            control.KvGet.KIND: (control.KvGet, lambda r, p: first.action(r)),
+            control.KvPut.KIND: (control.KvPut, lambda r, p: first.action(r, p)),
+            control.KvDelete.KIND: (control.KvDelete, lambda r, p: first.action(r)),
+            control.KvList.KIND: (control.KvList, lambda r, p: first.action(r)),
+        }
+
+    def _hello(self, request: control.Hello, payload: bytes) -> control.HelloReply:
+        return control.HelloReply(
+            protocol=frame.PROTOCOL_VERSION,
+            id=self.identity["id"],
+            name=self.name,
+            profile=control.ProfileInfo.from_json(self.profile.to_json()),
+            pid=os.getpid(),
+            data=str(self.data),
+            started_at=self.started_at,
+        )
+
+    def _inventory(self, request: control.Inventory, payload: bytes) -> control.InventoryReply:
+        """The union of the drives' partitions, each as this server's to its upstream."""
+        found, down = self._learn()
+        return control.InventoryReply([replace(s, device=self.name) for s in found], tuple(down))
+
+    def _describe(
+        self, request: control.PartitionRef, payload: bytes
+    ) -> control.PartitionDescription:
+        drive = self.holder(request.domain, request.dataset, request.partition)
+        return drive.describe(request.domain, request.dataset, request.partition)
+
+    def _renew(self, request: ingest.Renew, payload: bytes) -> ingest.Renewed:
+        renewed = self._all(lambda d: d.ask(request, ingest.Renewed).partitions)
+        return ingest.Renewed(sorted(n for got in renewed for n in got))
+
+    def _outcome(self, request: ingest.OutcomeRequest, payload: bytes) -> ingest.OutcomeReply:
+        """A drive that recorded the ingest's outcome decides; otherwise it is pending while any
+        drive still holds it pending, and aborted once none does."""
+        outcomes = self._all(lambda d: d.ask(request, ingest.OutcomeReply).outcome)
+        for outcome in (ingest.Outcome.COMMIT, ingest.Outcome.PENDING):
+            if outcome in outcomes:
+                return ingest.OutcomeReply(outcome)
+        return ingest.OutcomeReply(ingest.Outcome.ABORT)
+
+    def _stats(self, request: control.Stats, payload: bytes) -> control.StatsReply:
+        stats = self._all(lambda d: d.stats())
+        admitted = self.admission.status()
+        return control.StatsReply(
+            keys=sum(s.keys for s in stats),
+            file_bytes=sum(s.file_bytes for s in stats),
+            partitions=sum(s.partitions for s in stats),
+            pending_partitions=sum(s.pending_partitions for s in stats),
+            running=admitted["running"] + admitted["running_small"],
+            exchanges_max=admitted["exchanges_max"],
+            admitted=admitted["admitted"],
+            refused=admitted["refused"],
+        )
+
+    def _load(self, request: control.Load, payload: bytes) -> control.LoadStarted:
+        started = self.emulator.start_load(request.cpu, request.seconds)
+        return control.LoadStarted(started["cpu"], started["seconds"], self.name)
+
+    def _calibrate(self, request: control.Calibrate, payload: bytes) -> control.CalibrateReply:
+        """The kernel on the server's own CPU; reads are its first drive's."""
+        if request.part is control.CalibratePart.KERNEL:
+            return control.CalibrateReply(
+                kernel_s=calibration.time_kernel(self.emulator, request.repeat)
+            )
+        return self.ordered_drives()[0].ask(request, control.CalibrateReply)
+
+    # ---- streams ------------------------------------------------------------------------------
+
+    @_flight_errors
+    def do_put(
+        self,
+        context: flight.ServerCallContext,
+        descriptor: flight.FlightDescriptor,
+        reader: flight.MetadataRecordBatchReader,
+        writer: flight.FlightMetadataWriter,
+    ) -> None:
+        """A partition (or a slice update) passed on to the drive it belongs on, as it streams."""
+        kind, header, _ = frame.decode(descriptor.command)
+        auth.authorize(context, kind)
+        request: ingest.PutPartition | ingest.UpdateSlice
+        if kind == Put.PARTITION:
+            request = ingest.PutPartition.from_json(header)
+            drive = self._placed(request)
+        elif kind == Put.UPDATE_SLICE:
+            request = ingest.UpdateSlice.from_json(header)
+            drive = self.holder(request.domain, request.dataset, request.partition)
+        else:
+            raise ProtocolError(f"unknown put {kind!r}")
+        out, acks = drive.open_put(request, reader.schema)
+        batches = (chunk.data for chunk in reader if chunk.data is not None)
+        ack = drive.guard(lambda: _finish_put(out, acks, batches))
+        writer.write(pa.py_buffer(ack))
+
+    @_flight_errors
+    def do_get(
+        self, context: flight.ServerCallContext, ticket: flight.Ticket
+    ) -> flight.FlightDataStream:
+        """Raw slices and pushed-back ranges from the drive that holds them, through this
+        server's link to its upstream."""
+        kind, header, payload = frame.decode(ticket.ticket)
+        auth.authorize(context, kind)
+        if kind == Get.CALIBRATION:
+            request = work.CalibrationTransfer.from_json(header)
+            schema, batches = calibration.calibration_stream(self.emulator, request.bytes)
+            return flight.GeneratorStream(schema, _typed_errors(batches))
+        if kind == Get.SLICES:
+            fetch = work.SliceRequest.from_json(header)
+            drive = self.holder(fetch.domain, fetch.dataset, fetch.partition)
+            reader = drive.get(fetch, payload)
+        elif kind == Get.SCAN:
+            scan = work.ScanRequest.from_json(header)
+            drive = self.holder(scan.domain, scan.dataset, scan.partition)
+            reader = drive.get(scan)
+        else:
+            raise ProtocolError(f"unknown ticket {kind!r}")
+        schema = drive.guard(lambda: reader.schema)
+        return flight.GeneratorStream(schema, _typed_errors(self._shipped(drive, reader)))
+
+    def _shipped(
+        self, drive: DeviceClient, reader: flight.FlightStreamReader
+    ) -> Iterator[pa.RecordBatch]:
+        for batch in drive.batches(reader):
+            self.emulator.ship(pa.ipc.get_record_batch_size(batch))
+            yield batch
+
+    @_flight_errors
+    def do_exchange(
+        self,
+        context: flight.ServerCallContext,
+        descriptor: flight.FlightDescriptor,
+        reader: flight.MetadataRecordBatchReader,
+        writer: flight.MetadataRecordBatchWriter,
+    ) -> None:
+        kind, header, payload = frame.decode(descriptor.command)
+        if kind != Exchange.WORK:
+            raise ProtocolError(f"unknown exchange {kind!r}")
+        request = work.WorkRequest.from_json(header)
+        auth.authorize(context, f"run {request.unit}", lookup(request.unit).ROLE)
+        server_work.run_work(self, request, payload, writer)
+
+
+def serve(
+    data: str | Path,
+    profile: Profile,
+    drives: list[dict[str, Any]],
+    host: str = "127.0.0.1",
+    port: int = 0,
+    name: str | None = None,
+    ready_file: str | Path | None = None,
+    security: Security = Security(),
+) -> None:
+    """Run a storage server until it is stopped; the ready file says where it listens."""
+    from quarry.device.server import LOOPBACK
+    from quarry.errors import ClusterError
+
+    if host not in LOOPBACK and security.tls is None:
+        raise ClusterError(f"a storage server listening on {host} must use TLS")
+    scheme = security.scheme
+    server = StorageServer(Path(data), profile, f"{scheme}://{host}:{port}", drives, name, security)
+    if ready_file is not None:
+        import json
+
+        ready = Path(ready_file)
+        tmp = ready.with_suffix(".tmp")
+        address = f"{scheme}://{host}:{server.port}"
+        tmp.write_text(
+            json.dumps(
+                {"port": server.port, "pid": os.getpid(), "name": server.name, "address": address}
+            )
+        )
+        tmp.replace(ready)
+    log.info(
+        "storage server %s (%s) over %d drives on %s:%d",
+        server.name,
+        profile.name,
+        len(drives),
+        host,
+        server.port,
+    )
+    server.serve()

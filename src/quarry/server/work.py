@@ -1,0 +1,255 @@
+"""A storage server's side of a work exchange: a coordinator to its drives (DESIGN §1).
+
+The host sends a server the same ``WorkRequest`` it would send a drive. The server sends each
+partition's share to the drive that holds it, completes what the drive hands back with its own
+CPU (the same unit, in the server's slots under its profile: ``host_context`` in this process),
+and streams the result upward as if it had run the whole unit itself: batches, a ``ChunkDone``
+after the output of every slice range known whole (so the host resumes a lost server exactly
+where it stopped), and one ``WorkDone`` whose partition reports carry the drive's own report one
+level down (``PartitionReport.below``).
+
+The host's decisions pass through: its forced decisions and its cost figures reach the drive,
+which decides against them; what the drive declines, the server completes (POLARDB's
+"CSD-based" pushdown: drives scan, the storage node checks the full condition, §3.1).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Protocol
+
+import pyarrow as pa
+
+from quarry.coordinator.dispatch import Dispatch, Task
+from quarry.coordinator.report import WorkReport
+from quarry.coordinator.streams import merge
+from quarry.device.loop import cpu_seconds
+from quarry.device.unit import host_context, lookup
+from quarry.errors import DeviceUnavailable
+from quarry.protocol.stage import Stage
+from quarry.protocol.work import (
+    ChunkDone,
+    Decision,
+    LevelReport,
+    PartitionReport,
+    PushedBack,
+    WorkDone,
+    WorkMetrics,
+    WorkRequest,
+)
+
+if TYPE_CHECKING:
+    from pyarrow import flight
+
+    from quarry.coordinator.client import DeviceClient
+    from quarry.coordinator.membership import Membership
+    from quarry.device.admission import Admission
+    from quarry.device.emulation import Emulator
+
+
+class StorageServer(Protocol):
+    """What the work needs of the server it runs in (``quarry.server.service``)."""
+
+    name: str
+    drives: Membership
+    emulator: Emulator
+    admission: Admission
+
+    def holder(self, domain: str, dataset: str, partition: int) -> DeviceClient: ...
+
+
+QUEUE_GROUPS_MAX = 16  # completed groups waiting for the upstream writer
+
+
+SERVER_BUSY = 0.9  # under auto, a server this busy hands its drives' push-backs on upstream
+
+
+@dataclass
+class Group:
+    """Output of one task known whole: its batches, then the ranges they complete; or a range
+    handed on upstream (``notices``)."""
+
+    batches: list[pa.RecordBatch] = field(default_factory=list)
+    marks: list[ChunkDone] = field(default_factory=list)
+    notices: list[PushedBack] = field(default_factory=list)
+
+
+@dataclass
+class Shipped:
+    """What went upstream for one partition."""
+
+    rows: int = 0
+    bytes: int = 0
+    passed: list[PushedBack] = field(default_factory=list)
+
+
+def run_work(
+    server: StorageServer,
+    request: WorkRequest,
+    payload: bytes,
+    writer: flight.MetadataRecordBatchWriter,
+) -> None:
+    """Run ``request`` over the server's drives; stream its output, marks and ``WorkDone``."""
+    started, cpu_started = time.perf_counter(), cpu_seconds()
+    unit_class = lookup(request.unit)
+    schema = unit_class(request, payload, host_context()).output_schema
+    dispatch = Dispatch(marks=True, passes_on=passes_on(server, request))
+    shipped = {p: Shipped() for p in request.partitions}
+    tasks = [_task(server, request, payload, p, unit_class) for p in request.partitions]
+    with server.admission.exchange(small=False):
+        writer.begin(schema)
+        groups = merge(
+            [(lambda task=task: _groups(task, dispatch.stream(task))) for task in tasks],
+            workers=max(1, min(len(tasks), 2 * len(server.drives.devices))),
+            queue_items_max=QUEUE_GROUPS_MAX,
+            name="quarry-server-work",
+        )
+        try:
+            for group, partition in groups:
+                _write(server, writer, group, shipped[partition])
+        except DeviceUnavailable as error:  # a drive stopped: this server lost the work
+            raise DeviceUnavailable(f"storage server {server.name}: {error}") from None
+    reports = tuple(
+        _partition_report(server.name, dispatch, task, shipped[task.request.partitions[0]])
+        for task in tasks
+    )
+    done = WorkDone(
+        partitions=reports,
+        summary={"server": server.name, "drives": sorted({t.client.name for t in tasks})},
+        trace=None,
+        payload_needed=False,
+        wall_s=time.perf_counter() - started,
+        device_cpu_s=max(0.0, cpu_seconds() - cpu_started),
+    )
+    writer.write_metadata(pa.py_buffer(done.encode()))
+
+
+def passes_on(server: StorageServer, request: WorkRequest) -> Callable[[Task, PushedBack], bool]:
+    """Whether a range a drive handed back goes on to the host rather than being completed
+    here: the host forced it there (``ForcedDecision.to_host``), or, under auto (the host sent
+    its costs), this server is itself too busy (its CPU at least ``SERVER_BUSY``)."""
+    upward = {(f.partition, n) for f in request.forced if f.to_host for n in range(f.first, f.end)}
+
+    def decide(task: Task, notice: PushedBack) -> bool:
+        numbers = ((notice.partition, n) for r in notice.ranges for n in r.numbers())
+        if any(number in upward for number in numbers):
+            return True
+        return request.host is not None and server.emulator.load()["cpu_busy"] >= SERVER_BUSY
+
+    return decide
+
+
+def _task(
+    server: StorageServer, request: WorkRequest, payload: bytes, partition: int, unit_class
+) -> Task:
+    """One partition's share, for the drive that holds it."""
+    drive = server.holder(request.domain, request.dataset, partition)
+    share = replace(
+        request,
+        partitions=(partition,),
+        forced=tuple(f for f in request.forced if f.partition == partition),
+        elsewhere=tuple(e for e in request.elsewhere if e.partition == partition),
+    )
+    return Task(
+        client=drive,
+        request=share,
+        host=unit_class(share, payload, host_context()),
+        payload=payload,
+        label=f"{request.domain}/{request.dataset}",
+    )
+
+
+def _groups(task: Task, items: Iterable[object]) -> Iterator[tuple[Group, int]]:
+    """A task's output cut into groups that end where a range is known whole: the upstream
+    releases what came before a mark, so a group must never be split by another task's."""
+    group, partition = Group(), task.request.partitions[0]
+    for item in items:
+        if isinstance(item, ChunkDone):
+            group.marks.append(item)
+            yield group, partition
+            group = Group()
+        elif isinstance(item, PushedBack):  # fetched by the host while the work goes on
+            yield Group(notices=[item]), partition
+        else:
+            group.batches.append(item)
+    if group.batches:
+        yield group, partition
+
+
+def _write(
+    server: StorageServer,
+    writer: flight.MetadataRecordBatchWriter,
+    group: Group,
+    shipped: Shipped,
+) -> None:
+    for batch in group.batches:
+        size = pa.ipc.get_record_batch_size(batch)
+        server.emulator.ship(size)  # the server's own link to the host
+        writer.write_batch(batch)
+        shipped.rows += batch.num_rows
+        shipped.bytes += size
+    for mark in group.marks:
+        writer.write_metadata(pa.py_buffer(mark.encode()))
+    for notice in group.notices:
+        shipped.passed.append(notice)
+        writer.write_metadata(pa.py_buffer(notice.encode()))
+
+
+def _partition_report(
+    server: str, dispatch: Dispatch, task: Task, shipped: Shipped
+) -> PartitionReport:
+    """The server's account of a partition: every slice the drive scanned was executed at this
+    level (by the drive, or by the server completing it), and the drive's own account below."""
+    partition = task.request.partitions[0]
+    drive = dispatch.report(task, partition)
+    scanned = drive.slices_scanned  # raw ranges passed on count when the host fetches them
+    filtered_on = sum(n.slices for n in shipped.passed if n.stage is Stage.FILTER)
+    metrics = WorkMetrics(
+        slices_total=drive.slices_total,
+        slices_pruned=drive.slices_pruned,
+        slices_cached=drive.slices_cached,
+        slices_elsewhere=drive.slices_elsewhere,
+        slices_scanned=scanned,
+        slices_executed=scanned - filtered_on,
+        slices_pushed_back=sum(n.slices for n in shipped.passed),
+        rows_read=drive.rows_read,
+        bytes_read=drive.bytes_read,
+        rows_shipped=shipped.rows,
+        bytes_shipped=shipped.bytes,
+        drive_s=drive.drive_s,
+        device_cpu_s=task.host.context.drive_s,  # the server's CPU completing it
+        wall_s=drive.wall_s,
+    )
+    completed = [d for d in drive.decisions if d.stage in (Stage.RAW, Stage.FILTER)]
+    passed = {(r.first, r.end): n.stage for n in shipped.passed for r in n.ranges}
+    decisions = tuple(
+        Decision(d.first, d.end, Stage.FULL, f"completed on storage server {server}")
+        for d in completed
+        if (d.first, d.end) not in passed
+    ) + tuple(
+        Decision(first, end, stage, f"passed on to the host by storage server {server}")
+        for (first, end), stage in sorted(passed.items())
+    )
+    return PartitionReport(partition, decisions, metrics, below=(_level(drive),))
+
+
+def _level(drive: WorkReport) -> LevelReport:
+    metrics = WorkMetrics(
+        slices_total=drive.slices_total,
+        slices_pruned=drive.slices_pruned,
+        slices_cached=drive.slices_cached,
+        slices_elsewhere=drive.slices_elsewhere,
+        slices_scanned=drive.slices_scanned,
+        slices_executed=drive.slices_executed,
+        slices_pushed_back=drive.slices_pushed_back,
+        rows_read=drive.rows_read,
+        bytes_read=drive.bytes_read,
+        rows_shipped=drive.rows_shipped,
+        bytes_shipped=drive.bytes_shipped,
+        drive_s=drive.drive_s,
+        device_cpu_s=drive.device_cpu_s,
+        wall_s=drive.wall_s,
+    )
+    return LevelReport(drive.device, tuple(drive.decisions), metrics, drive.fallback)

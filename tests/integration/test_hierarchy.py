@@ -1,0 +1,182 @@
+"""A hierarchy: the host in front of storage servers, each in front of drives of its own.
+
+A server is a device to the host and a coordinator to its drives: the answers are DuckDB's
+whatever each level decides, what a drive hands back is completed by its server (not shipped on
+to the host), and EXPLAIN ANALYZE shows both levels. A drive that dies mid-query behind a
+server, with replicas behind another server, leaves a right answer or an error naming both.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+
+import duckdb
+import pytest
+
+import quarry
+from quarry.errors import QuarryError
+from quarry.samples import particles
+from tests.integration.conftest import _ingest_tpch
+from tests.plan.conftest import tpch  # noqa: F401 - the session fixture
+from tests.plan.harness import assert_same_rows
+
+TPCH_QUERIES = range(1, 23)
+QUERY_TIMEOUT_S = 120
+PARTICLE_SQL = "SELECT floor(x) AS b, count(*) AS n, sum(ke) AS ke FROM particles GROUP BY 1"
+
+
+def _ordered(sql: str) -> bool:
+    return "order by" in sql.lower().rsplit(")", 1)[-1]
+
+
+@pytest.fixture(scope="module")
+def hierarchy(tpch):  # noqa: F811
+    """Two storage servers, three drives each, of two kinds, holding TPC-H at SF 0.1."""
+    with quarry.local(
+        servers=2,
+        drives_per_server=3,
+        drive_profile=["host", "kinetic", "host", "kinetic", "host", "host"],
+    ) as cluster:
+        _ingest_tpch(cluster, tpch)
+        yield cluster
+
+
+def test_the_host_sees_the_servers_and_each_partition_once(hierarchy, tpch):  # noqa: F811
+    assert sorted(hierarchy.devices) == ["s0", "s1"]
+    lineitem = hierarchy.entry("tpch/lineitem")
+    assert lineitem.rows == tpch.data["tpch/lineitem"].num_rows
+    assert {p.devices[0] for p in lineitem.partitions} == {"s0", "s1"}
+
+
+@pytest.mark.parametrize("pushdown", ["never", "always", "auto"])
+@pytest.mark.parametrize("number", TPCH_QUERIES)
+def test_tpch_on_a_hierarchy_matches_duckdb(hierarchy, tpch, number, pushdown):  # noqa: F811
+    sql = tpch.queries[number]
+    result = hierarchy.sql(sql, pushdown=pushdown).read_all()
+    assert_same_rows(
+        result,
+        tpch.expected(number),
+        ordered=_ordered(sql),
+        context=f"TPC-H Q{number} pushdown={pushdown} on host -> 2 servers -> 3 drives each",
+    )
+
+
+@pytest.mark.parametrize("number", [1, 3, 6, 12, 14, 18])
+def test_what_drives_push_back_their_server_completes(hierarchy, tpch, number):  # noqa: F811
+    """Drives forced to hand back random ranges, raw or filtered: the answer is the same, the
+    servers completed every one of them, and nothing came to the host unfinished."""
+    rng = random.Random(number)
+    decisions = {}
+    for name, entry in hierarchy.catalog.items():
+        for p in entry.partitions:
+            if p.slices:
+                first = rng.randrange(p.slices)
+                end = rng.randrange(first, p.slices) + 1
+                decisions[(name, p.partition)] = [
+                    {"first": first, "end": end, "stage": rng.choice(["raw", "filter"])}
+                ]
+    sql = tpch.queries[number]
+    planned = hierarchy.query(sql, pushdown="always", decisions=decisions)
+    result = planned.execute().read_all()
+    assert_same_rows(
+        result, tpch.expected(number), ordered=_ordered(sql), context=f"Q{number} forced"
+    )
+    partitions = planned.explain(analyze=True)["analyze"]["partitions"]
+    below = [level for p in partitions for level in p.get("below", [])]
+    assert below, "EXPLAIN ANALYZE shows the drives below the servers"
+    assert {level["device"][:2] for level in below} <= {"s0", "s1"}
+    assert sum(level["metrics"]["slices_pushed_back"] for level in below) > 0
+    assert sum(p["slices_pushed_back"] for p in partitions) == 0  # completed on the servers
+    assert all(p["bytes_shipped_raw"] == 0 for p in partitions)
+
+
+@pytest.mark.parametrize("number", [1, 3, 6, 10, 14, 18])
+def test_push_back_at_each_level(hierarchy, tpch, number):  # noqa: F811
+    """Forced push-back at both levels: some ranges the drives hand back are completed by their
+    server, others (``to_host``) passed on and completed by the host. Same answer."""
+    rng = random.Random(100 + number)
+    decisions = {}
+    for name, entry in hierarchy.catalog.items():
+        for p in entry.partitions:
+            if p.slices:
+                decisions[(name, p.partition)] = [
+                    {
+                        "first": n,
+                        "end": n + 1,
+                        "stage": rng.choice(["raw", "filter"]),
+                        "to_host": rng.random() < 0.5,
+                    }
+                    for n in range(p.slices)
+                    if rng.random() < 0.7
+                ]
+    sql = tpch.queries[number]
+    planned = hierarchy.query(sql, pushdown="always", decisions=decisions)
+    result = planned.execute().read_all()
+    assert_same_rows(
+        result, tpch.expected(number), ordered=_ordered(sql), context=f"Q{number} two levels"
+    )
+    partitions = planned.explain(analyze=True)["analyze"]["partitions"]
+    passed = sum(p["slices_pushed_back"] for p in partitions)
+    below = [level for p in partitions for level in p.get("below", [])]
+    handed = sum(level["metrics"]["slices_pushed_back"] for level in below)
+    assert 0 < passed < handed  # the host completed some, the servers the rest
+    for p in partitions:  # every slice counted once at the host's level
+        assert p["slices_scanned"] == p["slices_executed"] + p["slices_pushed_back"], p
+
+
+def test_a_raw_scan_and_a_dataset_drop_pass_through_the_servers(hierarchy):
+    table = particles.table(20_000, seed=5)
+    hierarchy.ingest(table, "physics/through", partitions=4)
+    scanned = hierarchy.scan("physics/through").read_all()
+    assert scanned.num_rows == table.num_rows
+    assert hierarchy.drop("physics/through") > 0
+    assert "physics/through" not in hierarchy.catalog
+
+
+@pytest.fixture(scope="module")
+def replicated(tmp_path_factory):
+    """Two servers of two slow drives each; the particles on both servers (replicas=2)."""
+    profiles = tmp_path_factory.mktemp("hierarchy") / "profiles.toml"
+    profiles.write_text('[profiles.slow]\nfrom = "host"\ncompute_factor = 6.0\ncores = 2\n')
+    with quarry.local(
+        servers=2, drives_per_server=2, drive_profile="slow", profiles_file=str(profiles)
+    ) as cluster:
+        table = particles.table(400_000, seed=4)
+        cluster.ingest(table, "physics/particles", replicas=2)
+        con = duckdb.connect()
+        con.register("particles", table)
+        yield cluster, con.execute(PARTICLE_SQL).fetch_arrow_table()
+
+
+def test_a_drive_killed_mid_query_behind_a_server(replicated):
+    """Killed while the query runs: the answer is right (the host went on with the replica
+    behind the other server), or the error names the drive and its server."""
+    cluster, expected = replicated
+    started = time.perf_counter()
+    cluster.sql(PARTICLE_SQL, pushdown="always").read_all()
+    duration = time.perf_counter() - started
+    outcome: dict = {}
+
+    def run() -> None:
+        try:
+            outcome["table"] = cluster.sql(PARTICLE_SQL, pushdown="always").read_all()
+        except QuarryError as error:
+            outcome["error"] = error
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    time.sleep(0.3 * duration)
+    cluster.kill_device("s0d0")
+    thread.join(QUERY_TIMEOUT_S)
+    assert not thread.is_alive(), "the query hangs"
+    print("outcome:", "error" if "error" in outcome else "answer", outcome.get("error"))
+    if "error" in outcome:
+        message = str(outcome["error"])
+        assert "s0d0" in message and "s0" in message, message
+    else:
+        assert_same_rows(outcome["table"], expected, ordered=False, float_absolute=1e-6)
+    # Afterwards the replicas behind s1 answer for what s0d0 held.
+    again = cluster.sql(PARTICLE_SQL, pushdown="always").read_all()
+    assert_same_rows(again, expected, ordered=False, float_absolute=1e-6)
