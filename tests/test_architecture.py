@@ -122,7 +122,9 @@ def test_the_device_loop_exists_once():
     """Only the loop decides per range, announces push-back and writes the last word."""
     assert _constructed("stage_for") == {"quarry.device.loop"}
     assert _constructed("PushedBack") == {"quarry.device.loop"}
-    assert _constructed("WorkDone") == {"quarry.device.loop"}
+    # A storage server answers its upstream like a drive: it writes its own last word, made of
+    # its drives' (it decides nothing per range itself: its drives do, its dispatch completes).
+    assert _constructed("WorkDone") == {"quarry.device.loop", "quarry.server.work"}
     assert _constructed("observe") == {"quarry.device.loop"}
 
 

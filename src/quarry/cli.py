@@ -364,7 +364,9 @@ def drop(dataset: str, cluster: ClusterOption = None) -> None:
 @app.command()
 def sql(
     query: Annotated[str, typer.Argument(help="SQL; tables are DOMAIN.NAME or the bare NAME")],
-    pushdown: Annotated[str, typer.Option(help="never, always or auto")] = "auto",
+    pushdown: Annotated[
+        str, typer.Option(help="never, server (drives read, servers compute), always or auto")
+    ] = "auto",
     format: Annotated[str, typer.Option(help="table, json, csv or parquet")] = "table",
     explain: Annotated[bool, typer.Option(help="show the cut: super-plan and sub-plans")] = False,
     analyze: Annotated[bool, typer.Option(help="run it and show what each device did")] = False,
@@ -434,6 +436,21 @@ def _cell(value: Any) -> str:
     return "NULL" if value is None else str(value)
 
 
+def _device_row(d: dict[str, Any], name: str, partitions: str) -> list[str]:
+    return [
+        name,
+        partitions,
+        str(d["slices_pruned"]),
+        str(d["slices_scanned"]),
+        str(d["slices_executed"]),
+        str(d["slices_pushed_back"]),
+        f"{d['rows_read']:,}",
+        human_bytes(d["bytes_read"]),
+        human_bytes(d["bytes_shipped"]),
+        f"{d['device_cpu_s']:.3f}",
+    ]
+
+
 def _print_explain(report: dict[str, Any]) -> None:
     console.rule(f"plan (pushdown {report['pushdown']})")
     console.print(report["plan"], highlight=False, markup=False)
@@ -458,23 +475,22 @@ def _print_explain(report: dict[str, Any]) -> None:
     )
     for column in columns:
         table.add_column(column, justify="right")
+    levels = analyzed.get("levels")
+    drives = {d["device"]: d for d in (levels or {}).get("drives", [])}
     for d in analyzed["devices"]:
-        table.add_row(
-            d["device"],
-            str(d["partitions"]),
-            str(d["slices_pruned"]),
-            str(d["slices_scanned"]),
-            str(d["slices_executed"]),
-            str(d["slices_pushed_back"]),
-            f"{d['rows_read']:,}",
-            human_bytes(d["bytes_read"]),
-            human_bytes(d["bytes_shipped"]),
-            f"{d['device_cpu_s']:.3f}",
-        )
+        table.add_row(*_device_row(d, d["device"], str(d["partitions"])))
+        for name in sorted(n for n in drives if n.startswith(d["device"] + "d")):
+            table.add_row(*_device_row(drives[name], f"└ {name}", ""))
     console.print(table)
     for d in analyzed["devices"]:
         for fallback in d["fallbacks"]:
             console.print(f"[yellow]{d['device']}[/yellow]: {fallback}")
+    if levels:
+        console.print(
+            f"drive links {human_bytes(levels['drive_links_bytes'])}, network "
+            f"{human_bytes(levels['network_bytes'])}; cpu: drives {levels['drives_cpu_s']:.3f} s, "
+            f"servers {levels['servers_cpu_s']:.3f} s"
+        )
     console.print(
         f"host cpu {analyzed['host_cpu_s']:.3f} s, wall {analyzed['wall_s']:.3f} s, "
         f"{human_bytes(analyzed['bytes_shipped'])} shipped to the host, "

@@ -33,11 +33,12 @@ def _ordered(sql: str) -> bool:
 
 @pytest.fixture(scope="module")
 def hierarchy(tpch):  # noqa: F811
-    """Two storage servers, three drives each, of two kinds, holding TPC-H at SF 0.1."""
+    """Two storage servers, three drives each, of three kinds (a ScaleFlux scan engine behind
+    each server), holding TPC-H at SF 0.1."""
     with quarry.local(
         servers=2,
         drives_per_server=3,
-        drive_profile=["host", "kinetic", "host", "kinetic", "host", "host"],
+        drive_profile=["host", "scaleflux", "kinetic", "kinetic", "scaleflux", "host"],
     ) as cluster:
         _ingest_tpch(cluster, tpch)
         yield cluster
@@ -124,6 +125,66 @@ def test_push_back_at_each_level(hierarchy, tpch, number):  # noqa: F811
     assert 0 < passed < handed  # the host completed some, the servers the rest
     for p in partitions:  # every slice counted once at the host's level
         assert p["slices_scanned"] == p["slices_executed"] + p["slices_pushed_back"], p
+
+
+def test_a_busy_server_passes_its_drives_push_backs_on_to_the_host(hierarchy, tpch):  # noqa: F811
+    """Under auto, a storage server whose CPU is taken by other work does not complete what its
+    drives hand back: it passes it on, and the host completes it. An idle server completes."""
+    hierarchy.load("s0", 0.95, seconds=60)
+    try:
+        decisions = {
+            (name, p.partition): [{"first": 0, "end": p.slices, "stage": "raw"}]
+            for name, entry in hierarchy.catalog.items()
+            for p in entry.partitions
+            if p.slices
+        }
+        sql = tpch.queries[6]
+        planned = hierarchy.query(sql, pushdown="auto", decisions=decisions)
+        result = planned.execute().read_all()
+    finally:
+        hierarchy.load("s0", 0.0, seconds=1)
+    assert_same_rows(result, tpch.expected(6), ordered=False, context="Q6, s0 busy")
+    partitions = planned.explain(analyze=True)["analyze"]["partitions"]
+    busy = [p for p in partitions if p["device"] == "s0"]
+    idle = [p for p in partitions if p["device"] == "s1"]
+    assert busy and all(p["slices_pushed_back"] == p["slices_scanned"] > 0 for p in busy)
+    assert idle and all(p["slices_pushed_back"] == 0 for p in idle)
+
+
+@pytest.mark.parametrize("number", [1, 6, 12, 19])
+def test_server_pushdown_reads_on_the_drives_and_computes_on_the_servers(hierarchy, tpch, number):  # noqa: F811
+    """POLARDB's CPU-based pushdown: every slice the drives read goes to their server raw, the
+    servers run the sub-plan, and the host receives only what a drive pushdown would send."""
+    sql = tpch.queries[number]
+    planned = hierarchy.query(sql, pushdown="server")
+    result = planned.execute().read_all()
+    assert_same_rows(result, tpch.expected(number), ordered=_ordered(sql), context=f"Q{number}")
+    partitions = planned.explain(analyze=True)["analyze"]["partitions"]
+    below = [level["metrics"] for p in partitions for level in p.get("below", [])]
+    assert sum(m["slices_executed"] for m in below) == 0
+    assert sum(m["slices_pushed_back"] for m in below) == sum(m["slices_scanned"] for m in below)
+    assert all(p["slices_executed"] == p["slices_scanned"] for p in partitions)
+    assert all(p["bytes_shipped_raw"] == 0 for p in partitions)
+    levels = planned.explain(analyze=True)["analyze"]["levels"]
+    assert levels["drive_links_bytes"] > levels["network_bytes"]
+
+
+def test_a_scan_engine_behind_a_server_gets_only_its_comparisons(hierarchy, tpch):  # noqa: F811
+    """The server cuts the sub-plan again for a ScaleFlux drive: it filters on its comparisons
+    (the LIKE stays with the server) and ships only the rows that pass them."""
+    sql = (
+        "SELECT count(*) AS n, sum(l_extendedprice) AS p FROM tpch.lineitem "
+        "WHERE l_shipdate >= DATE '1994-06-01' AND l_shipdate < DATE '1994-07-01' "
+        "AND l_comment LIKE '%fur%'"
+    )
+    planned = hierarchy.query(sql, pushdown="always")
+    result = planned.execute().read_all()
+    expected = tpch.connection.execute(sql.replace("tpch.", "")).fetch_arrow_table()
+    assert_same_rows(result, expected, ordered=False, float_absolute=1e-6)
+    levels = planned.explain(analyze=True)["analyze"]["levels"]
+    engines = [d for d in levels["drives"] if d["device"] in ("s0d1", "s1d1")]
+    assert engines and all(d["slices_executed"] == d["slices_scanned"] > 0 for d in engines)
+    assert all(d["bytes_shipped"] < d["bytes_read"] / 5 for d in engines)  # about 1/80 pass
 
 
 def test_a_raw_scan_and_a_dataset_drop_pass_through_the_servers(hierarchy):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from quarry.coordinator.report import WorkReport, per_device
+from quarry.coordinator.report import WorkReport, per_device, per_level
 from quarry.plan.decompose import Decomposition
 
 
@@ -26,7 +26,9 @@ def analyze(
     reports: list[WorkReport], host_cpu_s: float, wall_s: float, rows: int
 ) -> dict[str, Any]:
     partitions = [r.to_json() for r in sorted(reports, key=lambda r: (r.label, r.partition))]
+    levels = per_level(reports)
     return {
+        **({"levels": levels} if levels else {}),
         "devices": per_device(reports),
         "partitions": partitions,
         "bytes_shipped": sum(r.bytes_shipped for r in reports),

@@ -65,7 +65,7 @@ def fragment_tasks(
             domain=entry.domain,
             dataset=entry.name,
             partitions=(p.partition,),
-            forced=_forced(p.partition, (forced or {}).get((fragment.dataset, p.partition))),
+            forced=_forced_for(pushdown, p.partition, p.slices, forced, fragment.dataset),
             host=cuts.host_cost(fragment.name, device),
             policy=Policy.from_json(options.get("policy") or {}),
             query_id=f"{query_id}/{fragment.name}",
@@ -112,6 +112,17 @@ def _args(fragment: Fragment, stages: dict[Stage, bytes], output: pa.Schema) -> 
         raw_schema=fragment.raw_schema,
         predicates=tuple(fragment.predicates),
     )
+
+
+def _forced_for(
+    pushdown: str, partition: int, slices: int, forced: Forced | None, dataset: str
+) -> tuple[ForcedDecision, ...]:
+    """The decisions a partition's device must take: the caller's, and under ``server`` every
+    slice handed back raw first (the caller's, later, override it range by range)."""
+    given = _forced(partition, (forced or {}).get((dataset, partition)))
+    if pushdown != "server" or not slices:
+        return given
+    return (ForcedDecision(partition, 0, slices, Stage.RAW), *given)
 
 
 def _forced(partition: int, decisions: list[dict[str, Any]] | None) -> tuple[ForcedDecision, ...]:

@@ -29,7 +29,11 @@ from quarry.plan.superplan import run_super
 if TYPE_CHECKING:
     from quarry.coordinator.membership import Membership
 
-PUSHDOWNS = ("never", "always", "auto")
+# never: the host reads raw slices and does everything; server: drives read and hand every
+# slice back raw, whatever fronts them completes it (a storage server's CPU, POLARDB's
+# "CPU-based" pushdown; the host on a flat cluster); always: drives run all they can ("CSD-
+# based"); auto: the cost model and the devices decide.
+PUSHDOWNS = ("never", "server", "always", "auto")
 WORKERS_PER_DEVICE = 2
 STREAM_BATCHES_MAX = 16  # batches of a fragment waiting for the super-plan
 PLAN_ATTEMPTS_MAX = 2  # planning again once refreshes the catalog without a dead device

@@ -138,3 +138,27 @@ def per_device(reports: list[WorkReport]) -> list[dict[str, Any]]:
         for failover in report.failovers:
             row.setdefault("failovers", []).append({"partition": report.partition, **failover})
     return [devices[name] for name in sorted(devices)]
+
+
+def per_level(reports: list[WorkReport]) -> dict[str, Any] | None:
+    """Through storage servers: bytes on each kind of link and CPU seconds at each level
+    (drive -> server links, "PCIe"; server -> host, "network"). None on a flat cluster."""
+    servers = [r for r in reports if r.below]
+    if not servers:
+        return None
+    below = [level for r in servers for level in r.below]
+    drives: dict[str, dict[str, Any]] = {}
+    for level in below:
+        row = drives.setdefault(
+            level.device, {"device": level.device, **dict.fromkeys(COUNTERS, 0)}
+        )
+        for name in COUNTERS:
+            row[name] += getattr(level.metrics, name)
+    return {
+        "drive_links_bytes": sum(level.metrics.bytes_shipped for level in below),
+        "network_bytes": sum(r.bytes_shipped for r in servers),
+        "drives_bytes_read": sum(level.metrics.bytes_read for level in below),
+        "drives_cpu_s": sum(level.metrics.device_cpu_s for level in below),
+        "servers_cpu_s": sum(r.device_cpu_s for r in servers),
+        "drives": [drives[name] for name in sorted(drives)],
+    }

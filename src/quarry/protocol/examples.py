@@ -17,7 +17,9 @@ EXAMPLES: list[Message] = [
     control.Hello(),
     control.HelloReply(2, "id", "dev0", control.ProfileInfo("kinetic", cores=2), 7, "/d", 1.0),
     control.Inventory(),
-    control.InventoryReply([control.PartitionSummary("d", "t", 0, RECORD, SCHEMA, rows=3)]),
+    control.InventoryReply(
+        [control.PartitionSummary("d", "t", 0, RECORD, SCHEMA, rows=3)], drives_down=("s0d2",)
+    ),
     control.PartitionRef("d", "t", 3),
     control.PartitionDescription(
         control.PartitionSummary("d", "t", 0, RECORD, SCHEMA),
@@ -65,7 +67,10 @@ EXAMPLES: list[Message] = [
         domain="d",
         dataset="t",
         partitions=(0, 2),
-        forced=(work.ForcedDecision(0, 1, 3, Stage.FILTER),),
+        forced=(
+            work.ForcedDecision(0, 1, 3, Stage.FILTER),
+            work.ForcedDecision(0, 3, 4, to_host=True),
+        ),
         host=work.HostCost(1e-9, 0.5, 0.1, 1e9, 0.5, Stage.RAW),
         query_id="q/f0",
         chunk_slices=2,
@@ -83,6 +88,13 @@ EXAMPLES: list[Message] = [
                     work.Decision(1, 3, Stage.RAW, "raw: cheaper", 0.5),
                 ),
                 work.WorkMetrics(slices_total=3, slices_pruned=1),
+                below=(
+                    work.LevelReport(
+                        "s0d1",
+                        (work.Decision(1, 3, Stage.FILTER, "scan engine"),),
+                        work.WorkMetrics(slices_total=3, slices_scanned=2),
+                    ),
+                ),
             ),
         ),
         {"cache_hits": 1},

@@ -37,6 +37,7 @@ from quarry.device.profile import Profile
 from quarry.device.server import Security, _flight_errors, _typed_errors
 from quarry.device.unit import lookup, set_host_profile
 from quarry.errors import DeviceUnavailable, ProtocolError, QueryError
+from quarry.plan.capabilities import Capabilities, of_profile
 from quarry.protocol import control, frame, ingest, work
 from quarry.protocol.frame import Exchange, Get, Put
 from quarry.protocol.message import Message
@@ -73,6 +74,7 @@ class StorageServer(flight.FlightServerBase):
         self.started_at = time.time()
         self._holders: dict[tuple[str, str, int], str] = {}
         self._turns: dict[str, int] = {}  # per ingest, the partitions placed so far
+        self._capabilities: dict[str, Capabilities] = {}
         self._lock = threading.Lock()
 
     # ---- where a partition is -------------------------------------------------------------
@@ -95,6 +97,16 @@ class StorageServer(flight.FlightServerBase):
                 f"{domain}/{dataset}"
             )
         return self.drives.devices[name]
+
+    def capabilities(self, drive: DeviceClient) -> Capabilities:
+        """What a drive evaluates of a sub-plan (its profile's class; asked once)."""
+        with self._lock:
+            known = self._capabilities.get(drive.name)
+        if known is None:
+            known = of_profile(drive.hello().profile.capabilities)
+            with self._lock:
+                self._capabilities[drive.name] = known
+        return known
 
     def _learn(self) -> tuple[list[control.PartitionSummary], list[str]]:
         """Every live drive's partitions, and the drives that do not answer; remembers which

@@ -27,7 +27,15 @@ from quarry.coordinator.report import WorkReport
 from quarry.coordinator.streams import merge
 from quarry.device.loop import cpu_seconds
 from quarry.device.unit import host_context, lookup
+from quarry.device.units.substrait import (
+    SubstraitArgs,
+    SubstraitUnit,
+    split_payload,
+    stages_payload,
+)
 from quarry.errors import DeviceUnavailable
+from quarry.plan.capabilities import Capabilities
+from quarry.plan.restrict import restrict_filter_stage
 from quarry.protocol.stage import Stage
 from quarry.protocol.work import (
     ChunkDone,
@@ -58,6 +66,8 @@ class StorageServer(Protocol):
     admission: Admission
 
     def holder(self, domain: str, dataset: str, partition: int) -> DeviceClient: ...
+
+    def capabilities(self, drive: DeviceClient) -> Capabilities: ...
 
 
 QUEUE_GROUPS_MAX = 16  # completed groups waiting for the upstream writer
@@ -144,7 +154,8 @@ def passes_on(server: StorageServer, request: WorkRequest) -> Callable[[Task, Pu
 def _task(
     server: StorageServer, request: WorkRequest, payload: bytes, partition: int, unit_class
 ) -> Task:
-    """One partition's share, for the drive that holds it."""
+    """One partition's share, for the drive that holds it; a SQL sub-plan cut again for a
+    drive that cannot run all of it (``for_drive``)."""
     drive = server.holder(request.domain, request.dataset, partition)
     share = replace(
         request,
@@ -152,12 +163,34 @@ def _task(
         forced=tuple(f for f in request.forced if f.partition == partition),
         elsewhere=tuple(e for e in request.elsewhere if e.partition == partition),
     )
-    return Task(
+    task = Task(
         client=drive,
         request=share,
         host=unit_class(share, payload, host_context()),
         payload=payload,
         label=f"{request.domain}/{request.dataset}",
+    )
+    capabilities = server.capabilities(drive)
+    if request.unit == SubstraitUnit.NAME and not capabilities.is_full:
+        task = for_drive(task, capabilities)
+    return task
+
+
+def for_drive(task: Task, capabilities: Capabilities) -> Task:
+    """A scan engine's share of a SQL sub-plan (Skytether §4: each level decomposes for the one
+    below): the filter stage's conjuncts it supports are its whole work, and the server
+    completes its output from the filter stage on (``complete_output_from``), re-checking the
+    complete condition, as the host does for scan engines it talks to directly."""
+    args = SubstraitArgs.from_json(task.request.args)
+    stages = split_payload(args, task.payload)
+    scan = restrict_filter_stage(stages[Stage.FILTER], capabilities)
+    own = {Stage.RAW: stages[Stage.RAW], Stage.FILTER: scan, Stage.FULL: scan}
+    own_args = replace(
+        args, filter_bytes=len(scan), full_bytes=len(scan), output_schema=args.raw_schema
+    )
+    request = replace(task.request, args=own_args.to_json())
+    return replace(
+        task, request=request, payload=stages_payload(own), complete_output_from=Stage.FILTER
     )
 
 

@@ -1,0 +1,375 @@
+"""POLARDB on computational storage drives, on a quarry hierarchy: storage servers in front of
+ScaleFlux drives, CPU-based against CSD-based scans (issue 13).
+
+Run: python bench/polardb.py [--sf 1] [--repeat 3] [--parts scans,tpch]
+     [--requests 32,64,128] [--queries 1,3,6]
+
+Part ``scans`` (§4.2, Figures 6 and 7): LINEITEM on ScaleFlux drives behind one storage server,
+(a) one drive and a server of 4 cores, (b) two drives and 8 cores (the server profile's cores),
+each without and with lz4. TS-1..TS-6 run as CPU-based pushdown (``pushdown="server"``: the
+drives read, the server scans) and CSD-based pushdown (``"always"``: the drives' scan engines
+filter, the server checks the full condition), side by side in one run: latency, the server
+process's CPU utilization (its CPU seconds over the wall time, in %, as ``top`` counts it), the
+bytes over the drive links ("PCIe") and through the server's memory (in from the drives and
+out to the host). Every answer is checked against DuckDB's.
+
+Part ``tpch`` (§4.3, Figures 8-11): the 22 TPC-H queries over 3 servers x 4 drives with
+LINEITEM and ORDERS cut into n partitions (n parallel scan requests, 32 / 64 / 128), under no
+pushdown (``never``: servers ship raw slices), CPU-based (``server``) and CSD-based
+(``always``): latency per query, bytes on the drive links and on the network.
+
+This machine has two cores: the emulated server cores share them with the drives and the host.
+Figures are ratios taken in one run, not the paper's absolute seconds.
+
+Writes bench/results/polardb.json and .png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+import pyarrow as pa
+from rich.console import Console
+from rich.table import Table
+
+import quarry
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import png_path, progress, write_json
+from load import duckdb_with_tpch
+
+NAME = "polardb"
+console = Console(width=150)
+SCANS = {
+    "TS-1": "SELECT l_partkey, l_extendedprice, l_discount FROM tpch.lineitem "
+    "WHERE l_shipdate >= DATE '1994-06-01' AND l_shipdate < DATE '1994-07-01'",
+    "TS-2": "SELECT l_partkey, l_suppkey, l_quantity FROM tpch.lineitem "
+    "WHERE l_shipdate >= DATE '1993-01-01' AND l_shipdate < DATE '1994-01-01'",
+    "TS-3": "SELECT l_orderkey, l_suppkey, l_extendedprice, l_discount, l_shipdate "
+    "FROM tpch.lineitem WHERE l_shipdate >= DATE '1995-01-01' AND l_shipdate <= DATE '1996-12-31'",
+    "TS-4": "SELECT l_orderkey, l_extendedprice, l_discount FROM tpch.lineitem "
+    "WHERE l_shipdate <= DATE '1995-03-12'",
+    "TS-5": "SELECT l_orderkey FROM tpch.lineitem WHERE l_commitdate < l_receiptdate",
+    "TS-6": "SELECT l_partkey, l_suppkey, l_quantity FROM tpch.lineitem",
+}
+WAYS = {"never": "no pushdown", "server": "CPU-based", "always": "CSD-based"}
+SCAN_WAYS = ("server", "always")
+CONFIGS = ({"drives": 1, "cores": 4}, {"drives": 2, "cores": 8})
+PROFILES = "\n".join(
+    f'[profiles.storage{cores}]\nfrom = "host"\ncores = {cores}\n' for cores in (4, 8)
+)
+TPCH_TABLES = ("customer", "lineitem", "nation", "orders", "part", "partsupp", "region", "supplier")
+SPLIT = ("lineitem", "orders")  # the tables cut into n partitions (n parallel requests)
+
+
+def cpu_seconds(pid: int) -> float:
+    """A process's user + system CPU seconds so far (Linux)."""
+    import os
+
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def same(actual: pa.Table, expected: pa.Table) -> bool:
+    """Equal as multisets of rows, floats to 1e-6 relative."""
+    if actual.num_rows != expected.num_rows or actual.num_columns != expected.num_columns:
+        return False
+    keys = [(name, "ascending") for name in actual.column_names]
+    left = actual.sort_by(keys).to_pylist()
+    right = expected.rename_columns(actual.column_names).sort_by(keys).to_pylist()
+    for a, b in zip(left, right, strict=True):
+        for x, y in zip(a.values(), b.values(), strict=True):
+            if isinstance(x, float) and isinstance(y, float):
+                if not math.isclose(x, y, rel_tol=1e-6, abs_tol=1e-9):
+                    return False
+            elif x != y:
+                return False
+    return True
+
+
+def run_query(cluster: Any, sql: str, way: str, servers: list[int]) -> dict[str, Any]:
+    """One run: latency, the servers' CPU seconds, bytes per link, the answer."""
+    cpu_before = [cpu_seconds(pid) for pid in servers]
+    started = time.perf_counter()
+    planned = cluster.query(sql, pushdown=way)
+    table = planned.execute().read_all()
+    wall = time.perf_counter() - started
+    server_cpu = sum(cpu_seconds(pid) for pid in servers) - sum(cpu_before)
+    analyzed = planned.explain(analyze=True)["analyze"]
+    levels = analyzed.get("levels") or {}
+    drive_links = int(levels.get("drive_links_bytes", 0))
+    network = int(analyzed["bytes_shipped"])
+    return {
+        "table": table,
+        "latency_s": wall,
+        "server_cpu_s": server_cpu,
+        "server_cpu_percent": 100.0 * server_cpu / wall,
+        "drive_links_bytes": drive_links,
+        "network_bytes": network,
+        "server_memory_bytes": drive_links + network,
+        "drives_bytes_read": int(levels.get("drives_bytes_read", 0)),
+    }
+
+
+def medians(runs: list[dict[str, Any]]) -> dict[str, float]:
+    keys = [k for k in runs[0] if k != "table"]
+    return {k: statistics.median(r[k] for r in runs) for k in keys}
+
+
+def scans(duck: Any, data: dict[str, pa.Table], repeat: int, scratch: Path) -> list[dict]:
+    profiles = scratch / "profiles.toml"
+    profiles.write_text(PROFILES)
+    expected = {
+        name: duck.execute(sql.replace("tpch.", "")).fetch_arrow_table()
+        for name, sql in SCANS.items()
+    }
+    rows = data["tpch/lineitem"].num_rows
+    results = []
+    for config in CONFIGS:
+        with quarry.local(
+            servers=1,
+            drives_per_server=config["drives"],
+            server_profile=f"storage{config['cores']}",
+            drive_profile="scaleflux",
+            profiles_file=str(profiles),
+        ) as cluster:
+            servers = [int(s["pid"]) for s in cluster.spec]
+            for compression in ("none", "lz4"):
+                cluster.ingest(
+                    data["tpch/lineitem"],
+                    "tpch/lineitem",
+                    partitions=4 * config["drives"],
+                    compression=compression,
+                )
+                with progress(console) as bar:
+                    task = bar.add_task(
+                        f"{config['drives']} drive(s), {config['cores']} cores, {compression}",
+                        total=len(SCANS) * len(SCAN_WAYS) * repeat,
+                    )
+                    for name, sql in SCANS.items():
+                        for way in SCAN_WAYS:
+                            runs = []
+                            for _ in range(repeat):
+                                runs.append(run_query(cluster, sql, way, servers))
+                                bar.advance(task)
+                            results.append(
+                                {
+                                    **config,
+                                    "compression": compression,
+                                    "scan": name,
+                                    "way": way,
+                                    "selectivity": expected[name].num_rows / rows,
+                                    "agrees": all(same(r["table"], expected[name]) for r in runs),
+                                    **medians(runs),
+                                }
+                            )
+                cluster.drop("tpch/lineitem")
+    return results
+
+
+def tpch(
+    duck: Any,
+    data: dict[str, pa.Table],
+    repeat: int,
+    requests: list[int],
+    queries: list[int],
+) -> list[dict]:
+    texts = dict(duck.execute("SELECT query_nr, query FROM tpch_queries()").fetchall())
+    expected = {n: duck.execute(texts[n]).fetch_arrow_table() for n in queries}
+    results = []
+    with quarry.local(servers=3, drives_per_server=4, drive_profile="scaleflux") as cluster:
+        servers = [int(s["pid"]) for s in cluster.spec]
+        for name in TPCH_TABLES:
+            if name not in SPLIT:
+                cluster.ingest(data[f"tpch/{name}"], f"tpch/{name}")
+        for n in requests:
+            for name in SPLIT:
+                cluster.ingest(data[f"tpch/{name}"], f"tpch/{name}", partitions=n)
+            with progress(console) as bar:
+                task = bar.add_task(f"{n} parallel requests", total=len(queries) * 3 * repeat)
+                for number in queries:
+                    for way in WAYS:
+                        runs = []
+                        for _ in range(repeat):
+                            runs.append(run_query(cluster, texts[number], way, servers))
+                            bar.advance(task)
+                        results.append(
+                            {
+                                "requests": n,
+                                "query": number,
+                                "way": way,
+                                "agrees": all(same(r["table"], expected[number]) for r in runs),
+                                **medians(runs),
+                            }
+                        )
+            for name in SPLIT:
+                cluster.drop(f"tpch/{name}")
+    return results
+
+
+def report_scans(results: list[dict]) -> None:
+    table = Table(title="Figures 6/7: CPU-based vs CSD-based scans (medians)")
+    for column in (
+        "config",
+        "lz4",
+        "scan",
+        "sel %",
+        "latency CPU/CSD s",
+        "server CPU % CPU/CSD",
+        "PCIe MB CPU/CSD",
+        "agree",
+    ):
+        table.add_column(column, justify="right")
+    index = {(r["drives"], r["compression"], r["scan"], r["way"]): r for r in results}
+    for (drives, compression, scan, way), r in index.items():
+        if way != "server":
+            continue
+        csd = index[(drives, compression, scan, "always")]
+        table.add_row(
+            f"{drives} drive(s), {r['cores']} cores",
+            "yes" if compression == "lz4" else "no",
+            scan,
+            f"{100 * r['selectivity']:.2f}",
+            f"{r['latency_s']:.2f} / {csd['latency_s']:.2f}",
+            f"{r['server_cpu_percent']:.0f} / {csd['server_cpu_percent']:.0f}",
+            f"{r['drive_links_bytes'] / 1e6:.1f} / {csd['drive_links_bytes'] / 1e6:.1f}",
+            "yes" if r["agrees"] and csd["agrees"] else "NO",
+        )
+    console.print(table)
+
+
+def report_tpch(results: list[dict]) -> None:
+    table = Table(title="Figures 8-11: TPC-H latency per way (geometric mean over queries)")
+    for column in ("requests", *WAYS.values(), "PCIe MB", "network MB", "all agree"):
+        table.add_column(column, justify="right")
+    for n in sorted({r["requests"] for r in results}):
+        row = [str(n)]
+        for way in WAYS:
+            mine = [r for r in results if r["requests"] == n and r["way"] == way]
+            row.append(f"{math.exp(statistics.fmean(math.log(r['latency_s']) for r in mine)):.2f}")
+        mine = [r for r in results if r["requests"] == n]
+        pcie = {w: sum(r["drive_links_bytes"] for r in mine if r["way"] == w) / 1e6 for w in WAYS}
+        net = {w: sum(r["network_bytes"] for r in mine if r["way"] == w) / 1e6 for w in WAYS}
+        row.append(" / ".join(f"{pcie[w]:.0f}" for w in WAYS))
+        row.append(" / ".join(f"{net[w]:.0f}" for w in WAYS))
+        row.append("yes" if all(r["agrees"] for r in mine) else "NO")
+        table.add_row(*row)
+    console.print(table)
+
+
+def draw(path: Path, scan_results: list[dict], tpch_results: list[dict]) -> None:
+    panels = (3 if scan_results else 0) + (2 if tpch_results else 0)
+    figure, axes = plt.subplots(1, max(panels, 1), figsize=(5.5 * max(panels, 1), 4.5))
+    axes = list(axes) if panels > 1 else [axes]
+    position = 0
+    if scan_results:
+        names = list(SCANS)
+        for metric, label in (
+            ("latency_s", "latency (s)"),
+            ("server_cpu_percent", "server CPU (%)"),
+            ("drive_links_bytes", "drive links (bytes)"),
+        ):
+            axis = axes[position]
+            position += 1
+            series = sorted({(r["drives"], r["compression"], r["way"]) for r in scan_results})
+            width = 0.8 / len(series)
+            for k, (drives, compression, way) in enumerate(series):
+                values = [
+                    next(
+                        r[metric]
+                        for r in scan_results
+                        if (r["drives"], r["compression"], r["way"], r["scan"])
+                        == (drives, compression, way, name)
+                    )
+                    for name in names
+                ]
+                axis.bar(
+                    [i + k * width for i in range(len(names))],
+                    values,
+                    width,
+                    label=f"{drives}d {compression} {WAYS[way]}",
+                )
+            axis.set_xticks([i + 0.4 for i in range(len(names))], names)
+            axis.set_ylabel(label)
+            axis.set_title(f"Fig. 6/7: {label}")
+        axes[0].legend(fontsize=6)
+    if tpch_results:
+        for metric, label in (("latency_s", "latency (s)"), ("network_bytes", "network (bytes)")):
+            axis = axes[position]
+            position += 1
+            for way in WAYS:
+                for n in sorted({r["requests"] for r in tpch_results}):
+                    mine = sorted(
+                        (r for r in tpch_results if r["way"] == way and r["requests"] == n),
+                        key=lambda r: r["query"],
+                    )
+                    axis.plot(
+                        [r["query"] for r in mine],
+                        [r[metric] for r in mine],
+                        marker="o",
+                        label=f"{WAYS[way]}, {n} requests",
+                    )
+            axis.set_yscale("log")
+            axis.set_xlabel("TPC-H query")
+            axis.set_ylabel(label)
+            axis.set_title(f"Fig. 8-11: {label}")
+        axes[-1].legend(fontsize=6)
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--sf", type=float, default=1.0)
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--parts", default="scans,tpch")
+    parser.add_argument("--requests", default="32,64,128")
+    parser.add_argument("--queries", default=",".join(str(n) for n in range(1, 23)))
+    arguments = parser.parse_args()
+    parts = {p.strip() for p in arguments.parts.split(",")}
+    requests = [int(n) for n in arguments.requests.split(",")]
+    queries = [int(n) for n in arguments.queries.split(",")]
+    assert parts <= {"scans", "tpch"} and 1 <= arguments.repeat <= 20
+    started = time.perf_counter()
+    duck = duckdb_with_tpch(arguments.sf)
+    data = {
+        f"tpch/{t}": duck.execute(f"SELECT * FROM {t}").fetch_arrow_table() for t in TPCH_TABLES
+    }
+    with tempfile.TemporaryDirectory(prefix="quarry-polardb-") as scratch:
+        scan_results = (
+            scans(duck, data, arguments.repeat, Path(scratch)) if "scans" in parts else []
+        )
+    tpch_results = tpch(duck, data, arguments.repeat, requests, queries) if "tpch" in parts else []
+    payload = {
+        "sf": arguments.sf,
+        "repeat": arguments.repeat,
+        "scans": [{k: v for k, v in r.items() if k != "table"} for r in scan_results],
+        "tpch": tpch_results,
+        "all_agree": all(r["agrees"] for r in scan_results + tpch_results),
+        "elapsed_s": time.perf_counter() - started,
+    }
+    draw(png_path(NAME), scan_results, tpch_results)
+    path = write_json(NAME, payload)
+    if scan_results:
+        report_scans(scan_results)
+    if tpch_results:
+        report_tpch(tpch_results)
+    console.print(
+        f"all answers agree with DuckDB: {payload['all_agree']}; wrote {path} and "
+        f"{png_path(NAME)} in {payload['elapsed_s']:.0f} s"
+    )
+
+
+if __name__ == "__main__":
+    main()
