@@ -491,6 +491,11 @@ def _print_explain(report: dict[str, Any]) -> None:
             f"{human_bytes(levels['network_bytes'])}; cpu: drives {levels['drives_cpu_s']:.3f} s, "
             f"servers {levels['servers_cpu_s']:.3f} s"
         )
+    if analyzed.get("host_decode_s", 0) >= 0.0005:
+        console.print(
+            f"host cpu decompressing raw slices shipped as stored: "
+            f"{analyzed['host_decode_s']:.3f} s"
+        )
     console.print(
         f"host cpu {analyzed['host_cpu_s']:.3f} s, wall {analyzed['wall_s']:.3f} s, "
         f"{human_bytes(analyzed['bytes_shipped'])} shipped to the host, "

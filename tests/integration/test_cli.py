@@ -68,6 +68,34 @@ def test_up_ingest_datasets_scan_down(tmp_path):
     assert gone.returncode == 2 and "no cluster file" in gone.stderr
 
 
+def test_up_with_storage_servers_and_down_stops_every_process(tmp_path):
+    """`quarry up --servers`: the host sees the servers, EXPLAIN ANALYZE shows each server's
+    drives below it, and `quarry down` stops servers and drives."""
+    path = tmp_path / "particles.parquet"
+    table = particles.table(100_000, seed=12)
+    pq.write_table(table, path)
+    _quarry("up", "--servers", "2", "--drives-per-server", "2", "--detach", cwd=tmp_path)
+    try:
+        status = json.loads(_quarry("status", "--json", cwd=tmp_path).stdout)
+        assert sorted(row["device"] for row in status) == ["s0", "s1"]
+        assert all(row["up"] for row in status)
+        _quarry("ingest", str(path), "--dataset", "physics/particles", cwd=tmp_path)
+        sql = "SELECT count(*) AS n FROM particles WHERE ke > 1"
+        shown = _quarry("sql", sql, "--pushdown", "server", "--analyze", cwd=tmp_path).stdout
+        assert "└ s0d0" in shown and "└ s1d1" in shown and "drive links" in shown
+        answer = _quarry("sql", sql, "--format", "json", cwd=tmp_path).stdout
+        expected = sum(1 for ke in table.column("ke").to_pylist() if ke > 1)
+        assert json.loads(answer)["result"] == [{"n": expected}]
+        spec = json.loads((tmp_path / ".quarry" / "cluster.json").read_text())
+    finally:
+        _quarry("down", cwd=tmp_path)
+    pids = [d["pid"] for server in spec["devices"] for d in [server, *server["drives"]]]
+    assert len(pids) == 6
+    from quarry.coordinator.local import is_device
+
+    assert not [pid for pid in pids if is_device(pid)], "a server or drive still runs"
+
+
 def test_errors_are_one_clear_line(tmp_path):
     done = _quarry("datasets", cwd=tmp_path, check=False)
     assert done.returncode == 2

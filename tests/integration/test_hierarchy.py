@@ -187,6 +187,35 @@ def test_a_scan_engine_behind_a_server_gets_only_its_comparisons(hierarchy, tpch
     assert all(d["bytes_shipped"] < d["bytes_read"] / 5 for d in engines)  # about 1/80 pass
 
 
+def test_compressed_slices_are_decompressed_where_they_are_scanned(hierarchy, tpch):  # noqa: F811
+    """lz4 slices: a drive that scans decompresses them; read raw, they travel compressed and
+    whoever scans them pays: the servers under server pushdown, the host under none (and its
+    EXPLAIN ANALYZE says how long)."""
+    hierarchy.ingest(tpch.data["tpch/lineitem"], "tpch/lineitem_lz4", compression="lz4")
+    try:
+        where = "WHERE l_shipdate < DATE '1995-01-01'"
+        sql = f"SELECT count(*) AS n, sum(l_quantity) AS q FROM tpch.lineitem_lz4 {where}"
+        expected = tpch.connection.execute(
+            f"SELECT count(*) AS n, sum(l_quantity) AS q FROM lineitem {where}"
+        ).fetch_arrow_table()
+        analyzed = {}
+        for way in ("never", "server", "always"):
+            planned = hierarchy.query(sql, pushdown=way)
+            result = planned.execute().read_all()
+            assert_same_rows(result, expected, ordered=False, context=f"lz4, {way}")
+            analyzed[way] = planned.explain(analyze=True)["analyze"]
+        assert analyzed["never"]["host_decode_s"] > 0
+        assert analyzed["server"]["host_decode_s"] == analyzed["always"]["host_decode_s"] == 0
+        plain = hierarchy.query(sql.replace("lineitem_lz4", "lineitem"), pushdown="server")
+        plain.execute().read_all()
+        compressed = analyzed["server"]["levels"]["drive_links_bytes"]
+        assert (
+            compressed < 0.8 * plain.explain(analyze=True)["analyze"]["levels"]["drive_links_bytes"]
+        )
+    finally:
+        hierarchy.drop("tpch/lineitem_lz4")
+
+
 def test_a_raw_scan_and_a_dataset_drop_pass_through_the_servers(hierarchy):
     table = particles.table(20_000, seed=5)
     hierarchy.ingest(table, "physics/through", partitions=4)

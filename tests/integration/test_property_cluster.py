@@ -3,7 +3,9 @@
 Random tables and random filter + group-by + aggregate queries (the strategies of the
 in-process property test), stored on three device processes with a tiny key-value limit so
 each partition holds many slices; the answer with pushdown never, always, and always with
-random slice ranges forced back raw or filtered equals DuckDB's.
+random slice ranges forced back raw or filtered equals DuckDB's; and the same on a hierarchy
+(two storage servers of three drives each), where a forced range is completed by the server or
+passed on to the host.
 """
 
 from __future__ import annotations
@@ -48,7 +50,17 @@ CLUSTERS = {
     "host": ["tiny", "tiny", "tiny"],
     # issue 4: every profile and every decision, with background load on the Kinetic drives
     "kinetic+scaleflux+load": ["tiny_kinetic", "tiny_scaleflux", "tiny_kinetic"],
+    # issue 13: host -> 2 storage servers -> 3 drives each, of every kind
+    "hierarchy": [
+        "tiny",
+        "tiny_scaleflux",
+        "tiny_kinetic",
+        "tiny_kinetic",
+        "tiny",
+        "tiny_scaleflux",
+    ],
 }
+SERVERS = {"hierarchy": 2}
 _names = itertools.count()
 
 
@@ -57,8 +69,14 @@ def tiny_cluster(request, tmp_path_factory):
     folder = tmp_path_factory.mktemp("tiny")
     (folder / "profiles.toml").write_text(PROFILES)
     profiles = CLUSTERS[request.param]
+    servers = SERVERS.get(request.param, 0)
+    shape = (
+        {"servers": servers, "drives_per_server": len(profiles) // servers}
+        if servers
+        else {"devices": len(profiles)}
+    )
     with quarry.local(
-        devices=len(profiles), profile=profiles, profiles_file=str(folder / "profiles.toml")
+        **shape, profile=profiles, profiles_file=str(folder / "profiles.toml")
     ) as cluster:
         if request.param.endswith("load"):
             for name in ("dev0", "dev2"):
@@ -94,11 +112,13 @@ def test_answer_independent_of_device_decisions(
                         "first": first,
                         "end": rng.randrange(first, p.slices) + 1,
                         "stage": rng.choice(["raw", "filter"]),
+                        # behind a storage server: completed by the host, not the server
+                        "to_host": rng.random() < 0.5,
                     }
                 ]
         answers = {
             mode: tiny_cluster.sql(sql, pushdown=mode).read_all()
-            for mode in ("never", "always", "auto")
+            for mode in ("never", "server", "always", "auto")
         }
         answers["forced"] = tiny_cluster.sql(sql, pushdown="always", decisions=decisions).read_all()
         connection = duckdb.connect()

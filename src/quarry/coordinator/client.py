@@ -207,9 +207,11 @@ class DeviceClient:
         first: int = 0,
         end: int | None = None,
         columns: list[str] | None = None,
+        stored: bool = False,
     ) -> flight.FlightStreamReader:
         columns_ = tuple(columns) if columns is not None else None
-        return self.get(work.ScanRequest(domain, dataset, partition, first, end, columns_))
+        request = work.ScanRequest(domain, dataset, partition, first, end, columns_, stored)
+        return self.get(request)
 
     def batches(self, reader: flight.FlightStreamReader) -> Iterator[pa.RecordBatch]:
         """A stream's batches, its errors translated."""

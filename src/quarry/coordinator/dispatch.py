@@ -14,6 +14,7 @@ threads, tasks run on a fixed pool, and the merged output waits in a queue of at
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -28,6 +29,7 @@ from quarry.device.unit import Unit
 from quarry.errors import DeviceUnavailable, PlanNotSupported, ProtocolError
 from quarry.protocol.stage import Stage
 from quarry.protocol.work import ChunkDone, PushedBack, SliceRequest, WorkDone, WorkRequest
+from quarry.store import stored
 
 FETCHERS_PER_EXCHANGE = 2  # concurrent fetches of pushed-back ranges per device stream
 PAYLOAD_ROUNDS_MAX = 2  # a unit asks for its payload at most once
@@ -51,6 +53,8 @@ class Task:
     # stops answering (none: the work fails with the device's error)
     replicas: dict[int, list[DeviceClient]] = field(default_factory=dict)
     failovers: int = 0  # how often this task has moved already
+    # raw slices travel as stored (a compressed dataset): this side decompresses them
+    stored_raw: bool = False
 
 
 class Dispatch:
@@ -129,7 +133,7 @@ class Dispatch:
     def _host_only(self, task: Task) -> Iterator[pa.RecordBatch]:
         for partition in task.request.partitions:
             report = self.report(task, partition)
-            raw = self._count_raw(task, report, self._raw_slices(task, partition, report))
+            raw = self._raw_slices(task, partition, report)  # each slice counted as it comes
             yield from self._complete(task.host, Stage.RAW, raw)
 
     def _raw_slices(
@@ -148,11 +152,20 @@ class Dispatch:
                 report.failovers.append(failover)
             try:
                 reader = client.scan(
-                    request.domain, request.dataset, partition, first=received, columns=columns
+                    request.domain,
+                    request.dataset,
+                    partition,
+                    first=received,
+                    columns=columns,
+                    stored=task.stored_raw,
                 )
-                for batch in client.batches(reader):
-                    received += 1
-                    yield batch
+                for shipped in client.batches(reader):
+                    size = pa.ipc.get_record_batch_size(shipped)
+                    for batch in self._decoded(report, shipped):
+                        received += 1
+                        report.add_raw(1, batch.num_rows, size)
+                        report.add_shipped(batch.num_rows, size, raw=True)
+                        yield batch
                 return
             except DeviceUnavailable as error:
                 self.dead.add(client.name)
@@ -162,15 +175,16 @@ class Dispatch:
             f"after {received} of its slices: {'; '.join(str(e) for _, e in lost)}"
         )
 
-    def _count_raw(
-        self, task: Task, report: WorkReport, batches: Iterable[pa.RecordBatch]
-    ) -> Iterator[pa.RecordBatch]:
-        """Raw slices as they arrive, each counted as read (whole, as stored) and shipped."""
-        for batch in batches:
-            size = pa.ipc.get_record_batch_size(batch)
-            report.add_raw(1, batch.num_rows, size)
-            report.add_shipped(batch.num_rows, size, raw=True)
-            yield batch
+    def _decoded(self, report: WorkReport, shipped: pa.RecordBatch) -> list[pa.RecordBatch]:
+        """A batch as it arrived, or the slices in it when they came as stored: decompressed
+        here, on this side's CPU, which the report counts (``decode_s``)."""
+        if not stored.is_stored(shipped.schema):
+            return [shipped]
+        started = time.thread_time()
+        slices = stored.decode(shipped)
+        with self._lock:
+            report.decode_s += time.thread_time() - started
+        return slices
 
     def _complete(
         self, host: Unit, stage: Stage, batches: Iterable[pa.RecordBatch]
@@ -309,6 +323,7 @@ class Dispatch:
             stage=notice.stage,
             query_id=request.query_id,
             args=request.args,
+            stored=task.stored_raw and notice.stage is Stage.RAW,
         )
         report = self.report(task, notice.partition)
         raw = notice.stage is Stage.RAW
@@ -316,9 +331,11 @@ class Dispatch:
             report.add_raw(notice.slices, notice.rows, notice.bytes_stored)
 
         def arriving() -> Iterator[pa.RecordBatch]:
-            for batch in task.client.batches(task.client.get(fetch, payload)):
-                report.add_shipped(batch.num_rows, pa.ipc.get_record_batch_size(batch), raw)
-                yield batch
+            for shipped in task.client.batches(task.client.get(fetch, payload)):
+                size = pa.ipc.get_record_batch_size(shipped)
+                slices = self._decoded(report, shipped)
+                report.add_shipped(sum(b.num_rows for b in slices), size, raw)
+                yield from slices
 
         return list(self._complete(task.host, notice.stage, arriving()))
 

@@ -83,6 +83,7 @@ def fragment_tasks(
                 host_only=pushdown == "never",
                 complete_output_from=complete_from,
                 replicas={p.partition: replicas_of(cluster, p, device)},
+                stored_raw=entry.compression != "none",
             )
         )
     return tasks

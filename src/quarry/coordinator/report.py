@@ -55,6 +55,7 @@ class WorkReport:
     device_cpu_s: float = 0.0
     drive_s: float = 0.0
     wall_s: float = 0.0
+    decode_s: float = 0.0  # CPU this side spent decompressing raw slices shipped as stored
     fallback: str | None = None
     trace: list[TraceEntry] | None = None
     # this device stopped answering and the rest of the partition went to a replica
@@ -127,12 +128,14 @@ def per_device(reports: list[WorkReport]) -> list[dict[str, Any]]:
                 "device": report.device,
                 "partitions": 0,
                 **dict.fromkeys(COUNTERS, 0),
+                "decode_s": 0.0,
                 "fallbacks": [],
             },
         )
         row["partitions"] += 1
         for name in COUNTERS:
             row[name] += getattr(report, name)
+        row["decode_s"] += report.decode_s
         if report.fallback:
             row["fallbacks"].append(report.fallback)
         for failover in report.failovers:

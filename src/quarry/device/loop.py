@@ -50,6 +50,7 @@ from quarry.protocol.work import (
     ranges_of,
 )
 from quarry.store import partition as partitions
+from quarry.store import stored
 from quarry.store.kv import KeyValueStore
 from quarry.store.partition import PartitionMeta
 
@@ -531,6 +532,8 @@ def fetch_slices(
             f"{request.partition} has {len(meta.slices)}"
         )
     schema = unit.raw_schema_of(meta)
+    if request.stored and request.stage is Stage.RAW and _ships_as_stored(unit, meta, numbers):
+        return stored_slices(runtime, meta, numbers, schema.names)
 
     def batches() -> Iterable[pa.RecordBatch]:
         for number in numbers:
@@ -539,6 +542,33 @@ def fetch_slices(
                 yield batch
 
     return schema, batches()
+
+
+def _ships_as_stored(unit: Unit, meta: PartitionMeta, numbers: list[int]) -> bool:
+    """A raw range ships as stored when the unit ships raw rows as they are (it adds nothing of
+    its own) and every slice has a stream per column (not the first, whole format)."""
+    plain = type(unit).raw_slice is Unit.raw_slice
+    return plain and all(meta.slices[n].columns is not None for n in numbers)
+
+
+def stored_slices(
+    runtime: Runtime, meta: PartitionMeta, numbers: Iterable[int], names: list[str]
+) -> tuple[pa.Schema, Iterable[pa.RecordBatch]]:
+    """Slices as stored (``quarry.store.stored``): read through the drive's internal link and
+    shipped through its external one undecoded; the receiver decompresses."""
+    fields = pa.schema([meta.schema.field(n) for n in names], metadata=meta.schema.metadata)
+    stream = stored.schema(fields)
+
+    def batches() -> Iterable[pa.RecordBatch]:
+        for number in numbers:
+            runtime.emulator.read(partitions.read_bytes(meta, number, names))
+            parts = partitions.read_stored(runtime.store, meta, number, names)
+            assert parts is not None, "a slice stored whole has no stream per column"
+            batch = stored.batch(parts, meta.slices[number].rows, stream)
+            runtime.emulator.ship(pa.ipc.get_record_batch_size(batch))
+            yield batch
+
+    return stream, batches()
 
 
 def _fetch_one(
@@ -559,4 +589,4 @@ def _fetch_one(
     return [conform(b, schema) for b in unit.filter(chunk).get(number, []) if b.num_rows]
 
 
-__all__ = ["Runtime", "SliceRange", "cpu_seconds", "fetch_slices", "run_work"]
+__all__ = ["Runtime", "SliceRange", "cpu_seconds", "fetch_slices", "run_work", "stored_slices"]

@@ -410,6 +410,9 @@ class DeviceServer(flight.FlightServerBase):
             meta.schema if columns is None else pa.schema([meta.schema.field(c) for c in columns])
         )
         end = len(meta.slices) if request.end is None else min(request.end, len(meta.slices))
+        numbers = range(request.first, end)
+        if request.stored and all(meta.slices[n].columns is not None for n in numbers):
+            return loop.stored_slices(self.runtime, meta, numbers, schema.names)
 
         def batches() -> Iterator[pa.RecordBatch]:
             for number in range(request.first, end):

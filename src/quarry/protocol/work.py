@@ -284,6 +284,8 @@ class SliceRequest(Message):
     stage: Stage = Stage.RAW
     query_id: str | None = bounded(chars_max=QUERY_ID_CHARS_MAX, default=None)
     args: dict[str, Any] = bounded(default_factory=dict)
+    # raw slices as stored, undecoded (``quarry.store.stored``): the receiver decompresses
+    stored: bool = False
 
     def __post_init__(self) -> None:
         assert self.stage.pushed_back, "only raw or filtered slices are fetched"
@@ -301,6 +303,7 @@ class ScanRequest(Message):
     first: int = bounded(low=0, high=SLICE_MAX, default=0)
     end: int | None = bounded(low=0, high=SLICE_MAX, default=None)  # None: to the last slice
     columns: tuple[str, ...] | None = bounded(items_max=100_000, default=None)
+    stored: bool = False  # as stored, undecoded (``quarry.store.stored``)
 
 
 @dataclass(frozen=True)

@@ -75,6 +75,7 @@ class StorageServer(flight.FlightServerBase):
         self._holders: dict[tuple[str, str, int], str] = {}
         self._turns: dict[str, int] = {}  # per ingest, the partitions placed so far
         self._capabilities: dict[str, Capabilities] = {}
+        self._compressed: dict[tuple[str, str], bool] = {}
         self._lock = threading.Lock()
 
     # ---- where a partition is -------------------------------------------------------------
@@ -98,6 +99,12 @@ class StorageServer(flight.FlightServerBase):
             )
         return self.drives.devices[name]
 
+    def compressed(self, domain: str, dataset: str) -> bool:
+        """Whether a dataset's slices are compressed (its raw ranges then come as stored, and
+        this server decompresses them)."""
+        with self._lock:
+            return self._compressed.get((domain, dataset), False)
+
     def capabilities(self, drive: DeviceClient) -> Capabilities:
         """What a drive evaluates of a sub-plan (its profile's class; asked once)."""
         with self._lock:
@@ -114,6 +121,7 @@ class StorageServer(flight.FlightServerBase):
         found: list[control.PartitionSummary] = []
         down: list[str] = []
         holders: dict[tuple[str, str, int], str] = {}
+        compressed: dict[tuple[str, str], bool] = {}
         for drive in self.ordered_drives():
             try:
                 summaries = drive.inventory()
@@ -123,9 +131,11 @@ class StorageServer(flight.FlightServerBase):
                 continue
             for summary in summaries:
                 holders[(summary.domain, summary.dataset, summary.partition)] = drive.name
+                compressed[(summary.domain, summary.dataset)] = summary.compression != "none"
                 found.append(summary)
         with self._lock:
             self._holders = holders
+            self._compressed = compressed
         return found, down
 
     def _placed(self, request: ingest.PutPartition) -> DeviceClient:

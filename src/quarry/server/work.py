@@ -69,6 +69,8 @@ class StorageServer(Protocol):
 
     def capabilities(self, drive: DeviceClient) -> Capabilities: ...
 
+    def compressed(self, domain: str, dataset: str) -> bool: ...
+
 
 QUEUE_GROUPS_MAX = 16  # completed groups waiting for the upstream writer
 
@@ -169,6 +171,7 @@ def _task(
         host=unit_class(share, payload, host_context()),
         payload=payload,
         label=f"{request.domain}/{request.dataset}",
+        stored_raw=server.compressed(request.domain, request.dataset),
     )
     capabilities = server.capabilities(drive)
     if request.unit == SubstraitUnit.NAME and not capabilities.is_full:
@@ -252,7 +255,8 @@ def _partition_report(
         rows_shipped=shipped.rows,
         bytes_shipped=shipped.bytes,
         drive_s=drive.drive_s,
-        device_cpu_s=task.host.context.drive_s,  # the server's CPU completing it
+        # the server's CPU completing it, and decompressing what came raw as stored
+        device_cpu_s=task.host.context.drive_s + drive.decode_s,
         wall_s=drive.wall_s,
     )
     completed = [d for d in drive.decisions if d.stage in (Stage.RAW, Stage.FILTER)]

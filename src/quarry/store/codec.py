@@ -3,8 +3,9 @@
 A slice value is its columns' one-column IPC streams in schema order; the metadata slice keeps
 each stream's length, so a device reads only the byte ranges of the columns a sub-plan touches
 (Kinetic Pipe's column reads; `docs/protocol.md`, "Slice values"). Compression uses Arrow's own
-IPC buffer compression (zstd, lz4 frame), so the device that reads a slice decompresses it on its
-own CPU (POLARDB §3.2) and the host only ever sees plain Arrow. A value stored whole (one stream
+IPC buffer compression (zstd, lz4 frame), so the device that scans a slice decompresses it on
+its own CPU (POLARDB §3.2); a slice read raw for another to scan travels as stored
+(``quarry.store.stored``) and its receiver decompresses it. A value stored whole (one stream
 of every column, the first format) still reads.
 """
 

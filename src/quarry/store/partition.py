@@ -489,6 +489,20 @@ def read_slice(
         ) from None
 
 
+def read_stored(
+    store: KeyValueStore, meta: PartitionMeta, number: int, columns: list[str]
+) -> list[bytes] | None:
+    """The stored IPC streams of ``columns`` of a slice, undecoded (None: the slice was stored
+    whole, in the first format, and has no stream per column)."""
+    info = meta.slices[number]
+    if info.columns is None:
+        return None
+    key = naming.slice_key(meta.domain, meta.dataset, meta.partition, number)
+    wanted = column_indices(meta, columns)
+    parts = _column_values(store, key, info, wanted)
+    return [parts[i] for i in wanted]
+
+
 def column_indices(meta: PartitionMeta, columns: list[str] | None) -> list[int]:
     """Schema positions of ``columns`` (None: every column), in the order asked."""
     if columns is None:
