@@ -439,7 +439,12 @@ def main() -> None:
         scan_results = (
             scans(duck, data, arguments.repeat, Path(scratch)) if "scans" in parts else []
         )
-    tpch_results = tpch(duck, data, arguments.repeat, requests, queries) if "tpch" in parts else []
+    if scan_results:  # kept even if the TPC-H part stops
+        partial = {"sf": arguments.sf, "scans": strip(scan_results), "partial": True}
+        write_json(NAME, {**partial, "scan_shapes": scan_shapes(scan_results)})
+    tpch_results = (
+        tpch(duck, data, arguments.tpch_repeat, requests, queries) if "tpch" in parts else []
+    )
     payload = {
         "sf": arguments.sf,
         "repeat": arguments.repeat,

@@ -25,6 +25,7 @@ import pyarrow as pa
 from quarry.coordinator.dispatch import Dispatch, Task
 from quarry.coordinator.report import WorkReport
 from quarry.coordinator.streams import merge
+from quarry.cost import eq1
 from quarry.device.loop import cpu_seconds
 from quarry.device.unit import host_context, lookup
 from quarry.device.units.substrait import (
@@ -40,6 +41,7 @@ from quarry.protocol.stage import Stage
 from quarry.protocol.work import (
     ChunkDone,
     Decision,
+    HostCost,
     LevelReport,
     PartitionReport,
     PushedBack,
@@ -140,17 +142,42 @@ def run_work(
 
 def passes_on(server: StorageServer, request: WorkRequest) -> Callable[[Task, PushedBack], bool]:
     """Whether a range a drive handed back goes on to the host rather than being completed
-    here: the host forced it there (``ForcedDecision.to_host``), or, under auto (the host sent
-    its costs), this server is itself too busy (its CPU at least ``SERVER_BUSY``)."""
+    here: the host forced it there (``ForcedDecision.to_host``), or, under auto, the host
+    completes it for less (``host_cheaper``)."""
     upward = {(f.partition, n) for f in request.forced if f.to_host for n in range(f.first, f.end)}
 
     def decide(task: Task, notice: PushedBack) -> bool:
         numbers = ((notice.partition, n) for r in notice.ranges for n in r.numbers())
         if any(number in upward for number in numbers):
             return True
-        return request.host is not None and server.emulator.load()["cpu_busy"] >= SERVER_BUSY
+        if request.host is None:  # always / server: this server completes what it is handed
+            return False
+        return host_cheaper(request.host, notice.stage, server.emulator.load()["cpu_busy"])
 
     return decide
+
+
+def host_cheaper(host: HostCost, stage: Stage, busy: float) -> bool:
+    """ActivePy Eq. 1 one level up, per stored byte: the host path (the range crosses the
+    network as it is, the host completes it on its share) against this server's (it completes
+    the range on what its CPU has left, ``1 - busy``, and ships the result, about nothing for
+    the partial aggregates and filters the cost model pushes). The server's own cost is the
+    host's estimate of it (``device_full_s_per_byte``); without one, a server at least
+    ``SERVER_BUSY`` passes on and any other completes."""
+    if host.device_full_s_per_byte <= 0:
+        return busy >= SERVER_BUSY
+    raw = stage is Stage.RAW
+    shipped = host.raw_ratio if raw else host.filter_ratio
+    rest_s = host.full_s_per_byte - (0.0 if raw else host.filter_s_per_byte)
+    host_s = eq1.host_path_s_per_byte(
+        shipped, host.link_bytes_per_s, eq1.on_host_share(max(rest_s, 0.0), host.host_share)
+    )
+    here_s = eq1.device_path_s_per_byte(
+        host.device_full_s_per_byte / max(1.0 - busy, eq1.HOST_SHARE_MIN),
+        0.0,
+        host.link_bytes_per_s,
+    )
+    return not eq1.pushes_down(host_s, here_s)
 
 
 def _task(
