@@ -93,7 +93,7 @@ def test_what_drives_push_back_their_server_completes(hierarchy, tpch, number): 
     assert all(p["bytes_shipped_raw"] == 0 for p in partitions)
 
 
-@pytest.mark.parametrize("number", [1, 3, 6, 10, 14, 18])
+@pytest.mark.parametrize("number", TPCH_QUERIES)
 def test_push_back_at_each_level(hierarchy, tpch, number):  # noqa: F811
     """Forced push-back at both levels: some ranges the drives hand back are completed by their
     server, others (``to_host``) passed on and completed by the host. Same answer."""
@@ -270,3 +270,24 @@ def test_a_drive_killed_mid_query_behind_a_server(replicated):
     # Afterwards the replicas behind s1 answer for what s0d0 held.
     again = cluster.sql(PARTICLE_SQL, pushdown="always").read_all()
     assert_same_rows(again, expected, ordered=False, float_absolute=1e-6)
+
+
+def test_servers_and_drives_of_the_host_in_one_cluster(tpch):  # noqa: F811
+    """Two depths in one cluster: a server with drives of its own beside a drive the host talks
+    to directly; a dataset spans both, and the answers are DuckDB's whatever each does."""
+    with quarry.local(servers=1, drives_per_server=2, direct_drives=1) as cluster:
+        assert sorted(cluster.devices) == ["d0", "s0"]
+        for name in ("lineitem", "orders"):
+            cluster.ingest(tpch.data[f"tpch/{name}"], f"tpch/{name}", partitions=4)
+        assert {p.devices[0] for p in cluster.entry("tpch/lineitem").partitions} == {"d0", "s0"}
+        for number in (1, 4, 6, 12):
+            sql = tpch.queries[number]
+            for way in ("never", "server", "always", "auto"):
+                planned = cluster.query(sql, pushdown=way)
+                result = planned.execute().read_all()
+                assert_same_rows(
+                    result, tpch.expected(number), ordered=_ordered(sql), context=f"Q{number} {way}"
+                )
+        partitions = planned.explain(analyze=True)["analyze"]["partitions"]
+        assert {p["device"] for p in partitions} == {"d0", "s0"}
+        assert all(bool(p.get("below")) == (p["device"] == "s0") for p in partitions)

@@ -383,10 +383,12 @@ def start_hierarchy(
     profiles_file: str | None = None,
     tls: bool = False,
     detach: bool = False,
+    direct: int = 0,
 ) -> tuple[list[dict[str, Any]], list[subprocess.Popen]]:
     """``servers`` storage servers, each in front of ``drives_per_server`` drives of its own
-    (named ``s<i>d<k>``; ``drive_profile`` one for all, or one per drive in server order).
-    Returns the servers' entries (the host's devices) and the drives' processes."""
+    (named ``s<i>d<k>``; ``drive_profile`` one for all, or one per drive in server order), and
+    ``direct`` drives the host talks to itself (``d<k>``, the first drive profile): one cluster
+    of two depths. Returns the host's devices' entries and the processes behind servers."""
     if not 1 <= servers * drives_per_server <= DEVICES_MAX or servers < 1:
         raise ClusterError(
             f"servers x drives per server must be 1 to {DEVICES_MAX}, got {servers} x "
@@ -407,6 +409,21 @@ def start_hierarchy(
                 for n, p in zip(names, profiles, strict=True)
             ]
             drives = [future.result() for future in futures]
+            futures = [
+                pool.submit(
+                    start_device,
+                    data / f"d{k}",
+                    f"d{k}",
+                    profiles[0],
+                    0,
+                    detach,
+                    profiles_file,
+                    credentials,
+                    tls,
+                )
+                for k in range(direct)
+            ]
+            started.extend(future.result() for future in futures)
         for i in range(servers):
             own = drives[i * drives_per_server : (i + 1) * drives_per_server]
             started.append(
@@ -440,6 +457,7 @@ def local(
     drives_per_server: int = 0,
     server_profile: str = "host",
     drive_profile: str | list[str] | None = None,
+    direct_drives: int = 0,
 ) -> Iterator[LocalCluster]:
     """Start ``devices`` device processes on localhost; stop them (and clean up) on exit.
 
@@ -450,7 +468,8 @@ def local(
 
     ``servers`` > 0 starts a hierarchy instead: that many storage servers (``server_profile``),
     each in front of ``drives_per_server`` drives of its own (``drive_profile``, else
-    ``profile``); the host sees the servers as its devices.
+    ``profile``); the host sees the servers as its devices, and ``direct_drives`` more drives it
+    talks to directly.
     """
     host = get_profile(host_profile, profiles_file) if host_profile is not None else None
     if servers:
@@ -466,6 +485,7 @@ def local(
                 root,
                 profiles_file,
                 tls,
+                direct=direct_drives,
             )
         except BaseException:
             if owns:
