@@ -94,7 +94,14 @@ def start_device(
     }
     if profiles_file is not None:  # so that `quarry device restart` finds the profile again
         spec["profiles_file"] = str(profiles_file)
-    if credentials is not None:  # how clients of the cluster file prove who they are
+    return _with_credentials(spec, credentials, tls)
+
+
+def _with_credentials(
+    spec: dict[str, Any], credentials: Credentials | None, tls: bool
+) -> dict[str, Any]:
+    """A cluster-file entry with how its clients prove who they are (and the CA under TLS)."""
+    if credentials is not None:
         spec["credentials"] = str(credentials.folder)
         spec["token_file"] = str(credentials.admin_token_file)
         if tls:
@@ -366,12 +373,7 @@ def start_server(
         "drives": listed,
         "_process": process,
     }
-    if credentials is not None:
-        spec["credentials"] = str(credentials.folder)
-        spec["token_file"] = str(credentials.admin_token_file)
-        if tls:
-            spec["ca_file"] = str(credentials.ca_file)
-    return spec
+    return _with_credentials(spec, credentials, tls)
 
 
 def start_hierarchy(

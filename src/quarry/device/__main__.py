@@ -12,10 +12,8 @@ import sys
 from quarry.errors import QuarryError
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m quarry.device")
-    commands = parser.add_subparsers(dest="command", required=True)
-    serve = commands.add_parser("serve", help="run one device")
+def serve_options(serve: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """The options every server process takes (a device's, a storage server's)."""
     serve.add_argument("--data", required=True)
     serve.add_argument("--port", type=int, default=0)
     serve.add_argument("--profile", default="host")
@@ -26,6 +24,13 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--credentials")
     serve.add_argument("--tls", action="store_true")
     serve.add_argument("--insecure", action="store_true")
+    return serve
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m quarry.device")
+    commands = parser.add_subparsers(dest="command", required=True)
+    serve_options(commands.add_parser("serve", help="run one device"))
     options = parser.parse_args(argv)
     from quarry.device.server import serve_with
 

@@ -105,14 +105,20 @@ class Security:
         return "grpc+tls" if self.tls else "grpc"
 
 
-class DeviceServer(flight.FlightServerBase):
+class Service(flight.FlightServerBase):
+    """What every quarry server process shares, a device or a storage server: every call's
+    token checked (and TLS), who it is (``hello``, from its identity file and profile), and
+    typed actions dispatched to the handlers of ``_actions``."""
+
+    WHAT = "device"  # how errors name it
+
     def __init__(
         self,
         data: Path,
         profile: Profile,
         location: str,
-        name: str | None = None,
-        security: Security = Security(),
+        name: str | None,
+        security: Security,
     ):
         middleware = {auth.NAME: auth.TokenCheck(security.secret)} if security.secret else None
         tls = [security.tls] if security.tls else None
@@ -121,6 +127,70 @@ class DeviceServer(flight.FlightServerBase):
         self.profile = profile
         self.identity = identity_file.load_or_create(self.data, name, profile.name)
         self.name = self.identity["name"]
+        self.started_at = time.time()
+        self._hello_bytes: bytes | None = None
+
+    def _actions(self) -> dict[str, tuple[type[Message], Callable[[Any, bytes], Any]]]:
+        raise NotImplementedError
+
+    @_flight_errors
+    def do_action(
+        self, context: flight.ServerCallContext, action: flight.Action
+    ) -> Iterator[bytes]:
+        kind, header, payload = frame.decode(action.body.to_pybytes())
+        if kind != action.type:
+            raise ProtocolError(f"action type {action.type!r} does not match its body ({kind!r})")
+        auth.authorize(context, kind, needed(kind, header))
+        handlers = self._actions()
+        if kind not in handlers:
+            raise ProtocolError(
+                f"unknown action {kind!r}; this {self.WHAT} knows {sorted(handlers)}"
+            )
+        request_class, handler = handlers[kind]
+        reply = handler(request_class.from_json(header), payload)
+        return iter([reply if isinstance(reply, bytes) else reply.to_bytes()])
+
+    def list_actions(self, context: flight.ServerCallContext) -> list[tuple[str, str]]:
+        return [(str(a), "") for a in frame.Action]
+
+    def _hello(self, request: control.Hello, payload: bytes) -> bytes:
+        if self._hello_bytes is None:  # who it is does not change while it runs
+            self._hello_bytes = self._hello_reply().to_bytes()
+        return self._hello_bytes
+
+    def _hello_reply(self) -> control.HelloReply:
+        return control.HelloReply(
+            protocol=frame.PROTOCOL_VERSION,
+            id=self.identity["id"],
+            name=self.name,
+            profile=control.ProfileInfo.from_json(self.profile.to_json()),
+            pid=os.getpid(),
+            data=str(self.data),
+            started_at=self.started_at,
+        )
+
+
+def write_ready(ready_file: str | Path, address: str, port: int, name: str) -> None:
+    """Say where a server process listens, atomically (its starter waits for the file)."""
+    import json
+
+    ready = Path(ready_file)
+    tmp = ready.with_suffix(".tmp")
+    body = {"port": port, "pid": os.getpid(), "name": name, "address": address}
+    tmp.write_text(json.dumps(body))
+    tmp.replace(ready)
+
+
+class DeviceServer(Service):
+    def __init__(
+        self,
+        data: Path,
+        profile: Profile,
+        location: str,
+        name: str | None = None,
+        security: Security = Security(),
+    ):
+        super().__init__(data, profile, location, name, security)
         self.store = KeyValueStore(self.data / "kv", kv_bytes_max=profile.kv_bytes_max)
         from quarry.device.emulation import Emulator
 
@@ -137,33 +207,13 @@ class DeviceServer(flight.FlightServerBase):
             ask=functools.partial(ask_outcome, token=peer_token, root_ca=security.ca),
         )
         self.janitor.start()
-        self.started_at = time.time()
         self._inventory_cache: tuple[int, bytes] | None = None
-        self._hello_bytes: bytes | None = None
 
     @property
     def emulator(self):
         return self.runtime.emulator
 
     # ---- actions -------------------------------------------------------------------------
-
-    @_flight_errors
-    def do_action(
-        self, context: flight.ServerCallContext, action: flight.Action
-    ) -> Iterator[bytes]:
-        kind, header, payload = frame.decode(action.body.to_pybytes())
-        if kind != action.type:
-            raise ProtocolError(f"action type {action.type!r} does not match its body ({kind!r})")
-        auth.authorize(context, kind, needed(kind, header))
-        handlers = self._actions()
-        if kind not in handlers:
-            raise ProtocolError(f"unknown action {kind!r}; this device knows {sorted(handlers)}")
-        request_class, handler = handlers[kind]
-        reply = handler(request_class.from_json(header), payload)
-        return iter([reply if isinstance(reply, bytes) else reply.to_bytes()])
-
-    def list_actions(self, context: flight.ServerCallContext) -> list[tuple[str, str]]:
-        return [(str(a), "") for a in frame.Action]
 
     def _actions(self) -> dict[str, tuple[type[Message], Callable[[Any, bytes], Any]]]:
         return {
@@ -210,22 +260,6 @@ class DeviceServer(flight.FlightServerBase):
                 lambda r, p: control.KvKeys(self.store.list(r.prefix, r.limit)),
             ),
         }
-
-    def _hello(self, request: control.Hello, payload: bytes) -> bytes:
-        if self._hello_bytes is None:  # who a device is does not change while it runs
-            self._hello_bytes = self._hello_reply().to_bytes()
-        return self._hello_bytes
-
-    def _hello_reply(self) -> control.HelloReply:
-        return control.HelloReply(
-            protocol=frame.PROTOCOL_VERSION,
-            id=self.identity["id"],
-            name=self.name,
-            profile=control.ProfileInfo.from_json(self.profile.to_json()),
-            pid=os.getpid(),
-            data=str(self.data),
-            started_at=self.started_at,
-        )
 
     def _inventory(self, request: control.Inventory, payload: bytes) -> bytes:
         """Every committed partition. Asked before every query, changed only by commit and
@@ -491,20 +525,6 @@ def serve(
     scheme = security.scheme
     server = DeviceServer(Path(data), profile, f"{scheme}://{host}:{port}", name, security)
     if ready_file is not None:
-        import json
-
-        ready = Path(ready_file)
-        tmp = ready.with_suffix(".tmp")
-        tmp.write_text(
-            json.dumps(
-                {
-                    "port": server.port,
-                    "pid": os.getpid(),
-                    "name": server.name,
-                    "address": f"{scheme}://{host}:{server.port}",
-                }
-            )
-        )
-        tmp.replace(ready)
+        write_ready(ready_file, f"{scheme}://{host}:{server.port}", server.port, server.name)
     log.info("device %s (%s) listening on %s:%d", server.name, profile.name, host, server.port)
     server.serve()

@@ -11,24 +11,17 @@ import json
 import sys
 from pathlib import Path
 
+from quarry.device.__main__ import serve_options
 from quarry.errors import QuarryError
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m quarry.server")
     commands = parser.add_subparsers(dest="command", required=True)
-    serve = commands.add_parser("serve", help="run one storage server in front of its drives")
-    serve.add_argument("--data", required=True)
+    serve = serve_options(
+        commands.add_parser("serve", help="run one storage server in front of its drives")
+    )
     serve.add_argument("--drives", required=True, help="JSON file: the drives it fronts")
-    serve.add_argument("--port", type=int, default=0)
-    serve.add_argument("--profile", default="host")
-    serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--name")
-    serve.add_argument("--ready-file")
-    serve.add_argument("--profiles")
-    serve.add_argument("--credentials")
-    serve.add_argument("--tls", action="store_true")
-    serve.add_argument("--insecure", action="store_true")
     options = parser.parse_args(argv)
     import logging
 

@@ -14,9 +14,7 @@ asked for everything it serves, because its drives can.
 from __future__ import annotations
 
 import logging
-import os
 import threading
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -26,15 +24,13 @@ import pyarrow as pa
 from pyarrow import flight
 
 from quarry import auth
-from quarry.auth.middleware import needed
 from quarry.coordinator.client import DeviceClient, _finish_put
 from quarry.coordinator.membership import Membership
 from quarry.device import admission, calibration
-from quarry.device import identity as identity_file
 from quarry.device.admission import Admission
 from quarry.device.emulation import Emulator
 from quarry.device.profile import Profile
-from quarry.device.server import Security, _flight_errors, _typed_errors
+from quarry.device.server import Security, Service, _flight_errors, _typed_errors, write_ready
 from quarry.device.unit import lookup, set_host_profile
 from quarry.errors import DeviceUnavailable, ProtocolError, QueryError
 from quarry.plan.capabilities import Capabilities, of_profile
@@ -47,7 +43,9 @@ log = logging.getLogger("quarry.server")
 INGESTS_REMEMBERED_MAX = 1024  # ingests whose next drive a server remembers
 
 
-class StorageServer(flight.FlightServerBase):
+class StorageServer(Service):
+    WHAT = "server"
+
     def __init__(
         self,
         data: Path,
@@ -57,21 +55,14 @@ class StorageServer(flight.FlightServerBase):
         name: str | None = None,
         security: Security = Security(),
     ):
-        middleware = {auth.NAME: auth.TokenCheck(security.secret)} if security.secret else None
-        tls = [security.tls] if security.tls else None
-        super().__init__(location, middleware=middleware, tls_certificates=tls)
-        self.data = Path(data)
-        self.data.mkdir(parents=True, exist_ok=True)
-        self.profile = profile
-        self.identity = identity_file.load_or_create(self.data, name, profile.name)
-        self.name = self.identity["name"]
+        Path(data).mkdir(parents=True, exist_ok=True)
+        super().__init__(data, profile, location, name, security)
         self.drives = Membership(drives)
         self.emulator = Emulator(profile)  # its own link to the host
         set_host_profile(profile)  # completions in its slots; drives' streams through its ingress
         self.admission = Admission(
             self.name, admission.exchanges_for(profile.cores), admission.queued_bytes_default()
         )
-        self.started_at = time.time()
         self._holders: dict[tuple[str, str, int], str] = {}
         self._turns: dict[str, int] = {}  # per ingest, the partitions placed so far
         self._capabilities: dict[str, Capabilities] = {}
@@ -154,24 +145,6 @@ class StorageServer(flight.FlightServerBase):
 
     # ---- actions ----------------------------------------------------------------------------
 
-    @_flight_errors
-    def do_action(
-        self, context: flight.ServerCallContext, action: flight.Action
-    ) -> Iterator[bytes]:
-        kind, header, payload = frame.decode(action.body.to_pybytes())
-        if kind != action.type:
-            raise ProtocolError(f"action type {action.type!r} does not match its body ({kind!r})")
-        auth.authorize(context, kind, needed(kind, header))
-        handlers = self._actions()
-        if kind not in handlers:
-            raise ProtocolError(f"unknown action {kind!r}; this server knows {sorted(handlers)}")
-        request_class, handler = handlers[kind]
-        reply = handler(request_class.from_json(header), payload)
-        return iter([reply if isinstance(reply, bytes) else reply.to_bytes()])
-
-    def list_actions(self, context: flight.ServerCallContext) -> list[tuple[str, str]]:
-        return [(str(a), "") for a in frame.Action]
-
     def _actions(self) -> dict[str, tuple[type[Message], Callable[[Any, bytes], Any]]]:
         first = self.ordered_drives()[0]  # the server's own keys live on its first drive
         return {
@@ -206,17 +179,6 @@ class StorageServer(flight.FlightServerBase):
             control.KvDelete.KIND: (control.KvDelete, lambda r, p: first.action(r)),
             control.KvList.KIND: (control.KvList, lambda r, p: first.action(r)),
         }
-
-    def _hello(self, request: control.Hello, payload: bytes) -> control.HelloReply:
-        return control.HelloReply(
-            protocol=frame.PROTOCOL_VERSION,
-            id=self.identity["id"],
-            name=self.name,
-            profile=control.ProfileInfo.from_json(self.profile.to_json()),
-            pid=os.getpid(),
-            data=str(self.data),
-            started_at=self.started_at,
-        )
 
     def _inventory(self, request: control.Inventory, payload: bytes) -> control.InventoryReply:
         """The union of the drives' partitions, each as this server's to its upstream."""
@@ -362,17 +324,7 @@ def serve(
     scheme = security.scheme
     server = StorageServer(Path(data), profile, f"{scheme}://{host}:{port}", drives, name, security)
     if ready_file is not None:
-        import json
-
-        ready = Path(ready_file)
-        tmp = ready.with_suffix(".tmp")
-        address = f"{scheme}://{host}:{server.port}"
-        tmp.write_text(
-            json.dumps(
-                {"port": server.port, "pid": os.getpid(), "name": server.name, "address": address}
-            )
-        )
-        tmp.replace(ready)
+        write_ready(ready_file, f"{scheme}://{host}:{server.port}", server.port, server.name)
     log.info(
         "storage server %s (%s) over %d drives on %s:%d",
         server.name,
