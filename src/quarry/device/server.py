@@ -153,6 +153,20 @@ class Service(flight.FlightServerBase):
     def list_actions(self, context: flight.ServerCallContext) -> list[tuple[str, str]]:
         return [(str(a), "") for a in frame.Action]
 
+    def _load(self, request: control.Load, payload: bytes) -> control.LoadStarted:
+        started = self.emulator.start_load(request.cpu, request.seconds)
+        return control.LoadStarted(started["cpu"], started["seconds"], self.name)
+
+    def _admitted(self) -> dict[str, int]:
+        """``StatsReply``'s account of the exchanges it admits (``admission``)."""
+        admitted = self.admission.status()
+        return {
+            "running": admitted["running"] + admitted["running_small"],
+            "exchanges_max": admitted["exchanges_max"],
+            "admitted": admitted["admitted"],
+            "refused": admitted["refused"],
+        }
+
     def _hello(self, request: control.Hello, payload: bytes) -> bytes:
         if self._hello_bytes is None:  # who it is does not change while it runs
             self._hello_bytes = self._hello_reply().to_bytes()
@@ -288,7 +302,6 @@ class DeviceServer(Service):
 
     def _stats(self, request: control.Stats, payload: bytes) -> control.StatsReply:
         stats = self.store.stats()
-        admitted = self.admission.status()
         return control.StatsReply(
             keys=stats["keys"],
             file_bytes=stats["file_bytes"],
@@ -296,15 +309,8 @@ class DeviceServer(Service):
             pending_partitions=sum(
                 1 for k in self.store.list(naming.PENDING_PREFIX) if k.count("/") == 3
             ),
-            running=admitted["running"] + admitted["running_small"],
-            exchanges_max=admitted["exchanges_max"],
-            admitted=admitted["admitted"],
-            refused=admitted["refused"],
+            **self._admitted(),
         )
-
-    def _load(self, request: control.Load, payload: bytes) -> control.LoadStarted:
-        started = self.emulator.start_load(request.cpu, request.seconds)
-        return control.LoadStarted(started["cpu"], started["seconds"], self.name)
 
     def _calibrate(self, request: control.Calibrate, payload: bytes) -> control.CalibrateReply:
         if request.part is control.CalibratePart.KERNEL:

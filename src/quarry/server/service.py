@@ -206,21 +206,13 @@ class StorageServer(Service):
 
     def _stats(self, request: control.Stats, payload: bytes) -> control.StatsReply:
         stats = self._all(lambda d: d.stats())
-        admitted = self.admission.status()
         return control.StatsReply(
             keys=sum(s.keys for s in stats),
             file_bytes=sum(s.file_bytes for s in stats),
             partitions=sum(s.partitions for s in stats),
             pending_partitions=sum(s.pending_partitions for s in stats),
-            running=admitted["running"] + admitted["running_small"],
-            exchanges_max=admitted["exchanges_max"],
-            admitted=admitted["admitted"],
-            refused=admitted["refused"],
+            **self._admitted(),
         )
-
-    def _load(self, request: control.Load, payload: bytes) -> control.LoadStarted:
-        started = self.emulator.start_load(request.cpu, request.seconds)
-        return control.LoadStarted(started["cpu"], started["seconds"], self.name)
 
     def _calibrate(self, request: control.Calibrate, payload: bytes) -> control.CalibrateReply:
         """The kernel on the server's own CPU; reads are its first drive's."""
