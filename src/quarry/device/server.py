@@ -153,6 +153,27 @@ class Service(flight.FlightServerBase):
     def list_actions(self, context: flight.ServerCallContext) -> list[tuple[str, str]]:
         return [(str(a), "") for a in frame.Action]
 
+    @_flight_errors
+    def do_exchange(
+        self,
+        context: flight.ServerCallContext,
+        descriptor: flight.FlightDescriptor,
+        reader: flight.MetadataRecordBatchReader,
+        writer: flight.MetadataRecordBatchWriter,
+    ) -> None:
+        """A work request, decoded and authorized, run by ``_work``."""
+        kind, header, payload = frame.decode(descriptor.command)
+        if kind != Exchange.WORK:
+            raise ProtocolError(f"unknown exchange {kind!r}")
+        request = work.WorkRequest.from_json(header)
+        auth.authorize(context, f"run {request.unit}", lookup(request.unit).ROLE)
+        self._work(request, payload, writer)
+
+    def _work(
+        self, request: work.WorkRequest, payload: bytes, writer: flight.MetadataRecordBatchWriter
+    ) -> None:
+        raise NotImplementedError
+
     def _load(self, request: control.Load, payload: bytes) -> control.LoadStarted:
         started = self.emulator.start_load(request.cpu, request.seconds)
         return control.LoadStarted(started["cpu"], started["seconds"], self.name)
@@ -396,19 +417,9 @@ class DeviceServer(Service):
         )
         return control.Version(version)
 
-    @_flight_errors
-    def do_exchange(
-        self,
-        context: flight.ServerCallContext,
-        descriptor: flight.FlightDescriptor,
-        reader: flight.MetadataRecordBatchReader,
-        writer: flight.MetadataRecordBatchWriter,
+    def _work(
+        self, request: work.WorkRequest, payload: bytes, writer: flight.MetadataRecordBatchWriter
     ) -> None:
-        kind, header, payload = frame.decode(descriptor.command)
-        if kind != Exchange.WORK:
-            raise ProtocolError(f"unknown exchange {kind!r}")
-        request = work.WorkRequest.from_json(header)
-        auth.authorize(context, f"run {request.unit}", lookup(request.unit).ROLE)
         loop.run_work(self.runtime, request, payload, writer)  # admitted inside, once pruned
 
     @_flight_errors

@@ -31,11 +31,11 @@ from quarry.device.admission import Admission
 from quarry.device.emulation import Emulator
 from quarry.device.profile import Profile
 from quarry.device.server import Security, Service, _flight_errors, _typed_errors, write_ready
-from quarry.device.unit import lookup, set_host_profile
+from quarry.device.unit import set_host_profile
 from quarry.errors import DeviceUnavailable, ProtocolError, QueryError
 from quarry.plan.capabilities import Capabilities, of_profile
 from quarry.protocol import control, frame, ingest, work
-from quarry.protocol.frame import Exchange, Get, Put
+from quarry.protocol.frame import Get, Put
 from quarry.protocol.message import Message
 from quarry.server import work as server_work
 
@@ -281,19 +281,9 @@ class StorageServer(Service):
             self.emulator.ship(pa.ipc.get_record_batch_size(batch))
             yield batch
 
-    @_flight_errors
-    def do_exchange(
-        self,
-        context: flight.ServerCallContext,
-        descriptor: flight.FlightDescriptor,
-        reader: flight.MetadataRecordBatchReader,
-        writer: flight.MetadataRecordBatchWriter,
+    def _work(
+        self, request: work.WorkRequest, payload: bytes, writer: flight.MetadataRecordBatchWriter
     ) -> None:
-        kind, header, payload = frame.decode(descriptor.command)
-        if kind != Exchange.WORK:
-            raise ProtocolError(f"unknown exchange {kind!r}")
-        request = work.WorkRequest.from_json(header)
-        auth.authorize(context, f"run {request.unit}", lookup(request.unit).ROLE)
         server_work.run_work(self, request, payload, writer)
 
 
