@@ -102,20 +102,15 @@ def up(
         get_profile(host_profile, profiles)  # fail fast, before any process starts
     below: list[Any] = []
     if servers:
-        from quarry.coordinator.local import start_hierarchy
+        from quarry.coordinator.local import hierarchy_layout, start_tree
 
         data.mkdir(parents=True, exist_ok=True)
         kinds = drive_profile or profile
-        started, below = start_hierarchy(
-            servers,
-            drives_per_server,
-            server_profile,
-            kinds.split(",") if "," in kinds else kinds,
-            data.resolve(),
-            profiles,
-            tls,
-            detach,
+        layout = hierarchy_layout(
+            servers, drives_per_server, kinds.split(",") if "," in kinds else kinds
         )
+        started, behind = start_tree(layout, server_profile, data.resolve(), profiles, tls, detach)
+        below = list(behind.values())
     else:
         started, _root, _ = start_local(
             devices, chosen, data, detach=detach, profiles_file=profiles, tls=tls
@@ -436,6 +431,13 @@ def _cell(value: Any) -> str:
     return "NULL" if value is None else str(value)
 
 
+def _rows_below(table: Table, below: list[dict[str, Any]], above: str, depth: int) -> None:
+    """The devices behind a storage server, indented under it, at every depth."""
+    for row in (r for r in below if r["above"] == above):
+        table.add_row(*_device_row(row, f"{'  ' * (depth - 1)}└ {row['device']}", ""))
+        _rows_below(table, below, row["device"], depth + 1)
+
+
 def _device_row(d: dict[str, Any], name: str, partitions: str) -> list[str]:
     return [
         name,
@@ -476,11 +478,10 @@ def _print_explain(report: dict[str, Any]) -> None:
     for column in columns:
         table.add_column(column, justify="right")
     levels = analyzed.get("levels")
-    drives = {d["device"]: d for d in (levels or {}).get("drives", [])}
+    below = (levels or {}).get("drives", [])
     for d in analyzed["devices"]:
         table.add_row(*_device_row(d, d["device"], str(d["partitions"])))
-        for name in sorted(n for n in drives if n.startswith(d["device"] + "d")):
-            table.add_row(*_device_row(drives[name], f"└ {name}", ""))
+        _rows_below(table, below, d["device"], 1)
     console.print(table)
     for d in analyzed["devices"]:
         for fallback in d["fallbacks"]:

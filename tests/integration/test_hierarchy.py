@@ -272,22 +272,84 @@ def test_a_drive_killed_mid_query_behind_a_server(replicated):
     assert_same_rows(again, expected, ordered=False, float_absolute=1e-6)
 
 
-def test_servers_and_drives_of_the_host_in_one_cluster(tpch):  # noqa: F811
-    """Two depths in one cluster: a server with drives of its own beside a drive the host talks
-    to directly; a dataset spans both, and the answers are DuckDB's whatever each does."""
-    with quarry.local(servers=1, drives_per_server=2, direct_drives=1) as cluster:
-        assert sorted(cluster.devices) == ["d0", "s0"]
+@pytest.fixture(scope="module")
+def three_levels(tpch):  # noqa: F811
+    """Any depth in one cluster: server s0 in front of a drive (s0d0) and of a second server
+    (s0s0, two drives of its own), beside a drive the host talks to directly (d0)."""
+    with quarry.local(layout=[["scaleflux", ["host", "kinetic"]], "host"]) as cluster:
         for name in ("lineitem", "orders"):
-            cluster.ingest(tpch.data[f"tpch/{name}"], f"tpch/{name}", partitions=4)
-        assert {p.devices[0] for p in cluster.entry("tpch/lineitem").partitions} == {"d0", "s0"}
-        for number in (1, 4, 6, 12):
-            sql = tpch.queries[number]
-            for way in ("never", "server", "always", "auto"):
-                planned = cluster.query(sql, pushdown=way)
-                result = planned.execute().read_all()
-                assert_same_rows(
-                    result, tpch.expected(number), ordered=_ordered(sql), context=f"Q{number} {way}"
-                )
+            cluster.ingest(tpch.data[f"tpch/{name}"], f"tpch/{name}", partitions=8)
+        yield cluster
+
+
+@pytest.mark.parametrize("number", [1, 4, 6, 12])
+def test_three_levels_answer_like_duckdb_whatever_each_level_does(three_levels, tpch, number):  # noqa: F811
+    assert sorted(three_levels.devices) == ["d0", "s0"]
+    placed = {p.devices[0] for p in three_levels.entry("tpch/lineitem").partitions}
+    assert placed == {"d0", "s0"}
+    sql = tpch.queries[number]
+    for way in ("never", "server", "always", "auto"):
+        planned = three_levels.query(sql, pushdown=way)
+        result = planned.execute().read_all()
+        assert_same_rows(
+            result, tpch.expected(number), ordered=_ordered(sql), context=f"Q{number} {way}"
+        )
+    analyzed = planned.explain(analyze=True)["analyze"]
+    below = {(level["device"], level["above"]) for p in analyzed["partitions"]
+             for level in p.get("below", [])}  # fmt: skip
+    assert {("s0d0", "s0"), ("s0s0", "s0"), ("s0s0d0", "s0s0"), ("s0s0d1", "s0s0")} <= below
+    rows = {row["device"]: row for row in analyzed["levels"]["drives"]}
+    assert rows["s0s0"]["server"] and not rows["s0s0d1"]["server"]
+
+
+def test_push_back_at_each_of_three_levels(three_levels, tpch):  # noqa: F811
+    """Drives two levels down hand back ranges; the inner server completes some and passes the
+    others (``to_host``) through the outer server to the host. Same answer."""
+    rng = random.Random(7)
+    decisions = {}
+    for name, entry in three_levels.catalog.items():
+        for p in entry.partitions:
+            decisions[(name, p.partition)] = [
+                {"first": n, "end": n + 1, "stage": rng.choice(["raw", "filter"]),
+                 "to_host": rng.random() < 0.5}
+                for n in range(p.slices)
+            ]  # fmt: skip
+    for number in (1, 4, 12):
+        sql = tpch.queries[number]
+        planned = three_levels.query(sql, pushdown="always", decisions=decisions)
+        result = planned.execute().read_all()
+        assert_same_rows(
+            result, tpch.expected(number), ordered=_ordered(sql), context=f"Q{number} three"
+        )
         partitions = planned.explain(analyze=True)["analyze"]["partitions"]
-        assert {p["device"] for p in partitions} == {"d0", "s0"}
-        assert all(bool(p.get("below")) == (p["device"] == "s0") for p in partitions)
+        assert sum(p["slices_pushed_back"] for p in partitions if p["device"] == "s0") > 0
+
+
+def test_under_auto_a_server_chooses_its_drives_cut_on_its_own_figures(tmp_path_factory):
+    """The host sees a slow server and would have it hand everything back raw; the server,
+    in front of drives faster than itself, has them run the whole sub-plan: each level picks
+    with the one cost model on its own figures."""
+    profiles = tmp_path_factory.mktemp("levels") / "profiles.toml"
+    profiles.write_text('[profiles.slow]\nfrom = "host"\ncompute_factor = 8.0\ncores = 1\n')
+    table = particles.table(200_000, seed=3)
+    with quarry.local(
+        servers=1,
+        drives_per_server=2,
+        server_profile="slow",
+        drive_profile="host",
+        profiles_file=str(profiles),
+    ) as cluster:
+        cluster.ingest(table, "physics/particles", partitions=4)
+        planned = cluster.query(PARTICLE_SQL, pushdown="auto")
+        result = planned.execute().read_all()
+        report = planned.explain(analyze=True)
+    con = duckdb.connect()
+    con.register("particles", table)
+    expected = con.execute(PARTICLE_SQL).fetch_arrow_table()
+    assert_same_rows(result, expected, ordered=False, float_absolute=1e-6)
+    (choice,) = report["cost_model"].values()
+    assert choice["cut"] == "raw"  # the host's choice for its device, the slow server
+    firsts = [
+        level["decisions"][0] for p in report["analyze"]["partitions"] for level in p["below"]
+    ]
+    assert firsts and all(d["stage"] == "full" for d in firsts), firsts

@@ -14,6 +14,7 @@ import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -218,12 +219,11 @@ class LocalCluster(Cluster):
         data: Path,
         owns_data: bool,
         profiles_file: str | None = None,
-        drives: list[subprocess.Popen] | None = None,
+        below: dict[str, subprocess.Popen] | None = None,
     ):
         self.processes = {d["name"]: d.pop("_process") for d in devices}
-        # drives behind storage servers: stopped with the cluster, killed by name in tests
-        names = [d["name"] for spec in devices for d in spec.get("drives", ())]
-        self.processes.update(zip(names, drives or [], strict=True))
+        # drives and servers behind storage servers: stopped with the cluster, killed by name
+        self.processes.update(below or {})
         self.data = data
         self.owns_data = owns_data
         self.profiles_file = profiles_file
@@ -376,21 +376,48 @@ def start_server(
     return _with_credentials(spec, credentials, tls)
 
 
-def start_hierarchy(
-    servers: int,
-    drives_per_server: int,
-    server_profile: str,
-    drive_profile: str | list[str],
-    data: Path,
-    profiles_file: str | None = None,
-    tls: bool = False,
-    detach: bool = False,
-    direct: int = 0,
-) -> tuple[list[dict[str, Any]], list[subprocess.Popen]]:
-    """``servers`` storage servers, each in front of ``drives_per_server`` drives of its own
-    (named ``s<i>d<k>``; ``drive_profile`` one for all, or one per drive in server order), and
-    ``direct`` drives the host talks to itself (``d<k>``, the first drive profile): one cluster
-    of two depths. Returns the host's devices' entries and the processes behind servers."""
+Layout = list  # of drives (their profile names) and storage servers (a Layout each)
+
+
+@dataclass
+class _Node:
+    """One process of a layout: a drive (``profile``) or a server over ``below``."""
+
+    name: str
+    depth: int
+    profile: str | None = None
+    below: list[_Node] = field(default_factory=list)
+
+
+def _nodes(layout: Layout, prefix: str = "", depth: int = 0) -> list[_Node]:
+    """A layout's processes, named by where they sit: at each level drives ``d<k>`` and
+    servers ``s<k>``, counted apart, after the name of the server they are behind."""
+    nodes, counts = [], {"d": 0, "s": 0}
+    for item in layout:
+        kind = "d" if isinstance(item, str) else "s"
+        name = f"{prefix}{kind}{counts[kind]}"
+        counts[kind] += 1
+        if isinstance(item, str):
+            nodes.append(_Node(name, depth, profile=item))
+        elif item:
+            nodes.append(_Node(name, depth, below=_nodes(item, name, depth + 1)))
+        else:
+            raise ClusterError(f"storage server {name} has nothing behind it")
+    return nodes
+
+
+def _walk(nodes: list[_Node]) -> Iterator[_Node]:
+    for node in nodes:
+        yield node
+        yield from _walk(node.below)
+
+
+def hierarchy_layout(
+    servers: int, drives_per_server: int, drive_profile: str | list[str], direct: int = 0
+) -> Layout:
+    """``servers`` storage servers of ``drives_per_server`` drives each (``drive_profile`` one
+    for all, or one per drive in server order), and ``direct`` drives the host talks to itself
+    (the first drive profile)."""
     if not 1 <= servers * drives_per_server <= DEVICES_MAX or servers < 1:
         raise ClusterError(
             f"servers x drives per server must be 1 to {DEVICES_MAX}, got {servers} x "
@@ -400,51 +427,81 @@ def start_hierarchy(
     profiles = [drive_profile] * total if isinstance(drive_profile, str) else list(drive_profile)
     if len(profiles) != total:
         raise ClusterError(f"{len(profiles)} drive profiles given for {total} drives")
+    k = drives_per_server
+    return [profiles[i * k : (i + 1) * k] for i in range(servers)] + [profiles[0]] * direct
+
+
+def start_tree(
+    layout: Layout,
+    server_profile: str,
+    data: Path,
+    profiles_file: str | None = None,
+    tls: bool = False,
+    detach: bool = False,
+) -> tuple[list[dict[str, Any]], dict[str, subprocess.Popen]]:
+    """Start a cluster of any depth: ``layout`` lists what the host talks to, a drive's profile
+    name or a storage server's own layout, e.g. ``[["kinetic", ["host", "scaleflux"]], "host"]``
+    (a server in front of a kinetic drive and of a second server, and a drive of the host's).
+    Drives start first, all at once; then the servers, deepest first, each level at once.
+    Returns the host's devices' entries and the processes below them, by name."""
+    nodes = _nodes(layout)
+    every = list(_walk(nodes))
+    drives = [n for n in every if n.profile is not None]
+    if not 1 <= len(drives) <= DEVICES_MAX:
+        raise ClusterError(f"a cluster has 1 to {DEVICES_MAX} drives, got {len(drives)}")
+    for profile in {n.profile for n in drives} | {server_profile}:
+        get_profile(profile, profiles_file)  # fail fast, before any process starts
     credentials = create_credentials(data)
-    names = [f"s{i}d{k}" for i in range(servers) for k in range(drives_per_server)]
-    drives: list[dict[str, Any]] = []
-    started: list[dict[str, Any]] = []
-    try:
-        with ThreadPoolExecutor(min(total, STARTS_AT_ONCE), "quarry-start") as pool:
-            futures = [
-                pool.submit(start_device, data / n, n, p, 0, False, profiles_file, credentials, tls)
-                for n, p in zip(names, profiles, strict=True)
-            ]
-            drives = [future.result() for future in futures]
-            futures = [
-                pool.submit(
-                    start_device,
-                    data / f"d{k}",
-                    f"d{k}",
-                    profiles[0],
-                    0,
-                    detach,
-                    profiles_file,
-                    credentials,
-                    tls,
-                )
-                for k in range(direct)
-            ]
-            started.extend(future.result() for future in futures)
-        for i in range(servers):
-            own = drives[i * drives_per_server : (i + 1) * drives_per_server]
-            started.append(
-                start_server(
-                    data / f"s{i}",
-                    f"s{i}",
-                    server_profile,
-                    own,
-                    profiles_file,
-                    credentials,
-                    tls,
-                    detach,
-                )
+    specs: dict[str, dict[str, Any]] = {}
+
+    def start(node: _Node) -> dict[str, Any]:
+        if node.profile is not None:
+            return start_device(
+                data / node.name,
+                node.name,
+                node.profile,
+                0,
+                detach,
+                profiles_file,
+                credentials,
+                tls,
             )
+        own = [specs[n.name] for n in node.below]
+        return start_server(
+            data / node.name,
+            node.name,
+            server_profile,
+            own,
+            profiles_file,
+            credentials,
+            tls,
+            detach,
+        )
+
+    servers = [n for n in every if n.profile is None]
+    waves = [drives] + [
+        [n for n in servers if n.depth == depth]
+        for depth in sorted({n.depth for n in servers}, reverse=True)
+    ]
+    try:
+        with ThreadPoolExecutor(min(len(drives), STARTS_AT_ONCE), "quarry-start") as pool:
+            for wave in waves:
+                futures = {node.name: pool.submit(start, node) for node in wave}
+                failures = []
+                for name, future in futures.items():
+                    try:
+                        specs[name] = future.result()
+                    except BaseException as error:
+                        failures.append(error)
+                if failures:
+                    raise failures[0]
     except BaseException:
-        for spec in [*drives, *started]:
+        for spec in specs.values():
             spec["_process"].kill()
         raise
-    return started, [d["_process"] for d in drives]
+    top = [specs[n.name] for n in nodes]
+    below = {n.name: specs[n.name]["_process"] for n in every if n.depth > 0}
+    return top, below
 
 
 @contextmanager
@@ -460,6 +517,7 @@ def local(
     server_profile: str = "host",
     drive_profile: str | list[str] | None = None,
     direct_drives: int = 0,
+    layout: Layout | None = None,
 ) -> Iterator[LocalCluster]:
     """Start ``devices`` device processes on localhost; stop them (and clean up) on exit.
 
@@ -471,29 +529,25 @@ def local(
     ``servers`` > 0 starts a hierarchy instead: that many storage servers (``server_profile``),
     each in front of ``drives_per_server`` drives of its own (``drive_profile``, else
     ``profile``); the host sees the servers as its devices, and ``direct_drives`` more drives it
-    talks to directly.
+    talks to directly. ``layout`` starts a cluster of any depth instead (``start_tree``): what
+    the host talks to, drives by profile name and servers as lists of what is behind them.
     """
     host = get_profile(host_profile, profiles_file) if host_profile is not None else None
-    if servers:
+    if servers and layout is None:
+        layout = hierarchy_layout(
+            servers, drives_per_server, drive_profile or profile, direct_drives
+        )
+    if layout is not None:
         owns = data is None
         root = Path(tempfile.mkdtemp(prefix="quarry-")) if owns else Path(data).resolve()
         root.mkdir(parents=True, exist_ok=True)
         try:
-            started, drives = start_hierarchy(
-                servers,
-                drives_per_server,
-                server_profile,
-                drive_profile or profile,
-                root,
-                profiles_file,
-                tls,
-                direct=direct_drives,
-            )
+            started, below = start_tree(layout, server_profile, root, profiles_file, tls)
         except BaseException:
             if owns:
                 shutil.rmtree(root, ignore_errors=True)
             raise
-        cluster = LocalCluster(started, root, owns, profiles_file, drives)
+        cluster = LocalCluster(started, root, owns, profiles_file, below)
     else:
         started, root, owns = start_local(
             devices, profile, data, profiles_file=profiles_file, tls=tls

@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 from quarry.coordinator.dispatch import Task
 from quarry.coordinator.figures import device_figures, sample_subplan
-from quarry.cost.model import HostFigures, choose, device_full_s_per_byte, host_share
+from quarry.cost.model import HostFigures, choose
+from quarry.cost.told import told
 from quarry.device.unit import Unit, host_emulator
 from quarry.errors import DeviceUnavailable, QueryError
 from quarry.plan import engine
@@ -128,20 +129,8 @@ def choose_cuts(cluster: Membership, decomposition: Decomposition) -> Cuts:
         allowed = (Stage.FULL, Stage.RAW) if identical else (Stage.FULL, Stage.FILTER, Stage.RAW)
         choice = choose(devices, figures, host, allowed)
         cuts.choices[fragment.name] = choice.to_json()
-        share = host_share(host.cores, len(devices))
-        # each device's share of the host's ingress, when it is narrower than its own link
-        ingress = host.link_bytes_per_s / len(devices) if host.link_bytes_per_s else None
-        for d in devices:
-            cuts.host_costs[(fragment.name, d.name)] = HostCost(
-                full_s_per_byte=figures.full_s_per_byte * host.compute_factor,
-                filter_s_per_byte=figures.filter_s_per_byte * host.compute_factor,
-                device_full_s_per_byte=device_full_s_per_byte(d, figures),
-                raw_ratio=figures.raw_ratio,
-                filter_ratio=figures.filter_ratio,
-                link_bytes_per_s=min(d.link_bytes_per_s, ingress or d.link_bytes_per_s),
-                host_share=share,
-                start=Stage(choice.cut),
-            )
+        for name, cost in told(devices, figures, host, choice.cut).items():
+            cuts.host_costs[(fragment.name, name)] = cost
     return cuts
 
 

@@ -144,24 +144,38 @@ def per_device(reports: list[WorkReport]) -> list[dict[str, Any]]:
 
 
 def per_level(reports: list[WorkReport]) -> dict[str, Any] | None:
-    """Through storage servers: bytes on each kind of link and CPU seconds at each level
-    (drive -> server links, "PCIe"; server -> host, "network"). None on a flat cluster."""
+    """Through storage servers: bytes on each kind of link and CPU seconds at each level. The
+    drives' links to their servers are "PCIe"; links out of servers (to the host, or to the
+    server above) the "network". ``drives`` lists every device below the host's, each naming
+    the server above it, servers among them when there are three levels. None on a flat
+    cluster."""
     servers = [r for r in reports if r.below]
     if not servers:
         return None
     below = [level for r in servers for level in r.below]
-    drives: dict[str, dict[str, Any]] = {}
+    inner = {level.above for level in below}  # servers with devices of their own below
+    rows: dict[str, dict[str, Any]] = {}
     for level in below:
-        row = drives.setdefault(
-            level.device, {"device": level.device, **dict.fromkeys(COUNTERS, 0)}
+        row = rows.setdefault(
+            level.device,
+            {
+                "device": level.device,
+                "above": level.above,
+                "server": level.device in inner,
+                **dict.fromkeys(COUNTERS, 0),
+            },
         )
         for name in COUNTERS:
             row[name] += getattr(level.metrics, name)
+    drives = [level for level in below if level.device not in inner]
+    middle = [level for level in below if level.device in inner]
     return {
-        "drive_links_bytes": sum(level.metrics.bytes_shipped for level in below),
-        "network_bytes": sum(r.bytes_shipped for r in servers),
-        "drives_bytes_read": sum(level.metrics.bytes_read for level in below),
-        "drives_cpu_s": sum(level.metrics.device_cpu_s for level in below),
-        "servers_cpu_s": sum(r.device_cpu_s for r in servers),
-        "drives": [drives[name] for name in sorted(drives)],
+        "drive_links_bytes": sum(level.metrics.bytes_shipped for level in drives),
+        "network_bytes": sum(r.bytes_shipped for r in servers)
+        + sum(level.metrics.bytes_shipped for level in middle),
+        "drives_bytes_read": sum(level.metrics.bytes_read for level in drives),
+        "drives_cpu_s": sum(level.metrics.device_cpu_s for level in drives),
+        "servers_cpu_s": sum(r.device_cpu_s for r in servers)
+        + sum(level.metrics.device_cpu_s for level in middle),
+        "drives": [rows[name] for name in sorted(rows)],
     }

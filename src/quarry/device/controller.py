@@ -69,7 +69,7 @@ class Adaptive:
         self.seen = 0
         self.current = Stage(host.start)
         self.measuring = self.current in (Stage.FULL, Stage.FILTER)
-        self.reason = f"{self.current}: the host's cut"
+        self.reason = f"{self.current}: the cut chosen above it"
         self.probe_after_s = policy.probe_after_s
         self.next_probe_at = time.monotonic() + self.probe_after_s
         self.probing = False

@@ -100,6 +100,13 @@ class HostCost(Message):
     # the host's estimate of this device's s per stored byte for the whole unit (its compute
     # factor and load applied): what a probe would cost before any is measured
     device_full_s_per_byte: float = bounded(low=0.0, default=0.0)
+    # the rest of the host's figures, so a storage server can choose its drives' cut with the
+    # same model on its own figures (``quarry.server.costs``): the host's compute factor (its
+    # s per s of this machine's), the sub-plan's output and read per stored byte (None: not a
+    # sub-plan whose cut is chosen; the server keeps the host's)
+    compute_factor: float = bounded(low=1e-6, high=1e6, default=1.0)
+    output_ratio: float | None = bounded(low=0.0, default=None)
+    read_ratio: float = bounded(low=0.0, default=1.0)
 
 
 @dataclass(frozen=True)
@@ -211,18 +218,21 @@ class WorkMetrics(Message):
 
 @dataclass(frozen=True)
 class LevelReport(Message):
-    """What a device below a storage server did for one partition (one level down)."""
+    """What a device below a storage server did for one partition: a drive, or a server with
+    its own below it (every level under the host's device, flat, each naming the server it
+    answered to: ``above``)."""
 
     device: str = bounded(chars_max=NAME_CHARS_MAX)
     decisions: tuple[Decision, ...] = bounded(items_max=DECISIONS_MAX)
     metrics: WorkMetrics
     fallback: str | None = bounded(chars_max=REASON_CHARS_MAX, default=None)
+    above: str = bounded(chars_max=NAME_CHARS_MAX, default="")
 
 
 @dataclass(frozen=True)
 class PartitionReport(Message):
     """One partition's account: the decisions and metrics of the device that answered, and,
-    when it is a storage server, those of the drive below it (``below``)."""
+    when it is a storage server, those of every level below it (``below``)."""
 
     partition: int = bounded(low=0, high=PARTITION_MAX)
     decisions: tuple[Decision, ...] = bounded(items_max=DECISIONS_MAX)

@@ -26,6 +26,7 @@ from pyarrow import flight
 from quarry import auth
 from quarry.coordinator.client import DeviceClient, _finish_put
 from quarry.coordinator.membership import Membership
+from quarry.cost.model import DeviceFigures, HostFigures
 from quarry.device import admission, calibration
 from quarry.device.admission import Admission
 from quarry.device.emulation import Emulator
@@ -65,7 +66,8 @@ class StorageServer(Service):
         )
         self._holders: dict[tuple[str, str, int], str] = {}
         self._turns: dict[str, int] = {}  # per ingest, the partitions placed so far
-        self._capabilities: dict[str, Capabilities] = {}
+        self._profiles: dict[str, control.ProfileInfo] = {}
+        self._sizes: dict[tuple[str, str, int], int] = {}  # bytes stored per partition
         self._compressed: dict[tuple[str, str], bool] = {}
         self._lock = threading.Lock()
 
@@ -96,15 +98,60 @@ class StorageServer(Service):
         with self._lock:
             return self._compressed.get((domain, dataset), False)
 
-    def capabilities(self, drive: DeviceClient) -> Capabilities:
-        """What a drive evaluates of a sub-plan (its profile's class; asked once)."""
+    def drive_profile(self, drive: DeviceClient) -> control.ProfileInfo:
+        """A drive's profile, as it reports it (asked once)."""
         with self._lock:
-            known = self._capabilities.get(drive.name)
+            known = self._profiles.get(drive.name)
         if known is None:
-            known = of_profile(drive.hello().profile.capabilities)
+            known = drive.hello().profile
             with self._lock:
-                self._capabilities[drive.name] = known
+                self._profiles[drive.name] = known
         return known
+
+    def capabilities(self, drive: DeviceClient) -> Capabilities:
+        """What a drive evaluates of a sub-plan (its profile's class)."""
+        return of_profile(self.drive_profile(drive).capabilities)
+
+    def figures(self) -> HostFigures:
+        """This server as the completer of its drives' work: its cores, compute factor and
+        ingress from them (its profile's)."""
+        return HostFigures(
+            cores=self.profile.cores or 1,
+            compute_factor=self.profile.compute_factor,
+            link_bytes_per_s=self.profile.external_bytes_per_s,
+        )
+
+    def drive_figures(
+        self, domain: str, dataset: str, partitions: tuple[int, ...]
+    ) -> list[DeviceFigures]:
+        """The drives holding ``partitions`` as the cost model sees them: the bytes they hold
+        of these partitions, their profiles (drives are priced by profile one level down) and
+        their load now."""
+        stored: dict[str, int] = {}
+        count: dict[str, int] = {}
+        for partition in partitions:
+            name = self.holder(domain, dataset, partition).name
+            with self._lock:
+                size = self._sizes.get((domain, dataset, partition), 0)
+            stored[name] = stored.get(name, 0) + size
+            count[name] = count.get(name, 0) + 1
+        figures = []
+        for name in sorted(stored):
+            drive = self.drives.devices[name]
+            profile = self.drive_profile(drive)
+            figures.append(
+                DeviceFigures(
+                    name=name,
+                    stored_bytes=stored[name],
+                    partitions=count[name],
+                    compute_factor=profile.compute_factor,
+                    cores=profile.cores,
+                    internal_bytes_per_s=profile.internal_bytes_per_s,
+                    external_bytes_per_s=profile.external_bytes_per_s,
+                    cpu_busy=drive.load_status().cpu_busy,
+                )
+            )
+        return figures
 
     def _learn(self) -> tuple[list[control.PartitionSummary], list[str]]:
         """Every live drive's partitions, and the drives that do not answer; remembers which
@@ -113,6 +160,7 @@ class StorageServer(Service):
         down: list[str] = []
         holders: dict[tuple[str, str, int], str] = {}
         compressed: dict[tuple[str, str], bool] = {}
+        sizes: dict[tuple[str, str, int], int] = {}
         for drive in self.ordered_drives():
             try:
                 summaries = drive.inventory()
@@ -121,12 +169,15 @@ class StorageServer(Service):
                 down.append(drive.name)
                 continue
             for summary in summaries:
-                holders[(summary.domain, summary.dataset, summary.partition)] = drive.name
+                key = (summary.domain, summary.dataset, summary.partition)
+                holders[key] = drive.name
+                sizes[key] = summary.bytes_stored
                 compressed[(summary.domain, summary.dataset)] = summary.compression != "none"
                 found.append(summary)
         with self._lock:
             self._holders = holders
             self._compressed = compressed
+            self._sizes = sizes
         return found, down
 
     def _placed(self, request: ingest.PutPartition) -> DeviceClient:

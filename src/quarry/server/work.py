@@ -26,6 +26,7 @@ from quarry.coordinator.dispatch import Dispatch, Task
 from quarry.coordinator.report import WorkReport
 from quarry.coordinator.streams import merge
 from quarry.cost import eq1
+from quarry.cost.model import CUTS, DeviceFigures, HostFigures
 from quarry.device.loop import cpu_seconds
 from quarry.device.unit import host_context, lookup
 from quarry.device.units.substrait import (
@@ -49,6 +50,7 @@ from quarry.protocol.work import (
     WorkMetrics,
     WorkRequest,
 )
+from quarry.server.costs import drive_costs
 
 if TYPE_CHECKING:
     from pyarrow import flight
@@ -72,6 +74,12 @@ class StorageServer(Protocol):
     def capabilities(self, drive: DeviceClient) -> Capabilities: ...
 
     def compressed(self, domain: str, dataset: str) -> bool: ...
+
+    def figures(self) -> HostFigures: ...
+
+    def drive_figures(
+        self, domain: str, dataset: str, partitions: tuple[int, ...]
+    ) -> list[DeviceFigures]: ...
 
 
 QUEUE_GROUPS_MAX = 16  # completed groups waiting for the upstream writer
@@ -111,7 +119,8 @@ def run_work(
     schema = unit_class(request, payload, host_context()).output_schema
     dispatch = Dispatch(marks=True, passes_on=passes_on(server, request))
     shipped = {p: Shipped() for p in request.partitions}
-    tasks = [_task(server, request, payload, p, unit_class) for p in request.partitions]
+    costs = _drive_costs(server, request, payload)
+    tasks = [_task(server, request, payload, p, unit_class, costs) for p in request.partitions]
     with server.admission.exchange(small=False):
         writer.begin(schema)
         groups = merge(
@@ -180,14 +189,36 @@ def host_cheaper(host: HostCost, stage: Stage, busy: float) -> bool:
     return not eq1.pushes_down(host_s, here_s)
 
 
+def _drive_costs(
+    server: StorageServer, request: WorkRequest, payload: bytes
+) -> dict[str, HostCost] | None:
+    """Under auto, what this server tells each drive (``server.costs``); a SQL sub-plan whose
+    filter is its whole work has no filter cut, as on the host."""
+    if request.host is None:
+        return None
+    allowed = CUTS
+    if request.unit == SubstraitUnit.NAME:
+        stages = split_payload(SubstraitArgs.from_json(request.args), payload)
+        if stages[Stage.FILTER] == stages[Stage.FULL]:
+            allowed = (Stage.FULL, Stage.RAW)
+    drives = server.drive_figures(request.domain, request.dataset, request.partitions)
+    return drive_costs(request.host, server.figures(), drives, allowed)
+
+
 def _task(
-    server: StorageServer, request: WorkRequest, payload: bytes, partition: int, unit_class
+    server: StorageServer,
+    request: WorkRequest,
+    payload: bytes,
+    partition: int,
+    unit_class,
+    costs: dict[str, HostCost] | None,
 ) -> Task:
-    """One partition's share, for the drive that holds it; a SQL sub-plan cut again for a
-    drive that cannot run all of it (``for_drive``)."""
+    """One partition's share, for the drive that holds it, with the costs this server tells
+    it; a SQL sub-plan cut again for a drive that cannot run all of it (``for_drive``)."""
     drive = server.holder(request.domain, request.dataset, partition)
     share = replace(
         request,
+        host=costs[drive.name] if costs is not None else request.host,
         partitions=(partition,),
         forced=tuple(f for f in request.forced if f.partition == partition),
         elsewhere=tuple(e for e in request.elsewhere if e.partition == partition),
@@ -296,10 +327,12 @@ def _partition_report(
         Decision(first, end, stage, f"passed on to the host by storage server {server}")
         for (first, end), stage in sorted(passed.items())
     )
-    return PartitionReport(partition, decisions, metrics, below=(_level(drive),))
+    return PartitionReport(
+        partition, decisions, metrics, below=(_level(drive, server), *drive.below)
+    )
 
 
-def _level(drive: WorkReport) -> LevelReport:
+def _level(drive: WorkReport, server: str) -> LevelReport:
     metrics = WorkMetrics(
         slices_total=drive.slices_total,
         slices_pruned=drive.slices_pruned,
@@ -316,4 +349,4 @@ def _level(drive: WorkReport) -> LevelReport:
         device_cpu_s=drive.device_cpu_s,
         wall_s=drive.wall_s,
     )
-    return LevelReport(drive.device, tuple(drive.decisions), metrics, drive.fallback)
+    return LevelReport(drive.device, tuple(drive.decisions), metrics, drive.fallback, server)
