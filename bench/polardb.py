@@ -119,9 +119,7 @@ def run_query(cluster: Any, sql: str, way: str, servers: list[int]) -> dict[str,
     analyzed = planned.explain(analyze=True)["analyze"]
     levels = analyzed.get("levels") or {}
     network = int(analyzed["bytes_shipped"])
-    # Under no pushdown the servers pass the drives' raw slices straight on (a proxied scan
-    # has no report of its own below the server): the drive links carry what the network does.
-    drive_links = network if way == "never" else int(levels.get("drive_links_bytes", 0))
+    drive_links = int(levels.get("drive_links_bytes", 0))
     return {
         "table": table,
         "latency_s": wall,

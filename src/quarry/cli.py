@@ -3,6 +3,7 @@ option, printing, errors) is in ``quarry.cli_common``; those two are mounted at 
 
 from __future__ import annotations
 
+import json
 import signal
 import sys
 import time
@@ -44,6 +45,25 @@ MATRIX_FORMATS = ("h5ad", "mtx", "tsv")
 # ---- cluster lifecycle -------------------------------------------------------------------------
 
 
+def _layout(text: str) -> list[Any]:
+    """``--layout``: a JSON list of profile names and lists (servers), at any depth."""
+
+    def valid(item: Any) -> bool:
+        return isinstance(item, str) or (
+            isinstance(item, list) and bool(item) and all(valid(i) for i in item)
+        )
+
+    try:
+        tree = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise ClusterError(f"--layout is not JSON: {error}") from None
+    if not isinstance(tree, list) or not tree or not all(valid(i) for i in tree):
+        raise ClusterError(
+            "--layout lists drives (profile names) and servers (non-empty lists of the same)"
+        )
+    return tree
+
+
 @app.command()
 def up(
     devices: Annotated[int, typer.Option(help="number of device processes")] = 3,
@@ -75,6 +95,13 @@ def up(
         str | None,
         typer.Option(help="the drives' profile behind servers (default: --profile)"),
     ] = None,
+    layout: Annotated[
+        str | None,
+        typer.Option(
+            help="a cluster of any depth, as JSON: drives by profile, servers as lists of what "
+            'is behind them, e.g. \'[["scaleflux", ["host", "kinetic"]], "host"]\''
+        ),
+    ] = None,
 ) -> None:
     """Start an embedded cluster of device processes on localhost; every call carries a token
     (the cluster's credentials are made in the data folder, owner-readable only). With
@@ -101,15 +128,19 @@ def up(
 
         get_profile(host_profile, profiles)  # fail fast, before any process starts
     below: list[Any] = []
-    if servers:
+    if servers or layout:
         from quarry.coordinator.local import hierarchy_layout, start_tree
 
         data.mkdir(parents=True, exist_ok=True)
         kinds = drive_profile or profile
-        layout = hierarchy_layout(
-            servers, drives_per_server, kinds.split(",") if "," in kinds else kinds
+        tree = (
+            _layout(layout)
+            if layout
+            else hierarchy_layout(
+                servers, drives_per_server, kinds.split(",") if "," in kinds else kinds
+            )
         )
-        started, behind = start_tree(layout, server_profile, data.resolve(), profiles, tls, detach)
+        started, behind = start_tree(tree, server_profile, data.resolve(), profiles, tls, detach)
         below = list(behind.values())
     else:
         started, _root, _ = start_local(
@@ -151,12 +182,15 @@ def down(cluster: ClusterOption = None) -> None:
 
     file = cluster_file(cluster)
     devices = read_cluster_file(file)
-    for device in devices:
-        # a storage server first, then the drives behind it
-        for one in [device, *device.get("drives", ())]:
+
+    def stop(entries: list[dict[str, Any]]) -> None:
+        for one in entries:  # a storage server first, then what is behind it, at any depth
             if "pid" in one:
                 outcome = stop_device(one)
                 console.print(f"{one['name']} (pid {one['pid']}): {outcome}")
+            stop(one.get("drives", []))
+
+    stop(devices)
     file.unlink(missing_ok=True)
 
 

@@ -96,6 +96,35 @@ def test_up_with_storage_servers_and_down_stops_every_process(tmp_path):
     assert not [pid for pid in pids if is_device(pid)], "a server or drive still runs"
 
 
+def test_up_with_a_layout_three_levels_deep(tmp_path):
+    """`quarry up --layout`: a server in front of a drive and of another server; EXPLAIN ANALYZE
+    indents each level under the one above, and `quarry down` stops all five processes."""
+    layout = json.dumps([["host", ["host", "host"]]])
+    _quarry("up", "--layout", layout, "--detach", cwd=tmp_path)
+    try:
+        table = particles.table(50_000, seed=13)
+        path = tmp_path / "particles.parquet"
+        pq.write_table(table, path)
+        _quarry("ingest", str(path), "--dataset", "physics/particles", "--partitions", "4",
+                cwd=tmp_path)  # fmt: skip
+        sql = "SELECT count(*) AS n FROM particles WHERE ke > 1"
+        shown = _quarry("sql", sql, "--pushdown", "always", "--analyze", cwd=tmp_path).stdout
+        assert "└ s0s0" in shown and "  └ s0s0d1" in shown
+        spec = json.loads((tmp_path / ".quarry" / "cluster.json").read_text())
+    finally:
+        _quarry("down", cwd=tmp_path)
+
+    def pids(entries):
+        return [p for e in entries for p in [e["pid"], *pids(e.get("drives", []))]]
+
+    assert len(pids(spec["devices"])) == 5
+    from quarry.coordinator.local import is_device
+
+    assert not [pid for pid in pids(spec["devices"]) if is_device(pid)]
+    wrong = _quarry("up", "--layout", '[["host", []]]', cwd=tmp_path, check=False)
+    assert wrong.returncode == 2 and "--layout" in wrong.stderr
+
+
 def test_errors_are_one_clear_line(tmp_path):
     done = _quarry("datasets", cwd=tmp_path, check=False)
     assert done.returncode == 2

@@ -216,6 +216,15 @@ def test_compressed_slices_are_decompressed_where_they_are_scanned(hierarchy, tp
         hierarchy.drop("tpch/lineitem_lz4")
 
 
+def test_without_pushdown_raw_slices_cross_drive_links_and_network_alike(hierarchy, tpch):  # noqa: F811
+    planned = hierarchy.query(tpch.queries[6], pushdown="never")
+    planned.execute().read_all()
+    analyzed = planned.explain(analyze=True)["analyze"]
+    levels = analyzed["levels"]
+    assert levels["drive_links_bytes"] == levels["network_bytes"] == analyzed["bytes_shipped"] > 0
+    assert levels["drives_bytes_read"] == analyzed["bytes_read"] > 0
+
+
 def test_a_raw_scan_and_a_dataset_drop_pass_through_the_servers(hierarchy):
     table = particles.table(20_000, seed=5)
     hierarchy.ingest(table, "physics/through", partitions=4)

@@ -23,10 +23,14 @@ def explain(
 
 
 def analyze(
-    reports: list[WorkReport], host_cpu_s: float, wall_s: float, rows: int
+    reports: list[WorkReport],
+    host_cpu_s: float,
+    wall_s: float,
+    rows: int,
+    servers: set[str] = frozenset(),
 ) -> dict[str, Any]:
     partitions = [r.to_json() for r in sorted(reports, key=lambda r: (r.label, r.partition))]
-    levels = per_level(reports)
+    levels = per_level(reports, servers)
     return {
         **({"levels": levels} if levels else {}),
         "devices": per_device(reports),

@@ -139,7 +139,10 @@ class Query:
         if analyze:
             reports = self.dispatch.sorted_reports()
             wall_s = self.finished - self.started
-            body["analyze"] = explaining.analyze(reports, self.host_cpu_s, wall_s, self.rows)
+            servers = {n for n, info in self.cluster.info.items() if info.role == "server"}
+            body["analyze"] = explaining.analyze(
+                reports, self.host_cpu_s, wall_s, self.rows, servers
+            )
             if self.turn is not None:  # the host's turns (coordinator/workload.py)
                 body["analyze"]["host_turn"] = {
                     "long": self.turn.long,

@@ -143,13 +143,16 @@ def per_device(reports: list[WorkReport]) -> list[dict[str, Any]]:
     return [devices[name] for name in sorted(devices)]
 
 
-def per_level(reports: list[WorkReport]) -> dict[str, Any] | None:
+def per_level(
+    reports: list[WorkReport], server_names: set[str] = frozenset()
+) -> dict[str, Any] | None:
     """Through storage servers: bytes on each kind of link and CPU seconds at each level. The
     drives' links to their servers are "PCIe"; links out of servers (to the host, or to the
-    server above) the "network". ``drives`` lists every device below the host's, each naming
-    the server above it, servers among them when there are three levels. None on a flat
-    cluster."""
-    servers = [r for r in reports if r.below]
+    server above) the "network". Raw slices the host fetched through a server (a scan without
+    pushdown, a range passed on) crossed both as they are. ``drives`` lists every device below
+    the host's, each naming the server above it, servers among them when there are three
+    levels. None on a flat cluster."""
+    servers = [r for r in reports if r.below or r.device in server_names]
     if not servers:
         return None
     below = [level for r in servers for level in r.below]
@@ -170,10 +173,11 @@ def per_level(reports: list[WorkReport]) -> dict[str, Any] | None:
     drives = [level for level in below if level.device not in inner]
     middle = [level for level in below if level.device in inner]
     return {
-        "drive_links_bytes": sum(level.metrics.bytes_shipped for level in drives),
+        "drive_links_bytes": sum(level.metrics.bytes_shipped for level in drives)
+        + sum(r.bytes_shipped_raw for r in servers),
         "network_bytes": sum(r.bytes_shipped for r in servers)
         + sum(level.metrics.bytes_shipped for level in middle),
-        "drives_bytes_read": sum(level.metrics.bytes_read for level in drives),
+        "drives_bytes_read": sum(r.bytes_read for r in servers),  # all read by drives
         "drives_cpu_s": sum(level.metrics.device_cpu_s for level in drives),
         "servers_cpu_s": sum(r.device_cpu_s for r in servers)
         + sum(level.metrics.device_cpu_s for level in middle),

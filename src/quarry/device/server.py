@@ -202,6 +202,7 @@ class Service(flight.FlightServerBase):
             pid=os.getpid(),
             data=str(self.data),
             started_at=self.started_at,
+            role=self.WHAT,
         )
 
 

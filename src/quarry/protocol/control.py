@@ -58,6 +58,7 @@ class HelloReply(Message):
     pid: int = bounded(low=0, default=0)
     data: str = ""
     started_at: float = 0.0
+    role: str = bounded(chars_max=16, default="device")  # or "server": a storage server
 
 
 # ---- what a device holds --------------------------------------------------------------------
