@@ -9,10 +9,11 @@
 - `tstat` runs on the host over two sets of statistics: Student's or Welch's t, two-sided
   p-values, log2 fold change as scanpy defines it, and Benjamini-Hochberg adjusted p-values.
 
-Everything is float64 and vectorized over the slice; no Python loop touches a gene or a cell.
-Accumulate is two-pass within a slice (mean first, then squared deviations from it), so its m2
-never suffers the cancellation of the one-pass `E[x^2] - E[x]^2` (see docs/genes.md: that is
-why scanpy reports t = 0 where a group's expression is constant).
+Everything is float64; no Python loop touches a gene or a cell (Accumulate's loops are
+compiled: ``genes.kernels``). Accumulate is two-pass within each gene's row (mean first, then
+squared deviations from it), so its m2 never suffers the cancellation of the one-pass
+`E[x^2] - E[x]^2` (see docs/genes.md: that is why scanpy reports t = 0 where a group's
+expression is constant).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import numpy as np
 import pyarrow as pa
 from scipy import sparse, special
 
+from quarry.genes import kernels
 from quarry.genes.layout import DecodedSlice, decode_blocks, slice_layout
 
 Method = Literal["welch", "student"]
@@ -112,44 +114,20 @@ def _accumulate_block(
 def _accumulate_dense(
     block: np.ndarray, groups: np.ndarray, group_count: int
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    kept = groups >= 0
-    # float64 from here on: the sums of thousands of float32 values need the precision.
-    values = block.astype(np.float64) if kept.all() else block[:, kept].astype(np.float64)
-    kept_groups = groups[kept]
-    cells_in_group = np.bincount(kept_groups, minlength=group_count)
-    # Cells x groups indicator: one sparse product sums every group of every gene at once.
-    indicator = sparse.csr_matrix(
-        (np.ones(len(kept_groups)), (np.arange(len(kept_groups)), kept_groups)),
-        shape=(len(kept_groups), group_count),
-    )
-    sums = np.asarray((indicator.T @ values.T).T)
-    mean = _safe_divide(sums, cells_in_group[np.newaxis, :])
-    deviation = values - mean[:, kept_groups]
-    m2 = np.asarray((indicator.T @ (deviation * deviation).T).T)
-    count = np.broadcast_to(cells_in_group, mean.shape)
-    return count, mean, m2
+    cells_in_group = np.bincount(groups[groups >= 0], minlength=group_count)
+    # float64 sums: the sums of thousands of float32 values need the precision
+    mean, m2 = kernels.dense_statistics(block, groups.astype(np.int32), cells_in_group)
+    return np.broadcast_to(cells_in_group, mean.shape), mean, m2
 
 
 def _accumulate_sparse(
     block: sparse.csr_matrix, groups: np.ndarray, group_count: int
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    gene_count = block.shape[0]
     cells_in_group = np.bincount(groups[groups >= 0], minlength=group_count)
-    row = np.repeat(np.arange(gene_count, dtype=np.int64), np.diff(block.indptr))
-    value_group = groups[block.indices]
-    kept = value_group >= 0
-    key = row[kept] * group_count + value_group[kept]
-    values = block.data[kept].astype(np.float64)
-    cells_total = gene_count * group_count
-    sums = np.bincount(key, weights=values, minlength=cells_total).reshape(gene_count, group_count)
-    stored = np.bincount(key, minlength=cells_total).reshape(gene_count, group_count)
-    count = np.broadcast_to(cells_in_group, (gene_count, group_count))
-    mean = _safe_divide(sums, count)
-    deviation = values - mean.ravel()[key]
-    stored_m2 = np.bincount(key, weights=deviation * deviation, minlength=cells_total)
-    # The implicit zeros of a group each deviate from its mean by -mean.
-    m2 = stored_m2.reshape(gene_count, group_count) + (count - stored) * mean * mean
-    return count, mean, m2
+    mean, m2 = kernels.sparse_statistics(
+        block.indptr, block.indices, block.data, groups.astype(np.int32), cells_in_group
+    )
+    return np.broadcast_to(cells_in_group, mean.shape), mean, m2
 
 
 def combine(partials: Iterable[pa.RecordBatch | pa.Table]) -> pa.RecordBatch:
