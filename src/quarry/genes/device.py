@@ -33,7 +33,7 @@ import pyarrow as pa
 from quarry.device.unit import Chunk, Skipped, Unit, register
 from quarry.genes.errors import GenesInputError, StaleDataset
 from quarry.genes.groups import grouping_digest
-from quarry.genes.stats import PARTIAL_SCHEMA, accumulate, combine, select_groups
+from quarry.genes.stats import PARTIAL_SCHEMA, accumulate, combine, select_sides
 from quarry.protocol.message import Message, bounded
 from quarry.protocol.stage import Skip, Stage
 from quarry.protocol.work import ranges_of
@@ -43,7 +43,7 @@ PROGRAM = "genes.accumulate"
 CACHE_FORMAT = b"1"
 # Groupings whose statistics a device keeps per dataset version; the oldest-named others go.
 CACHED_GROUPINGS_MAX = 64
-SIDES_MAX = 2
+SIDES_MAX = 4096  # one per group of a grouping (rank_genes_groups), or the two of a comparison
 GROUPS_MAX = 1 << 20
 CELLS_MAX = 1 << 31
 OUTPUT_ROWS_PER_BATCH = 1 << 16
@@ -60,7 +60,7 @@ class AccumulateArgs(Message):
 
     def __post_init__(self) -> None:
         if not 1 <= len(self.sides) <= SIDES_MAX:
-            raise GenesInputError(f"{PROGRAM}: 1 or 2 sides, got {len(self.sides)}")
+            raise GenesInputError(f"{PROGRAM}: 1 to {SIDES_MAX} sides, got {len(self.sides)}")
         if any(not 0 <= g < self.group_count for side in self.sides for g in side):
             raise GenesInputError(f"{PROGRAM}: side group ids must be in [0, {self.group_count})")
 
@@ -258,9 +258,7 @@ def _reduce(
     partials: list[pa.RecordBatch | pa.Table], sides: tuple[tuple[int, ...], ...]
 ) -> tuple[pa.RecordBatch, list[pa.RecordBatch]]:
     statistics = combine(partials)
-    return statistics, [
-        select_groups(statistics, list(ids), as_group=i) for i, ids in enumerate(sides)
-    ]
+    return statistics, select_sides(statistics, sides)
 
 
 def _grouping(args: AccumulateArgs, payload: bytes) -> np.ndarray:

@@ -34,7 +34,7 @@ from quarry.cost.model import host_share, link_bytes_per_s
 from quarry.device.unit import host_context, host_cores
 from quarry.errors import DeviceUnavailable
 from quarry.genes.datasets import StoredMatrix
-from quarry.genes.device import Accumulate, AccumulateArgs
+from quarry.genes.device import SIDES_MAX, Accumulate, AccumulateArgs
 from quarry.genes.errors import GenesInputError
 from quarry.genes.groups import Grouping
 from quarry.genes.layout import ROW_ID_COLUMN, rows_batch, stored_schema
@@ -112,7 +112,7 @@ def side_statistics(
     """Per gene and side i, the statistics of the union of groups `sides[i]` (group = i)."""
     if pushdown not in PUSHDOWNS:
         raise GenesInputError(f"pushdown must be one of {PUSHDOWNS}, not {pushdown!r}")
-    assert 1 <= len(sides) <= 2, sides
+    assert 1 <= len(sides) <= SIDES_MAX, len(sides)
     assert len(grouping.group_of_cell) == matrix.cell_count, "grouping of another dataset"
     started = time.perf_counter()
     push_back = dict(push_back or {})

@@ -241,11 +241,11 @@ def _rank_on_cluster(
         stats_a, stats_b = _side(statistics_a, 0), _side(statistics_b, 0)
         reports = [report_a, report_b]
     host_started = time.perf_counter()
-    frame = _rank(
-        side_a, side_b, _named(stats_a, side_a.axis), _named(stats_b, side_b.axis), method
+    frame = rank_frame(
+        side_a, side_b, named(stats_a, side_a.axis), named(stats_b, side_b.axis), method
     )
     tstat_s = time.perf_counter() - host_started
-    frame.attrs["quarry"] = _quarry_attrs(reports, pushdown, tstat_s, time.perf_counter() - started)
+    frame.attrs["quarry"] = quarry_attrs(reports, pushdown, tstat_s, time.perf_counter() - started)
     frame.attrs["dataset"] = matrix.dataset
     frame.attrs["reference_dataset"] = (other or matrix).dataset
     frame.attrs["version"] = matrix.version
@@ -304,12 +304,12 @@ def rank_genes_local(
         if side_b.grouping is side_a.grouping
         else _accumulate_matrix(side_b.axis, side_b.grouping, layout_options)
     )
-    stats_a = _named(select_groups(statistics_a, side_a.group_ids), side_a.axis)
-    stats_b = _named(select_groups(statistics_b, side_b.group_ids), side_b.axis)
-    return _rank(side_a, side_b, stats_a, stats_b, method)
+    stats_a = named(select_groups(statistics_a, side_a.group_ids), side_a.axis)
+    stats_b = named(select_groups(statistics_b, side_b.group_ids), side_b.axis)
+    return rank_frame(side_a, side_b, stats_a, stats_b, method)
 
 
-def _rank(
+def rank_frame(
     side_a: Side, side_b: Side, stats_a: pa.Table, stats_b: pa.Table, method: Method
 ) -> pd.DataFrame:
     """TStat on the host, as a scanpy-like frame carrying both datasets' metadata."""
@@ -348,7 +348,7 @@ def _side(statistics: pa.RecordBatch, side: int) -> pa.RecordBatch:
     return chosen.to_batches()[0]
 
 
-def _quarry_attrs(
+def quarry_attrs(
     reports: list[Any], pushdown: str, tstat_s: float, wall_s: float
 ) -> dict[str, Any]:
     from quarry.genes.dispatch import REPORT_COUNTERS
@@ -452,7 +452,7 @@ def _is_rest(spec: object) -> bool:
     return isinstance(spec, str) and spec == REST
 
 
-def _named(statistics: pa.RecordBatch, matrix: Any) -> pa.Table:
+def named(statistics: pa.RecordBatch, matrix: Any) -> pa.Table:
     """Replace gene row numbers by gene names, so that datasets can be matched by name."""
     names = matrix.genes.column(GENE_COLUMN).take(statistics.column("gene"))
     table = pa.Table.from_batches([statistics])
