@@ -57,12 +57,13 @@ IDLE_SAMPLES = 100
 FOREGROUND_PAUSE_S = 0.05
 
 
-def duckdb_with_tpch(sf: float) -> duckdb.DuckDBPyConnection:
-    """DuckDB with the tpch extension of the pinned ``duckdb-ext-tpch`` package."""
+def duckdb_with_tpch(sf: float, database: str = ":memory:") -> duckdb.DuckDBPyConnection:
+    """DuckDB with the tpch extension of the pinned ``duckdb-ext-tpch`` package, holding TPC-H
+    at ``sf`` (in a file ``database`` when the tables would not fit in memory)."""
     locations = importlib.util.find_spec("duckdb_ext").submodule_search_locations
     folder = os.path.join(list(locations)[0], "extensions")
     con = duckdb.connect(
-        config={"extension_directory": folder, "autoinstall_known_extensions": False}
+        database, config={"extension_directory": folder, "autoinstall_known_extensions": False}
     )
     con.execute("LOAD tpch")
     con.execute(f"CALL dbgen(sf={sf})")

@@ -1,0 +1,210 @@
+"""TPC-H on a quarry cluster beside DuckDB on the same tables as Parquet files, per query.
+
+    python bench/tpch.py [--sf 1,10] [--devices 4] [--repeat 3] [--queries 1,2,...]
+
+For each scale factor DuckDB generates the eight tables (``dbgen``, spilling to a file) and
+writes one Parquet file per table. DuckDB then answers the 22 queries over views of those files
+(what a user with the data on local disk gets); quarry ingests the same files into a local
+cluster (``--devices`` host-profile devices) and answers them with ``pushdown="auto"``. For each
+query: the median of ``--repeat`` runs each (after one warm-up run of each), the ratio DuckDB
+time / quarry time, bytes the devices shipped to the host, and whether the answers agree. The
+summary is the geometric mean of the ratios per scale factor (issue 14: at least 0.8 at SF 1,
+at least 1 at SF 10). Results: ``bench/results/tpch.json`` and ``.png``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import duckdb
+from rich.console import Console
+from rich.table import Table
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import png_path, progress, write_json
+from load import duckdb_with_tpch
+from polardb import TPCH_TABLES, same
+
+import quarry
+
+console = Console(width=150)
+
+
+def generate(sf: float, folder: Path) -> dict[int, str]:
+    """The eight tables as Parquet files in ``folder``; the 22 queries' text."""
+    generator = duckdb_with_tpch(sf, str(folder / "generated.duckdb"))
+    for name in TPCH_TABLES:
+        generator.execute(f"COPY {name} TO '{folder / name}.parquet' (FORMAT parquet)")
+    queries = dict(generator.execute("SELECT query_nr, query FROM tpch_queries()").fetchall())
+    generator.close()
+    (folder / "generated.duckdb").unlink()
+    return queries
+
+
+def on_parquet(folder: Path) -> duckdb.DuckDBPyConnection:
+    """DuckDB over the Parquet files, as a user with them on local disk would query them."""
+    connection = duckdb.connect()
+    for name in TPCH_TABLES:
+        connection.execute(
+            f"CREATE VIEW {name} AS SELECT * FROM read_parquet('{folder / name}.parquet')"
+        )
+    return connection
+
+
+def timed(repeat: int, run) -> tuple[float, Any]:
+    run()  # warm-up: caches, plans, the page cache
+    seconds, result = [], None
+    for _ in range(repeat):
+        started = time.perf_counter()
+        result = run()
+        seconds.append(time.perf_counter() - started)
+    return statistics.median(seconds), result
+
+
+def one_scale(sf: float, devices: int, repeat: int, numbers: list[int]) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="tpch-") as tmp:
+        folder = Path(tmp)
+        console.print(f"SF {sf}: generating with DuckDB ...")
+        started = time.perf_counter()
+        queries = generate(sf, folder)
+        console.print(f"  {time.perf_counter() - started:.0f} s")
+        duck = on_parquet(folder)
+        with quarry.local(devices=devices) as cluster:
+            started = time.perf_counter()
+            for name in TPCH_TABLES:
+                cluster.ingest(folder / f"{name}.parquet", f"tpch/{name}")
+            ingest_s = time.perf_counter() - started
+            console.print(f"  ingested into {devices} devices in {ingest_s:.0f} s")
+            with progress(console) as bar:
+                task = bar.add_task(f"SF {sf}: 22 queries", total=len(numbers))
+                for number in numbers:
+                    sql = queries[number]
+                    duck_s, expected = timed(repeat, lambda s=sql: duck.execute(s).fetch_arrow_table())
+                    planned: dict[str, Any] = {}
+
+                    def run(s=sql, planned=planned):
+                        planned["query"] = cluster.query(s, "auto")
+                        return planned["query"].execute().read_all()
+
+                    quarry_s, actual = timed(repeat, run)
+                    analyzed = planned["query"].explain(analyze=True)["analyze"]
+                    rows.append(
+                        {
+                            "sf": sf,
+                            "query": number,
+                            "duckdb_s": duck_s,
+                            "quarry_s": quarry_s,
+                            "ratio": duck_s / quarry_s,
+                            "bytes_shipped": analyzed["bytes_shipped"],
+                            "bytes_read": analyzed["bytes_read"],
+                            "agree": same(actual, expected),
+                            "ingest_s": ingest_s,
+                        }
+                    )
+                    bar.advance(task)
+        duck.close()
+    return rows
+
+
+def geometric_mean(values: list[float]) -> float:
+    return math.exp(sum(math.log(v) for v in values) / len(values))
+
+
+def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    by_sf: dict[str, Any] = {}
+    for sf in sorted({r["sf"] for r in rows}):
+        mine = [r for r in rows if r["sf"] == sf]
+        by_sf[str(sf)] = {
+            "geometric_mean_duckdb_over_quarry": geometric_mean([r["ratio"] for r in mine]),
+            "quarry_total_s": sum(r["quarry_s"] for r in mine),
+            "duckdb_total_s": sum(r["duckdb_s"] for r in mine),
+            "all_agree": all(r["agree"] for r in mine),
+            "queries": len(mine),
+        }
+    return by_sf
+
+
+def report(rows: list[dict[str, Any]], summed: dict[str, Any]) -> None:
+    table = Table(title="TPC-H: DuckDB on Parquet / quarry (auto), per query")
+    for column in ("SF", "query", "DuckDB s", "quarry s", "DuckDB / quarry", "shipped MB", "agree"):
+        table.add_column(column, justify="right")
+    for r in rows:
+        table.add_row(
+            str(r["sf"]),
+            f"Q{r['query']}",
+            f"{r['duckdb_s']:.3f}",
+            f"{r['quarry_s']:.3f}",
+            f"{r['ratio']:.2f}",
+            f"{r['bytes_shipped'] / 1e6:.1f}",
+            "yes" if r["agree"] else "NO",
+        )
+    console.print(table)
+    for sf, s in summed.items():
+        console.print(
+            f"SF {sf}: geometric mean DuckDB/quarry {s['geometric_mean_duckdb_over_quarry']:.2f}; "
+            f"totals {s['duckdb_total_s']:.1f} s / {s['quarry_total_s']:.1f} s; "
+            f"all agree: {s['all_agree']}"
+        )
+
+
+def draw(path: Path, rows: list[dict[str, Any]], summed: dict[str, Any]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    scales = sorted({r["sf"] for r in rows})
+    figure, axes = plt.subplots(len(scales), 1, figsize=(13, 4 * len(scales)), squeeze=False)
+    for axis, sf in zip(axes[:, 0], scales, strict=True):
+        mine = [r for r in rows if r["sf"] == sf]
+        x = range(len(mine))
+        axis.bar([i - 0.2 for i in x], [r["duckdb_s"] for r in mine], 0.4, label="DuckDB (Parquet)")
+        axis.bar([i + 0.2 for i in x], [r["quarry_s"] for r in mine], 0.4, label="quarry (auto)")
+        axis.set_xticks(list(x), [f"Q{r['query']}" for r in mine])
+        axis.set_yscale("log")
+        axis.set_ylabel("seconds (median)")
+        mean = summed[str(sf)]["geometric_mean_duckdb_over_quarry"]
+        axis.set_title(f"TPC-H SF {sf}: geometric mean of DuckDB / quarry = {mean:.2f}")
+        axis.legend()
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sf", default="1,10", help="scale factors, comma-separated")
+    parser.add_argument("--devices", type=int, default=4)
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--queries", default=",".join(str(n) for n in range(1, 23)))
+    parser.add_argument("--name", default="tpch")
+    args = parser.parse_args()
+    numbers = [int(n) for n in args.queries.split(",")]
+    started = time.perf_counter()
+    rows = []
+    for sf in (float(s) for s in args.sf.split(",")):
+        rows.extend(one_scale(sf, args.devices, args.repeat, numbers))
+    summed = summary(rows)
+    report(rows, summed)
+    write_json(
+        args.name,
+        {
+            "devices": args.devices,
+            "repeat": args.repeat,
+            "rows": rows,
+            "summary": summed,
+            "elapsed_s": time.perf_counter() - started,
+        },
+    )
+    draw(png_path(args.name), rows, summed)
+
+
+if __name__ == "__main__":
+    main()
