@@ -45,7 +45,7 @@ def test_each_group_equals_its_own_comparison(all_groups, genes_cluster):
         ours = all_groups[all_groups["group"] == cluster].set_index("names").loc[alone.index]
         for column in ("scores", "pvals", "pvals_adj", "logfoldchanges"):
             np.testing.assert_allclose(
-                ours[column].to_numpy(), alone[column].to_numpy(), rtol=1e-12, err_msg=column
+                ours[column].to_numpy(), alone[column].to_numpy(), rtol=1e-9, err_msg=column
             )
 
 
@@ -76,7 +76,11 @@ def test_some_groups_against_one_reference(genes_cluster, stored_pbmc):
     assert list(ranked["group"].cat.categories) == ["2", "7"]  # the reference is not ranked
     alone = genes.rank_genes(genes_cluster, "bio/pbmc", "louvain", "7", "5", method="student")
     ours = ranked[ranked["group"] == "7"].set_index("names").loc[alone["names"]]
-    np.testing.assert_allclose(ours["scores"].to_numpy(), alone["scores"].to_numpy(), rtol=1e-12)
+    expected = alone["scores"].to_numpy()
+    defined = np.isfinite(expected)  # both groups constant: scanpy (and so this) reports 0
+    np.testing.assert_allclose(ours["scores"].to_numpy()[defined], expected[defined], rtol=1e-12)
+    assert (ours["scores"].to_numpy()[~defined] == 0).all()
+    assert (ours["pvals"].to_numpy()[~defined] == 1).all()
 
 
 def test_errors_name_the_group(genes_cluster, stored_pbmc):

@@ -33,6 +33,7 @@ import pyarrow as pa
 from quarry.device.unit import Chunk, Skipped, Unit, register
 from quarry.genes.errors import GenesInputError, StaleDataset
 from quarry.genes.groups import grouping_digest
+from quarry.genes.ranks import RANK_SCHEMA, combine_ranks, rank_sums, select_rank_sides
 from quarry.genes.stats import PARTIAL_SCHEMA, accumulate, combine, select_sides
 from quarry.protocol.message import Message, bounded
 from quarry.protocol.stage import Skip, Stage
@@ -95,9 +96,29 @@ class Accumulate(Unit):
         self.sides: list[pa.RecordBatch] = []
         self.host_partials: list[pa.RecordBatch] = []
 
+    SCHEMA: pa.Schema = PARTIAL_SCHEMA  # what ``KERNEL`` gives and the unit ships
+    KERNEL = staticmethod(accumulate)  # (slice, group of each cell, groups) -> partial
+
     @property
     def output_schema(self) -> pa.Schema:
-        return PARTIAL_SCHEMA
+        return self.SCHEMA
+
+    # ---- the statistic: a unit of the same shape (``RankSums``) changes only these -------------
+
+    def partial(self, batch: pa.RecordBatch, groups: np.ndarray) -> pa.RecordBatch:
+        """One slice's statistics per (gene, group)."""
+        return self.KERNEL(batch, groups, self.args.group_count)
+
+    def reduce(
+        self, partials: list[pa.RecordBatch | pa.Table], sides: tuple[tuple[int, ...], ...]
+    ) -> tuple[pa.RecordBatch, list[pa.RecordBatch]]:
+        """Partials as one set of statistics, and the statistics of each side."""
+        statistics = combine(partials)
+        return statistics, select_sides(statistics, sides)
+
+    def merge(self, sides: list[pa.RecordBatch]) -> pa.RecordBatch:
+        """Side statistics of several partitions as one."""
+        return combine(sides)
 
     # ---- on the device ------------------------------------------------------------------------
 
@@ -128,15 +149,15 @@ class Accumulate(Unit):
         work = self.works[chunk.meta.partition]
         groups = self._groups()
         for number, batch in zip(chunk.numbers, chunk.batches(), strict=True):
-            work.partials.append(
-                self.context.compute(lambda b=batch: accumulate(b, groups, self.args.group_count))
-            )
+            work.partials.append(self.context.compute(lambda b=batch: self.partial(b, groups)))
             work.executed.append(number)
         return []
 
     def finish_partition(self, meta: PartitionMeta) -> list[pa.RecordBatch]:
         work = self.works[meta.partition]
-        statistics, sides = self.context.compute(lambda: _reduce(work.partials, self.args.sides))
+        statistics, sides = self.context.compute(
+            lambda: self.reduce(work.partials, self.args.sides)
+        )
         self.sides.extend(sides)
         _store(self, work, statistics)
         return []
@@ -148,11 +169,7 @@ class Accumulate(Unit):
         partials = []
         for batch in batches:
             if batch.num_rows:
-                partials.append(
-                    self.context.compute(
-                        lambda b=batch: accumulate(b, groups, self.args.group_count)
-                    )
-                )
+                partials.append(self.context.compute(lambda b=batch: self.partial(b, groups)))
         # all of a handed-back range or none of it: a fetch that broke off is done again
         self.host_partials.extend(partials)
         return iter(())
@@ -161,12 +178,14 @@ class Accumulate(Unit):
 
     def finish(self) -> list[pa.RecordBatch]:
         if self.host_partials:
-            _, sides = self.context.compute(lambda: _reduce(self.host_partials, self.args.sides))
+            _, sides = self.context.compute(
+                lambda: self.reduce(self.host_partials, self.args.sides)
+            )
             self.sides.extend(sides)
         if not self.sides:
             return []
-        output = self.context.compute(lambda: combine(self.sides))
-        return list(_batches(output))
+        output = self.context.compute(lambda: self.merge(self.sides))
+        return list(_batches(output, self.SCHEMA))
 
     def summary(self) -> dict[str, int]:
         return {
@@ -187,7 +206,7 @@ def _cache_key(unit: Accumulate, partition: int) -> str:
     return unit.context.cache_key(
         unit.request.domain,
         unit.request.dataset,
-        PROGRAM,
+        unit.NAME,
         args.version,
         args.grouping,
         f"{partition:04d}",
@@ -237,7 +256,7 @@ def _store(unit: Accumulate, work: PartitionWork, statistics: pa.RecordBatch) ->
 def _evict(unit: Accumulate) -> None:
     """Bound the cache: drop other versions of the dataset, and groupings beyond the limit."""
     context, args = unit.context, unit.args
-    base = context.cache_key(unit.request.domain, unit.request.dataset, PROGRAM) + "/"
+    base = context.cache_key(unit.request.domain, unit.request.dataset, unit.NAME) + "/"
     keys = context.store.list(base)
     current = f"{base}{args.version}/"
     stale = [k for k in keys if not k.startswith(current)]
@@ -254,13 +273,6 @@ def _evict(unit: Accumulate) -> None:
 # ---- reduce and output ------------------------------------------------------------------------
 
 
-def _reduce(
-    partials: list[pa.RecordBatch | pa.Table], sides: tuple[tuple[int, ...], ...]
-) -> tuple[pa.RecordBatch, list[pa.RecordBatch]]:
-    statistics = combine(partials)
-    return statistics, select_sides(statistics, sides)
-
-
 def _grouping(args: AccumulateArgs, payload: bytes) -> np.ndarray:
     group_of_cell = np.frombuffer(payload, dtype="<i4").astype(np.int32)
     if len(group_of_cell) != args.cell_count:
@@ -274,8 +286,27 @@ def _grouping(args: AccumulateArgs, payload: bytes) -> np.ndarray:
     return group_of_cell
 
 
-def _batches(output: pa.RecordBatch) -> Iterator[pa.RecordBatch]:
+def _batches(output: pa.RecordBatch, schema: pa.Schema) -> Iterator[pa.RecordBatch]:
     for start in range(0, max(output.num_rows, 1), OUTPUT_ROWS_PER_BATCH):
         chunk = output.slice(start, OUTPUT_ROWS_PER_BATCH)
         if chunk.num_rows:
-            yield pa.RecordBatch.from_arrays(chunk.columns, schema=PARTIAL_SCHEMA)
+            yield pa.RecordBatch.from_arrays(chunk.columns, schema=schema)
+
+
+@register
+class RankSums(Accumulate):
+    """The same pipeline for the Wilcoxon test (``genes.ranks``): per (gene, group) the sum of
+    the gene's ranks and the cells expressing it, cached per grouping like the moments."""
+
+    NAME = "genes.rank_sums"
+    SCHEMA = RANK_SCHEMA
+    KERNEL = staticmethod(rank_sums)
+
+    def reduce(
+        self, partials: list[pa.RecordBatch | pa.Table], sides: tuple[tuple[int, ...], ...]
+    ) -> tuple[pa.RecordBatch, list[pa.RecordBatch]]:
+        statistics = combine_ranks(partials)
+        return statistics, select_rank_sides(statistics, sides)
+
+    def merge(self, sides: list[pa.RecordBatch]) -> pa.RecordBatch:
+        return combine_ranks(sides)

@@ -38,7 +38,6 @@ from quarry.genes.device import SIDES_MAX, Accumulate, AccumulateArgs
 from quarry.genes.errors import GenesInputError
 from quarry.genes.groups import Grouping
 from quarry.genes.layout import ROW_ID_COLUMN, rows_batch, stored_schema
-from quarry.genes.stats import PARTIAL_SCHEMA, accumulate, combine
 from quarry.protocol.stage import Skip, Stage
 from quarry.protocol.work import ForcedDecision, HostCost, Policy, WorkRequest
 
@@ -108,8 +107,10 @@ def side_statistics(
     *,
     push_back: PushBack | None = None,
     policy: Mapping[str, Any] | None = None,
+    unit: type[Accumulate] = Accumulate,
 ) -> tuple[pa.RecordBatch, Report]:
-    """Per gene and side i, the statistics of the union of groups `sides[i]` (group = i)."""
+    """Per gene and side i, the statistics of the union of groups `sides[i]` (group = i): the
+    moments (``Accumulate``) or the rank sums (``RankSums``)."""
     if pushdown not in PUSHDOWNS:
         raise GenesInputError(f"pushdown must be one of {PUSHDOWNS}, not {pushdown!r}")
     assert 1 <= len(sides) <= SIDES_MAX, len(sides)
@@ -122,11 +123,12 @@ def side_statistics(
             f"dataset {matrix.dataset!r}: push_back names partitions {unknown} it does not have"
         )
     dispatch = Dispatch()
-    tasks = _tasks(matrix, grouping, sides, pushdown, push_back, policy)
+    tasks = _tasks(matrix, grouping, sides, pushdown, push_back, policy, unit)
     results = list(dispatch.run(tasks, len(tasks), RESULT_BATCHES_MAX, "quarry-genes"))
-    statistics = (
-        combine(results) if results else pa.RecordBatch.from_pylist([], schema=PARTIAL_SCHEMA)
-    )
+    if results:
+        statistics = tasks[0].host.merge(results)
+    else:
+        statistics = pa.RecordBatch.from_pylist([], schema=unit.SCHEMA)
     report = _report(matrix.dataset, pushdown, dispatch)
     report.wall_s = time.perf_counter() - started
     return statistics, report
@@ -139,6 +141,7 @@ def _tasks(
     pushdown: str,
     push_back: PushBack,
     policy: Mapping[str, Any] | None,
+    unit: type[Accumulate],
 ) -> list[Task]:
     """One task per device: every partition it serves, in one request (its cache is per
     partition, its output one Combine over them)."""
@@ -161,12 +164,12 @@ def _tasks(
             for first, end in push_back.get(p, ())
         )
         request = WorkRequest(
-            unit=Accumulate.NAME,
+            unit=unit.NAME,
             domain=matrix.domain,
             dataset=matrix.name,
             partitions=tuple(partitions),
             forced=forced,
-            host=_host_cost(matrix, device, len(matrix.cluster.devices))
+            host=_host_cost(matrix, device, len(matrix.cluster.devices), unit)
             if pushdown == "auto"
             else None,
             policy=Policy.from_json(dict(policy or {})),
@@ -176,7 +179,7 @@ def _tasks(
             Task(
                 client=matrix.cluster.devices[device],
                 request=request,
-                host=Accumulate(request, payload, host_context()),
+                host=unit(request, payload, host_context()),
                 # Ask without the grouping first: a device with every partition cached needs
                 # only the digest, so a repeated request moves almost nothing. A miss costs one
                 # more round trip.
@@ -240,11 +243,13 @@ def _assign(matrix: StoredMatrix) -> dict[str, list[int]]:
     return assignments
 
 
-def _host_cost(matrix: StoredMatrix, device: str, device_count: int) -> HostCost:
+def _host_cost(
+    matrix: StoredMatrix, device: str, device_count: int, unit: type[Accumulate]
+) -> HostCost:
     """What the host would pay to accumulate a slice itself, for the device's decision."""
     profile = matrix.cluster.info[device].profile
     return HostCost(
-        full_s_per_byte=host_accumulate_s_per_byte(),
+        full_s_per_byte=host_accumulate_s_per_byte(unit),
         raw_ratio=1.0,  # a pushed-back slice ships whole
         filter_ratio=1.0,  # Accumulate has no filter stage: "filter" is never cheaper than raw
         link_bytes_per_s=float(link_bytes_per_s(profile.external_bytes_per_s)),
@@ -254,9 +259,9 @@ def _host_cost(matrix: StoredMatrix, device: str, device_count: int) -> HostCost
 
 
 @cache
-def host_accumulate_s_per_byte() -> float:
-    """The host's Accumulate cost per stored byte, measured once per process on a synthetic
-    slice (10% dense, 4,096 cells, 10 groups)."""
+def host_accumulate_s_per_byte(unit: type[Accumulate] = Accumulate) -> float:
+    """The host's cost per stored byte of a unit's statistic (moments, rank sums), measured
+    once per process on a synthetic slice (10% dense, 4,096 cells, 10 groups)."""
     rng = np.random.default_rng(0)
     values = sparse.random(
         CALIBRATION_GENES,
@@ -273,6 +278,6 @@ def host_accumulate_s_per_byte() -> float:
     best = float("inf")
     for _ in range(CALIBRATION_REPEATS):
         started = time.perf_counter()
-        accumulate(batch, groups, 10)
+        unit.KERNEL(batch, groups, 10)
         best = min(best, time.perf_counter() - started)
     return best / pa.ipc.get_record_batch_size(batch)

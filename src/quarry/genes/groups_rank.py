@@ -1,32 +1,73 @@
 """Rank every group of a column at once: scanpy's ``rank_genes_groups``, in one pass.
 
 ``rank_genes`` compares one group with a reference. A user clustering cells asks for all of
-them: which genes mark each cluster against the rest. Asked one by one, that is one request per
-group (the devices' cache makes every request after the first cheap, but each still travels
-and Combines). Here one request asks the devices for every group's statistics at once (one
-side per group: Accumulate already computes every group of the grouping, so the devices read
-each slice once and ship genes x groups rows), and the host forms each group's reference as
-the union of the others (``stats.GroupArrays``: vectorized over genes) and runs TStat per group.
+them: which genes mark each cluster against the rest, ranked as scanpy ranks them. Here one
+request asks the devices for every group's statistics at once (one side per group: the
+devices read each slice once and ship genes x groups rows, never a value):
+
+- the moments (``Accumulate``: n, mean, m2) for the t-tests and every method's fold changes;
+- for ``wilcoxon`` and ``pts``, the rank sums and the cells expressing each gene
+  (``RankSums``: a slice holds whole genes across cells, so each gene's ranks are local to
+  the device that holds it). Against the rest every group shares one ranking (all cells);
+  against one label each group is ranked with the reference's cells only, as scanpy does, one
+  request per group.
+
+The host forms each group's reference from the others (``stats.GroupArrays``) and computes
+scanpy's statistics per group (``scores``: ``scipy.stats.ttest_ind_from_stats`` for the
+t-tests, the normal approximation of the rank sums for Wilcoxon; NaN scores become 0 and NaN
+p-values 1, as scanpy reports them). ``scanpy_layout`` writes the result into an AnnData's
+``uns`` so ``sc.get.rank_genes_groups_df`` and ``sc.pl.rank_genes_groups`` read it.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import pandas as pd
+import scipy.stats
 
+from quarry.genes.device import RankSums
 from quarry.genes.errors import GenesInputError, StaleDataset
 from quarry.genes.groups import Grouping, grouping_from_column
-from quarry.genes.rank import REST, STALE_RETRIES, Side, named, quarry_attrs, rank_frame
-from quarry.genes.stats import GroupArrays, Method
+from quarry.genes.rank import REST, STALE_RETRIES, quarry_attrs
+from quarry.genes.ranks import wilcoxon
+from quarry.genes.stats import GroupArrays, benjamini_hochberg, log2_fold_change
 
 if TYPE_CHECKING:
     from quarry.coordinator.cluster import Cluster
-    from quarry.genes.dispatch import Pushdown
+    from quarry.genes.dispatch import Pushdown, Report
 
 ALL = "all"
+# scanpy's names, and quarry's own for the two t-tests of ``rank_genes``
+METHODS = ("t-test", "t-test_overestim_var", "wilcoxon", "welch", "student")
+CORRECTIONS = ("benjamini-hochberg", "bonferroni")
+COLUMNS = ["group", "names", "scores", "pvals", "pvals_adj", "logfoldchanges"]
+
+
+@dataclass(frozen=True)
+class Request:
+    """What was asked, checked."""
+
+    groupby: str
+    reference: str
+    method: str
+    tie_correct: bool
+    pts: bool
+    corr_method: str
+
+
+@dataclass
+class Ranks:
+    """Rank sums per gene and group of one ranking, its tie terms, and cells expressing."""
+
+    rank_sum: np.ndarray  # genes x groups
+    expressed: np.ndarray  # genes x groups
+    ties: np.ndarray  # genes
+    ranked_cells: int
 
 
 def rank_genes_groups(
@@ -35,41 +76,59 @@ def rank_genes_groups(
     groupby: str,
     groups: str | Sequence[str] = ALL,
     reference: str = REST,
-    method: Method = "welch",
+    method: str = "t-test",
     *,
+    tie_correct: bool = False,
+    pts: bool = False,
+    corr_method: str = "benjamini-hochberg",
     pushdown: Pushdown = "auto",
+    adata: Any = None,
+    key_added: str = "rank_genes_groups",
 ) -> pd.DataFrame:
     """Rank the genes of each group of ``groupby`` against ``reference``: "rest" (every other
     cell of the dataset, labelled or not) or one label (then that group is not ranked).
 
+    method: ``t-test`` (Welch), ``t-test_overestim_var`` (the rest's variance over the group's
+    size, scanpy's), ``wilcoxon`` (``tie_correct`` as scanpy's), or ``student``. ``pts`` adds
+    the fraction of cells expressing each gene in the group and in the rest
+    (``pct_nz_group``, ``pct_nz_reference``). ``corr_method``: ``benjamini-hochberg`` or
+    ``bonferroni``, within each group.
+
     Returns scanpy's ``rank_genes_groups_df`` layout for all groups: ``group``, ``names``,
-    ``scores``, ``pvals``, ``pvals_adj`` (Benjamini-Hochberg within each group),
-    ``logfoldchanges``; groups in the column's order, each best score first. ``attrs["quarry"]``
-    says what ran where and what moved, for the one request all groups share.
+    ``scores``, ``pvals``, ``pvals_adj``, ``logfoldchanges``; groups in the column's order, each
+    best score first. Given ``adata`` (an AnnData of the same genes), also writes scanpy's
+    layout into ``adata.uns[key_added]``; ``scanpy_layout.to_anndata`` makes one.
+    ``attrs["quarry"]`` says what ran where and what moved.
     """
     from quarry.genes.dispatch import PUSHDOWNS
 
     if pushdown not in PUSHDOWNS:
         raise GenesInputError(f"pushdown must be one of {PUSHDOWNS}, not {pushdown!r}")
-    if method not in ("welch", "student"):
-        raise GenesInputError(f"unknown t-test method {method!r}; use 'welch' or 'student'")
+    if method not in METHODS:
+        raise GenesInputError(f"unknown method {method!r}; use one of {', '.join(METHODS)}")
+    if corr_method not in CORRECTIONS:
+        raise GenesInputError(f"corr_method is one of {CORRECTIONS}, not {corr_method!r}")
+    request = Request(groupby, reference, method, tie_correct, pts, corr_method)
     for attempt in range(STALE_RETRIES + 1):
         cluster.refresh()  # another process may have re-ingested: versions must be current
         try:
-            return _on_cluster(cluster, dataset, groupby, groups, reference, method, pushdown)
+            frame = _on_cluster(cluster, dataset, groups, request, pushdown)
+            break
         except StaleDataset:
             if attempt == STALE_RETRIES:
                 raise
-    raise AssertionError("unreachable")
+    if adata is not None:
+        from quarry.genes.scanpy_layout import write_uns
+
+        write_uns(adata, frame, key_added)
+    return frame
 
 
 def _on_cluster(
     cluster: Cluster,
     dataset: str,
-    groupby: str,
     groups: str | Sequence[str],
-    reference: str,
-    method: Method,
+    request: Request,
     pushdown: Pushdown,
 ) -> pd.DataFrame:
     from quarry.genes.datasets import open_matrix
@@ -77,36 +136,190 @@ def _on_cluster(
 
     started = time.perf_counter()
     matrix = open_matrix(cluster, dataset)
-    grouping = grouping_from_column(matrix, groupby)
-    ranked, against = comparisons(grouping, groups, reference)
+    grouping = grouping_from_column(matrix, request.groupby)
+    ranked, against = comparisons(grouping, groups, request.reference)
     every = [[g] for g in range(grouping.group_count)]
     statistics, report = side_statistics(matrix, grouping, every, pushdown)
-    host_started = time.perf_counter()
+    reports = [report]
     arrays = GroupArrays.of(statistics, grouping.group_count)
-    frames = []
-    for group_id in ranked:
-        others = against[group_id]
-        side_a, side_b = Side(matrix, grouping, [group_id]), Side(matrix, grouping, others)
-        stats_a = named(arrays.union([group_id], 0), matrix)
-        stats_b = named(arrays.union(others, 1), matrix)
-        frame = rank_frame(side_a, side_b, stats_a, stats_b, method)
-        frame.insert(0, "group", grouping.labels[group_id])
-        frames.append(frame)
+    ranks = _ranks(matrix, grouping, ranked, request, pushdown, reports)
+    host_started = time.perf_counter()
+    log1p_base = matrix.metadata.get("log1p_base")
+    frames = [
+        _group_frame(arrays, ranks, grouping, g, against[g], request, log1p_base) for g in ranked
+    ]
     result = pd.concat(frames, ignore_index=True)
+    result.insert(1, "names", np.asarray(matrix.gene_names)[result.pop("gene").to_numpy()])
     result["group"] = pd.Categorical(
         result["group"], categories=[grouping.labels[g] for g in ranked]
     )
     tstat_s = time.perf_counter() - host_started
-    result.attrs["quarry"] = quarry_attrs(
-        [report], pushdown, tstat_s, time.perf_counter() - started
-    )
+    result.attrs["quarry"] = quarry_attrs(reports, pushdown, tstat_s, time.perf_counter() - started)
     result.attrs["metadata"] = dict(matrix.metadata)
     result.attrs["dataset"] = matrix.dataset
     result.attrs["version"] = matrix.version
-    result.attrs["groupby"] = groupby
-    result.attrs["reference"] = reference
-    result.attrs["method"] = method
+    result.attrs["params"] = {
+        "groupby": request.groupby,
+        "reference": request.reference,
+        "method": request.method,
+        "use_raw": False,
+        "layer": None,
+        "corr_method": request.corr_method,
+    }
     return result
+
+
+@dataclass
+class AllRanks:
+    """The rankings a request needs: of all cells (``shared``: every group against the rest,
+    and the cells expressing each gene for ``pts``), and per group of its cells and the
+    reference's (``pairs``: Wilcoxon against a label)."""
+
+    shared: Ranks | None = None
+    pairs: dict[int, Ranks] | None = None
+
+    def of(self, group: int) -> tuple[Ranks, int]:
+        """The ranking a group's Wilcoxon test reads, and the group's column in it."""
+        if self.pairs is not None:
+            return self.pairs[group], 0
+        assert self.shared is not None
+        return self.shared, group
+
+
+def _ranks(
+    matrix: Any,
+    grouping: Grouping,
+    ranked: list[int],
+    request: Request,
+    pushdown: Pushdown,
+    reports: list[Report],
+) -> AllRanks:
+    """Rank sums where the method or ``pts`` needs them: one ranking of all cells, shared by
+    every group against the rest (and by ``pts``); against a label, one of the pair's cells per
+    group, as scanpy ranks them."""
+    from quarry.genes.dispatch import side_statistics
+
+    wilcoxon_wanted = request.method == "wilcoxon"
+    against_label = request.reference != REST
+    ranks = AllRanks()
+    if not (wilcoxon_wanted or request.pts):
+        return ranks
+    if matrix.orientation != "genes":
+        raise GenesInputError(
+            f"dataset {matrix.dataset!r} is stored by cells: ranks and pts need each gene "
+            "whole in one slice; store it by genes (the default)"
+        )
+    if request.pts or not against_label:
+        every = [[g] for g in range(grouping.group_count)]
+        statistics, report = side_statistics(matrix, grouping, every, pushdown, unit=RankSums)
+        reports.append(report)
+        ranks.shared = _rank_arrays(statistics, grouping.group_count, len(grouping.group_of_cell))
+    if wilcoxon_wanted and against_label:
+        reference_id = grouping.id_of(request.reference)
+        ranks.pairs = {}
+        for g in ranked:
+            pair = _pair(grouping, g, reference_id)
+            statistics, report = side_statistics(matrix, pair, [[0], [1]], pushdown, unit=RankSums)
+            reports.append(report)
+            ranks.pairs[g] = _rank_arrays(statistics, 2, int(pair.cell_counts().sum()))
+    return ranks
+
+
+def _pair(grouping: Grouping, group: int, reference: int) -> Grouping:
+    """A grouping of the group's cells (0) and the reference's (1); every other cell is left
+    out of the ranking."""
+    codes = grouping.group_of_cell
+    pair = np.where(codes == group, 0, np.where(codes == reference, 1, -1)).astype(np.int32)
+    labels = (grouping.labels[group], grouping.labels[reference])
+    return Grouping(pair, labels, grouping.dataset, grouping.source)
+
+
+def _rank_arrays(statistics: Any, group_count: int, ranked_cells: int) -> Ranks:
+    table = statistics.to_pandas()
+    genes = np.unique(table["gene"].to_numpy())
+    row = np.searchsorted(genes, table["gene"].to_numpy())
+    group = table["group"].to_numpy()
+    rank_sum = np.zeros((len(genes), group_count))
+    expressed = np.zeros((len(genes), group_count), dtype=np.int64)
+    ties = np.zeros(len(genes))
+    rank_sum[row, group] = table["rank_sum"].to_numpy()
+    expressed[row, group] = table["expressed"].to_numpy()
+    ties[row] = table["ties"].to_numpy()
+    return Ranks(rank_sum, expressed, ties, ranked_cells)
+
+
+def _group_frame(
+    arrays: GroupArrays,
+    ranks: AllRanks,
+    grouping: Grouping,
+    group: int,
+    others: list[int],
+    request: Request,
+    log1p_base: float | None,
+) -> pd.DataFrame:
+    """One group's rows: scores, p-values (raw and adjusted), fold changes, and ``pts``."""
+    n, mean, m2 = arrays.n[:, group], arrays.mean[:, group], arrays.m2[:, group]
+    rest = arrays.union(others, 1)
+    n_rest = rest.column("n").to_numpy()
+    mean_rest, m2_rest = rest.column("mean").to_numpy(), rest.column("m2").to_numpy()
+    if request.method == "wilcoxon":
+        rank, column = ranks.of(group)
+        scores, pvals = wilcoxon(
+            rank.rank_sum[:, column], int(n[0]), rank.ranked_cells, rank.ties,
+            request.tie_correct,
+        )  # fmt: skip
+    else:
+        scores, pvals = _t_test(request.method, n, mean, m2, n_rest, mean_rest, m2_rest)
+    frame = pd.DataFrame(
+        {
+            "group": grouping.labels[group],
+            "gene": arrays.genes,
+            "scores": scores,
+            "pvals": pvals,
+            "pvals_adj": _adjusted(pvals, request.corr_method),
+            "logfoldchanges": log2_fold_change(mean, mean_rest, log1p_base=log1p_base),
+        }
+    )
+    if request.pts:
+        assert ranks.shared is not None
+        expressed = ranks.shared.expressed
+        frame["pct_nz_group"] = expressed[:, group] / max(int(n[0]), 1)
+        if request.reference == REST:  # scanpy's pts_rest: only against the rest
+            cells_rest = max(int(n_rest[0]), 1)
+            frame["pct_nz_reference"] = expressed[:, others].sum(axis=1) / cells_rest
+    order = np.argsort(-np.nan_to_num(frame["scores"].to_numpy(), nan=-np.inf), kind="stable")
+    return frame.iloc[order].reset_index(drop=True)
+
+
+def _t_test(
+    method: str,
+    n: np.ndarray,
+    mean: np.ndarray,
+    m2: np.ndarray,
+    n_rest: np.ndarray,
+    mean_rest: np.ndarray,
+    m2_rest: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray]:
+    """scanpy's t-tests from the moments (``ttest_ind_from_stats``, as scanpy calls it)."""
+    var = m2 / np.maximum(n - 1, 1)
+    var_rest = m2_rest / np.maximum(n_rest - 1, 1)
+    # scanpy's overestimate: the rest's variance over the group's size
+    nobs_rest = n if method == "t-test_overestim_var" else n_rest
+    with np.errstate(invalid="ignore", divide="ignore"):
+        scores, pvals = scipy.stats.ttest_ind_from_stats(
+            mean, np.sqrt(var), n, mean_rest, np.sqrt(var_rest), nobs_rest,
+            equal_var=method == "student",
+        )  # fmt: skip
+    scores, pvals = np.asarray(scores, dtype=np.float64), np.asarray(pvals, dtype=np.float64)
+    scores[np.isnan(scores)] = 0.0
+    pvals[np.isnan(pvals)] = 1.0
+    return scores, pvals
+
+
+def _adjusted(pvals: np.ndarray, corr_method: str) -> np.ndarray:
+    if corr_method == "bonferroni":
+        return np.minimum(pvals * len(pvals), 1.0)
+    return benjamini_hochberg(pvals)
 
 
 def comparisons(
