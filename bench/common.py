@@ -55,3 +55,17 @@ def progress(console: Any) -> Any:
         TimeElapsedColumn(),
         console=console,
     )
+
+
+def median_time(repeat: int, run: Any) -> tuple[float, Any]:
+    """The median seconds of ``repeat`` runs after one warm-up run (caches, plans, the page
+    cache), and the last run's result."""
+    import statistics
+
+    run()
+    times, result = [], None
+    for _ in range(repeat):
+        started = time.perf_counter()
+        result = run()
+        times.append(time.perf_counter() - started)
+    return statistics.median(times), result

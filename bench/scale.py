@@ -16,7 +16,6 @@ second, bytes the devices shipped, and for the row sweep the ratio to DuckDB. Re
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import tempfile
 import time
@@ -28,7 +27,7 @@ import pyarrow.parquet as pq
 from rich.console import Console
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import png_path, write_json
+from common import median_time, png_path, write_json
 
 import quarry
 from quarry.samples import particles
@@ -52,16 +51,6 @@ def write_parquet(rows: int, path: Path) -> int:
         for batch in particles.batches(rows, seed=7):
             writer.write_batch(batch)
     return path.stat().st_size
-
-
-def median_time(repeat: int, run) -> tuple[float, Any]:
-    run()  # warm-up
-    times, result = [], None
-    for _ in range(repeat):
-        started = time.perf_counter()
-        result = run()
-        times.append(time.perf_counter() - started)
-    return statistics.median(times), result
 
 
 def quarry_point(cluster, sql: str, repeat: int) -> dict[str, Any]:

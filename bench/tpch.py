@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import statistics
 import sys
 import tempfile
 import time
@@ -28,7 +27,7 @@ from rich.console import Console
 from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import png_path, progress, write_json
+from common import median_time, png_path, progress, write_json
 from load import duckdb_with_tpch
 from polardb import TPCH_TABLES, same
 
@@ -58,16 +57,6 @@ def on_parquet(folder: Path) -> duckdb.DuckDBPyConnection:
     return connection
 
 
-def timed(repeat: int, run) -> tuple[float, Any]:
-    run()  # warm-up: caches, plans, the page cache
-    seconds, result = [], None
-    for _ in range(repeat):
-        started = time.perf_counter()
-        result = run()
-        seconds.append(time.perf_counter() - started)
-    return statistics.median(seconds), result
-
-
 def one_scale(sf: float, devices: int, repeat: int, numbers: list[int]) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="tpch-") as tmp:
@@ -87,14 +76,16 @@ def one_scale(sf: float, devices: int, repeat: int, numbers: list[int]) -> list[
                 task = bar.add_task(f"SF {sf}: 22 queries", total=len(numbers))
                 for number in numbers:
                     sql = queries[number]
-                    duck_s, expected = timed(repeat, lambda s=sql: duck.execute(s).fetch_arrow_table())
+                    duck_s, expected = median_time(
+                        repeat, lambda s=sql: duck.execute(s).fetch_arrow_table()
+                    )
                     planned: dict[str, Any] = {}
 
                     def run(s=sql, planned=planned):
                         planned["query"] = cluster.query(s, "auto")
                         return planned["query"].execute().read_all()
 
-                    quarry_s, actual = timed(repeat, run)
+                    quarry_s, actual = median_time(repeat, run)
                     analyzed = planned["query"].explain(analyze=True)["analyze"]
                     rows.append(
                         {

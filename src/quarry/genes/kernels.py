@@ -103,43 +103,39 @@ def _compiled() -> tuple[Any, Any, Any, Any]:
         ties[row] = tie_sum
 
     @jit
+    def rank_row(row_values, row_cells, groups, ranked, cells_in_group, rank_sum, expressed,
+                 ties, row):  # fmt: skip
+        """One gene: its values of ranked cells that are not zero, ranked with the zeros."""
+        values = np.empty(len(row_values))
+        value_groups = np.empty(len(row_values), dtype=np.int64)
+        count = 0
+        for j in range(len(row_values)):
+            g = groups[row_cells[j]]
+            if g >= 0 and row_values[j] != 0:  # a stored zero joins the block of zeros
+                values[count] = row_values[j]
+                value_groups[count] = g
+                expressed[row, g] += 1
+                count += 1
+        rank_rows(
+            values[:count], value_groups[:count], ranked - count, cells_in_group,
+            rank_sum, expressed, ties, row,
+        )  # fmt: skip
+
+    @jit
     def sparse_ranks(indptr, indices, data, groups, cells_in_group, rank_sum, expressed, ties):
         ranked = cells_in_group.sum()
         for row in range(len(indptr) - 1):
             start, end = indptr[row], indptr[row + 1]
-            values = np.empty(end - start)
-            value_groups = np.empty(end - start, dtype=np.int64)
-            count = 0
-            for j in range(start, end):
-                g = groups[indices[j]]
-                if g >= 0 and data[j] != 0:  # a stored zero joins the block of zeros
-                    values[count] = data[j]
-                    value_groups[count] = g
-                    expressed[row, g] += 1
-                    count += 1
-            rank_rows(
-                values[:count], value_groups[:count], ranked - count, cells_in_group,
-                rank_sum, expressed, ties, row,
-            )  # fmt: skip
+            rank_row(data[start:end], indices[start:end], groups, ranked, cells_in_group,
+                     rank_sum, expressed, ties, row)  # fmt: skip
 
     @jit
     def dense_ranks(block, groups, cells_in_group, rank_sum, expressed, ties):
         ranked = cells_in_group.sum()
+        cells = np.arange(block.shape[1])
         for row in range(block.shape[0]):
-            values = np.empty(block.shape[1])
-            value_groups = np.empty(block.shape[1], dtype=np.int64)
-            count = 0
-            for cell in range(block.shape[1]):
-                g = groups[cell]
-                if g >= 0 and block[row, cell] != 0:
-                    values[count] = block[row, cell]
-                    value_groups[count] = g
-                    expressed[row, g] += 1
-                    count += 1
-            rank_rows(
-                values[:count], value_groups[:count], ranked - count, cells_in_group,
-                rank_sum, expressed, ties, row,
-            )  # fmt: skip
+            rank_row(block[row], cells, groups, ranked, cells_in_group, rank_sum, expressed,
+                     ties, row)  # fmt: skip
 
     return sparse_rows, dense_rows, sparse_ranks, dense_ranks
 
