@@ -265,8 +265,14 @@ def scan_shapes(results: list[dict]) -> dict[str, Any]:
             "drive_link_reduction": 1 - csd["drive_links_bytes"] / max(cpu["drive_links_bytes"], 1),
         }
     for scans in out.values():
-        benefit = {name: v["latency_ratio"] * v["server_cpu_ratio"] for name, v in scans.items()}
+        measures = {name: dict(v) for name, v in scans.items()}
+        benefit = {n: v["latency_ratio"] * v["server_cpu_ratio"] for n, v in measures.items()}
         scans["benefits_least"] = min(benefit, key=benefit.get)
+        # and by each of the paper's measures alone: Figure 6 (latency, server CPU), Figure 7
+        # (drive-link traffic)
+        for measure in ("latency_ratio", "server_cpu_ratio", "drive_link_reduction"):
+            least = min(measures, key=lambda n, m=measure: measures[n][m])
+            scans[f"benefits_least_by_{measure}"] = least
     return out
 
 
