@@ -54,18 +54,22 @@ ACTIONS = {
     "CancelFlightInfo": "cancel a query, waiting or running",
     "CancelQuery": "cancel a query (the legacy Flight SQL action)",
 }
+# Commands answered the same whatever the catalog holds (quarry has no catalogs, keys, views).
+FIXED = {
+    messages.CommandGetCatalogs: catalog.catalogs,
+    messages.CommandGetTableTypes: catalog.table_types,
+    messages.CommandGetPrimaryKeys: catalog.primary_keys,
+    messages.CommandGetExportedKeys: catalog.foreign_keys,
+    messages.CommandGetImportedKeys: catalog.foreign_keys,
+    messages.CommandGetCrossReference: catalog.foreign_keys,
+    messages.CommandGetXdbcTypeInfo: catalog.xdbc_type_info,
+}
 # Commands answered from the catalog or the endpoint itself: their ticket is the command.
 METADATA = (
-    messages.CommandGetCatalogs,
+    *FIXED,
     messages.CommandGetDbSchemas,
     messages.CommandGetTables,
-    messages.CommandGetTableTypes,
     messages.CommandGetSqlInfo,
-    messages.CommandGetPrimaryKeys,
-    messages.CommandGetExportedKeys,
-    messages.CommandGetImportedKeys,
-    messages.CommandGetCrossReference,
-    messages.CommandGetXdbcTypeInfo,
 )
 
 
@@ -134,27 +138,13 @@ class FlightSqlServer(flight.FlightServerBase):
         caller = auth.caller(context)
         if isinstance(command, METADATA):
             return flight.SchemaResult(self._metadata(caller, command).schema)
-        if isinstance(command, messages.CommandStatementQuery):
-            return flight.SchemaResult(
-                self._with_session(
-                    caller, lambda s: self._query(s, command.query).decomposition.output_schema
-                )
-            )
-        return flight.SchemaResult(self._prepared_schema(caller, command))
+        statements, _ = self._statements(caller, command, take_plan=False)
+        planned = self._with_session(caller, lambda s: self._query(s, statements[0]))
+        return flight.SchemaResult(planned.decomposition.output_schema)
 
     def _plan(self, caller: auth.Caller, command: Any) -> Result:
-        """A query planned for a ticket: the statement, or the prepared one with its rows."""
-        planned = None
-        if isinstance(command, messages.CommandStatementQuery):
-            statements = (command.query,)
-        elif isinstance(command, messages.CommandPreparedStatementQuery):
-            prepared = self.statements.prepared(
-                caller.owner, _handle(command.prepared_statement_handle)
-            )
-            statements = self._bound(prepared)
-            planned = self.statements.take_planned(prepared)
-        else:
-            raise QueryError(f"quarry does not run {type(command).__name__}")
+        """A query planned for a ticket, holding its caller's session until it is read."""
+        statements, planned = self._statements(caller, command, take_plan=True)
         session = self.sessions.acquire(caller.owner, caller.token)
         try:
             if planned is None or planned.cluster is not session.cluster:
@@ -165,6 +155,21 @@ class FlightSqlServer(flight.FlightServerBase):
         except BaseException:
             self.sessions.release(session)
             raise
+
+    def _statements(
+        self, caller: auth.Caller, command: Any, take_plan: bool
+    ) -> tuple[tuple[str, ...], Query | None]:
+        """What a command runs: its statement, or a prepared one once per parameter row; and
+        the plan made when it was prepared, if any is left (``take_plan``)."""
+        if isinstance(command, messages.CommandStatementQuery):
+            return (command.query,), None
+        if not isinstance(command, messages.CommandPreparedStatementQuery):
+            raise QueryError(f"quarry's Flight SQL endpoint does not run {type(command).__name__}")
+        prepared = self.statements.prepared(
+            caller.owner, _handle(command.prepared_statement_handle)
+        )
+        planned = self.statements.take_planned(prepared) if take_plan else None
+        return self._bound(prepared), planned
 
     def _query(self, session: Session, sql: str) -> Query:
         if not sql.strip():
@@ -190,17 +195,6 @@ class FlightSqlServer(flight.FlightServerBase):
             for row in range(rows.num_rows)
         )
 
-    def _prepared_schema(self, caller: auth.Caller, command: Any) -> pa.Schema:
-        if not isinstance(command, messages.CommandPreparedStatementQuery):
-            raise QueryError(f"quarry does not run {type(command).__name__}")
-        prepared = self.statements.prepared(
-            caller.owner, _handle(command.prepared_statement_handle)
-        )
-        statements = self._bound(prepared)
-        return self._with_session(
-            caller, lambda s: self._query(s, statements[0]).decomposition.output_schema
-        )
-
     def _with_session(self, caller: auth.Caller, work: Any) -> Any:
         session = self.sessions.acquire(caller.owner, caller.token)
         try:
@@ -209,22 +203,14 @@ class FlightSqlServer(flight.FlightServerBase):
             self.sessions.release(session)
 
     def _metadata(self, caller: auth.Caller, command: Any) -> pa.Table:
+        if type(command) in FIXED:
+            return FIXED[type(command)]()
         if isinstance(command, messages.CommandGetSqlInfo):
             return sqlinfo.table(command.info, int(PREPARED_IDLE_S_MAX * 1000))
-        if isinstance(command, messages.CommandGetCatalogs):
-            return catalog.catalogs()
-        if isinstance(command, messages.CommandGetTableTypes):
-            return catalog.table_types()
-        if isinstance(command, messages.CommandGetPrimaryKeys):
-            return catalog.primary_keys()
-        if isinstance(command, messages.CommandGetXdbcTypeInfo):
-            return catalog.xdbc_type_info()
-        if isinstance(command, messages.CommandGetDbSchemas | messages.CommandGetTables):
-            entries = self._with_session(caller, _refreshed_catalog)
-            if isinstance(command, messages.CommandGetDbSchemas):
-                return catalog.db_schemas(entries, command)
-            return catalog.tables(entries, command)
-        return catalog.foreign_keys()
+        entries = self._with_session(caller, _refreshed_catalog)
+        if isinstance(command, messages.CommandGetDbSchemas):
+            return catalog.db_schemas(entries, command)
+        return catalog.tables(entries, command)
 
     # ---- DoGet --------------------------------------------------------------------------------
 
@@ -266,6 +252,9 @@ class FlightSqlServer(flight.FlightServerBase):
                 finally:
                     reader.close()
                     del reader  # its Python iterator goes with it: the query's streams close
+        except QueryCancelled:
+            result.check()  # say why: the client's cancel, or the endpoint's time bound
+            raise
         finally:
             self.statements.finish(result)
 
