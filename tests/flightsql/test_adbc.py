@@ -110,6 +110,14 @@ def test_parameters_of_every_kind_bind_as_typed_literals(endpoint):
             assert_same_rows(result, endpoint.duckdb(reference), ordered=True, context=sql)
 
 
+def test_a_prepared_statement_says_its_parameters_types(endpoint):
+    """As JDBC needs them: it writes each value into a vector of the schema's type."""
+    sql = "SELECT count(*) FROM lab.runs WHERE name = ? AND started >= ? AND weight > ?"
+    with endpoint.connect() as connection, connection.cursor() as cursor:
+        schema = cursor.adbc_prepare(sql)
+    assert schema.types == [pa.utf8(), pa.date32(), pa.float64()]
+
+
 def test_a_string_parameter_is_a_value_never_sql(endpoint):
     sql = "SELECT count(*) AS n FROM lab.runs WHERE name = ?"
     with endpoint.connect() as connection, connection.cursor() as cursor:

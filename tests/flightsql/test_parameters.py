@@ -12,6 +12,7 @@ import pyarrow as pa
 import pytest
 
 from quarry.errors import QueryError
+from quarry.flightsql.parameter_types import parameter_types
 from quarry.flightsql.parameters import bind, find, literal
 
 VALUES = [
@@ -95,3 +96,31 @@ def test_mixed_or_missing_parameters_are_refused():
         literal(pa.scalar([1, 2]))
     with pytest.raises(QueryError, match="NUL"):
         literal(pa.scalar("a\x00b"))
+
+
+TABLES = {
+    "physics/particles": pa.schema([("id", pa.int64()), ("ke", pa.float64())]),
+    "lab/runs": pa.schema([("run_id", pa.int64()), ("name", pa.utf8()), ("started", pa.date32())]),
+}
+
+
+@pytest.mark.parametrize(
+    "sql, types",
+    [
+        ("SELECT count(*) FROM physics.particles WHERE ke > ?", [pa.float64()]),
+        (
+            "SELECT * FROM lab.runs WHERE name = ? AND started >= ? AND run_id BETWEEN ? AND ?",
+            [pa.utf8(), pa.date32(), pa.int64(), pa.int64()],
+        ),
+        (
+            "SELECT * FROM physics.particles p JOIN lab.runs r ON p.id = r.run_id "
+            "WHERE r.name IN (?, ?) AND p.ke + ? > 1",
+            [pa.utf8(), pa.utf8(), pa.float64()],
+        ),
+        ("SELECT $2, $1 FROM lab.runs WHERE name = $1", [pa.utf8(), pa.null()]),
+        ("SELECT ?", [pa.null()]),  # nothing says: the client's value will
+        ("SELECT * FROM nope WHERE x = ?", [pa.null()]),  # fails when it runs, with its message
+    ],
+)
+def test_parameter_types_come_from_where_the_placeholders_stand(sql, types):
+    assert parameter_types(sql, find(sql), TABLES) == types

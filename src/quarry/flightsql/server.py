@@ -35,6 +35,7 @@ from quarry.flightsql import auth, catalog, messages, parameters, sqlinfo
 from quarry.flightsql.errors import mapped, mapped_stream
 from quarry.flightsql.handles import Handle
 from quarry.flightsql.messages import CancelStatus
+from quarry.flightsql.parameter_types import parameter_types
 from quarry.flightsql.sessions import Session, Sessions
 from quarry.flightsql.statements import (
     PARAMETER_BYTES_MAX,
@@ -315,18 +316,28 @@ class FlightSqlServer(flight.FlightServerBase):
         if command.HasField("transaction_id"):
             raise NotImplementedError("quarry's Flight SQL endpoint has no transactions")
         found = parameters.find(command.query)
-        dataset_schema, planned = b"", None
-        if found.count == 0:  # plan it now: a wrong query fails at prepare, with its schema
-            planned = self._with_session(caller, lambda s: self._query(s, command.query))
-            dataset_schema = planned.decomposition.output_schema.serialize().to_pybytes()
+        planned, types = self._with_session(
+            caller, lambda s: self._prepared(s, command.query, found)
+        )
         prepared = self.statements.prepare(caller.owner, command.query, found, planned)
-        # the types of the parameters are the client's: each placeholder is listed untyped
-        parameter_schema = pa.schema([pa.field(str(i + 1), pa.null()) for i in range(found.count)])
+        dataset_schema = planned.decomposition.output_schema if planned else None
+        parameter_schema = pa.schema([pa.field(f"${i + 1}", t) for i, t in enumerate(types)])
         return messages.ActionCreatePreparedStatementResult(
             prepared_statement_handle=prepared.handle.to_bytes(),
-            dataset_schema=dataset_schema,
-            parameter_schema=parameter_schema.serialize().to_pybytes() if found.count else b"",
+            dataset_schema=dataset_schema.serialize().to_pybytes() if dataset_schema else b"",
+            parameter_schema=parameter_schema.serialize().to_pybytes() if types else b"",
         )
+
+    def _prepared(
+        self, session: Session, sql: str, found: parameters.Placeholders
+    ) -> tuple[Query | None, list[pa.DataType]]:
+        """A statement without parameters is planned now: a wrong one fails at prepare, and its
+        schema comes back. One with parameters cannot be planned without their values; their
+        types are inferred instead (for clients that bind by them, as JDBC does)."""
+        if found.count == 0:
+            return self._query(session, sql), []
+        tables = {name: entry.schema for name, entry in session.cluster.catalog.items()}
+        return None, parameter_types(sql, found, tables)
 
     def _cancel(self, caller: auth.Caller, info_bytes: bytes) -> CancelStatus:
         """Cancel every result a FlightInfo's tickets name (quarry's infos have one)."""
