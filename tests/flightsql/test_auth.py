@@ -65,14 +65,15 @@ def test_without_the_secret_the_devices_check_each_callers_token(endpoint, tmp_p
         uri = f"grpc://127.0.0.1:{server.port}"
         import adbc_driver_flightsql.dbapi as flight_sql
 
-        forged = f"Bearer {mint(new_secret(), Role.READER)}"
-        with (
-            pytest.raises(adbc_driver_manager.Error, match="not issued for this cluster"),
-            flight_sql.connect(
-                uri, db_kwargs={"adbc.flight.sql.authorization_header": forged}, autocommit=True
-            ) as connection,
-        ):
-            _answer(connection)
+        forged = {
+            "adbc.flight.sql.authorization_header": f"Bearer {mint(new_secret(), Role.READER)}"
+        }
+        for ask in (_answer, lambda c: c.adbc_get_info(), lambda c: c.adbc_get_table_types()):
+            with (
+                pytest.raises(adbc_driver_manager.Error, match="not issued for this cluster"),
+                flight_sql.connect(uri, db_kwargs=forged, autocommit=True) as connection,
+            ):
+                ask(connection)
         bearer = {"adbc.flight.sql.authorization_header": f"Bearer {endpoint.token}"}
         with flight_sql.connect(uri, db_kwargs=bearer, autocommit=True) as connection:
             assert _answer(connection) == [(200,)]

@@ -204,14 +204,10 @@ class FlightSqlServer(flight.FlightServerBase):
             self.sessions.release(session)
 
     def _metadata(self, caller: auth.Caller, command: Any) -> pa.Table:
-        if type(command) in FIXED:
-            return FIXED[type(command)]()
-        if isinstance(command, messages.CommandGetSqlInfo):
-            return sqlinfo.table(command.info, int(PREPARED_IDLE_S_MAX * 1000))
-        entries = self._with_session(caller, _refreshed_catalog)
-        if isinstance(command, messages.CommandGetDbSchemas):
-            return catalog.db_schemas(entries, command)
-        return catalog.tables(entries, command)
+        """A catalog or endpoint answer. It too opens the caller's session: without the
+        cluster's secret that is where the devices check the token, and a forged one must not
+        learn even what the endpoint is."""
+        return self._with_session(caller, lambda session: _metadata_of(session, command))
 
     # ---- DoGet --------------------------------------------------------------------------------
 
@@ -371,9 +367,16 @@ def _handle(data: bytes) -> Handle:
     return Handle.from_bytes(data)
 
 
-def _refreshed_catalog(session: Session) -> list[Any]:
-    session.cluster.refresh()
-    return list(session.cluster.catalog.values())
+def _metadata_of(session: Session, command: Any) -> pa.Table:
+    if type(command) in FIXED:
+        return FIXED[type(command)]()
+    if isinstance(command, messages.CommandGetSqlInfo):
+        return sqlinfo.table(command.info, int(PREPARED_IDLE_S_MAX * 1000))
+    session.cluster.refresh()  # what the devices hold now, as this token sees it
+    entries = list(session.cluster.catalog.values())
+    if isinstance(command, messages.CommandGetDbSchemas):
+        return catalog.db_schemas(entries, command)
+    return catalog.tables(entries, command)
 
 
 def _conform(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
