@@ -102,6 +102,13 @@ def up(
             'is behind them, e.g. \'[["scaleflux", ["host", "kinetic"]], "host"]\''
         ),
     ] = None,
+    flight_sql_port: Annotated[
+        int | None,
+        typer.Option(
+            help="also serve Arrow Flight SQL on this loopback port (quarry serve; "
+            "docs/flightsql.md)"
+        ),
+    ] = None,
 ) -> None:
     """Start an embedded cluster of device processes on localhost; every call carries a token
     (the cluster's credentials are made in the data folder, owner-readable only). With
@@ -153,6 +160,12 @@ def up(
     _print_status(cluster.status())
     cluster.close()
     console.print(f"cluster file: {file}  (export QUARRY_CLUSTER={file} to use it from elsewhere)")
+    if flight_sql_port is not None:
+        from quarry.flightsql import process as flight_sql
+
+        endpoint, ready = flight_sql.start(file, flight_sql_port, tls, detach)
+        processes.append(endpoint)
+        console.print(f"Flight SQL: {ready['address']} (a token: quarry token create)")
     if detach:
         return
     console.print("running; press Ctrl-C to stop")
@@ -168,7 +181,7 @@ def up(
             time.sleep(0.5)
     except KeyboardInterrupt:
         pass
-    for process in processes:
+    for process in reversed(processes):  # the endpoint, if any, before the devices
         stop_pid(process.pid)
     file.unlink(missing_ok=True)
     console.print("stopped")
@@ -179,9 +192,13 @@ def down(cluster: ClusterOption = None) -> None:
     """Stop the devices of a cluster started with `quarry up`."""
     from quarry.coordinator.cluster import read_cluster_file
     from quarry.coordinator.local import stop_device
+    from quarry.flightsql import process as flight_sql
 
     file = cluster_file(cluster)
     devices = read_cluster_file(file)
+    endpoint = flight_sql.stop(file)
+    if endpoint is not None:
+        console.print(f"Flight SQL endpoint: {endpoint}")
 
     def stop(entries: list[dict[str, Any]]) -> None:
         for one in entries:  # a storage server first, then what is behind it, at any depth
@@ -242,6 +259,47 @@ def _busy(row: dict[str, Any]) -> str:
         return "-"
     asked = row["admitted"] + row["refused"]
     return f"{row['refused']:,} of {asked:,}" if asked else "0"
+
+
+@app.command()
+def serve(
+    host: Annotated[str, typer.Option(help="address to listen on (off loopback: --tls)")] = (
+        "127.0.0.1"
+    ),
+    port: Annotated[int, typer.Option(help="port to listen on (0: any free port)")] = 31337,
+    tls: Annotated[
+        bool, typer.Option(help="serve over TLS with the cluster's certificate")
+    ] = False,
+    tls_cert: Annotated[
+        Path | None, typer.Option(help="serve over TLS with this certificate (PEM) instead")
+    ] = None,
+    tls_key: Annotated[Path | None, typer.Option(help="the key of --tls-cert (PEM)")] = None,
+    pushdown: Annotated[
+        str, typer.Option(help="never, server, always or auto, for every query")
+    ] = "auto",
+    query_seconds_max: Annotated[
+        float, typer.Option(help="a query running longer is cancelled")
+    ] = 3600.0,
+    ready_file: Annotated[
+        Path | None, typer.Option(help="write the address here once listening")
+    ] = None,
+    cluster: ClusterOption = None,
+) -> None:
+    """Serve the cluster over Arrow Flight SQL (ADBC, JDBC, DBeaver): every call carries a
+    token (quarry token create) and runs with its role; read-only (docs/flightsql.md)."""
+    import logging
+
+    from quarry.coordinator.query import PUSHDOWNS
+    from quarry.flightsql.serve import Options
+    from quarry.flightsql.serve import serve as serve_endpoint
+
+    if pushdown not in PUSHDOWNS:
+        raise QuarryError(f"--pushdown must be one of {', '.join(PUSHDOWNS)}, not {pushdown!r}")
+    if query_seconds_max <= 0:
+        raise QuarryError(f"--query-seconds-max must be positive, not {query_seconds_max}")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    options = Options(host, port, tls, tls_cert, tls_key, pushdown, query_seconds_max)
+    serve_endpoint(cluster_file(cluster), options, ready_file)
 
 
 # ---- datasets ------------------------------------------------------------------------------------

@@ -136,6 +136,13 @@ class HostMemoryExceeded(QueryError):
     code = "host_memory_exceeded"
 
 
+class QueryCancelled(QuarryError):
+    """A query stopped because its client (or a bound on its time) cancelled it: what it had
+    started on the devices stops at their next batch, and nothing more is read."""
+
+    code = "query_cancelled"
+
+
 class PlanNotSupported(QuarryError):
     """A device cannot decode or plan a sub-plan; the host runs that part itself."""
 

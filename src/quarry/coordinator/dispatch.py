@@ -74,7 +74,13 @@ class Dispatch:
         self.bytes_sent = 0  # payload bytes sent to devices
         self._hosts: dict[int, Unit] = {}  # the host units that completed anything
         self.dead: set[str] = set()  # devices that stopped answering during this work
+        self.cancelled = threading.Event()  # set by ``cancel``, from any thread
         self._lock = threading.Lock()
+
+    def cancel(self) -> None:
+        """Stop every task: their streams end at the next batch, their readers raise
+        ``QueryCancelled`` (a reader waiting for a batch, too)."""
+        self.cancelled.set()
 
     def report(self, task: Task, partition: int) -> WorkReport:
         key = (task.label, task.client.name, partition)
@@ -104,6 +110,7 @@ class Dispatch:
             workers=max(1, workers),
             queue_items_max=queue_items_max,
             name=name,
+            cancelled=self.cancelled,
         )
 
     # ---- one task -----------------------------------------------------------------------------

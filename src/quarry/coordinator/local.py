@@ -84,7 +84,7 @@ def start_device(
     command = device_command(
         data, name, profile, port, data / "ready.json", profiles_file, credentials, tls
     )
-    process, info = _spawn(command, data, f"device {name}", detach)
+    process, info = spawn(command, data, f"device {name}", detach)
     spec = {
         "name": name,
         "address": info["address"],
@@ -110,7 +110,7 @@ def _with_credentials(
     return spec
 
 
-def _spawn(
+def spawn(
     command: list[str], data: Path, what: str, detach: bool = False
 ) -> tuple[subprocess.Popen, dict[str, Any]]:
     """Start a server process (a device or a storage server) logging under ``data``, and wait
@@ -363,7 +363,7 @@ def start_server(
     command += ["--credentials", str(credentials.folder)] if credentials else ["--insecure"]
     if tls:
         command += ["--tls"]
-    process, info = _spawn(command, data, f"storage server {name}", detach)
+    process, info = spawn(command, data, f"storage server {name}", detach)
     spec = {
         "name": name,
         "address": info["address"],

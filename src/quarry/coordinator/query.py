@@ -113,6 +113,12 @@ class Query:
         weakref.finalize(batches, slot.release)  # a reader dropped unread
         return pa.RecordBatchReader.from_batches(result.schema, batches)
 
+    def cancel(self) -> None:
+        """Stop the query from any thread: the devices' streams end at their next batch and
+        the reader of ``execute`` raises ``QueryCancelled``; before ``execute``, the query
+        stops as soon as it starts. Its host turn is given back when its reader goes."""
+        self.dispatch.cancel()
+
     def _fragment_output(self, fragment: Fragment) -> Iterator[pa.RecordBatch]:
         entry = self.cluster.entry(fragment.dataset)
         if entry.unavailable:
