@@ -155,14 +155,12 @@ def test_gene_statistics_fail_over_to_replicas(replicated):
     def cells() -> list[str]:  # a grouping no device has cached: the work is done afresh
         return rng.sample(names, 300)
 
-    started = time.perf_counter()
-    genes.rank_genes(cluster, "lab/failover", group=cells(), pushdown="always")
-    duration_s = time.perf_counter() - started
     failovers = []
-    for victim, delay in (("dev0", 0.2), ("dev3", 0.4), ("dev1", 0.3)):
+    for victim in ("dev0", "dev3", "dev1"):
         group = cells()
         baseline = genes.rank_genes(cluster, "lab/failover", group=group, pushdown="never")
         outcome: dict = {}
+        admitted = cluster.devices[victim].stats().admitted
 
         def run(outcome: dict = outcome, group: list[str] = group) -> None:
             try:
@@ -174,7 +172,7 @@ def test_gene_statistics_fail_over_to_replicas(replicated):
 
         thread = threading.Thread(target=run)
         thread.start()
-        time.sleep(delay * duration_s)
+        _while_it_works(cluster, victim, admitted, thread)
         cluster.kill_device(victim)
         thread.join(QUERY_TIMEOUT_S)
         cluster.restart_device(victim)
@@ -182,6 +180,17 @@ def test_gene_statistics_fail_over_to_replicas(replicated):
         assert_same_bits(outcome["ranked"], baseline)
         failovers += outcome["ranked"].attrs["quarry"]["failovers"]
     assert failovers, "no kill landed mid-request"
+
+
+def _while_it_works(cluster, victim: str, admitted: int, thread: threading.Thread) -> None:
+    """Return once the victim runs the request's work (its second exchange: the first only
+    learns that it must be sent the grouping), or the request is over; bounded."""
+    deadline = time.monotonic() + QUERY_TIMEOUT_S
+    while thread.is_alive() and time.monotonic() < deadline:
+        stats = cluster.devices[victim].stats()
+        if stats.running and stats.admitted >= admitted + 2:
+            return
+        time.sleep(0.005)
 
 
 def test_without_a_replica_a_kill_is_a_clear_error_never_a_wrong_answer(replicated):
