@@ -58,6 +58,32 @@ def test_a_large_answer_streams_in_batches(endpoint):
     assert_same_rows(result, endpoint.duckdb(sql), ordered=False)
 
 
+def test_ten_million_rows_stream_through_adbc(endpoint):
+    """A 10M-row answer arrives as a stream of batches, every row once, as DuckDB has them."""
+    import duckdb
+    import numpy as np
+
+    rows = 10_000_000
+    ids = np.arange(rows, dtype=np.int64)
+    table = pa.table({"id": ids, "v": (ids % 977).astype(np.float64) * 0.5})
+    endpoint.cluster.ingest(table, "lab/big", partitions=4)
+    try:
+        sql = "SELECT id, v FROM lab.big WHERE v >= 1"
+        with endpoint.connect() as connection, connection.cursor() as cursor:
+            cursor.execute(sql)
+            batches = list(cursor.fetch_record_batch())
+        assert len(batches) > 16, "the answer came whole, not as a stream"
+        got = pa.Table.from_batches(batches).sort_by("id")
+        con = duckdb.connect()
+        con.register("big", table)
+        expected = con.execute("SELECT id, v FROM big WHERE v >= 1 ORDER BY id").fetch_arrow_table()
+        assert got.num_rows == expected.num_rows > 9_000_000
+        assert got.column("id").equals(expected.column("id"))
+        assert got.column("v").equals(expected.column("v"))
+    finally:
+        endpoint.cluster.drop("lab/big")
+
+
 def test_a_prepared_statement_binds_its_parameters(endpoint):
     sql = "SELECT count(*) AS n, sum(ke) AS total FROM physics.particles WHERE ke > ?"
     with endpoint.connect() as connection, connection.cursor() as cursor:
