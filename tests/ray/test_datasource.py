@@ -16,12 +16,12 @@ from quarry.samples import particles
 from tests.plan.harness import assert_same_rows
 
 ROWS = 200_000
-PARTITIONS = 6
+PARTITIONS = 4
 
 
 @pytest.fixture(scope="module")
 def cluster_and_ray():
-    """Three devices with the particles in six partitions, and a local Ray of two CPUs."""
+    """Three devices with the particles in four partitions, and a local Ray of two CPUs."""
     with quarry.local(devices=3) as cluster:
         table = particles.table(ROWS, seed=21)
         cluster.ingest(table, "physics/particles", partitions=PARTITIONS)
@@ -39,15 +39,21 @@ def duck(table: pa.Table, sql: str) -> pa.Table:
     return connection.execute(sql).fetch_arrow_table()
 
 
-def test_one_read_task_per_partition_and_duckdbs_rows(cluster_and_ray):
+def test_one_task_per_partition_ships_only_the_selected_rows_and_columns(cluster_and_ray):
     cluster, table = cluster_and_ray
-    source = QuarryDatasource(cluster.cluster_file, "physics/particles")
+    source = QuarryDatasource(cluster.cluster_file, "physics/particles", columns=["id", "ke"],
+                              filter="ke > 3")  # fmt: skip
     assert len(source.get_read_tasks(parallelism=2)) == PARTITIONS
-    ds = read_dataset(cluster.cluster_file, "physics/particles", columns=["id", "ke"],
-                      filter="ke > 3")  # fmt: skip
-    got = pa.concat_tables(ray.get(ds.to_arrow_refs()))
+    got = pa.concat_tables(ray.get(ray.data.read_datasource(source).to_arrow_refs()))
     expected = duck(table, "SELECT id, ke FROM particles WHERE ke > 3")
     assert_same_rows(got, expected, ordered=False)
+    moved = source.moved()
+    assert sorted(moved["partitions"]) == list(range(PARTITIONS))
+    assert moved["rows"] == expected.num_rows
+    selected = expected.num_rows * 2 * 8  # two 8-byte columns of the rows that pass
+    assert selected <= moved["bytes_shipped"] < 1.2 * selected + 64 * 1024
+    assert moved["bytes_read"] >= 2 * 8 * ROWS  # the devices read both columns, nothing else
+    assert moved["bytes_read"] < 3 * 8 * ROWS
 
 
 def test_rays_filter_and_select_are_pushed_into_the_query(cluster_and_ray, capsys):
@@ -64,6 +70,18 @@ def test_rays_filter_and_select_are_pushed_into_the_query(cluster_and_ray, capsy
     optimized = capsys.readouterr().out.split("Logical Plan (Optimized)")[1].split("Physical")[0]
     assert "ReadQuarry" in optimized  # the filter and the projection went into the read
     assert "Filter" not in optimized and "Project" not in optimized
+
+
+def test_a_group_by_in_ray_equals_duckdbs(cluster_and_ray):
+    cluster, table = cluster_and_ray
+    ds = read_dataset(cluster.cluster_file, "physics/particles", columns=["id", "ke"],
+                      filter="ke > 0.5")  # fmt: skip
+    ds = ds.map_batches(lambda b: {"g": b["id"] % 7, "ke": b["ke"]}, batch_format="numpy")
+    got = ds.groupby("g").sum("ke").to_pandas().sort_values("g").reset_index(drop=True)
+    expected = duck(table, "SELECT id % 7 AS g, sum(ke) AS s FROM particles WHERE ke > 0.5 "
+                    "GROUP BY 1 ORDER BY 1").to_pandas()  # fmt: skip
+    assert list(got["g"]) == list(expected["g"])
+    np.testing.assert_allclose(got["sum(ke)"], expected["s"], rtol=1e-12)
 
 
 def test_an_aggregate_in_ray_over_the_pushed_scan(cluster_and_ray):

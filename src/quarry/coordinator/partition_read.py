@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
@@ -31,10 +32,30 @@ if TYPE_CHECKING:
 STREAM_BATCHES_MAX = 16
 
 
+@dataclass
+class PartitionRead:
+    """A partition's rows as they stream, and, once read, what moved to bring them."""
+
+    schema: pa.Schema
+    batches: Iterator[pa.RecordBatch]
+    dispatch: Dispatch
+
+    def moved(self) -> dict[str, int]:
+        """Bytes the device shipped and read off its store, and slices it ran or handed back
+        (read after the batches are exhausted)."""
+        reports = self.dispatch.sorted_reports()
+        return {
+            "bytes_shipped": sum(r.bytes_shipped for r in reports),
+            "bytes_read": sum(r.bytes_read for r in reports),
+            "slices_executed": sum(r.slices_executed for r in reports),
+            "slices_pushed_back": sum(r.slices_pushed_back for r in reports),
+        }
+
+
 def read_partition(
     cluster: Membership, sql: str, partition: int, pushdown: str = "always"
-) -> tuple[pa.Schema, Iterator[pa.RecordBatch]]:
-    """The schema and the rows of ``sql`` (one table, row-local) over one partition of it."""
+) -> PartitionRead:
+    """The rows of ``sql`` (one table, row-local) over one partition of it."""
     decomposition = planning.plan(cluster, sql, pushdown)
     # the host only streams what comes, or filters and projects it batch by batch
     fragment = passthrough_fragment(decomposition) or rowwise_fragment(decomposition)
@@ -48,6 +69,7 @@ def read_partition(
         for task in fragment_tasks(cluster, fragment, pushdown, uuid.uuid4().hex, planning.Cuts())
         if task.request.partitions == (partition,)
     ]
-    rows = Dispatch().run(tasks, 1, STREAM_BATCHES_MAX, "quarry-partition")
+    dispatch = Dispatch()
+    rows = dispatch.run(tasks, 1, STREAM_BATCHES_MAX, "quarry-partition")
     result = run_super(decomposition, {fragment.name: rows}, pace=planning.host_pace())
-    return result.schema, iter(result)
+    return PartitionRead(result.schema, iter(result), dispatch)

@@ -7,6 +7,9 @@ its cluster file (the file carries the credentials' location; workers on other m
 the same paths) and reads its partition's rows of ``SELECT columns FROM dataset WHERE filter``
 (``coordinator.partition_read``): the devices filter and project next to the data.
 
+What the tasks brought over (bytes the devices shipped and read, rows) is tallied by a small
+actor the datasource starts: ``QuarryDatasource.moved()``.
+
 Ray's optimizer pushes down what it can (``supports_projection_pushdown``,
 ``supports_predicate_pushdown``): a ``select_columns`` becomes the columns read, a
 ``filter(expr=...)`` the WHERE clause, translated to SQL (``sql_of``). A predicate with parts SQL
@@ -113,6 +116,8 @@ class QuarryDatasource(Datasource):
         self.where = [f"({filter})"] if filter else []
         self.local: Expr | None = None  # evaluated by the read task: not SQL
         self._projection_map = {c: c for c in columns} if columns is not None else None
+        # held here (and in every copy Ray's optimizer makes): the tally lives while we do
+        self.tally = _Tally.options(num_cpus=0).remote()
         cluster = quarry.connect(self.cluster_file)
         try:
             entry = cluster.entry(dataset)
@@ -121,6 +126,13 @@ class QuarryDatasource(Datasource):
                                if p.rows]  # fmt: skip
         finally:
             cluster.close()
+
+    def moved(self) -> dict[str, Any]:
+        """What the read tasks that ran so far brought over, per partition and in all: bytes
+        the devices shipped and read off their stores, rows delivered to Ray."""
+        parts = ray.get(self.tally.totals.remote())
+        total = {key: sum(p[key] for p in parts.values()) for key in MOVED}
+        return {**total, "partitions": parts}
 
     def get_name(self) -> str:
         return f"Quarry({self.dataset})"
@@ -154,12 +166,8 @@ class QuarryDatasource(Datasource):
     def get_read_tasks(
         self, parallelism: int, per_task_row_limit: int | None = None, data_context: Any = None
     ) -> list[ReadTask]:
-        sql, local, cluster_file, pushdown = (
-            self.sql(),
-            self.local,
-            self.cluster_file,
-            self.pushdown,
-        )
+        sql, local, cluster_file = self.sql(), self.local, self.cluster_file
+        pushdown, tally = self.pushdown, self.tally
         filtered = bool(self.where) or local is not None
         tasks = []
         for partition, rows, size in self.partitions:
@@ -171,7 +179,7 @@ class QuarryDatasource(Datasource):
             )
             tasks.append(
                 ReadTask(
-                    lambda p=partition: _read(cluster_file, sql, p, local, pushdown),
+                    lambda p=partition: _read(cluster_file, sql, p, local, pushdown, tally),
                     metadata,
                     per_task_row_limit=per_task_row_limit,
                 )
@@ -180,28 +188,47 @@ class QuarryDatasource(Datasource):
 
 
 def _read(
-    cluster_file: str, sql: str, partition: int, local: Expr | None, pushdown: str
+    cluster_file: str, sql: str, partition: int, local: Expr | None, pushdown: str, tally: Any
 ) -> Iterator[pa.Table]:
-    """One read task: the partition's rows, as tables of the stream's batches."""
+    """One read task: the partition's rows, as tables of the stream's batches; then what moved,
+    to the datasource's tally."""
     import quarry
     from quarry.coordinator.partition_read import read_partition
 
     cluster = quarry.connect(cluster_file)
     try:
-        schema, batches = read_partition(cluster, sql, partition, pushdown)
+        read = read_partition(cluster, sql, partition, pushdown)
         condition = local.to_pyarrow() if local is not None else None
-        empty = True
-        for batch in batches:
-            table = pa.Table.from_batches([batch], schema=schema)
+        rows = 0
+        for batch in read.batches:
+            table = pa.Table.from_batches([batch], schema=read.schema)
             if condition is not None:
                 table = table.filter(condition)
             if table.num_rows:
-                empty = False
+                rows += table.num_rows
                 yield table
-        if empty:
-            yield schema.empty_table()
+        if not rows:
+            yield read.schema.empty_table()
+        ray.get(tally.add.remote(partition, {**read.moved(), "rows": rows}))
     finally:
         cluster.close()
+
+
+MOVED = ("bytes_shipped", "bytes_read", "rows")
+
+
+@ray.remote
+class _Tally:
+    """What each read task brought over, by partition (a task run again replaces its count)."""
+
+    def __init__(self) -> None:
+        self.parts: dict[int, dict[str, int]] = {}
+
+    def add(self, partition: int, moved: dict[str, int]) -> None:
+        self.parts[partition] = moved
+
+    def totals(self) -> dict[int, dict[str, int]]:
+        return dict(self.parts)
 
 
 def read_dataset(
