@@ -121,6 +121,10 @@ class DeviceClient:
     def inventory_reply(self) -> control.InventoryReply:
         return self.ask(control.Inventory(), control.InventoryReply)
 
+    def pulse(self, timeout_s: float = CONNECT_TIMEOUT_S) -> control.PulseReply:
+        """Its catalog generation and its load, in one call (``Membership.pulse``)."""
+        return self.ask(control.Pulse(), control.PulseReply, timeout_s=timeout_s)
+
     def describe(self, domain: str, dataset: str, partition: int) -> control.PartitionDescription:
         request = control.PartitionRef(domain, dataset, partition)
         return self.ask(request, control.PartitionDescription)

@@ -8,17 +8,19 @@ those functions behind one handle for users.
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
+import threading
 from pathlib import Path
 from typing import Any
 
+from quarry import threads
 from quarry.auth.credentials import read_private
 from quarry.coordinator import catalog as catalog_module
 from quarry.coordinator.catalog import DatasetEntry
 from quarry.coordinator.client import DeviceClient
+from quarry.coordinator.plans import Kept
 from quarry.coordinator.workload import Workload
-from quarry.errors import ClusterError, DatasetNotFound, DeviceUnavailable
-from quarry.protocol.control import HelloReply
+from quarry.errors import ClusterError, DatasetNotFound, DeviceUnavailable, ProtocolError
+from quarry.protocol.control import HelloReply, LoadStatus, PulseReply
 from quarry.store import naming
 
 PROBE_WORKERS_MAX = 16
@@ -32,6 +34,15 @@ def client_of(spec: dict[str, Any]) -> DeviceClient:
         token = read_private(Path(spec["token_file"])).decode().strip()
     root_ca = read_private(Path(spec["ca_file"])) if spec.get("ca_file") else None
     return DeviceClient(spec["name"], spec["address"], token=token, root_ca=root_ca)
+
+
+def _pulse(client: DeviceClient) -> PulseReply | None:
+    """A device's pulse; None from a device that predates them (its catalog is read anew
+    before every query, as it always was)."""
+    try:
+        return client.pulse()
+    except ProtocolError:
+        return None
 
 
 class Membership:
@@ -50,6 +61,11 @@ class Membership:
         self.calibration_cache: dict[str, dict[str, Any]] = {}
         self.figures_cache: dict[tuple[bytes, str], Any] = {}  # auto's sampled sub-plan costs
         self.workload = Workload()  # the host's turns for long queries
+        # per device, the generation its inventory was read under ("": ask again every time)
+        self.generations: dict[str, str] = {}
+        self.catalog_version = 0  # counts rebuilds of the catalog: plans are kept per version
+        self.plans: Kept[Any] = Kept()  # planning.plan's decompositions
+        self._refresh_lock = threading.Lock()
         self.refresh()
 
     def __repr__(self) -> str:
@@ -61,35 +77,78 @@ class Membership:
 
     def each(self, call: Any) -> dict[str, Any]:
         """Call every device in parallel; a device that does not answer is recorded as down."""
-        results: dict[str, Any] = {}
 
-        def run(name: str) -> tuple[str, Any]:
+        def run(name: str) -> Any:
             try:
-                return name, call(self.devices[name])
+                return call(self.devices[name])
             except DeviceUnavailable as error:
-                return name, error
+                return error
 
-        with ThreadPoolExecutor(max_workers=min(PROBE_WORKERS_MAX, len(self.devices))) as pool:
-            for name, result in pool.map(run, sorted(self.devices)):
-                results[name] = result
-        return results
+        names = sorted(self.devices)
+        if len(names) == 1:  # nothing to overlap
+            return {names[0]: run(names[0])}
+        # on kept threads, at most PROBE_WORKERS_MAX at once: a device that takes its time
+        # to answer does not hold up the others
+        futures: dict[str, Any] = {}
+        ready = threading.Semaphore(PROBE_WORKERS_MAX)
+
+        def bounded(name: str) -> Any:
+            try:
+                return run(name)
+            finally:
+                ready.release()
+
+        for name in names:
+            ready.acquire()
+            futures[name] = threads.submit(bounded, name, name="quarry-probe")
+        return {name: future.result() for name, future in futures.items()}
 
     def refresh(self) -> None:
         """Rebuild the catalog from the devices' own metadata (no central metadata server)."""
-        inventories = {}
-        self.down = {}
-        partial = set()  # storage servers with drives down: what they miss is lost, for now
-        for name, result in self.each(lambda c: (c.hello(), c.inventory_reply())).items():
-            if isinstance(result, Exception):
-                self.down[name] = str(result)
+        with self._refresh_lock:
+            down: dict[str, str] = {}
+            info = dict(self.info)
+            inventories, generations = {}, {}
+            partial = set()  # storage servers with drives down: what they miss is lost, for now
+            for name, result in self.each(lambda c: (c.hello(), c.inventory_reply())).items():
+                if isinstance(result, Exception):
+                    down[name] = str(result)
+                    continue
+                info[name], reply = result
+                inventories[name] = reply.partitions
+                generations[name] = reply.generation
+                if reply.drives_down:
+                    partial.add(name)
+            catalog = catalog_module.build(
+                inventories, frozenset(down) | frozenset(partial), frozenset(self.devices)
+            )
+            # each replaced whole: a query planning on another thread sees one catalog or the
+            # next, never half of each
+            self.info, self.down, self.generations = info, down, generations
+            self.catalog = catalog
+            self.catalog_version += 1
+
+    def pulse(self) -> dict[str, LoadStatus]:
+        """Before a query: one call to every device says whether the catalog still holds (each
+        device's generation is the one its inventory was read under, and the devices that
+        answer are the ones that did); if not, it is rebuilt. Returns each answering device's
+        load, which ``auto``'s cost model reads."""
+        answers = self.each(_pulse)
+        stale = False
+        loads: dict[str, LoadStatus] = {}
+        for name, answer in answers.items():
+            if isinstance(answer, Exception):
+                stale = stale or name not in self.down  # it stopped answering
                 continue
-            self.info[name], reply = result
-            inventories[name] = reply.partitions
-            if reply.drives_down:
-                partial.add(name)
-        self.catalog = catalog_module.build(
-            inventories, frozenset(self.down) | frozenset(partial), frozenset(self.devices)
-        )
+            if answer is None or name in self.down:  # cannot tell, or it answers again
+                stale = True
+                continue
+            known = self.generations.get(name, "")
+            stale = stale or not known or answer.generation != known
+            loads[name] = answer.load
+        if stale:
+            self.refresh()
+        return loads
 
     def live_devices(self) -> list[DeviceClient]:
         return [c for n, c in sorted(self.devices.items()) if n not in self.down]

@@ -71,10 +71,11 @@ class Query:
         while the cost model asks it (its load, a sample slice) is left out: plan again."""
         for attempt in range(PLAN_ATTEMPTS_MAX):
             try:
+                loads = self.cluster.pulse()  # the catalog still holds, or is read again
                 decomposition = planning.plan(self.cluster, self.sql, self.pushdown)
                 if self.pushdown != "auto":
                     return decomposition, planning.Cuts()
-                return decomposition, planning.choose_cuts(self.cluster, decomposition)
+                return decomposition, planning.choose_cuts(self.cluster, decomposition, loads)
             except DeviceUnavailable:
                 if attempt + 1 == PLAN_ATTEMPTS_MAX:
                     raise

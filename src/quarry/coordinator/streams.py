@@ -1,8 +1,8 @@
 """Merging streams that producers fill in parallel: device streams, partition by partition.
 
-Each producer runs in a thread pool and its items are yielded as they arrive; the first error
-a producer raises is raised in the reader (it names the device); closing the reader early stops
-the producers at their next item.
+Each producer runs on a kept thread (``quarry.threads``, at most ``workers`` at once) and its
+items are yielded as they arrive; the first error a producer raises is raised in the reader (it
+names the device); closing the reader early stops the producers at their next item.
 """
 
 from __future__ import annotations
@@ -10,8 +10,9 @@ from __future__ import annotations
 import queue
 import threading
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
+
+from quarry import threads
 
 T = TypeVar("T")
 PUT_WAIT_S = 0.1  # how often a producer blocked on a full queue checks for a closed reader
@@ -49,10 +50,8 @@ def merge(
         finally:
             put(done)
 
-    pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix=name)
-    for producer in producers:
-        pool.submit(produce, producer)
-    pool.shutdown(wait=False)
+    # at most ``workers`` producers at once, on threads kept between queries (``threads``)
+    threads.lanes([(lambda p=producer: produce(p)) for producer in producers], workers, name)
 
     def read() -> Iterator[T]:
         remaining = len(producers)

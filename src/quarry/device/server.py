@@ -13,6 +13,7 @@ import functools
 import logging
 import os
 import time
+import uuid
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -128,6 +129,8 @@ class Service(flight.FlightServerBase):
         self.identity = identity_file.load_or_create(self.data, name, profile.name)
         self.name = self.identity["name"]
         self.started_at = time.time()
+        # this process's own: a restart (new process) never repeats a generation it gave
+        self.boot = uuid.uuid4().hex[:16]
         self._hello_bytes: bytes | None = None
 
     def _actions(self) -> dict[str, tuple[type[Message], Callable[[Any, bytes], Any]]]:
@@ -254,6 +257,7 @@ class DeviceServer(Service):
         return {
             control.Hello.KIND: (control.Hello, self._hello),
             control.Inventory.KIND: (control.Inventory, self._inventory),
+            control.Pulse.KIND: (control.Pulse, self._pulse),
             control.PartitionRef.KIND: (control.PartitionRef, self._describe),
             ingest.Commit.KIND: (ingest.Commit, self._commit),
             ingest.Abort.KIND: (
@@ -297,8 +301,8 @@ class DeviceServer(Service):
         }
 
     def _inventory(self, request: control.Inventory, payload: bytes) -> bytes:
-        """Every committed partition. Asked before every query, changed only by commit and
-        drop: the encoded answer is kept until the store's catalog changes."""
+        """Every committed partition, and the generation it holds under. Changed only by
+        commit and drop: the encoded answer is kept until the store's catalog changes."""
         before = self.store.writes()
         cached = self._inventory_cache
         if cached is not None and cached[0] == before:
@@ -306,10 +310,20 @@ class DeviceServer(Service):
         summaries = [
             control.PartitionSummary.from_json(s) for s in partitions.inventory(self.store)
         ]
-        encoded = control.InventoryReply(summaries).to_bytes()
-        if self.store.writes() == before and before % 2 == 0:  # no write began or was under way
+        whole = self.store.writes() == before and before % 2 == 0  # no write began or was under way
+        generation = self._generation(before) if whole else ""
+        encoded = control.InventoryReply(summaries, generation=generation).to_bytes()
+        if whole:
             self._inventory_cache = (before, encoded)
         return encoded
+
+    def _generation(self, writes: int) -> str:
+        """Equal twice only if the store saw no write in between, in this same process."""
+        return f"{self.boot}:{writes}"
+
+    def _pulse(self, request: control.Pulse, payload: bytes) -> control.PulseReply:
+        load = control.LoadStatus(**self.emulator.load())
+        return control.PulseReply(self._generation(self.store.writes()), load)
 
     def _commit(self, request: ingest.Commit, payload: bytes) -> ingest.Committed:
         faults.hit(self.name, "commit")

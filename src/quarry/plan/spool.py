@@ -17,14 +17,16 @@ import queue
 import shutil
 import tempfile
 import threading
-import time
 import weakref
 from collections.abc import Iterable, Iterator, Mapping
+from concurrent.futures import wait
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.ipc as ipc
+
+from quarry import threads
 
 MIB = 1024 * 1024
 # Batches written to disk are cut to this size so that a scan of the spool, which reads a few
@@ -96,6 +98,9 @@ class Spool:
         The first error a producer raises is raised here once the other readers stopped (at
         their next batch; they get `SPOOL_STOP_WAIT_S`).
         """
+        if len(outputs) == 1:  # nothing to read beside it: this thread reads it
+            ((name, (schema, batches)),) = outputs.items()
+            return {name: self._read(name, schema, batches)}
         finished: queue.Queue = queue.Queue()  # one item per fragment: its result or its error
 
         def read(name: str, schema: pa.Schema, batches: Iterable[pa.RecordBatch]) -> None:
@@ -104,28 +109,23 @@ class Spool:
             except BaseException as error:  # handed to the caller, which raises it
                 finished.put(error)
 
-        # Not daemons: a thread killed at exit inside native code (DataFusion, Arrow) aborts
-        # the process; these end at their producer's next batch once stopped.
-        threads = [
-            threading.Thread(
-                target=read, args=(name, schema, batches), name=f"quarry-spool-{index}"
-            )
+        # On kept threads (``quarry.threads``), not daemons: a thread killed at exit inside
+        # native code (DataFusion, Arrow) aborts the process; these end at their producer's
+        # next batch once stopped.
+        futures = [
+            threads.submit(read, name, schema, batches, name=f"quarry-spool-{index}")
             for index, (name, (schema, batches)) in enumerate(outputs.items())
         ]
-        for thread in threads:
-            thread.start()
         spooled: dict[str, SpooledFragment] = {}
         try:
-            for _ in threads:
+            for _ in futures:
                 item = finished.get()
                 if isinstance(item, BaseException):
                     raise item
                 spooled[item.name] = item
         except BaseException:
             self._stop.set()
-            deadline = time.monotonic() + SPOOL_STOP_WAIT_S
-            for thread in threads:
-                thread.join(max(0.0, deadline - time.monotonic()))
+            wait(futures, timeout=SPOOL_STOP_WAIT_S)
             raise
         return spooled
 

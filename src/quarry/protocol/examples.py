@@ -18,7 +18,9 @@ EXAMPLES: list[Message] = [
     control.HelloReply(2, "id", "dev0", control.ProfileInfo("kinetic", cores=2), 7, "/d", 1.0),
     control.Inventory(),
     control.InventoryReply(
-        [control.PartitionSummary("d", "t", 0, RECORD, SCHEMA, rows=3)], drives_down=("s0d2",)
+        [control.PartitionSummary("d", "t", 0, RECORD, SCHEMA, rows=3)],
+        drives_down=("s0d2",),
+        generation="b0a1:12",
     ),
     control.PartitionRef("d", "t", 3),
     control.PartitionDescription(
@@ -39,6 +41,8 @@ EXAMPLES: list[Message] = [
     control.LoadStarted(0.5, 2.0, "dev0"),
     control.LoadStatusRequest(),
     control.LoadStatus(0.25, 1.0, 0.0),
+    control.Pulse(),
+    control.PulseReply("b0a1:12", control.LoadStatus(0.25, 1.0, 0.0)),
     control.Calibrate(control.CalibratePart.KERNEL, 3),
     control.CalibrateReply(kernel_s=0.01),
     control.CalibrationReport(
