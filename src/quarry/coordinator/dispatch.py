@@ -30,6 +30,7 @@ from quarry.errors import DeviceUnavailable, PlanNotSupported, ProtocolError
 from quarry.protocol.stage import Stage
 from quarry.protocol.work import ChunkDone, PushedBack, SliceRequest, WorkDone, WorkRequest
 from quarry.store import stored
+from quarry.tally import Tally
 
 FETCHERS_PER_EXCHANGE = 2  # concurrent fetches of pushed-back ranges per device stream
 PAYLOAD_ROUNDS_MAX = 2  # a unit asks for its payload at most once
@@ -74,6 +75,9 @@ class Dispatch:
         self.bytes_sent = 0  # payload bytes sent to devices
         self._hosts: dict[int, Unit] = {}  # the host units that completed anything
         self.dead: set[str] = set()  # devices that stopped answering during this work
+        # from asking a device to open an exchange to its first answer (admitted), summed over
+        # exchanges: its queue as the host meets it, busy refusals and their back-off included
+        self.opening = Tally()
         self._lock = threading.Lock()
 
     def report(self, task: Task, partition: int) -> WorkReport:
@@ -89,6 +93,15 @@ class Dispatch:
         """Host CPU seconds spent completing handed-back work (in the host's core slots)."""
         with self._lock:
             return sum(host.context.drive_s for host in self._hosts.values())
+
+    def host_completed(self) -> Tally:
+        """Wall and CPU seconds the host spent completing handed-back work (summed over the
+        streams that did)."""
+        total = Tally()
+        with self._lock:
+            for host in self._hosts.values():
+                total.add(host.context.computed)
+        return total
 
     def sorted_reports(self) -> list[WorkReport]:
         return [self.reports[key] for key in sorted(self.reports)]
@@ -233,7 +246,11 @@ class Dispatch:
         passed: list[PushedBack] = []  # handed on upstream: neither fetched nor done here
         done: WorkDone | None = None
         try:
-            for item in task.client.work(task.request, payload):
+            opened = time.perf_counter()
+            work = task.client.work(task.request, payload)
+            with self._lock:
+                self.opening.wall_s += time.perf_counter() - opened
+            for item in work:
                 if isinstance(item, pa.RecordBatch):
                     pending.append(item)
                 elif isinstance(item, ChunkDone):

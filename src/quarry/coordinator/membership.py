@@ -9,6 +9,8 @@ those functions behind one handle for users.
 from __future__ import annotations
 
 import threading
+import time
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +26,10 @@ from quarry.protocol.control import HelloReply, LoadStatus, PulseReply
 from quarry.store import naming
 
 PROBE_WORKERS_MAX = 16
+# ``auto``'s cost model reads each device's load: one a pulse said this recently is as good as
+# a new one (a device's load is its slots' use over the last two seconds, BUSY_WINDOW_S), so a
+# query need not wait for its own pulse to choose its cut
+LOADS_FRESH_S = 0.5
 
 
 def client_of(spec: dict[str, Any]) -> DeviceClient:
@@ -43,6 +49,42 @@ def _pulse(client: DeviceClient) -> PulseReply | None:
         return client.pulse()
     except ProtocolError:
         return None
+
+
+class CatalogCheck:
+    """Whether the catalog a query planned on still holds, asked of every device at once (its
+    pulse: a generation that changes whenever what it holds may have) while the query goes on.
+
+    The catalog holds if every device that answered when it was read answers now with the
+    generation it was read under, the devices that did not still do not, and no one read it
+    again meanwhile (its version). If it does not hold, ``holds`` reads it again, so the caller
+    plans on the new one."""
+
+    def __init__(self, cluster: Membership, version: int, answers: dict[str, Future] | None):
+        self.cluster = cluster
+        self.version = version
+        self._answers = answers  # None: answered already (the catalog was just read)
+        self._held: bool | None = True if answers is None else None
+        self._loads: dict[str, LoadStatus] = {}
+        self.waited_s = 0.0  # how long ``holds`` waited for the answers
+
+    def holds(self) -> bool:
+        if self._held is None:
+            started = time.perf_counter()
+            assert self._answers is not None
+            answers = {name: future.result() for name, future in self._answers.items()}
+            self.waited_s = time.perf_counter() - started
+            stale, self._loads = self.cluster.compare(answers)
+            self.cluster.loads_taken(self._loads)
+            if stale and self.cluster.catalog_version == self.version:
+                self.cluster.refresh()
+            self._held = not stale and self.cluster.catalog_version == self.version
+        return self._held
+
+    def loads(self) -> dict[str, LoadStatus]:
+        """Each answering device's load (waits for the answers)."""
+        self.holds()
+        return self._loads
 
 
 class Membership:
@@ -66,6 +108,7 @@ class Membership:
         self.catalog_version = 0  # counts rebuilds of the catalog: plans are kept per version
         self.plans: Kept[Any] = Kept()  # planning.plan's decompositions
         self._refresh_lock = threading.Lock()
+        self._loads: tuple[float, dict[str, LoadStatus]] | None = None  # (when, loads)
         self.refresh()
 
     def __repr__(self) -> str:
@@ -77,31 +120,29 @@ class Membership:
 
     def each(self, call: Any) -> dict[str, Any]:
         """Call every device in parallel; a device that does not answer is recorded as down."""
+        return {name: future.result() for name, future in self.each_started(call).items()}
 
-        def run(name: str) -> Any:
+    def each_started(self, call: Any) -> dict[str, Future]:
+        """``each``, under way: per device a future of its answer (or of the
+        ``DeviceUnavailable`` it raised), at most ``PROBE_WORKERS_MAX`` calls at once, so a
+        device that takes its time to answer does not hold up the others."""
+        futures: dict[str, Future] = {name: Future() for name in sorted(self.devices)}
+
+        def run(name: str) -> None:
+            future = futures[name]
             try:
-                return call(self.devices[name])
+                future.set_result(call(self.devices[name]))
             except DeviceUnavailable as error:
-                return error
+                future.set_result(error)
+            except BaseException as error:
+                future.set_exception(error)
 
-        names = sorted(self.devices)
-        if len(names) == 1:  # nothing to overlap
-            return {names[0]: run(names[0])}
-        # on kept threads, at most PROBE_WORKERS_MAX at once: a device that takes its time
-        # to answer does not hold up the others
-        futures: dict[str, Any] = {}
-        ready = threading.Semaphore(PROBE_WORKERS_MAX)
-
-        def bounded(name: str) -> Any:
-            try:
-                return run(name)
-            finally:
-                ready.release()
-
-        for name in names:
-            ready.acquire()
-            futures[name] = threads.submit(bounded, name, name="quarry-probe")
-        return {name: future.result() for name, future in futures.items()}
+        if len(futures) == 1:  # nothing to overlap: this thread asks
+            run(next(iter(futures)))
+        else:
+            tasks = [(lambda name=name: run(name)) for name in futures]
+            threads.lanes(tasks, PROBE_WORKERS_MAX, "quarry-probe")
+        return futures
 
     def refresh(self) -> None:
         """Rebuild the catalog from the devices' own metadata (no central metadata server)."""
@@ -122,18 +163,44 @@ class Membership:
             catalog = catalog_module.build(
                 inventories, frozenset(down) | frozenset(partial), frozenset(self.devices)
             )
-            # each replaced whole: a query planning on another thread sees one catalog or the
-            # next, never half of each
+            # each replaced whole, the version last: a query planning on another thread sees
+            # one catalog or the next, never half of each, and never a newer version number
+            # over an older catalog (plans are kept per version)
             self.info, self.down, self.generations = info, down, generations
             self.catalog = catalog
             self.catalog_version += 1
 
+    def check(self) -> CatalogCheck:
+        """A pulse of every device, under way while a query plans on the catalog as it is and
+        its devices start (``CatalogCheck``); nothing of the query is let out before it says
+        that catalog holds."""
+        return CatalogCheck(self, self.catalog_version, self.each_started(_pulse))
+
+    def checked(self) -> CatalogCheck:
+        """A check already answered: the catalog was just read from the devices."""
+        return CatalogCheck(self, self.catalog_version, None)
+
     def pulse(self) -> dict[str, LoadStatus]:
-        """Before a query: one call to every device says whether the catalog still holds (each
-        device's generation is the one its inventory was read under, and the devices that
-        answer are the ones that did); if not, it is rebuilt. Returns each answering device's
-        load, which ``auto``'s cost model reads."""
-        answers = self.each(_pulse)
+        """The catalog checked now (read again if it does not hold); every answering device's
+        load."""
+        check = self.check()
+        check.holds()
+        return check.loads()
+
+    def recent_loads(self) -> dict[str, LoadStatus] | None:
+        """The devices' loads from a pulse at most ``LOADS_FRESH_S`` old, or None."""
+        taken = self._loads
+        if taken is None or time.monotonic() - taken[0] > LOADS_FRESH_S:
+            return None
+        return taken[1]
+
+    def forget_loads(self) -> None:
+        """A load was just started on a device: the next query asks again."""
+        self._loads = None
+
+    def compare(self, answers: dict[str, Any]) -> tuple[bool, dict[str, LoadStatus]]:
+        """Pulses against the catalog: whether it is stale, and each answering device's
+        load."""
         stale = False
         loads: dict[str, LoadStatus] = {}
         for name, answer in answers.items():
@@ -146,9 +213,10 @@ class Membership:
             known = self.generations.get(name, "")
             stale = stale or not known or answer.generation != known
             loads[name] = answer.load
-        if stale:
-            self.refresh()
-        return loads
+        return stale, loads
+
+    def loads_taken(self, loads: dict[str, LoadStatus]) -> None:
+        self._loads = (time.monotonic(), loads)
 
     def live_devices(self) -> list[DeviceClient]:
         return [c for n, c in sorted(self.devices.items()) if n not in self.down]

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import queue
 import threading
-from collections.abc import Callable, Iterable, Iterator
+import weakref
+from collections.abc import Callable, Generator, Iterable, Iterator
 from typing import TypeVar
 
 from quarry import threads
@@ -67,4 +68,25 @@ def merge(
         finally:
             stop.set()
 
-    return read()
+    return Merged(read(), stop)
+
+
+class Merged(Iterator[T]):
+    """The reader of a merge. Closed or dropped, read or not, it stops the producers at their
+    next item (a generator never started runs no ``finally``: producers of a reader dropped
+    unread would wait on the full queue for ever)."""
+
+    def __init__(self, items: Generator[T, None, None], stop: threading.Event) -> None:
+        self._items = items
+        self._stop = stop
+        weakref.finalize(self, stop.set)
+
+    def __iter__(self) -> Merged[T]:
+        return self
+
+    def __next__(self) -> T:
+        return next(self._items)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._items.close()

@@ -47,12 +47,14 @@ from quarry.protocol.work import (
     WorkDone,
     WorkMetrics,
     WorkRequest,
+    WorkTimes,
     ranges_of,
 )
 from quarry.store import partition as partitions
 from quarry.store import stored
 from quarry.store.kv import KeyValueStore
 from quarry.store.partition import PartitionMeta
+from quarry.tally import Tally
 
 # Reads of the next chunk while the unit computes this one: one chunk ahead per partition run,
 # on threads shared by every request (a bounded pool: a busy device queues its read-aheads).
@@ -93,6 +95,10 @@ class Stream:
         self._lock = threading.Lock()  # partitions run at once write one stream
 
     def batches(self, batches: list[pa.RecordBatch], schema: pa.Schema, metrics: Counters) -> int:
+        with metrics.ship.timing():
+            return self._batches(batches, schema, metrics)
+
+    def _batches(self, batches: list[pa.RecordBatch], schema: pa.Schema, metrics: Counters) -> int:
         queued = sum(batch.nbytes for batch in batches)
         self.admission.queue(queued)
         shipped = 0
@@ -134,14 +140,37 @@ class Counters:
     rows_shipped: int = 0
     bytes_shipped: int = 0
     drive_s: float = 0.0
+    # where the time went (WorkTimes)
+    read: Tally = field(default_factory=Tally)
+    decode: Tally = field(default_factory=Tally)
+    execute: Tally = field(default_factory=Tally)
+    ship: Tally = field(default_factory=Tally)
 
-    def read(self, chunk: Chunk) -> None:
+    def add_read(self, chunk: Chunk) -> None:
         self.slices_scanned += len(chunk.numbers)
         self.rows_read += chunk.rows_read
         self.bytes_read += chunk.bytes_read
+        self.read.add(chunk.read_time)
+        self.decode.add(chunk.decode_time)
+
+    def add_computed(self, before: Tally, after: Tally) -> None:
+        """The unit's compute on this thread between two readings of ``computed_here``."""
+        self.execute.wall_s += after.wall_s - before.wall_s
+        self.execute.cpu_s += after.cpu_s - before.cpu_s
 
     def frozen(self, cpu_s: float, wall_s: float) -> WorkMetrics:
-        return WorkMetrics(**vars(self), device_cpu_s=cpu_s, wall_s=wall_s)
+        counts = {name: value for name, value in vars(self).items() if not isinstance(value, Tally)}
+        times = WorkTimes(
+            read_s=self.read.wall_s,
+            read_cpu_s=self.read.cpu_s,
+            decode_s=self.decode.wall_s,
+            decode_cpu_s=self.decode.cpu_s,
+            execute_s=self.execute.wall_s,
+            execute_cpu_s=self.execute.cpu_s,
+            ship_s=self.ship.wall_s,
+            ship_cpu_s=self.ship.cpu_s,
+        )
+        return WorkMetrics(**counts, device_cpu_s=cpu_s, wall_s=wall_s, times=times)
 
 
 class PartitionRun:
@@ -289,12 +318,15 @@ class PartitionRun:
         numbers = chunk.numbers
         context = self.unit.context
         started, drive_before = time.perf_counter(), context.drive_s_here
+        computed_before = context.computed_here
         outputs = list(self.unit.execute(chunk))
         drive_s = context.drive_s_here - drive_before
+        self.counters.add_computed(computed_before, context.computed_here)
         shipped = stream.batches(outputs, self.unit.output_schema, self.counters)
         if self.unit.RESUMABLE:  # everything this range yields is out: the host may count it
-            stream.message(ChunkDone(self.partition, numbers[0], numbers[-1] + 1))
-        self.counters.read(chunk)
+            with self.counters.ship.timing():
+                stream.message(ChunkDone(self.partition, numbers[0], numbers[-1] + 1))
+        self.counters.add_read(chunk)
         self.counters.slices_executed += len(numbers)
         self.counters.drive_s += drive_s
         if controller is not None:
@@ -342,9 +374,11 @@ class PartitionRun:
         to fetch with the rest of the range (the read is counted here, once)."""
         chunk = self._new_chunk(numbers)
         drive_before = self.unit.context.drive_s_here
+        computed_before = self.unit.context.computed_here
         outputs = self.unit.filter(chunk)
         drive_s = self.unit.context.drive_s_here - drive_before
-        self.counters.read(chunk)
+        self.counters.add_computed(computed_before, self.unit.context.computed_here)
+        self.counters.add_read(chunk)
         self.counters.drive_s += drive_s
         filtered = sum(pa.ipc.get_record_batch_size(b) for bs in outputs.values() for b in bs)
         if controller is not None:
@@ -500,9 +534,10 @@ def _partitions_at_once(
 
 
 def _computed(context: UnitContext, counters: Counters, produce) -> list[pa.RecordBatch]:
-    drive_before = context.drive_s_here
+    drive_before, computed_before = context.drive_s_here, context.computed_here
     outputs = list(produce())
     counters.drive_s += context.drive_s_here - drive_before
+    counters.add_computed(computed_before, context.computed_here)
     return outputs
 
 

@@ -13,6 +13,7 @@ full queue for as long as A takes, and a reader that waited for B inside A would
 
 from __future__ import annotations
 
+import os
 import queue
 import shutil
 import tempfile
@@ -77,7 +78,7 @@ class Spool:
         self._stop = threading.Event()
         # A reader dropped without being exhausted closes its generator, which closes the
         # spool; one caught in a reference cycle is collected later, and at exit at the latest.
-        self._remove = weakref.finalize(self, shutil.rmtree, self.directory, ignore_errors=True)
+        self._remove = weakref.finalize(self, _remove_directory, self.directory)
 
     def __enter__(self) -> Spool:
         return self
@@ -178,6 +179,16 @@ class Spool:
             if self._stop.is_set() and close is not None:
                 close()  # a generator's own cleanup (a coordinator stream stops its devices)
         return spooled
+
+
+def _remove_directory(directory: Path) -> None:
+    """The spool's directory and all under it. Most queries spool nothing to disk: an empty
+    directory goes with one call, without the walk ``rmtree`` makes (a tenth of a millisecond
+    of a small query)."""
+    try:
+        os.rmdir(directory)
+    except OSError:
+        shutil.rmtree(directory, ignore_errors=True)
 
 
 def _pieces(batch: pa.RecordBatch, bytes_max: int) -> Iterator[pa.RecordBatch]:

@@ -11,6 +11,7 @@ small by themselves; a join's build side must fit the pool, else the query ends 
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
@@ -27,11 +28,12 @@ from quarry.plan.memory import (
     SUPER_PLAN_MEMORY_ENV,
     MemoryBudget,
 )
-from quarry.plan.passthrough import passthrough_fragment
+from quarry.plan.passthrough import SHAPES_KEPT_MAX, passthrough_fragment
 from quarry.plan.rowwise import groups, rowwise_fragment
 from quarry.plan.spool import MIB, Spool, rows_in_files
 from quarry.plan.stage import run_stage
 from quarry.protocol.stage import Stage
+from quarry.tally import Tally
 
 # Completion runs the full stage over bounded groups of pushed-back rows, so host memory stays
 # bounded and output streams while rows still arrive. Any grouping is correct: the full stage
@@ -112,6 +114,7 @@ def run_super(
     spool_memory_bytes_max: int | None = None,
     temp_directory: str | Path | None = None,
     pace: HostPace | None = None,
+    clock: Tally | None = None,
 ) -> pa.RecordBatchReader:
     """Run the super-plan over each fragment's (completed) output; the result streams.
 
@@ -127,8 +130,11 @@ def run_super(
 
     DataFusion runs on ``pace``'s cores, each of its batches stretched as ``pace`` says (the
     host profile's compute factor); by default on this machine's cores as they are.
+    ``clock`` counts the super-plan's own run (not the wait for its inputs): wall, and the
+    process's CPU meanwhile (DataFusion works on threads of its own).
     """
     pace = pace or machine_pace()
+    clock = clock if clock is not None else Tally()
     missing = [f.name for f in decomposition.fragments if f.name not in fragment_outputs]
     if missing:
         raise ValueError(f"no output given for fragment(s) {', '.join(missing)}")
@@ -141,12 +147,19 @@ def run_super(
     if rowwise is not None:  # filters and projections: group by group, as rows arrive
         batches = _conformed(fragment_outputs[rowwise.name], rowwise.output_schema)
         return pa.RecordBatchReader.from_batches(
-            schema, _run_rowwise(decomposition, rowwise, batches, pace)
+            schema, _run_rowwise(decomposition, rowwise, batches, pace, clock)
         )
     budget = MemoryBudget.of(memory_bytes_max, spool_memory_bytes_max)
     return pa.RecordBatchReader.from_batches(
-        schema, _run(decomposition, fragment_outputs, budget, temp_directory, pace)
+        schema, _run(decomposition, fragment_outputs, budget, temp_directory, pace, clock)
     )
+
+
+@functools.lru_cache(maxsize=SHAPES_KEPT_MAX)
+def functions_of(super_plan: bytes) -> tuple[str, ...]:
+    """The functions a super-plan calls (its merge functions are registered by name): worked
+    out once per plan."""
+    return tuple(tree.function_names(tree.parse_plan(super_plan)).values())
 
 
 def _run_rowwise(
@@ -154,16 +167,18 @@ def _run_rowwise(
     fragment: Fragment,
     batches: Iterable[pa.RecordBatch],
     pace: HostPace,
+    clock: Tally,
 ) -> Iterator[pa.RecordBatch]:
     schema = decomposition.output_schema
-    functions = tree.function_names(tree.parse_plan(decomposition.super_plan)).values()
+    functions = functions_of(decomposition.super_plan)
     partitions = pace.cores
     for group in groups(batches):
-        ctx = engine.session(partitions)
-        merge.register_merge_functions(ctx, functions)
-        engine.register_batches(ctx, fragment.name, fragment.output_schema, group, partitions)
-        stream = engine.consume(ctx, decomposition.super_plan).execute_stream()
-        for batch in pace.paced(stream):
+        with clock.timing(process=True):
+            ctx = engine.session(partitions)
+            merge.register_merge_functions(ctx, functions)
+            engine.register_batches(ctx, fragment.name, fragment.output_schema, group, partitions)
+            stream = engine.consume(ctx, decomposition.super_plan).execute_stream()
+        for batch in clock.timed(pace.paced(stream), process=True):
             out = conform(batch.to_pyarrow(), schema)
             if out.num_rows:
                 yield out
@@ -175,6 +190,7 @@ def _run(
     budget: MemoryBudget,
     temp_directory: str | Path | None,
     pace: HostPace,
+    clock: Tally,
 ) -> Iterator[pa.RecordBatch]:
     schema = decomposition.output_schema
     partitions = pace.cores
@@ -185,21 +201,22 @@ def _run(
                 for f in decomposition.fragments
             }
         )
-        ctx = engine.session(partitions, budget.pool_bytes, spool.directory)
-        merge.register_merge_functions(
-            ctx, tree.function_names(tree.parse_plan(decomposition.super_plan)).values()
-        )
-        for name, output in spooled.items():
-            on_disk = rows_in_files(output.files)
-            assert on_disk == output.rows_on_disk, (
-                f"{name}: the spool's files hold {on_disk} rows, {output.rows_on_disk} were written"
-            )
-            engine.register_spooled(
-                ctx, name, output.schema, output.batches, output.directory, partitions
-            )
+        with clock.timing(process=True):
+            ctx = engine.session(partitions, budget.pool_bytes, spool.directory)
+            merge.register_merge_functions(ctx, functions_of(decomposition.super_plan))
+            for name, output in spooled.items():
+                on_disk = rows_in_files(output.files)
+                assert on_disk == output.rows_on_disk, (
+                    f"{name}: the spool's files hold {on_disk} rows, "
+                    f"{output.rows_on_disk} were written"
+                )
+                engine.register_spooled(
+                    ctx, name, output.schema, output.batches, output.directory, partitions
+                )
         try:
-            stream = engine.consume(ctx, decomposition.super_plan).execute_stream()
-            for batch in pace.paced(stream):
+            with clock.timing(process=True):
+                stream = engine.consume(ctx, decomposition.super_plan).execute_stream()
+            for batch in clock.timed(pace.paced(stream), process=True):
                 yield conform(batch.to_pyarrow(), schema)
         except Exception as error:  # DataFusion raises plain Exceptions
             consumer = engine.memory_exhausted(error)

@@ -91,7 +91,11 @@ EXAMPLES: list[Message] = [
                     work.Decision(0, 1, Skip.PRUNED, "zone maps"),
                     work.Decision(1, 3, Stage.RAW, "raw: cheaper", 0.5),
                 ),
-                work.WorkMetrics(slices_total=3, slices_pruned=1),
+                work.WorkMetrics(
+                    slices_total=3,
+                    slices_pruned=1,
+                    times=work.WorkTimes(read_s=0.01, execute_s=0.02, execute_cpu_s=0.015),
+                ),
                 below=(
                     work.LevelReport(
                         "s0d1",

@@ -14,7 +14,7 @@ stages, a grouping) as the frame's payload. The device answers on the same ``do_
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 from quarry.protocol import frame
@@ -189,6 +189,33 @@ class Decision(Message):
 
 
 @dataclass(frozen=True)
+class WorkTimes(Message):
+    """Where one partition's time went on the device, wall and CPU seconds of the threads that
+    did it (EXPLAIN ANALYZE's ``time``): slices read off the store (through the drive's internal
+    link), decoded, the unit run over them (its slot, stretched as the drive's profile says),
+    and the output written to the host (through the drive's external link). Reads ahead of the
+    compute, and partitions run at once, overlap: the parts may add up to more than ``wall_s``.
+    A device that does not say leaves them 0."""
+
+    read_s: float = bounded(low=0.0, default=0.0)
+    read_cpu_s: float = bounded(low=0.0, default=0.0)
+    decode_s: float = bounded(low=0.0, default=0.0)
+    decode_cpu_s: float = bounded(low=0.0, default=0.0)
+    execute_s: float = bounded(low=0.0, default=0.0)
+    execute_cpu_s: float = bounded(low=0.0, default=0.0)
+    ship_s: float = bounded(low=0.0, default=0.0)
+    ship_cpu_s: float = bounded(low=0.0, default=0.0)
+
+    def plus(self, other: WorkTimes) -> WorkTimes:
+        return WorkTimes(
+            **{name: getattr(self, name) + getattr(other, name) for name in _TIME_FIELDS}
+        )
+
+
+_TIME_FIELDS = tuple(f.name for f in fields(WorkTimes))
+
+
+@dataclass(frozen=True)
 class WorkMetrics(Message):
     """What one partition cost the device. Slices: total = pruned + cached + elsewhere +
     scanned, and scanned = executed + pushed back (each range read once, whatever happened)."""
@@ -207,6 +234,7 @@ class WorkMetrics(Message):
     drive_s: float = bounded(low=0.0, default=0.0)  # emulated drive time of what it executed
     device_cpu_s: float = bounded(low=0.0, default=0.0)
     wall_s: float = bounded(low=0.0, default=0.0)
+    times: WorkTimes = WorkTimes()
 
 
 @dataclass(frozen=True)
