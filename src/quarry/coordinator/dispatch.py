@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import pyarrow as pa
 
@@ -32,6 +33,7 @@ from quarry.protocol.work import ChunkDone, PushedBack, SliceRequest, WorkDone, 
 from quarry.store import stored
 from quarry.tally import Tally
 
+T = TypeVar("T")
 FETCHERS_PER_EXCHANGE = 2  # concurrent fetches of pushed-back ranges per device stream
 PAYLOAD_ROUNDS_MAX = 2  # a unit asks for its payload at most once
 
@@ -75,9 +77,11 @@ class Dispatch:
         self.bytes_sent = 0  # payload bytes sent to devices
         self._hosts: dict[int, Unit] = {}  # the host units that completed anything
         self.dead: set[str] = set()  # devices that stopped answering during this work
-        # from asking a device to open an exchange to its first answer (admitted), summed over
-        # exchanges: its queue as the host meets it, busy refusals and their back-off included
+        # from asking a device to open a stream (a work exchange, a raw scan, a fetch of
+        # pushed-back slices) to its first answer (admitted), summed: its queue as the host
+        # meets it, busy refusals and their back-off included
         self.opening = Tally()
+        self.streams = 0  # streams opened
         self._lock = threading.Lock()
 
     def report(self, task: Task, partition: int) -> WorkReport:
@@ -164,13 +168,15 @@ class Dispatch:
                 failover = {"from": lost[-1][0], "to": client.name, "slices_done_before": received}
                 report.failovers.append(failover)
             try:
-                reader = client.scan(
-                    request.domain,
-                    request.dataset,
-                    partition,
-                    first=received,
-                    columns=columns,
-                    stored=task.stored_raw,
+                reader = self._opened(
+                    lambda client=client, first=received: client.scan(
+                        request.domain,
+                        request.dataset,
+                        partition,
+                        first=first,
+                        columns=columns,
+                        stored=task.stored_raw,
+                    )
                 )
                 for shipped in client.batches(reader):
                     size = pa.ipc.get_record_batch_size(shipped)
@@ -187,6 +193,15 @@ class Dispatch:
             f"no replica of partition {partition} of {request.domain}/{request.dataset} answers "
             f"after {received} of its slices: {'; '.join(str(e) for _, e in lost)}"
         )
+
+    def _opened(self, open_stream: Callable[[], T]) -> T:
+        """A stream, once the device admitted it; how long that took is the device's queue."""
+        started = time.perf_counter()
+        stream = open_stream()
+        with self._lock:
+            self.opening.wall_s += time.perf_counter() - started
+            self.streams += 1
+        return stream
 
     def _decoded(self, report: WorkReport, shipped: pa.RecordBatch) -> list[pa.RecordBatch]:
         """A batch as it arrived, or the slices in it when they came as stored: decompressed
@@ -246,11 +261,7 @@ class Dispatch:
         passed: list[PushedBack] = []  # handed on upstream: neither fetched nor done here
         done: WorkDone | None = None
         try:
-            opened = time.perf_counter()
-            work = task.client.work(task.request, payload)
-            with self._lock:
-                self.opening.wall_s += time.perf_counter() - opened
-            for item in work:
+            for item in self._opened(lambda: task.client.work(task.request, payload)):
                 if isinstance(item, pa.RecordBatch):
                     pending.append(item)
                 elif isinstance(item, ChunkDone):
@@ -348,7 +359,8 @@ class Dispatch:
             report.add_raw(notice.slices, notice.rows, notice.bytes_stored)
 
         def arriving() -> Iterator[pa.RecordBatch]:
-            for shipped in task.client.batches(task.client.get(fetch, payload)):
+            reader = self._opened(lambda: task.client.get(fetch, payload))
+            for shipped in task.client.batches(reader):
                 size = pa.ipc.get_record_batch_size(shipped)
                 slices = self._decoded(report, shipped)
                 report.add_shipped(sum(b.num_rows for b in slices), size, raw)

@@ -230,7 +230,7 @@ class Query:
             super_plan=self.clocks.super_plan,
             host_completion=self.dispatch.host_completed(),
             opening=self.dispatch.opening,
-            exchanges=self.dispatch.requests,
+            streams=self.dispatch.streams,
         )
         cpu_s = (self.cpu_finished or cpu_seconds()) - self.cpu_asked
         return query_time(finished - self.asked, cpu_s, clocks, reports)

@@ -15,10 +15,12 @@ summed over the streams doing it at once.
 
 On the devices the parts are summed over every exchange (devices work at once, so they may
 add up to more than the query's wall time): ``device_queueing`` (from asking a device to open
-an exchange to its admitting it, busy refusals and back-off included), ``store_read``,
-``decode`` (with the host's own decompression of slices shipped as stored), ``execute`` and
-``ship``; ``devices`` is the exchanges' wall time and the devices' CPU, summed, which the parts
-are a share of.
+a stream to its admitting it, busy refusals and back-off included, over every stream the host
+opened: work exchanges, raw scans, fetches of pushed-back slices), ``store_read``, ``decode``
+(with the host's own decompression of slices shipped as stored), ``execute`` and ``ship``;
+``devices`` is the exchanges' wall time and the devices' CPU, summed, which the parts are a
+share of. A raw scan (``pushdown="never"``) or a fetch reports no device times: what it cost
+shows in ``fragments``.
 
 CPU seconds are the threads' that did the work, except for the query, the fragments and the
 super-plan: there the host process's (DataFusion works on threads of its own).
@@ -68,7 +70,7 @@ class QueryTime:
     execute: Span
     ship: Span
     devices: Span  # the exchanges' wall and the devices' CPU, summed
-    exchanges: int
+    streams: int  # work exchanges, raw scans and fetches the host opened
 
     def host_path_s(self) -> float:
         """The host's parts along the query's path, which its wall time contains."""
@@ -108,7 +110,7 @@ class QueryTime:
             "  devices  "
             + " · ".join(devices)
             + f" (of {_ms(self.devices.wall_s)}/{_ms(self.devices.cpu_s)}"
-            + f" in {self.exchanges} exchange{'s' if self.exchanges != 1 else ''})",
+            + f"; {self.streams} stream{'s' if self.streams != 1 else ''})",
         ]
 
 
@@ -125,7 +127,7 @@ class HostClocks:
     super_plan: Tally
     host_completion: Tally
     opening: Tally
-    exchanges: int
+    streams: int
 
 
 def query_time(
@@ -155,5 +157,5 @@ def query_time(
         execute=Span.of(execute),
         ship=Span.of(ship),
         devices=Span.of(devices),
-        exchanges=host.exchanges,
+        streams=host.streams,
     )
