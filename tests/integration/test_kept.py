@@ -194,3 +194,22 @@ def test_the_time_section_reads_as_text(cluster):
     assert lines[0].startswith("time, wall/cpu ms: query ")
     assert "planning" in lines[1] and "super-plan" in lines[1]
     assert "execute" in lines[2] and "; 3 streams" in lines[2]
+
+
+def test_a_storage_server_reports_its_drives_time_and_its_own():
+    """A server relays its drives' accounts (WorkDone) with its own work on top."""
+    with quarry.local(servers=1, drives_per_server=2) as cluster:
+        cluster.ingest(_table(3000, 1.0), "t/kept", partitions=2)
+        report = cluster.explain(SUM_BY_GROUP, analyze=True, pushdown="always")
+        spent = report["analyze"]["time"]
+        assert spent["store_read"]["wall_s"] > 0  # the drives read
+        assert spent["execute"]["wall_s"] > 0 and spent["ship"]["wall_s"] > 0
+        below = [
+            row["metrics"]["times"] for p in report["analyze"]["partitions"] for row in p["below"]
+        ]
+        assert below and all(times["read_s"] > 0 for times in below)
+        # every slice handed back raw: the server completes it (read when it fetches, which
+        # reports no device times)
+        report = cluster.explain(SUM_BY_GROUP, analyze=True, pushdown="server")
+        spent = report["analyze"]["time"]
+        assert spent["execute"]["wall_s"] > 0 and spent["ship"]["wall_s"] > 0

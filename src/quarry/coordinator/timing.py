@@ -72,6 +72,17 @@ class QueryTime:
     devices: Span  # the exchanges' wall and the devices' CPU, summed
     streams: int  # work exchanges, raw scans and fetches the host opened
 
+    @classmethod
+    def from_json(cls, body: dict[str, Any]) -> QueryTime:
+        """Back from ``to_json`` (the CLI renders what EXPLAIN ANALYZE's JSON holds)."""
+        values = {}
+        for f in fields(cls):
+            value = body[f.name]
+            values[f.name] = (
+                Span(value["wall_s"], value["cpu_s"]) if isinstance(value, dict) else value
+            )
+        return cls(**values)
+
     def host_path_s(self) -> float:
         """The host's parts along the query's path, which its wall time contains."""
         return self.planning.wall_s + self.fragments.wall_s + self.super_plan.wall_s
