@@ -212,9 +212,12 @@ class DeviceClient:
         end: int | None = None,
         columns: list[str] | None = None,
         stored: bool = False,
+        generation: str = "",
     ) -> flight.FlightStreamReader:
         columns_ = tuple(columns) if columns is not None else None
-        request = work.ScanRequest(domain, dataset, partition, first, end, columns_, stored)
+        request = work.ScanRequest(
+            domain, dataset, partition, first, end, columns_, stored, generation
+        )
         return self.get(request)
 
     def batches(self, reader: flight.FlightStreamReader) -> Iterator[pa.RecordBatch]:

@@ -17,7 +17,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TypeVar
 
 import pyarrow as pa
@@ -28,6 +28,7 @@ from quarry.coordinator.resume import DeviceLost, Progress, resume
 from quarry.coordinator.streams import merge
 from quarry.device.unit import Unit
 from quarry.errors import DeviceUnavailable, PlanNotSupported, ProtocolError
+from quarry.protocol.control import LoadStatus
 from quarry.protocol.stage import Stage
 from quarry.protocol.work import ChunkDone, PushedBack, SliceRequest, WorkDone, WorkRequest
 from quarry.store import stored
@@ -64,7 +65,11 @@ class Dispatch:
     """Runs tasks; ``reports`` says afterwards what every device did, partition by partition."""
 
     def __init__(
-        self, marks: bool = False, passes_on: Callable[[Task, PushedBack], bool] | None = None
+        self,
+        marks: bool = False,
+        passes_on: Callable[[Task, PushedBack], bool] | None = None,
+        expect: Callable[[str], str] | None = None,
+        loads_seen: Callable[[dict[str, LoadStatus]], None] | None = None,
     ) -> None:
         # ``marks``: also yield a ``ChunkDone`` after the output of every slice range known
         # whole, as a device does (a storage server passes them on to its own upstream).
@@ -72,6 +77,11 @@ class Dispatch:
         # the upstream to fetch and complete (a storage server that hands work further back).
         self.marks = marks
         self.passes_on = passes_on
+        # ``expect``: per device, the generation to send with its work and raw scans (it
+        # refuses them if its own differs: ``freshness``); ``loads_seen``: told each device's
+        # load as its work ends
+        self.expect = expect
+        self.loads_seen = loads_seen
         self.reports: dict[tuple[str, str, int], WorkReport] = {}
         self.requests = 0  # work exchanges opened
         self.bytes_sent = 0  # payload bytes sent to devices
@@ -176,6 +186,7 @@ class Dispatch:
                         first=first,
                         columns=columns,
                         stored=task.stored_raw,
+                        generation=self._expected(client.name),
                     )
                 )
                 for shipped in client.batches(reader):
@@ -193,6 +204,9 @@ class Dispatch:
             f"no replica of partition {partition} of {request.domain}/{request.dataset} answers "
             f"after {received} of its slices: {'; '.join(str(e) for _, e in lost)}"
         )
+
+    def _expected(self, device: str) -> str:
+        return self.expect(device) if self.expect is not None else ""
 
     def _opened(self, open_stream: Callable[[], T]) -> T:
         """A stream, once the device admitted it; how long that took is the device's queue."""
@@ -261,7 +275,11 @@ class Dispatch:
         passed: list[PushedBack] = []  # handed on upstream: neither fetched nor done here
         done: WorkDone | None = None
         try:
-            for item in self._opened(lambda: task.client.work(task.request, payload)):
+            request = task.request
+            generation = self._expected(task.client.name)
+            if generation:
+                request = replace(request, generation=generation)
+            for item in self._opened(lambda: task.client.work(request, payload)):
                 if isinstance(item, pa.RecordBatch):
                     pending.append(item)
                 elif isinstance(item, ChunkDone):
@@ -291,6 +309,8 @@ class Dispatch:
             raise ProtocolError(f"device {task.client.name}: the work stream ended unfinished")
         if done.payload_needed:
             return done
+        if done.load is not None and self.loads_seen is not None:
+            self.loads_seen({task.client.name: done.load})
         for partition in done.partitions:
             trace = list(done.trace) if done.trace is not None else None
             self.report(task, partition.partition).add_device(partition, trace)

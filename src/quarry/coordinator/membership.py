@@ -9,7 +9,7 @@ those functions behind one handle for users.
 from __future__ import annotations
 
 import threading
-import time
+from collections.abc import Iterable
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
@@ -19,6 +19,7 @@ from quarry.auth.credentials import read_private
 from quarry.coordinator import catalog as catalog_module
 from quarry.coordinator.catalog import DatasetEntry
 from quarry.coordinator.client import DeviceClient
+from quarry.coordinator.freshness import CatalogCheck, CatalogState, Loads
 from quarry.coordinator.plans import Kept
 from quarry.coordinator.workload import Workload
 from quarry.errors import ClusterError, DatasetNotFound, DeviceUnavailable, ProtocolError
@@ -51,42 +52,6 @@ def _pulse(client: DeviceClient) -> PulseReply | None:
         return None
 
 
-class CatalogCheck:
-    """Whether the catalog a query planned on still holds, asked of every device at once (its
-    pulse: a generation that changes whenever what it holds may have) while the query goes on.
-
-    The catalog holds if every device that answered when it was read answers now with the
-    generation it was read under, the devices that did not still do not, and no one read it
-    again meanwhile (its version). If it does not hold, ``holds`` reads it again, so the caller
-    plans on the new one."""
-
-    def __init__(self, cluster: Membership, version: int, answers: dict[str, Future] | None):
-        self.cluster = cluster
-        self.version = version
-        self._answers = answers  # None: answered already (the catalog was just read)
-        self._held: bool | None = True if answers is None else None
-        self._loads: dict[str, LoadStatus] = {}
-        self.waited_s = 0.0  # how long ``holds`` waited for the answers
-
-    def holds(self) -> bool:
-        if self._held is None:
-            started = time.perf_counter()
-            assert self._answers is not None
-            answers = {name: future.result() for name, future in self._answers.items()}
-            self.waited_s = time.perf_counter() - started
-            stale, self._loads = self.cluster.compare(answers)
-            self.cluster.loads_taken(self._loads)
-            if stale and self.cluster.catalog_version == self.version:
-                self.cluster.refresh()
-            self._held = not stale and self.cluster.catalog_version == self.version
-        return self._held
-
-    def loads(self) -> dict[str, LoadStatus]:
-        """Each answering device's load (waits for the answers)."""
-        self.holds()
-        return self._loads
-
-
 class Membership:
     def __init__(self, devices: list[dict[str, Any]], source: str | None = None):
         if not devices:
@@ -97,19 +62,32 @@ class Membership:
         self.spec = devices
         self.source = source
         self.devices = {d["name"]: client_of(d) for d in devices}
-        self.down: dict[str, str] = {}
-        self.info: dict[str, HelloReply] = {}
-        self.catalog: dict[str, DatasetEntry] = {}
+        # the catalog and what it was read from, replaced whole by ``refresh`` (freshness.py)
+        self.state = CatalogState()
         self.calibration_cache: dict[str, dict[str, Any]] = {}
         self.figures_cache: dict[tuple[bytes, str], Any] = {}  # auto's sampled sub-plan costs
         self.workload = Workload()  # the host's turns for long queries
-        # per device, the generation its inventory was read under ("": ask again every time)
-        self.generations: dict[str, str] = {}
-        self.catalog_version = 0  # counts rebuilds of the catalog: plans are kept per version
-        self.plans: Kept[Any] = Kept()  # planning.plan's decompositions
+        self.plans: Kept[Any] = Kept()  # planning.plan's decompositions, per catalog version
+        self.loads = Loads()  # each device's last said load
         self._refresh_lock = threading.Lock()
-        self._loads: tuple[float, dict[str, LoadStatus]] | None = None  # (when, loads)
         self.refresh()
+
+    # the parts of the current state, as every function over a cluster reads them
+    @property
+    def catalog(self) -> dict[str, DatasetEntry]:
+        return self.state.catalog
+
+    @property
+    def info(self) -> dict[str, HelloReply]:
+        return self.state.info
+
+    @property
+    def down(self) -> dict[str, str]:
+        return self.state.down
+
+    @property
+    def catalog_version(self) -> int:
+        return self.state.version
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({len(self.devices)} devices, {len(self.catalog)} datasets)"
@@ -122,11 +100,12 @@ class Membership:
         """Call every device in parallel; a device that does not answer is recorded as down."""
         return {name: future.result() for name, future in self.each_started(call).items()}
 
-    def each_started(self, call: Any) -> dict[str, Future]:
-        """``each``, under way: per device a future of its answer (or of the
-        ``DeviceUnavailable`` it raised), at most ``PROBE_WORKERS_MAX`` calls at once, so a
-        device that takes its time to answer does not hold up the others."""
-        futures: dict[str, Future] = {name: Future() for name in sorted(self.devices)}
+    def each_started(self, call: Any, names: list[str] | None = None) -> dict[str, Future]:
+        """``each``, under way (over ``names``, all by default): per device a future of its
+        answer (or of the ``DeviceUnavailable`` it raised), at most ``PROBE_WORKERS_MAX`` calls
+        at once, so a device that takes its time to answer does not hold up the others."""
+        names = sorted(self.devices) if names is None else names
+        futures: dict[str, Future] = {name: Future() for name in names}
 
         def run(name: str) -> None:
             future = futures[name]
@@ -163,22 +142,21 @@ class Membership:
             catalog = catalog_module.build(
                 inventories, frozenset(down) | frozenset(partial), frozenset(self.devices)
             )
-            # each replaced whole, the version last: a query planning on another thread sees
-            # one catalog or the next, never half of each, and never a newer version number
-            # over an older catalog (plans are kept per version)
-            self.info, self.down, self.generations = info, down, generations
-            self.catalog = catalog
-            self.catalog_version += 1
+            self.state = CatalogState(self.state.version + 1, catalog, info, down, generations)
 
-    def check(self) -> CatalogCheck:
-        """A pulse of every device, under way while a query plans on the catalog as it is and
-        its devices start (``CatalogCheck``); nothing of the query is let out before it says
-        that catalog holds."""
-        return CatalogCheck(self, self.catalog_version, self.each_started(_pulse))
+    def check(
+        self, devices: Iterable[str] | None = None, state: CatalogState | None = None
+    ) -> CatalogCheck:
+        """Pulses of ``devices`` (all by default) against ``state`` (the current one by
+        default), under way while a query goes on (``CatalogCheck``); none asked: a check that
+        holds."""
+        names = sorted(self.devices if devices is None else devices)
+        answers = self.each_started(_pulse, names) if names else None
+        return CatalogCheck(self, state or self.state, answers)
 
     def checked(self) -> CatalogCheck:
         """A check already answered: the catalog was just read from the devices."""
-        return CatalogCheck(self, self.catalog_version, None)
+        return CatalogCheck(self, self.state, None)
 
     def pulse(self) -> dict[str, LoadStatus]:
         """The catalog checked now (read again if it does not hold); every answering device's
@@ -187,36 +165,16 @@ class Membership:
         check.holds()
         return check.loads()
 
+    def loads_seen(self, loads: dict[str, LoadStatus]) -> None:
+        self.loads.seen(loads)
+
     def recent_loads(self) -> dict[str, LoadStatus] | None:
-        """The devices' loads from a pulse at most ``LOADS_FRESH_S`` old, or None."""
-        taken = self._loads
-        if taken is None or time.monotonic() - taken[0] > LOADS_FRESH_S:
-            return None
-        return taken[1]
+        """Every live device's load as it said it at most ``LOADS_FRESH_S`` ago, or None."""
+        return self.loads.recent([c.name for c in self.live_devices()], LOADS_FRESH_S)
 
     def forget_loads(self) -> None:
         """A load was just started on a device: the next query asks again."""
-        self._loads = None
-
-    def compare(self, answers: dict[str, Any]) -> tuple[bool, dict[str, LoadStatus]]:
-        """Pulses against the catalog: whether it is stale, and each answering device's
-        load."""
-        stale = False
-        loads: dict[str, LoadStatus] = {}
-        for name, answer in answers.items():
-            if isinstance(answer, Exception):
-                stale = stale or name not in self.down  # it stopped answering
-                continue
-            if answer is None or name in self.down:  # cannot tell, or it answers again
-                stale = True
-                continue
-            known = self.generations.get(name, "")
-            stale = stale or not known or answer.generation != known
-            loads[name] = answer.load
-        return stale, loads
-
-    def loads_taken(self, loads: dict[str, LoadStatus]) -> None:
-        self._loads = (time.monotonic(), loads)
+        self.loads.forget()
 
     def live_devices(self) -> list[DeviceClient]:
         return [c for n, c in sorted(self.devices.items()) if n not in self.down]

@@ -28,22 +28,25 @@ from quarry.protocol.work import HostCost, WorkRequest
 
 if TYPE_CHECKING:
     from quarry.coordinator.catalog import DatasetEntry, PartitionEntry
+    from quarry.coordinator.freshness import CatalogState
     from quarry.coordinator.membership import Membership
 
 FIGURES_CACHE_MAX = 256
 
 
-def plan(cluster: Membership, sql: str, pushdown: str) -> Decomposition:
+def plan(
+    cluster: Membership, sql: str, pushdown: str, state: CatalogState | None = None
+) -> Decomposition:
     """The largest cut the devices can take (``auto`` plans as ``always`` and starts lower),
-    over the catalog as it stands (``Membership.pulse`` checks it first); kept per catalog
+    over the catalog as ``state`` holds it (the current one by default); kept per catalog
     version (``plans``), so a repeated query is not cut again.
 
     ``never`` plans the same cut for the host alone: devices ship raw slices and the host runs
     each sub-plan over them as they arrive, so the super-plan merges partial aggregates and
     top-k's instead of holding every raw row (the same work, in bounded memory)."""
-    key = (sql, pushdown, cluster.catalog_version)
-    catalog, info = cluster.catalog, cluster.info  # one catalog for the whole cut
-    return cluster.plans.get(key, lambda: _decompose(catalog, info, sql, pushdown))[0]
+    state = state or cluster.state  # one catalog for the whole cut
+    key = (sql, pushdown, state.version)
+    return cluster.plans.get(key, lambda: _decompose(state.catalog, state.info, sql, pushdown))[0]
 
 
 def _decompose(

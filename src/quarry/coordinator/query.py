@@ -18,7 +18,7 @@ import pyarrow as pa
 
 from quarry.coordinator import explain as explaining
 from quarry.coordinator import planning
-from quarry.coordinator.dispatch import Dispatch
+from quarry.coordinator.dispatch import Dispatch, Task
 from quarry.coordinator.fragments import Forced, fragment_tasks
 from quarry.coordinator.report import WorkReport
 from quarry.coordinator.streams import Merged
@@ -26,12 +26,20 @@ from quarry.coordinator.timing import HostClocks, QueryTime, query_time
 from quarry.coordinator.workload import Slot
 from quarry.device.loop import cpu_seconds
 from quarry.device.unit import host_cores
-from quarry.errors import DeviceUnavailable, ExecutionError, QuarryError, QueryError
+from quarry.errors import (
+    CatalogChanged,
+    DeviceUnavailable,
+    ExecutionError,
+    QuarryError,
+    QueryError,
+)
 from quarry.plan.decompose import Fragment
 from quarry.plan.superplan import run_super
+from quarry.plan.superplan import streams as planning_streams
 from quarry.tally import Tally, process_seconds
 
 if TYPE_CHECKING:
+    from quarry.coordinator.freshness import CatalogCheck
     from quarry.coordinator.membership import Membership
 
 # never: the host reads raw slices and does everything; server: drives read and hand every
@@ -42,6 +50,7 @@ PUSHDOWNS = ("never", "server", "always", "auto")
 WORKERS_PER_DEVICE = 2
 STREAM_BATCHES_MAX = 16  # batches of a fragment waiting for the super-plan
 PLAN_ATTEMPTS_MAX = 2  # planning again once refreshes the catalog without a dead device
+RUNS_MAX = 2  # a run refused for a changed catalog runs once more, on the catalog read anew
 
 
 class Query:
@@ -72,62 +81,74 @@ class Query:
         self.rows = 0
         self.turn: Slot | None = None
         self.clocks = _Clocks()
+        # The catalog as it was last read, checked as the query goes (freshness.py): by the
+        # devices it sends work to, and by the pulses of ``check``.
+        self.state = cluster.state
+        self.check: CatalogCheck | None = None
         with self.clocks.planning.timing():
-            # the catalog is checked while the query plans on it and starts (CatalogCheck)
-            self.check = cluster.check()
             self.decomposition, self.cuts = self._plan()
 
+    # ---- the plan -----------------------------------------------------------------------------
+
     def _plan(self) -> tuple[Any, planning.Cuts]:
-        """The cut and, under auto, where each fragment starts, on the catalog as it is while
-        its check is under way. A failure on a catalog the check then finds changed is planned
-        again on the catalog read anew; so is one where a device stopped answering while the
-        cost model asked it (its load, a sample slice): it is left out."""
+        """The cut and, under auto, where each fragment starts. A failure on a catalog that no
+        longer holds is planned again on the catalog read anew; so is one where a device
+        stopped answering while the cost model asked it (its load, a sample slice)."""
         for attempt in range(PLAN_ATTEMPTS_MAX):
             try:
                 return self._cut()
             except QuarryError as error:
                 if attempt + 1 == PLAN_ATTEMPTS_MAX:
                     raise
-                held = self._confirmed()
+                held = self._catalog_holds()
                 if held and not isinstance(error, DeviceUnavailable):
                     raise  # the catalog held: the error is the query's own
                 if held:  # a device stopped answering after its pulse: read which answer
                     self.cluster.refresh()
-                    self.check = self.cluster.checked()
+                    self.state = self.cluster.state
         raise AssertionError("unreachable")
 
     def _cut(self) -> tuple[Any, planning.Cuts]:
         if self.pushdown != "auto":
-            return planning.plan(self.cluster, self.sql, self.pushdown), planning.Cuts()
-        # the cost model reads each device's load: a recent pulse's, or this query's own
+            plan = planning.plan(self.cluster, self.sql, self.pushdown, self.state)
+            return plan, planning.Cuts()
+        # the cost model reads each device's load: as it said it lately, or its pulse now
         loads = self.cluster.recent_loads()
         if loads is None:
-            self._confirmed()  # waits for the check, and plans on the catalog it leaves
-            loads = self.check.loads()
-        decomposition = planning.plan(self.cluster, self.sql, self.pushdown)
+            self._catalog_holds()
+            loads = self.check.loads() if self.check is not None else {}
+        decomposition = planning.plan(self.cluster, self.sql, self.pushdown, self.state)
         return decomposition, planning.choose_cuts(self.cluster, decomposition, loads)
 
-    def _confirmed(self) -> bool:
-        """Wait for the catalog's check: True if the catalog planned on holds. If not, it was
-        read again (``CatalogCheck.holds``), and what was planned must be planned again."""
+    def _catalog_holds(self, again: bool = False) -> bool:
+        """Every device's pulse against the catalog planned on (asked once per catalog, or
+        ``again``): True if it holds; if not, it was read anew and ``state`` is the new one."""
+        if again or self.check is None or self.check.state is not self.state:
+            self.check = self.cluster.check(state=self.state)
         if self.check.holds():
             return True
+        self.state = self.cluster.state
         self.check = self.cluster.checked()
         return False
 
-    def _planned_on_catalog(self) -> bool:
-        """The plan, confirmed, or made again on the catalog read anew; False if made again
-        (counted as planning time)."""
-        with self.clocks.planning.timing():
-            if self._confirmed():
-                return True
-            self.decomposition, self.cuts = self._plan()
-            return False
+    def _planned_on_catalog(self, running: bool = False, again: bool = False) -> bool:
+        """The plan, confirmed, or made again on the catalog read anew; False if made again.
+        Planning time counts the wait for the pulses, unless the run is under way
+        (``running``: the fragments' time covers it)."""
+        with (Tally() if running else self.clocks.planning).timing():
+            held = self._catalog_holds(again)
+        if not held:
+            with self.clocks.planning.timing():
+                self.decomposition, self.cuts = self._plan()
+        return held
 
     @property
     def choices(self) -> dict[str, Any]:
-        self._planned_on_catalog()
+        if not self.started:
+            self._planned_on_catalog()
         return self.cuts.choices
+
+    # ---- the run ------------------------------------------------------------------------------
 
     def execute(self) -> pa.RecordBatchReader:
         """Run the query once the host admits it (``workload``: a long one waits its turn);
@@ -137,16 +158,14 @@ class Query:
         try:
             self.started = time.perf_counter()
             cpu_started = cpu_seconds()
-            result = self._run_checked()
+            result = self._run()
         except BaseException:
             slot.release()
             raise
 
         def stream() -> Iterator[pa.RecordBatch]:
             try:
-                for batch in _engine_errors(result):
-                    self.rows += batch.num_rows
-                    yield batch
+                yield from self._rows(result)
                 self.finished = time.perf_counter()
                 self.cpu_finished = cpu_seconds()
                 self.host_cpu_s = self.cpu_finished - cpu_started
@@ -158,36 +177,106 @@ class Query:
         weakref.finalize(batches, slot.release)  # a reader dropped unread
         return pa.RecordBatchReader.from_batches(result.schema, batches)
 
-    def _run_checked(self) -> pa.RecordBatchReader:
-        """The run, started at once on the plan; returned only once the catalog's check says
-        the catalog it was planned on holds. If it does not, the run is stopped (none of its
-        rows has left) and the query planned and started again on the catalog read anew."""
+    def _rows(self, result: pa.RecordBatchReader) -> Iterator[pa.RecordBatch]:
+        """The answer. A device that finds the catalog changed refuses its work before running
+        any, and a super-plan that reads its inputs whole lets nothing out before they are all
+        in and the catalog checked: then the query runs again on the catalog read anew. So
+        does one that failed before any row left on a catalog its pulses find changed (a
+        device listed down that is back, a dataset dropped)."""
+        for attempt in range(RUNS_MAX):
+            released = False
+            try:
+                for batch in _engine_errors(result):
+                    released = True
+                    self.rows += batch.num_rows
+                    yield batch
+                return
+            except QuarryError as error:
+                if released or attempt + 1 == RUNS_MAX:
+                    raise
+                changed = isinstance(error, CatalogChanged)
+                if not changed and self._catalog_holds(again=True):
+                    raise  # the catalog held: the error is the query's own
+                again = self._rerun(refresh=changed)
+                if not again.schema.equals(result.schema):
+                    raise CatalogChanged(
+                        "a dataset this query reads was ingested again with other columns as "
+                        "it started: run it again"
+                    ) from None
+                result = again
+
+    def _run(self) -> pa.RecordBatchReader:
+        """Start the devices on the plan. A super-plan that lets rows out as they come waits,
+        before any does, for every device's pulse to say the catalog held (else it is planned
+        and started again); one that reads its inputs whole is checked by the devices its work
+        goes to, and the others' pulses once its inputs are in (``_rows``)."""
+        streaming = planning_streams(self.decomposition)
         try:
-            outputs, result = self._start()
+            if streaming:  # the pulses under way as the run starts
+                self.check = self.cluster.check(state=self.state)
+            outputs, result = self._started(checked_by_devices=not streaming)
         except QuarryError:
-            if self._planned_on_catalog():
+            if self._planned_on_catalog(running=True, again=not streaming):
                 raise
         else:
-            if self._planned_on_catalog():
+            if not streaming or self._planned_on_catalog(running=True):
                 return result
             for output in outputs.values():
                 output.close()  # the devices' streams stop at their next batch
+        self._restart_clean()
+        return self._start(checked_by_devices=not planning_streams(self.decomposition))
+
+    def _rerun(self, refresh: bool) -> pa.RecordBatchReader:
+        """The run again, on the catalog read anew (``refresh``: a device said it changed)."""
+        if refresh and self.cluster.state.version == self.state.version:  # not read since
+            self.cluster.refresh()
+        self.state = self.cluster.state
+        self.check = self.cluster.checked()
+        with self.clocks.planning.timing():
+            self.decomposition, self.cuts = self._plan()
+        self._restart_clean()
+        return self._start(checked_by_devices=not planning_streams(self.decomposition))
+
+    def _restart_clean(self) -> None:
         self.dispatch = Dispatch()
         self.clocks.reset_run()
-        return self._start()[1]
 
-    def _start(self) -> tuple[dict[str, Merged], pa.RecordBatchReader]:
+    def _start(self, checked_by_devices: bool) -> pa.RecordBatchReader:
+        return self._started(checked_by_devices)[1]
+
+    def _started(self, checked_by_devices: bool) -> tuple[dict[str, Merged], pa.RecordBatchReader]:
+        state = self.state
+        self.dispatch = Dispatch(
+            expect=state.expected if checked_by_devices else None,
+            loads_seen=self.cluster.loads_seen,
+        )
         self.clocks.run_started(len(self.decomposition.fragments))
-        outputs = {f.name: self._fragment_output(f) for f in self.decomposition.fragments}
+        tasks = {f.name: self._tasks(f) for f in self.decomposition.fragments}
+        inputs_in = None
+        if checked_by_devices:
+            # the devices that get work check the catalog at the door; the others are pulsed
+            checking = {t.client.name for ts in tasks.values() for t in ts}
+            checking = {name for name in checking if state.expected(name)}
+            self.check = self.cluster.check(set(self.cluster.devices) - checking, state)
+            inputs_in = self._inputs_in
+        outputs = {name: self._output(name, ts) for name, ts in tasks.items()}
         timed = {name: self.clocks.fragment_output(output) for name, output in outputs.items()}
         pace, clock = planning.host_pace(), self.clocks.super_plan
-        return outputs, run_super(self.decomposition, timed, pace=pace, clock=clock)
+        result = run_super(self.decomposition, timed, pace=pace, clock=clock, inputs_in=inputs_in)
+        return outputs, result
 
-    def _fragment_output(self, fragment: Fragment) -> Merged:
+    def _inputs_in(self) -> None:
+        """Every fragment's output is in: the devices that sent none of it must say the catalog
+        held before the super-plan lets anything out."""
+        assert self.check is not None
+        if not self.check.holds():
+            raise CatalogChanged("the catalog changed while the query ran: it runs again")
+
+    def _tasks(self, fragment: Fragment) -> list[Task]:
         entry = self.cluster.entry(fragment.dataset)
         if entry.unavailable:
             raise DeviceUnavailable(entry.unavailable_message())
-        tasks = fragment_tasks(
+        return fragment_tasks(
             self.cluster,
             fragment,
             self.pushdown,
@@ -196,13 +285,17 @@ class Query:
             self.forced,
             self.options,
         )
+
+    def _output(self, name: str, tasks: list[Task]) -> Merged:
         workers = WORKERS_PER_DEVICE * len(self.cluster.live_devices())
         if self.pushdown == "never":
             # The host does all the work: more streams than its cores only hold more rows at
             # once (5 M rows: 8 streams +370 MiB, no faster than 3 at +5 MiB), but every device
             # streams at once, or slow links would leave the host waiting.
             workers = max(host_cores() + 1, len(self.cluster.live_devices()))
-        return self.dispatch.run(tasks, workers, STREAM_BATCHES_MAX, f"quarry-{fragment.name}")
+        return self.dispatch.run(tasks, workers, STREAM_BATCHES_MAX, f"quarry-{name}")
+
+    # ---- what it did --------------------------------------------------------------------------
 
     def explain(self, analyze: bool) -> dict[str, Any]:
         if not analyze and not self.started:

@@ -35,6 +35,7 @@ from quarry.device.unit import (
     host_cores,
     lookup,
 )
+from quarry.protocol.control import LoadStatus
 from quarry.protocol.stage import Skip, Stage
 from quarry.protocol.work import (
     ChunkDone,
@@ -517,6 +518,7 @@ def _run_admitted(
         trace=tuple(trace) if trace is not None else None,
         wall_s=time.perf_counter() - started,
         device_cpu_s=cpu_s,
+        load=LoadStatus(**runtime.emulator.load()),
     )
     stream.message(done)
 

@@ -32,7 +32,7 @@ from quarry.device.janitor import Janitor
 from quarry.device.peers import ask_outcome
 from quarry.device.profile import Profile
 from quarry.device.unit import lookup
-from quarry.errors import ClusterError, ProtocolError, QuarryError, QueryError
+from quarry.errors import CatalogChanged, ClusterError, ProtocolError, QuarryError, QueryError
 from quarry.protocol import control, frame, ingest, work
 from quarry.protocol.frame import Exchange, Get, Put
 from quarry.protocol.message import Message
@@ -112,6 +112,9 @@ class Service(flight.FlightServerBase):
     typed actions dispatched to the handlers of ``_actions``."""
 
     WHAT = "device"  # how errors name it
+    # whether it refuses work asked under another generation than its own (a storage
+    # server's would need its drives' pulses first: it is pulsed instead)
+    CHECKS_GENERATION = False
 
     def __init__(
         self,
@@ -205,6 +208,7 @@ class Service(flight.FlightServerBase):
             pid=os.getpid(),
             data=str(self.data),
             started_at=self.started_at,
+            checks_generation=self.CHECKS_GENERATION,
         )
 
 
@@ -220,6 +224,8 @@ def write_ready(ready_file: str | Path, address: str, port: int, name: str) -> N
 
 
 class DeviceServer(Service):
+    CHECKS_GENERATION = True
+
     def __init__(
         self,
         data: Path,
@@ -434,7 +440,16 @@ class DeviceServer(Service):
     def _work(
         self, request: work.WorkRequest, payload: bytes, writer: flight.MetadataRecordBatchWriter
     ) -> None:
+        self._check_generation(request.generation)
         loop.run_work(self.runtime, request, payload, writer)  # admitted inside, once pruned
+
+    def _check_generation(self, expected: str) -> None:
+        """Refuse work planned on a catalog this device no longer matches, before any of it."""
+        if expected and expected != self._generation(self.store.writes()):
+            raise CatalogChanged(
+                f"device {self.name}: what it holds changed since the coordinator read its "
+                "catalog; read it again and run the query again"
+            )
 
     @_flight_errors
     def do_get(
@@ -450,6 +465,7 @@ class DeviceServer(Service):
             schema, batches = loop.fetch_slices(self.runtime, request, payload)
         elif kind == Get.SCAN:
             scan = work.ScanRequest.from_json(header)
+            self._check_generation(scan.generation)
             started = self.admission.enter()
             try:
                 schema, scanned = self._scan(scan)

@@ -67,6 +67,15 @@ class HostPace:
             yield batch
 
 
+def streams(decomposition: Decomposition) -> bool:
+    """Whether the super-plan lets rows out while fragments still arrive (a pass-through, or
+    row by row), rather than reading every fragment's output whole first."""
+    return (
+        passthrough_fragment(decomposition) is not None
+        or rowwise_fragment(decomposition) is not None
+    )
+
+
 def machine_pace() -> HostPace:
     return HostPace(engine.cpu_count())
 
@@ -115,6 +124,7 @@ def run_super(
     temp_directory: str | Path | None = None,
     pace: HostPace | None = None,
     clock: Tally | None = None,
+    inputs_in: Callable[[], object] | None = None,
 ) -> pa.RecordBatchReader:
     """Run the super-plan over each fragment's (completed) output; the result streams.
 
@@ -131,7 +141,9 @@ def run_super(
     DataFusion runs on ``pace``'s cores, each of its batches stretched as ``pace`` says (the
     host profile's compute factor); by default on this machine's cores as they are.
     ``clock`` counts the super-plan's own run (not the wait for its inputs): wall, and the
-    process's CPU meanwhile (DataFusion works on threads of its own).
+    process's CPU meanwhile (DataFusion works on threads of its own). ``inputs_in`` is called
+    once every fragment's output is in and before the super-plan runs on them (the coordinator
+    checks there that its catalog held), for a super-plan that reads them whole first.
     """
     pace = pace or machine_pace()
     clock = clock if clock is not None else Tally()
@@ -151,7 +163,8 @@ def run_super(
         )
     budget = MemoryBudget.of(memory_bytes_max, spool_memory_bytes_max)
     return pa.RecordBatchReader.from_batches(
-        schema, _run(decomposition, fragment_outputs, budget, temp_directory, pace, clock)
+        schema,
+        _run(decomposition, fragment_outputs, budget, temp_directory, pace, clock, inputs_in),
     )
 
 
@@ -191,6 +204,7 @@ def _run(
     temp_directory: str | Path | None,
     pace: HostPace,
     clock: Tally,
+    inputs_in: Callable[[], object] | None,
 ) -> Iterator[pa.RecordBatch]:
     schema = decomposition.output_schema
     partitions = pace.cores
@@ -201,6 +215,8 @@ def _run(
                 for f in decomposition.fragments
             }
         )
+        if inputs_in is not None:
+            inputs_in()
         with clock.timing(process=True):
             ctx = engine.session(partitions, budget.pool_bytes, spool.directory)
             merge.register_merge_functions(ctx, functions_of(decomposition.super_plan))

@@ -59,6 +59,9 @@ class HelloReply(Message):
     pid: int = bounded(low=0, default=0)
     data: str = ""
     started_at: float = 0.0
+    # it refuses work and scans asked under another generation than its own (``generation``
+    # of WorkRequest and ScanRequest): a coordinator need not ask its pulse first
+    checks_generation: bool = False
 
 
 # ---- what a device holds --------------------------------------------------------------------

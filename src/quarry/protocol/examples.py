@@ -15,7 +15,9 @@ RECORD = control.IngestRecord("abc", 0, 4, 1, "create", 1.5, {"0": ["dev0"]}, "p
 
 EXAMPLES: list[Message] = [
     control.Hello(),
-    control.HelloReply(2, "id", "dev0", control.ProfileInfo("kinetic", cores=2), 7, "/d", 1.0),
+    control.HelloReply(
+        2, "id", "dev0", control.ProfileInfo("kinetic", cores=2), 7, "/d", 1.0, True
+    ),
     control.Inventory(),
     control.InventoryReply(
         [control.PartitionSummary("d", "t", 0, RECORD, SCHEMA, rows=3)],
@@ -80,6 +82,7 @@ EXAMPLES: list[Message] = [
         chunk_slices=2,
         args={"anything": [1, 2.5, "x", None, {"nested": True}]},
         elsewhere=(work.PartitionRange(0, 0, 1),),
+        generation="b0a1:12",
     ),
     work.ChunkDone(2, 4, 8),
     work.PushedBack(0, (work.SliceRange(1, 3),), Stage.RAW, 100, 4000),
@@ -107,8 +110,9 @@ EXAMPLES: list[Message] = [
         ),
         {"cache_hits": 1},
         (work.TraceEntry(0, 1, 2, 0.1, 0.05, 100, 10),),
+        load=control.LoadStatus(0.5, 1.0, 0.25),
     ),
     work.SliceRequest("substrait", "d", "t", 0, (work.SliceRange(0, 2),), Stage.FILTER, "q"),
-    work.ScanRequest("d", "t", 0, 1, None, ("id",)),
+    work.ScanRequest("d", "t", 0, 1, None, ("id",), generation="b0a1:12"),
     work.CalibrationTransfer(1 << 20),
 ]

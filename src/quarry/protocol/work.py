@@ -18,7 +18,12 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from quarry.protocol import frame
-from quarry.protocol.control import NAME_CHARS_MAX, PARTITION_MAX
+from quarry.protocol.control import (
+    GENERATION_CHARS_MAX,
+    NAME_CHARS_MAX,
+    PARTITION_MAX,
+    LoadStatus,
+)
 from quarry.protocol.frame import Exchange, Get
 from quarry.protocol.message import Message, bounded
 from quarry.protocol.stage import Skip, Stage
@@ -135,6 +140,9 @@ class WorkRequest(Message):
     args: dict[str, Any] = bounded(default_factory=dict)  # the unit's own, decoded by it
     # ranges another replica finished before it stopped answering: not run again here
     elsewhere: tuple[PartitionRange, ...] = bounded(items_max=DECISIONS_MAX, default=())
+    # the device's generation the host's catalog was read under (``PulseReply``): a device
+    # whose own differs refuses the work (CatalogChanged) before it runs any; "": not asked
+    generation: str = bounded(chars_max=GENERATION_CHARS_MAX, default="")
 
     def __post_init__(self) -> None:
         assert self.partitions, "a work request names at least one partition"
@@ -283,6 +291,9 @@ class WorkDone(Message):
     payload_needed: bool = False
     wall_s: float = bounded(low=0.0, default=0.0)
     device_cpu_s: float = bounded(low=0.0, default=0.0)
+    # the device's load as the work ended: ``auto``'s cost model reads it for the next query
+    # instead of asking (None: a device that does not say)
+    load: LoadStatus | None = None
 
 
 def decode_stream_message(data: bytes | memoryview) -> PushedBack | ChunkDone | WorkDone:
@@ -332,6 +343,7 @@ class ScanRequest(Message):
     end: int | None = bounded(low=0, high=SLICE_MAX, default=None)  # None: to the last slice
     columns: tuple[str, ...] | None = bounded(items_max=100_000, default=None)
     stored: bool = False  # as stored, undecoded (``quarry.store.stored``)
+    generation: str = bounded(chars_max=GENERATION_CHARS_MAX, default="")  # as WorkRequest's
 
 
 @dataclass(frozen=True)

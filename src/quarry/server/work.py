@@ -37,6 +37,7 @@ from quarry.device.units.substrait import (
 from quarry.errors import DeviceUnavailable
 from quarry.plan.capabilities import Capabilities
 from quarry.plan.restrict import restrict_filter_stage
+from quarry.protocol.control import LoadStatus
 from quarry.protocol.stage import Stage
 from quarry.protocol.work import (
     ChunkDone,
@@ -139,6 +140,7 @@ def run_work(
         payload_needed=False,
         wall_s=time.perf_counter() - started,
         device_cpu_s=max(0.0, cpu_seconds() - cpu_started),
+        load=LoadStatus(**server.emulator.load()),
     )
     writer.write_metadata(pa.py_buffer(done.encode()))
 
