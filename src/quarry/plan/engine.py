@@ -113,6 +113,11 @@ def register_batches(
     ctx.register_record_batches(reference, filled or [[empty_batch(schema)]])
 
 
+def spooled_names(reference: str) -> tuple[str, ...]:
+    """Every name ``register_spooled`` may register for a table (to let go of them after)."""
+    return (reference, f"{reference}__disk", f"{reference}__memory")
+
+
 def register_spooled(
     ctx: SessionContext,
     reference: str,

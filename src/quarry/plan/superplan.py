@@ -12,6 +12,7 @@ small by themselves; a join's build side must fit the pool, else the query ends 
 from __future__ import annotations
 
 import functools
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
@@ -217,8 +218,12 @@ def _run(
         )
         if inputs_in is not None:
             inputs_in()
+        kept = temp_directory is None  # spills of a kept session go where it was made
         with clock.timing(process=True):
-            ctx = engine.session(partitions, budget.pool_bytes, spool.directory)
+            if kept:
+                ctx = _take_session(partitions, budget.pool_bytes)
+            else:
+                ctx = engine.session(partitions, budget.pool_bytes, spool.directory)
             merge.register_merge_functions(ctx, functions_of(decomposition.super_plan))
             for name, output in spooled.items():
                 on_disk = rows_in_files(output.files)
@@ -239,6 +244,38 @@ def _run(
             if consumer is None:
                 raise
             raise HostMemoryExceeded(_exceeded_message(consumer, budget)) from None
+        if kept:  # read to its end: the session goes back, holding none of this query's rows
+            del stream
+            for name in spooled:
+                for registered in engine.spooled_names(name):
+                    ctx.deregister_table(registered)
+            _give_session(partitions, budget.pool_bytes, ctx)
+
+
+# Super-plan sessions kept between queries, each used by one query at a time: a fresh session
+# with its spill pool costs a third of a small super-plan's run (1.19 against 0.85 ms of CPU
+# for a 40-row final aggregate). A query's pool is the session's, whole, while it runs (its
+# operators let go of what they reserved when the plan ends); a session goes back only from a
+# run read to its end, with every table it registered let go of; its spills go to a directory
+# of its own, which DataFusion empties as each spill ends and removes with the session.
+SESSIONS_KEPT_MAX = 4  # idle sessions per (cores, pool size)
+_idle_sessions: dict[tuple[int, int], list[Any]] = {}
+_sessions_lock = threading.Lock()
+
+
+def _take_session(partitions: int, pool_bytes: int) -> Any:
+    with _sessions_lock:
+        idle = _idle_sessions.get((partitions, pool_bytes))
+        if idle:
+            return idle.pop()
+    return engine.session(partitions, pool_bytes)
+
+
+def _give_session(partitions: int, pool_bytes: int, ctx: Any) -> None:
+    with _sessions_lock:
+        idle = _idle_sessions.setdefault((partitions, pool_bytes), [])
+        if len(idle) < SESSIONS_KEPT_MAX:
+            idle.append(ctx)
 
 
 def _conformed(batches: Iterable[pa.RecordBatch], schema: pa.Schema) -> Iterator[pa.RecordBatch]:
