@@ -332,31 +332,31 @@ class Query:
 class _Clocks:
     """What the host counts of a query as it goes: its planning, the wait for its fragments'
     outputs (from the start of the run to the last of them in, and the process's CPU
-    meanwhile) and the super-plan's own run (``run_super``'s clock)."""
+    meanwhile) and the super-plan's own run (``run_super``'s clock). A run started again
+    starts its counts again; an abandoned run's outputs count for nothing."""
 
     def __init__(self) -> None:
         self.planning = Tally()
+        self._lock = threading.Lock()
         self.reset_run()
 
     def reset_run(self) -> None:
         self.fragments = Tally()
         self.super_plan = Tally()
-        self._lock = threading.Lock()
-        self._open = 0
-        self._started = self._cpu_started = 0.0
+        self._run: list[float] = [0, 0.0, 0.0]  # outputs still open, started, CPU then
 
     def run_started(self, fragments: int) -> None:
-        self._open = fragments
-        self._started, self._cpu_started = time.perf_counter(), process_seconds()
+        self._run = [fragments, time.perf_counter(), process_seconds()]
 
     def fragment_output(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         """``batches``, and when the last fragment's end: the fragments' span."""
+        run = self._run
         yield from batches
         with self._lock:
-            self._open -= 1
-            if self._open == 0:
-                self.fragments.wall_s = time.perf_counter() - self._started
-                self.fragments.cpu_s = process_seconds() - self._cpu_started
+            run[0] -= 1
+            if run[0] == 0 and run is self._run:
+                self.fragments.wall_s = time.perf_counter() - run[1]
+                self.fragments.cpu_s = process_seconds() - run[2]
 
 
 def _engine_errors(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:

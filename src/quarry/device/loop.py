@@ -14,6 +14,7 @@ from __future__ import annotations
 import resource
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -64,11 +65,40 @@ _READ_AHEAD = ThreadPoolExecutor(READ_AHEAD_THREADS_MAX, thread_name_prefix="qua
 PARTITIONS_AT_ONCE_MAX = 8  # a request's partitions run at once, at most one per drive core
 TRACE_ENTRIES_MAX = 100_000  # per-chunk timings kept when a request asks for a trace
 PUSHBACK_NOTICE_SLICES = 16  # announce pushed-back slices in groups so the host starts early
+METAS_KEPT_MAX = 1024  # partitions' metadata kept between requests (``Metas``)
 
 
 def cpu_seconds() -> float:
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return usage.ru_utime + usage.ru_stime
+
+
+class Metas:
+    """Partition metadata as last read, kept while the store sees no write: every request
+    reads its partitions' metadata first, and decoding it costs more than a small chunk's
+    read. Bounded; only read, never changed, by those who take it."""
+
+    def __init__(self, entries_max: int = METAS_KEPT_MAX) -> None:
+        self.entries_max = entries_max
+        self._kept: OrderedDict[tuple[str, str, int], tuple[int, PartitionMeta]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def read(
+        self, store: KeyValueStore, domain: str, dataset: str, partition: int
+    ) -> PartitionMeta:
+        key, writes = (domain, dataset, partition), store.writes()
+        with self._lock:
+            kept = self._kept.get(key)
+            if kept is not None and kept[0] == writes:
+                self._kept.move_to_end(key)
+                return kept[1]
+        meta = partitions.read_meta(store, domain, dataset, partition)
+        if writes % 2 == 0 and store.writes() == writes:  # no write began or was under way
+            with self._lock:
+                self._kept[key] = (writes, meta)
+                while len(self._kept) > self.entries_max:
+                    self._kept.popitem(last=False)
+        return meta
 
 
 @dataclass
@@ -81,6 +111,7 @@ class Runtime:
     admission: Admission
     controllers: Controllers = field(default_factory=Controllers)
     parked: Parked = field(default_factory=Parked)
+    metas: Metas = field(default_factory=Metas)
 
 
 class Stream:
@@ -181,7 +212,7 @@ class PartitionRun:
         self.runtime = runtime
         self.request = request
         self.unit = unit
-        self.meta: PartitionMeta = partitions.read_meta(
+        self.meta: PartitionMeta = runtime.metas.read(
             runtime.store, request.domain, request.dataset, partition
         )
         self.forced = _forced(request, self.meta)
@@ -561,7 +592,7 @@ def fetch_slices(
     )
     context = UnitContext(runtime.store, runtime.emulator, runtime.device)
     unit = lookup(request.unit)(work, payload, context)
-    meta = partitions.read_meta(runtime.store, request.domain, request.dataset, request.partition)
+    meta = runtime.metas.read(runtime.store, request.domain, request.dataset, request.partition)
     numbers = [n for r in request.ranges for n in r.numbers()]
     if not all(0 <= n < len(meta.slices) for n in numbers):
         raise UnitError(

@@ -479,7 +479,9 @@ class DeviceServer(Service):
 
     def _scan(self, request: work.ScanRequest) -> tuple[pa.Schema, Iterator[pa.RecordBatch]]:
         """Raw slices, through the profile's internal and external bandwidth limits."""
-        meta = partitions.read_meta(self.store, request.domain, request.dataset, request.partition)
+        meta = self.runtime.metas.read(
+            self.store, request.domain, request.dataset, request.partition
+        )
         columns = list(request.columns) if request.columns is not None else None
         unknown = sorted(set(columns or ()) - set(meta.schema.names))
         if unknown:
