@@ -41,6 +41,9 @@ def merge(
                 continue
 
     def produce(producer: Callable[[], Iterable[T]]) -> None:
+        if stop.is_set():  # the reader went before this producer's turn came: it never starts
+            put(done)
+            return
         try:
             for item in producer():
                 if stop.is_set():

@@ -73,12 +73,24 @@ class Spool:
         # A file per partition of the scan: DataFusion reads each file whole, a batch at a time.
         self.files_per_fragment = files_per_fragment
         self.memory_bytes = 0
-        self.directory = Path(tempfile.mkdtemp(prefix="quarry-spool-", dir=parent))
+        self._parent = parent
+        self._directory: Path | None = None
+        self._remove: weakref.finalize | None = None
         self._lock = threading.Lock()
         self._stop = threading.Event()
-        # A reader dropped without being exhausted closes its generator, which closes the
-        # spool; one caught in a reference cycle is collected later, and at exit at the latest.
-        self._remove = weakref.finalize(self, _remove_directory, self.directory)
+
+    @property
+    def directory(self) -> Path:
+        """Made when first needed (most queries spool nothing to disk; making and removing it
+        cost a small query a tenth of a millisecond)."""
+        with self._lock:
+            if self._directory is None:
+                self._directory = Path(tempfile.mkdtemp(prefix="quarry-spool-", dir=self._parent))
+                # A reader dropped without being exhausted closes its generator, which closes
+                # the spool; one caught in a reference cycle is collected later, and at exit at
+                # the latest.
+                self._remove = weakref.finalize(self, _remove_directory, self._directory)
+            return self._directory
 
     def __enter__(self) -> Spool:
         return self
@@ -89,7 +101,10 @@ class Spool:
     def close(self) -> None:
         """Stop the readers at their next batch and remove everything spooled to disk."""
         self._stop.set()
-        self._remove()
+        with self._lock:
+            remove = self._remove
+        if remove is not None:
+            remove()
 
     def fill(
         self, outputs: Mapping[str, tuple[pa.Schema, Iterable[pa.RecordBatch]]]
