@@ -113,15 +113,41 @@ def plot(result: dict) -> None:
     left.set_ylabel("median ms per query (to the last row)")
     left.set_title(f"{result['rows']:,}-row aggregate on {result['devices']} devices")
     left.legend()
-    bottom = [0.0] * len(MODES)
-    for part in PARTS:
-        heights = [modes[m]["parts_median_ms"][part] for m in MODES]
-        right.bar(list(x), heights, bottom=bottom, label=part.replace("_", " "))
-        bottom = [b + h for b, h in zip(bottom, heights, strict=True)]
+    groups = (  # one bar each per mode: the host's path, then what the devices did
+        ("host", ("planning", "fragments", "super_plan"), -0.27),
+        ("host completing", ("host_completion",), 0.0),
+        ("devices (summed)", ("device_queueing", "store_read", "decode", "execute", "ship"), 0.27),
+    )
+    colors = dict(zip(PARTS, plt.cm.tab10.colors, strict=False))
+    for _, parts, offset in groups:
+        bottom = [0.0] * len(MODES)
+        for part in parts:
+            heights = [modes[m]["parts_median_ms"][part] for m in MODES]
+            right.bar(
+                [i + offset for i in x],
+                heights,
+                width=0.25,
+                bottom=bottom,
+                color=colors[part],
+                label=part.replace("_", " "),
+            )
+            bottom = [b + h for b, h in zip(bottom, heights, strict=True)]
+    right.scatter(
+        list(x),
+        [modes[m]["parts_median_ms"]["wall_s"] for m in MODES],
+        color="black",
+        marker="_",
+        s=400,
+        label="query wall",
+        zorder=3,
+    )
     right.set_xticks(list(x), MODES)
-    right.set_ylabel("median wall ms (device parts summed over devices)")
-    right.set_title("EXPLAIN ANALYZE time: host path, then devices")
-    right.legend(fontsize=7)
+    right.set_ylabel("median ms")
+    right.set_title(
+        "time section, median per part\nper mode: host path · host completing · devices summed",
+        fontsize=10,
+    )
+    right.legend(fontsize=6, ncol=2)
     fig.tight_layout()
     fig.savefig(png_path("overhead"), dpi=120)
 
