@@ -98,6 +98,12 @@ class Membership:
 
     def each(self, call: Any) -> dict[str, Any]:
         """Call every device in parallel; a device that does not answer is recorded as down."""
+        if len(self.devices) == 1:  # nothing to overlap: this thread asks
+            ((name, client),) = self.devices.items()
+            try:
+                return {name: call(client)}
+            except DeviceUnavailable as error:
+                return {name: error}
         return {name: future.result() for name, future in self.each_started(call).items()}
 
     def each_started(self, call: Any, names: list[str] | None = None) -> dict[str, Future]:
@@ -116,11 +122,8 @@ class Membership:
             except BaseException as error:
                 future.set_exception(error)
 
-        if len(futures) == 1:  # nothing to overlap: this thread asks
-            run(next(iter(futures)))
-        else:
-            tasks = [(lambda name=name: run(name)) for name in futures]
-            threads.lanes(tasks, PROBE_WORKERS_MAX, "quarry-probe")
+        tasks = [(lambda name=name: run(name)) for name in futures]
+        threads.lanes(tasks, PROBE_WORKERS_MAX, "quarry-probe")
         return futures
 
     def refresh(self) -> None:
@@ -157,13 +160,6 @@ class Membership:
     def checked(self) -> CatalogCheck:
         """A check already answered: the catalog was just read from the devices."""
         return CatalogCheck(self, self.state, None)
-
-    def pulse(self) -> dict[str, LoadStatus]:
-        """The catalog checked now (read again if it does not hold); every answering device's
-        load."""
-        check = self.check()
-        check.holds()
-        return check.loads()
 
     def loads_seen(self, loads: dict[str, LoadStatus]) -> None:
         self.loads.seen(loads)
