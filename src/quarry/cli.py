@@ -597,6 +597,11 @@ def _print_explain(report: dict[str, Any]) -> None:
     turn = analyzed.get("host_turn")
     if turn and turn["waited_s"] >= 0.001:
         console.print(f"waited {turn['waited_s']:.3f} s for a host turn (long queries take turns)")
+    if "time" in analyzed:
+        from quarry.coordinator.timing import QueryTime
+
+        for line in QueryTime.from_json(analyzed["time"]).render():
+            console.print(line, highlight=False, markup=False)
 
 
 CUTS_SHOWN = STAGES_BY_DATA_SHIPPED  # the cost model's cuts, least data moved first

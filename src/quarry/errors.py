@@ -73,6 +73,14 @@ class DeviceUnavailable(QuarryError, ConnectionError):
     code = "device_unavailable"
 
 
+class CatalogChanged(QuarryError):
+    """What a device holds changed since the coordinator's catalog was read (another
+    coordinator ingested or dropped, the device restarted): it refused the work before running
+    any of it. The coordinator reads the catalog again and runs the query again."""
+
+    code = "catalog_changed"
+
+
 class DeviceBusy(QuarryError):
     """A device at its bound of concurrent work refused a request before starting it; it says
     when to come back (``retry_after_ms``). The coordinator backs off and retries."""

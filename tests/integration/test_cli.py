@@ -83,6 +83,7 @@ def test_up_with_storage_servers_and_down_stops_every_process(tmp_path):
         sql = "SELECT count(*) AS n FROM particles WHERE ke > 1"
         shown = _quarry("sql", sql, "--pushdown", "server", "--analyze", cwd=tmp_path).stdout
         assert "└ s0d0" in shown and "└ s1d1" in shown and "drive links" in shown
+        assert "time, wall/cpu ms: query" in shown and "execute" in shown
         answer = _quarry("sql", sql, "--format", "json", cwd=tmp_path).stdout
         expected = sum(1 for ke in table.column("ke").to_pylist() if ke > 1)
         assert json.loads(answer)["result"] == [{"n": expected}]

@@ -88,3 +88,23 @@ def test_undecodable_plans_name_the_operator(small, fragment) -> None:
 def test_missing_column(small, fragment) -> None:
     with pytest.raises(StageError, match="column 'i'"):
         run_stage(fragment.stages["filter"], small.table.drop_columns(["i"]).schema, [])
+
+
+def test_a_kept_session_takes_nothing_from_one_run_to_the_next(small, fragment) -> None:
+    """Stages run on a session kept per thread: each run sees its own rows only."""
+    stage = decompose("SELECT count(*) AS n, sum(x) AS s FROM t", small.schemas).fragments[0]
+    full = stage.stages["full"]
+    table = small.table
+    whole = pa.Table.from_batches(list(run_stage(full, table.schema, table.to_batches())))
+    part = pa.Table.from_batches(list(run_stage(full, table.schema, [table.to_batches()[0]])))
+    empty = pa.Table.from_batches(list(run_stage(full, table.schema, [])))
+    assert whole.column(0).to_pylist() == [table.num_rows]
+    assert part.column(0).to_pylist() == [table.to_batches()[0].num_rows]
+    assert empty.column(0).to_pylist() == [0]
+    # two runs planned before either is read keep their own rows
+    first = run_stage(full, table.schema, [table.to_batches()[0]])
+    second = run_stage(full, table.schema, table.to_batches())
+    assert pa.Table.from_batches(list(second)).column(0).to_pylist() == [table.num_rows]
+    assert pa.Table.from_batches(list(first)).column(0).to_pylist() == [
+        table.to_batches()[0].num_rows
+    ]

@@ -26,6 +26,7 @@ REQUIRED: dict[str, Role] = {
     Action.DESCRIBE: Role.READER,
     Action.STATS: Role.READER,
     Action.STATUS_LOAD: Role.READER,
+    Action.PULSE: Role.READER,
     Action.COMMIT: Role.WRITER,
     Action.ABORT: Role.WRITER,
     Action.DROP: Role.WRITER,

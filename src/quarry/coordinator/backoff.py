@@ -22,6 +22,7 @@ T = TypeVar("T")
 BUSY_WAIT_S_MAX = float(os.environ.get("QUARRY_BUSY_WAIT_S", "120"))
 GROWTH = 1.5  # each further refusal waits this much longer
 GROWTH_MAX = 8.0
+_JITTER = random.Random()  # one for the process: seeding one per call costs more than the call
 
 
 class BusyCounter:
@@ -47,12 +48,11 @@ def retrying(
     """``call()``, again after each ``DeviceBusy`` until it runs or the waits reach the bound."""
     bound = BUSY_WAIT_S_MAX if wait_s_max is None else wait_s_max
     waited, growth = 0.0, 1.0
-    rng = random.Random()
     while True:
         try:
             return call()
         except DeviceBusy as busy:
-            pause = busy.retry_after_ms / 1000 * growth * rng.uniform(0.5, 1.5)
+            pause = busy.retry_after_ms / 1000 * growth * _JITTER.uniform(0.5, 1.5)
             if waited + pause > bound:
                 raise DeviceBusy(
                     f"{busy}; still busy after {waited:.1f} s of retries (the bound is "

@@ -121,6 +121,10 @@ class DeviceClient:
     def inventory_reply(self) -> control.InventoryReply:
         return self.ask(control.Inventory(), control.InventoryReply)
 
+    def pulse(self, timeout_s: float = CONNECT_TIMEOUT_S) -> control.PulseReply:
+        """Its catalog generation and its load, in one call (``Membership.pulse``)."""
+        return self.ask(control.Pulse(), control.PulseReply, timeout_s=timeout_s)
+
     def describe(self, domain: str, dataset: str, partition: int) -> control.PartitionDescription:
         request = control.PartitionRef(domain, dataset, partition)
         return self.ask(request, control.PartitionDescription)
@@ -208,9 +212,12 @@ class DeviceClient:
         end: int | None = None,
         columns: list[str] | None = None,
         stored: bool = False,
+        generation: str = "",
     ) -> flight.FlightStreamReader:
         columns_ = tuple(columns) if columns is not None else None
-        request = work.ScanRequest(domain, dataset, partition, first, end, columns_, stored)
+        request = work.ScanRequest(
+            domain, dataset, partition, first, end, columns_, stored, generation
+        )
         return self.get(request)
 
     def batches(self, reader: flight.FlightStreamReader) -> Iterator[pa.RecordBatch]:

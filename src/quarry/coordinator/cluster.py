@@ -215,7 +215,9 @@ class Cluster(Membership):
 
     def load(self, device: str, cpu: float, seconds: float = 60.0) -> dict[str, Any]:
         """Emulated background CPU load on one device, ending by itself after ``seconds``."""
-        return self.device(device).load(cpu, seconds).to_json()
+        started = self.device(device).load(cpu, seconds).to_json()
+        self.forget_loads()  # the next query's cost model sees it
+        return started
 
     def device_load(self, device: str) -> dict[str, float]:
         return self.device(device).load_status().to_json()

@@ -17,7 +17,8 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import TypeVar
 
 import pyarrow as pa
 
@@ -27,10 +28,13 @@ from quarry.coordinator.resume import DeviceLost, Progress, resume
 from quarry.coordinator.streams import merge
 from quarry.device.unit import Unit
 from quarry.errors import DeviceUnavailable, PlanNotSupported, ProtocolError
+from quarry.protocol.control import LoadStatus
 from quarry.protocol.stage import Stage
 from quarry.protocol.work import ChunkDone, PushedBack, SliceRequest, WorkDone, WorkRequest
 from quarry.store import stored
+from quarry.tally import Tally
 
+T = TypeVar("T")
 FETCHERS_PER_EXCHANGE = 2  # concurrent fetches of pushed-back ranges per device stream
 PAYLOAD_ROUNDS_MAX = 2  # a unit asks for its payload at most once
 
@@ -61,7 +65,12 @@ class Dispatch:
     """Runs tasks; ``reports`` says afterwards what every device did, partition by partition."""
 
     def __init__(
-        self, marks: bool = False, passes_on: Callable[[Task, PushedBack], bool] | None = None
+        self,
+        marks: bool = False,
+        passes_on: Callable[[Task, PushedBack], bool] | None = None,
+        expect: Callable[[str], str] | None = None,
+        loads_seen: Callable[[dict[str, LoadStatus]], None] | None = None,
+        cancelled: threading.Event | None = None,
     ) -> None:
         # ``marks``: also yield a ``ChunkDone`` after the output of every slice range known
         # whole, as a device does (a storage server passes them on to its own upstream).
@@ -69,12 +78,23 @@ class Dispatch:
         # the upstream to fetch and complete (a storage server that hands work further back).
         self.marks = marks
         self.passes_on = passes_on
+        # ``expect``: per device, the generation to send with its work and raw scans (it
+        # refuses them if its own differs: ``freshness``); ``loads_seen``: told each device's
+        # load as its work ends
+        self.expect = expect
+        self.loads_seen = loads_seen
         self.reports: dict[tuple[str, str, int], WorkReport] = {}
         self.requests = 0  # work exchanges opened
         self.bytes_sent = 0  # payload bytes sent to devices
         self._hosts: dict[int, Unit] = {}  # the host units that completed anything
         self.dead: set[str] = set()  # devices that stopped answering during this work
-        self.cancelled = threading.Event()  # set by ``cancel``, from any thread
+        # set by ``cancel``, from any thread (shared by the runs of one query: ``cancelled``)
+        self.cancelled = cancelled if cancelled is not None else threading.Event()
+        # from asking a device to open a stream (a work exchange, a raw scan, a fetch of
+        # pushed-back slices) to its first answer (admitted), summed: its queue as the host
+        # meets it, busy refusals and their back-off included
+        self.opening = Tally()
+        self.streams = 0  # streams opened
         self._lock = threading.Lock()
 
     def cancel(self) -> None:
@@ -95,6 +115,15 @@ class Dispatch:
         """Host CPU seconds spent completing handed-back work (in the host's core slots)."""
         with self._lock:
             return sum(host.context.drive_s for host in self._hosts.values())
+
+    def host_completed(self) -> Tally:
+        """Wall and CPU seconds the host spent completing handed-back work (summed over the
+        streams that did)."""
+        total = Tally()
+        with self._lock:
+            for host in self._hosts.values():
+                total.add(host.context.computed)
+        return total
 
     def sorted_reports(self) -> list[WorkReport]:
         return [self.reports[key] for key in sorted(self.reports)]
@@ -158,13 +187,16 @@ class Dispatch:
                 failover = {"from": lost[-1][0], "to": client.name, "slices_done_before": received}
                 report.failovers.append(failover)
             try:
-                reader = client.scan(
-                    request.domain,
-                    request.dataset,
-                    partition,
-                    first=received,
-                    columns=columns,
-                    stored=task.stored_raw,
+                reader = self._opened(
+                    lambda client=client, first=received: client.scan(
+                        request.domain,
+                        request.dataset,
+                        partition,
+                        first=first,
+                        columns=columns,
+                        stored=task.stored_raw,
+                        generation=self._expected(client.name),
+                    )
                 )
                 for shipped in client.batches(reader):
                     size = pa.ipc.get_record_batch_size(shipped)
@@ -181,6 +213,18 @@ class Dispatch:
             f"no replica of partition {partition} of {request.domain}/{request.dataset} answers "
             f"after {received} of its slices: {'; '.join(str(e) for _, e in lost)}"
         )
+
+    def _expected(self, device: str) -> str:
+        return self.expect(device) if self.expect is not None else ""
+
+    def _opened(self, open_stream: Callable[[], T]) -> T:
+        """A stream, once the device admitted it; how long that took is the device's queue."""
+        started = time.perf_counter()
+        stream = open_stream()
+        with self._lock:
+            self.opening.wall_s += time.perf_counter() - started
+            self.streams += 1
+        return stream
 
     def _decoded(self, report: WorkReport, shipped: pa.RecordBatch) -> list[pa.RecordBatch]:
         """A batch as it arrived, or the slices in it when they came as stored: decompressed
@@ -240,7 +284,11 @@ class Dispatch:
         passed: list[PushedBack] = []  # handed on upstream: neither fetched nor done here
         done: WorkDone | None = None
         try:
-            for item in task.client.work(task.request, payload):
+            request = task.request
+            generation = self._expected(task.client.name)
+            if generation:
+                request = replace(request, generation=generation)
+            for item in self._opened(lambda: task.client.work(request, payload)):
                 if isinstance(item, pa.RecordBatch):
                     pending.append(item)
                 elif isinstance(item, ChunkDone):
@@ -270,6 +318,8 @@ class Dispatch:
             raise ProtocolError(f"device {task.client.name}: the work stream ended unfinished")
         if done.payload_needed:
             return done
+        if done.load is not None and self.loads_seen is not None:
+            self.loads_seen({task.client.name: done.load})
         for partition in done.partitions:
             trace = list(done.trace) if done.trace is not None else None
             self.report(task, partition.partition).add_device(partition, trace)
@@ -338,7 +388,8 @@ class Dispatch:
             report.add_raw(notice.slices, notice.rows, notice.bytes_stored)
 
         def arriving() -> Iterator[pa.RecordBatch]:
-            for shipped in task.client.batches(task.client.get(fetch, payload)):
+            reader = self._opened(lambda: task.client.get(fetch, payload))
+            for shipped in task.client.batches(reader):
                 size = pa.ipc.get_record_batch_size(shipped)
                 slices = self._decoded(report, shipped)
                 report.add_shipped(sum(b.num_rows for b in slices), size, raw)

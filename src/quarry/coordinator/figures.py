@@ -9,6 +9,7 @@ import pyarrow as pa
 
 from quarry.cost.model import DeviceFigures, SubPlanFigures
 from quarry.device.units.substrait import read_columns, run_on_host
+from quarry.protocol.control import LoadStatus
 from quarry.protocol.stage import Stage
 from quarry.store.partition import column_bytes
 
@@ -73,9 +74,13 @@ def measured(calibration: dict[str, Any], key: str, default: Any) -> Any:
 
 
 def device_figures(
-    cluster: Membership, entry: DatasetEntry, stored: dict[str, int]
+    cluster: Membership,
+    entry: DatasetEntry,
+    stored: dict[str, int],
+    loads: dict[str, LoadStatus] | None = None,
 ) -> list[DeviceFigures]:
-    """Calibrated figures where a calibration was stored, the profile's otherwise."""
+    """Calibrated figures where a calibration was stored, the profile's otherwise; each
+    device's load as ``loads`` says (its pulse before this query), else asked now."""
     figures = []
     partitions: dict[str, int] = {}
     for p in entry.partitions:
@@ -84,7 +89,7 @@ def device_figures(
         client = cluster.devices[name]
         profile = cluster.info[name].profile
         calibration = calibration_of(cluster, name)
-        load = client.load_status()
+        load = (loads or {}).get(name) or client.load_status()
         figures.append(
             DeviceFigures(
                 name=name,

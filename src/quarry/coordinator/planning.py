@@ -23,31 +23,44 @@ from quarry.plan.capabilities import per_dataset
 from quarry.plan.decompose import Decomposition, Fragment, decompose
 from quarry.plan.errors import PlanError
 from quarry.plan.superplan import HostPace
+from quarry.protocol.control import LoadStatus
 from quarry.protocol.stage import Stage
 from quarry.protocol.work import HostCost, WorkRequest
 
 if TYPE_CHECKING:
     from quarry.coordinator.catalog import DatasetEntry, PartitionEntry
+    from quarry.coordinator.freshness import CatalogState
     from quarry.coordinator.membership import Membership
 
 FIGURES_CACHE_MAX = 256
 
 
-def plan(cluster: Membership, sql: str, pushdown: str) -> Decomposition:
-    """The largest cut the devices can take (``auto`` plans as ``always`` and starts lower).
+def plan(
+    cluster: Membership, sql: str, pushdown: str, state: CatalogState | None = None
+) -> Decomposition:
+    """The largest cut the devices can take (``auto`` plans as ``always`` and starts lower),
+    over the catalog as ``state`` holds it (the current one by default); kept per catalog
+    version (``plans``), so a repeated query is not cut again.
 
     ``never`` plans the same cut for the host alone: devices ship raw slices and the host runs
     each sub-plan over them as they arrive, so the super-plan merges partial aggregates and
     top-k's instead of holding every raw row (the same work, in bounded memory)."""
-    cluster.refresh()
-    tables = {name: entry.schema for name, entry in cluster.catalog.items()}
+    state = state or cluster.state  # one catalog for the whole cut
+    key = (sql, pushdown, state.version)
+    return cluster.plans.get(key, lambda: _decompose(state.catalog, state.info, sql, pushdown))[0]
+
+
+def _decompose(
+    catalog: dict[str, DatasetEntry], info: dict[str, Any], sql: str, pushdown: str
+) -> Decomposition:
+    tables = {name: entry.schema for name, entry in catalog.items()}
     capabilities = None
     if pushdown != "never":
         holders = {
             name: [d for p in entry.partitions for d in p.devices]
-            for name, entry in cluster.catalog.items()
+            for name, entry in catalog.items()
         }
-        kinds = {name: info.profile.capabilities for name, info in cluster.info.items()}
+        kinds = {name: hello.profile.capabilities for name, hello in info.items()}
         capabilities = per_dataset(holders, kinds)
     try:
         decomposition = decompose(sql, tables, pushdown="always", capabilities=capabilities)
@@ -109,8 +122,11 @@ class Cuts:
         return self.host_costs.get((fragment, device))
 
 
-def choose_cuts(cluster: Membership, decomposition: Decomposition) -> Cuts:
-    """pushdown="auto": the cost model picks each fragment's cut; devices start from it."""
+def choose_cuts(
+    cluster: Membership, decomposition: Decomposition, loads: dict[str, LoadStatus] | None = None
+) -> Cuts:
+    """pushdown="auto": the cost model picks each fragment's cut; devices start from it.
+    ``loads``: each device's, as its pulse said (a device missing is asked)."""
     cuts = Cuts()
     host = host_figures()
     for fragment in decomposition.fragments:
@@ -122,7 +138,7 @@ def choose_cuts(cluster: Membership, decomposition: Decomposition) -> Cuts:
             device = device_for(cluster, entry, p)
             stored[device] = stored.get(device, 0) + p.bytes_stored
         figures = _figures(cluster, fragment, entry)
-        devices = device_figures(cluster, entry, stored)
+        devices = device_figures(cluster, entry, stored, loads or {})
         # A fragment that only filters has identical filter and full stages: the filter cut
         # would cost an extra fetch for the same work.
         identical = fragment.stages[Stage.FILTER] == fragment.stages[Stage.FULL]

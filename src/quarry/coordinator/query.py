@@ -7,6 +7,7 @@ fragment outputs it would have seen had every device executed everything.
 
 from __future__ import annotations
 
+import threading
 import time
 import uuid
 import weakref
@@ -17,16 +18,28 @@ import pyarrow as pa
 
 from quarry.coordinator import explain as explaining
 from quarry.coordinator import planning
-from quarry.coordinator.dispatch import Dispatch
+from quarry.coordinator.dispatch import Dispatch, Task
 from quarry.coordinator.fragments import Forced, fragment_tasks
+from quarry.coordinator.report import WorkReport
+from quarry.coordinator.streams import Merged
+from quarry.coordinator.timing import HostClocks, QueryTime, query_time
 from quarry.coordinator.workload import Slot
 from quarry.device.loop import cpu_seconds
 from quarry.device.unit import host_cores
-from quarry.errors import DeviceUnavailable, ExecutionError, QuarryError, QueryError
+from quarry.errors import (
+    CatalogChanged,
+    DeviceUnavailable,
+    ExecutionError,
+    QuarryError,
+    QueryError,
+)
 from quarry.plan.decompose import Fragment
 from quarry.plan.superplan import run_super
+from quarry.plan.superplan import streams as planning_streams
+from quarry.tally import Tally, process_seconds
 
 if TYPE_CHECKING:
+    from quarry.coordinator.freshness import CatalogCheck
     from quarry.coordinator.membership import Membership
 
 # never: the host reads raw slices and does everything; server: drives read and hand every
@@ -37,6 +50,7 @@ PUSHDOWNS = ("never", "server", "always", "auto")
 WORKERS_PER_DEVICE = 2
 STREAM_BATCHES_MAX = 16  # batches of a fragment waiting for the super-plan
 PLAN_ATTEMPTS_MAX = 2  # planning again once refreshes the catalog without a dead device
+RUNS_MAX = 2  # a run refused for a changed catalog runs once more, on the catalog read anew
 
 
 class Query:
@@ -52,6 +66,8 @@ class Query:
     ):
         if pushdown not in PUSHDOWNS:
             raise QueryError(f"pushdown must be one of {', '.join(PUSHDOWNS)}, got {pushdown!r}")
+        self.asked = time.perf_counter()
+        self.cpu_asked = cpu_seconds()
         self.cluster = cluster
         self.sql = sql
         # "auto": the largest cut is planned, the cost model picks where each fragment starts
@@ -60,29 +76,80 @@ class Query:
         self.forced = decisions or {}
         self.options = {"trace": trace, "chunk_slices": chunk_slices, "policy": policy}
         self.query_id = uuid.uuid4().hex
-        self.decomposition, self.cuts = self._plan()
-        self.dispatch = Dispatch()
-        self.started = self.finished = self.host_cpu_s = 0.0
+        self.cancelled = threading.Event()  # ``cancel``: every run of this query stops
+        self.dispatch = Dispatch(cancelled=self.cancelled)
+        self.started = self.finished = self.host_cpu_s = self.cpu_finished = 0.0
         self.rows = 0
         self.turn: Slot | None = None
+        self.clocks = _Clocks()
+        # The catalog as it was last read, checked as the query goes (freshness.py): by the
+        # devices it sends work to, and by the pulses of ``check``.
+        self.state = cluster.state
+        self.check: CatalogCheck | None = None
+        with self.clocks.planning.timing():
+            self.decomposition, self.cuts = self._plan()
+
+    # ---- the plan -----------------------------------------------------------------------------
 
     def _plan(self) -> tuple[Any, planning.Cuts]:
-        """The cut and, under auto, where each fragment starts. A device that stops answering
-        while the cost model asks it (its load, a sample slice) is left out: plan again."""
+        """The cut and, under auto, where each fragment starts. A failure on a catalog that no
+        longer holds is planned again on the catalog read anew; so is one where a device
+        stopped answering while the cost model asked it (its load, a sample slice)."""
         for attempt in range(PLAN_ATTEMPTS_MAX):
             try:
-                decomposition = planning.plan(self.cluster, self.sql, self.pushdown)
-                if self.pushdown != "auto":
-                    return decomposition, planning.Cuts()
-                return decomposition, planning.choose_cuts(self.cluster, decomposition)
-            except DeviceUnavailable:
+                return self._cut()
+            except QuarryError as error:
                 if attempt + 1 == PLAN_ATTEMPTS_MAX:
                     raise
+                held = self._catalog_holds()
+                if held and not isinstance(error, DeviceUnavailable):
+                    raise  # the catalog held: the error is the query's own
+                if held:  # a device stopped answering after its pulse: read which answer
+                    self.cluster.refresh()
+                    self.state = self.cluster.state
         raise AssertionError("unreachable")
+
+    def _cut(self) -> tuple[Any, planning.Cuts]:
+        if self.pushdown != "auto":
+            plan = planning.plan(self.cluster, self.sql, self.pushdown, self.state)
+            return plan, planning.Cuts()
+        # the cost model reads each device's load: as it said it lately, or its pulse now
+        loads = self.cluster.recent_loads()
+        if loads is None:
+            self._catalog_holds()
+            loads = self.check.loads() if self.check is not None else {}
+        decomposition = planning.plan(self.cluster, self.sql, self.pushdown, self.state)
+        return decomposition, planning.choose_cuts(self.cluster, decomposition, loads)
+
+    def _catalog_holds(self, again: bool = False) -> bool:
+        """Every device's pulse against the catalog planned on (asked once per catalog, or
+        ``again``): True if it holds; if not, it was read anew and ``state`` is the new one."""
+        if again or self.check is None or self.check.state is not self.state:
+            self.check = self.cluster.check(state=self.state)
+        if self.check.holds():
+            return True
+        self.state = self.cluster.state
+        self.check = self.cluster.checked()
+        return False
+
+    def _planned_on_catalog(self, running: bool = False, again: bool = False) -> bool:
+        """The plan, confirmed, or made again on the catalog read anew; False if made again.
+        Planning time counts the wait for the pulses, unless the run is under way
+        (``running``: the fragments' time covers it)."""
+        with (Tally() if running else self.clocks.planning).timing():
+            held = self._catalog_holds(again)
+        if not held:
+            with self.clocks.planning.timing():
+                self.decomposition, self.cuts = self._plan()
+        return held
 
     @property
     def choices(self) -> dict[str, Any]:
+        if not self.started:
+            self._planned_on_catalog()
         return self.cuts.choices
+
+    # ---- the run ------------------------------------------------------------------------------
 
     def execute(self) -> pa.RecordBatchReader:
         """Run the query once the host admits it (``workload``: a long one waits its turn);
@@ -92,19 +159,17 @@ class Query:
         try:
             self.started = time.perf_counter()
             cpu_started = cpu_seconds()
-            outputs = {f.name: self._fragment_output(f) for f in self.decomposition.fragments}
-            result = run_super(self.decomposition, outputs, pace=planning.host_pace())
+            result = self._run()
         except BaseException:
             slot.release()
             raise
 
         def stream() -> Iterator[pa.RecordBatch]:
             try:
-                for batch in _engine_errors(result):
-                    self.rows += batch.num_rows
-                    yield batch
+                yield from self._rows(result)
                 self.finished = time.perf_counter()
-                self.host_cpu_s = cpu_seconds() - cpu_started
+                self.cpu_finished = cpu_seconds()
+                self.host_cpu_s = self.cpu_finished - cpu_started
                 workload.learn(self.sql, self.finished - self.started)
             finally:
                 slot.release()
@@ -117,13 +182,109 @@ class Query:
         """Stop the query from any thread: the devices' streams end at their next batch and
         the reader of ``execute`` raises ``QueryCancelled``; before ``execute``, the query
         stops as soon as it starts. Its host turn is given back when its reader goes."""
-        self.dispatch.cancel()
+        self.cancelled.set()
 
-    def _fragment_output(self, fragment: Fragment) -> Iterator[pa.RecordBatch]:
+    def _rows(self, result: pa.RecordBatchReader) -> Iterator[pa.RecordBatch]:
+        """The answer. A device that finds the catalog changed refuses its work before running
+        any, and a super-plan that reads its inputs whole lets nothing out before they are all
+        in and the catalog checked: then the query runs again on the catalog read anew. So
+        does one that failed before any row left on a catalog its pulses find changed (a
+        device listed down that is back, a dataset dropped)."""
+        for attempt in range(RUNS_MAX):
+            released = False
+            try:
+                for batch in _engine_errors(result):
+                    released = True
+                    self.rows += batch.num_rows
+                    yield batch
+                return
+            except QuarryError as error:
+                if released or attempt + 1 == RUNS_MAX:
+                    raise
+                changed = isinstance(error, CatalogChanged)
+                if not changed and self._catalog_holds(again=True):
+                    raise  # the catalog held: the error is the query's own
+                again = self._rerun(refresh=changed)
+                if not again.schema.equals(result.schema):
+                    raise CatalogChanged(
+                        "a dataset this query reads was ingested again with other columns as "
+                        "it started: run it again"
+                    ) from None
+                result = again
+
+    def _run(self) -> pa.RecordBatchReader:
+        """Start the devices on the plan. A super-plan that lets rows out as they come waits,
+        before any does, for every device's pulse to say the catalog held (else it is planned
+        and started again); one that reads its inputs whole is checked by the devices its work
+        goes to, and the others' pulses once its inputs are in (``_rows``)."""
+        streaming = planning_streams(self.decomposition)
+        try:
+            if streaming:  # the pulses under way as the run starts
+                self.check = self.cluster.check(state=self.state)
+            outputs, result = self._started(checked_by_devices=not streaming)
+        except QuarryError:
+            if self._planned_on_catalog(running=True, again=not streaming):
+                raise
+        else:
+            if not streaming or self._planned_on_catalog(running=True):
+                return result
+            for output in outputs.values():
+                output.close()  # the devices' streams stop at their next batch
+        self._restart_clean()
+        return self._start(checked_by_devices=not planning_streams(self.decomposition))
+
+    def _rerun(self, refresh: bool) -> pa.RecordBatchReader:
+        """The run again, on the catalog read anew (``refresh``: a device said it changed)."""
+        if refresh and self.cluster.state.version == self.state.version:  # not read since
+            self.cluster.refresh()
+        self.state = self.cluster.state
+        self.check = self.cluster.checked()
+        with self.clocks.planning.timing():
+            self.decomposition, self.cuts = self._plan()
+        self._restart_clean()
+        return self._start(checked_by_devices=not planning_streams(self.decomposition))
+
+    def _restart_clean(self) -> None:
+        self.dispatch = Dispatch(cancelled=self.cancelled)
+        self.clocks.reset_run()
+
+    def _start(self, checked_by_devices: bool) -> pa.RecordBatchReader:
+        return self._started(checked_by_devices)[1]
+
+    def _started(self, checked_by_devices: bool) -> tuple[dict[str, Merged], pa.RecordBatchReader]:
+        state = self.state
+        self.dispatch = Dispatch(
+            expect=state.expected if checked_by_devices else None,
+            loads_seen=self.cluster.loads_seen,
+            cancelled=self.cancelled,
+        )
+        self.clocks.run_started(len(self.decomposition.fragments))
+        tasks = {f.name: self._tasks(f) for f in self.decomposition.fragments}
+        inputs_in = None
+        if checked_by_devices:
+            # the devices that get work check the catalog at the door; the others are pulsed
+            checking = {t.client.name for ts in tasks.values() for t in ts}
+            checking = {name for name in checking if state.expected(name)}
+            self.check = self.cluster.check(set(self.cluster.devices) - checking, state)
+            inputs_in = self._inputs_in
+        outputs = {name: self._output(name, ts) for name, ts in tasks.items()}
+        timed = {name: self.clocks.fragment_output(output) for name, output in outputs.items()}
+        pace, clock = planning.host_pace(), self.clocks.super_plan
+        result = run_super(self.decomposition, timed, pace=pace, clock=clock, inputs_in=inputs_in)
+        return outputs, result
+
+    def _inputs_in(self) -> None:
+        """Every fragment's output is in: the devices that sent none of it must say the catalog
+        held before the super-plan lets anything out."""
+        assert self.check is not None
+        if not self.check.holds():
+            raise CatalogChanged("the catalog changed while the query ran: it runs again")
+
+    def _tasks(self, fragment: Fragment) -> list[Task]:
         entry = self.cluster.entry(fragment.dataset)
         if entry.unavailable:
             raise DeviceUnavailable(entry.unavailable_message())
-        tasks = fragment_tasks(
+        return fragment_tasks(
             self.cluster,
             fragment,
             self.pushdown,
@@ -132,16 +293,22 @@ class Query:
             self.forced,
             self.options,
         )
+
+    def _output(self, name: str, tasks: list[Task]) -> Merged:
         workers = WORKERS_PER_DEVICE * len(self.cluster.live_devices())
         if self.pushdown == "never":
             # The host does all the work: more streams than its cores only hold more rows at
             # once (5 M rows: 8 streams +370 MiB, no faster than 3 at +5 MiB), but every device
             # streams at once, or slow links would leave the host waiting.
             workers = max(host_cores() + 1, len(self.cluster.live_devices()))
-        return self.dispatch.run(tasks, workers, STREAM_BATCHES_MAX, f"quarry-{fragment.name}")
+        return self.dispatch.run(tasks, workers, STREAM_BATCHES_MAX, f"quarry-{name}")
+
+    # ---- what it did --------------------------------------------------------------------------
 
     def explain(self, analyze: bool) -> dict[str, Any]:
-        body = explaining.explain(self.sql, self.pushdown, self.decomposition, self.choices)
+        if not analyze and not self.started:
+            self._planned_on_catalog()  # shown as it would run on the catalog as it is
+        body = explaining.explain(self.sql, self.pushdown, self.decomposition, self.cuts.choices)
         if analyze:
             reports = self.dispatch.sorted_reports()
             wall_s = self.finished - self.started
@@ -154,7 +321,53 @@ class Query:
                     "long": self.turn.long,
                     "waited_s": round(self.turn.waited_s, 4),
                 }
+            body["analyze"]["time"] = self.breakdown(reports).to_json()
         return body
+
+    def breakdown(self, reports: list[WorkReport] | None = None) -> QueryTime:
+        """Where this query's time went (once it has been read to its end)."""
+        reports = self.dispatch.sorted_reports() if reports is None else reports
+        finished = self.finished or time.perf_counter()
+        clocks = HostClocks(
+            planning=self.clocks.planning,
+            fragments=self.clocks.fragments,
+            super_plan=self.clocks.super_plan,
+            host_completion=self.dispatch.host_completed(),
+            opening=self.dispatch.opening,
+            streams=self.dispatch.streams,
+        )
+        cpu_s = (self.cpu_finished or cpu_seconds()) - self.cpu_asked
+        return query_time(finished - self.asked, cpu_s, clocks, reports)
+
+
+class _Clocks:
+    """What the host counts of a query as it goes: its planning, the wait for its fragments'
+    outputs (from the start of the run to the last of them in, and the process's CPU
+    meanwhile) and the super-plan's own run (``run_super``'s clock). A run started again
+    starts its counts again; an abandoned run's outputs count for nothing."""
+
+    def __init__(self) -> None:
+        self.planning = Tally()
+        self._lock = threading.Lock()
+        self.reset_run()
+
+    def reset_run(self) -> None:
+        self.fragments = Tally()
+        self.super_plan = Tally()
+        self._run: list[float] = [0, 0.0, 0.0]  # outputs still open, started, CPU then
+
+    def run_started(self, fragments: int) -> None:
+        self._run = [fragments, time.perf_counter(), process_seconds()]
+
+    def fragment_output(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        """``batches``, and when the last fragment's end: the fragments' span."""
+        run = self._run
+        yield from batches
+        with self._lock:
+            run[0] -= 1
+            if run[0] == 0 and run is self._run:
+                self.fragments.wall_s = time.perf_counter() - run[1]
+                self.fragments.cpu_s = process_seconds() - run[2]
 
 
 def _engine_errors(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:

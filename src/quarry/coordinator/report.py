@@ -12,7 +12,14 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from quarry.protocol.stage import Skip, Stage
-from quarry.protocol.work import Decision, LevelReport, PartitionReport, TraceEntry, WorkMetrics
+from quarry.protocol.work import (
+    Decision,
+    LevelReport,
+    PartitionReport,
+    TraceEntry,
+    WorkMetrics,
+    WorkTimes,
+)
 
 # the counters of a partition's report, summed per device in EXPLAIN ANALYZE
 COUNTERS = (
@@ -56,6 +63,8 @@ class WorkReport:
     drive_s: float = 0.0
     wall_s: float = 0.0
     decode_s: float = 0.0  # CPU this side spent decompressing raw slices shipped as stored
+    # where the device's time went (its own account, summed over its exchanges)
+    times: WorkTimes = WorkTimes()
     fallback: str | None = None
     trace: list[TraceEntry] | None = None
     # this device stopped answering and the rest of the partition went to a replica
@@ -85,6 +94,7 @@ class WorkReport:
         self.device_cpu_s += m.device_cpu_s
         self.drive_s += m.drive_s
         self.wall_s = max(self.wall_s, m.wall_s)
+        self.times = self.times.plus(m.times)
         if trace is not None:
             self.trace = [t for t in trace if t.partition == self.partition]
 
@@ -108,6 +118,7 @@ class WorkReport:
         body = {f.name: getattr(self, f.name) for f in fields(self)}
         body["fragment"] = body.pop("label")
         body["decisions"] = [d.to_json() for d in self.decisions]
+        body["times"] = self.times.to_json()
         body["below"] = [level.to_json() for level in self.below]
         if not self.below:
             del body["below"]

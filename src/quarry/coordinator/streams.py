@@ -1,20 +1,21 @@
 """Merging streams that producers fill in parallel: device streams, partition by partition.
 
-Each producer runs in a thread pool and its items are yielded as they arrive; the first error
-a producer raises is raised in the reader (it names the device); closing the reader early stops
-the producers at their next item. A ``cancelled`` event set from another thread does the same
-for a reader that is waiting (it cannot be closed while it runs): the reader raises
-``QueryCancelled`` within ``PUT_WAIT_S``.
+Each producer runs on a kept thread (``quarry.threads``, at most ``workers`` at once) and its
+items are yielded as they arrive; the first error a producer raises is raised in the reader (it
+names the device); closing the reader early stops the producers at their next item. A
+``cancelled`` event set from another thread does the same for a reader that is waiting (it
+cannot be closed while it runs): the reader raises ``QueryCancelled`` within ``PUT_WAIT_S``.
 """
 
 from __future__ import annotations
 
 import queue
 import threading
-from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+import weakref
+from collections.abc import Callable, Generator, Iterable, Iterator
 from typing import TypeVar
 
+from quarry import threads
 from quarry.errors import QueryCancelled
 
 T = TypeVar("T")
@@ -47,6 +48,9 @@ def merge(
                 continue
 
     def produce(producer: Callable[[], Iterable[T]]) -> None:
+        if stop.is_set():  # the reader went before this producer's turn came: it never starts
+            put(done)
+            return
         try:
             for item in producer():
                 if stopped():
@@ -57,10 +61,8 @@ def merge(
         finally:
             put(done)
 
-    pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix=name)
-    for producer in producers:
-        pool.submit(produce, producer)
-    pool.shutdown(wait=False)
+    # at most ``workers`` producers at once, on threads kept between queries (``threads``)
+    threads.lanes([(lambda p=producer: produce(p)) for producer in producers], workers, name)
 
     def read() -> Iterator[T]:
         remaining = len(producers)
@@ -76,7 +78,28 @@ def merge(
         finally:
             stop.set()
 
-    return read()
+    return Merged(read(), stop)
+
+
+class Merged(Iterator[T]):
+    """The reader of a merge. Closed or dropped, read or not, it stops the producers at their
+    next item (a generator never started runs no ``finally``: producers of a reader dropped
+    unread would wait on the full queue for ever)."""
+
+    def __init__(self, items: Generator[T, None, None], stop: threading.Event) -> None:
+        self._items = items
+        self._stop = stop
+        weakref.finalize(self, stop.set)
+
+    def __iter__(self) -> Merged[T]:
+        return self
+
+    def __next__(self) -> T:
+        return next(self._items)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._items.close()
 
 
 def _next(results: queue.Queue, cancelled: threading.Event | None) -> object:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import resource
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -35,6 +36,7 @@ from quarry.device.unit import (
     host_cores,
     lookup,
 )
+from quarry.protocol.control import LoadStatus
 from quarry.protocol.stage import Skip, Stage
 from quarry.protocol.work import (
     ChunkDone,
@@ -47,12 +49,14 @@ from quarry.protocol.work import (
     WorkDone,
     WorkMetrics,
     WorkRequest,
+    WorkTimes,
     ranges_of,
 )
 from quarry.store import partition as partitions
 from quarry.store import stored
 from quarry.store.kv import KeyValueStore
 from quarry.store.partition import PartitionMeta
+from quarry.tally import Tally
 
 # Reads of the next chunk while the unit computes this one: one chunk ahead per partition run,
 # on threads shared by every request (a bounded pool: a busy device queues its read-aheads).
@@ -61,11 +65,40 @@ _READ_AHEAD = ThreadPoolExecutor(READ_AHEAD_THREADS_MAX, thread_name_prefix="qua
 PARTITIONS_AT_ONCE_MAX = 8  # a request's partitions run at once, at most one per drive core
 TRACE_ENTRIES_MAX = 100_000  # per-chunk timings kept when a request asks for a trace
 PUSHBACK_NOTICE_SLICES = 16  # announce pushed-back slices in groups so the host starts early
+METAS_KEPT_MAX = 1024  # partitions' metadata kept between requests (``Metas``)
 
 
 def cpu_seconds() -> float:
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return usage.ru_utime + usage.ru_stime
+
+
+class Metas:
+    """Partition metadata as last read, kept while the store sees no write: every request
+    reads its partitions' metadata first, and decoding it costs more than a small chunk's
+    read. Bounded; only read, never changed, by those who take it."""
+
+    def __init__(self, entries_max: int = METAS_KEPT_MAX) -> None:
+        self.entries_max = entries_max
+        self._kept: OrderedDict[tuple[str, str, int], tuple[int, PartitionMeta]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def read(
+        self, store: KeyValueStore, domain: str, dataset: str, partition: int
+    ) -> PartitionMeta:
+        key, writes = (domain, dataset, partition), store.writes()
+        with self._lock:
+            kept = self._kept.get(key)
+            if kept is not None and kept[0] == writes:
+                self._kept.move_to_end(key)
+                return kept[1]
+        meta = partitions.read_meta(store, domain, dataset, partition)
+        if writes % 2 == 0 and store.writes() == writes:  # no write began or was under way
+            with self._lock:
+                self._kept[key] = (writes, meta)
+                while len(self._kept) > self.entries_max:
+                    self._kept.popitem(last=False)
+        return meta
 
 
 @dataclass
@@ -78,6 +111,7 @@ class Runtime:
     admission: Admission
     controllers: Controllers = field(default_factory=Controllers)
     parked: Parked = field(default_factory=Parked)
+    metas: Metas = field(default_factory=Metas)
 
 
 class Stream:
@@ -93,6 +127,10 @@ class Stream:
         self._lock = threading.Lock()  # partitions run at once write one stream
 
     def batches(self, batches: list[pa.RecordBatch], schema: pa.Schema, metrics: Counters) -> int:
+        with metrics.ship.timing():
+            return self._batches(batches, schema, metrics)
+
+    def _batches(self, batches: list[pa.RecordBatch], schema: pa.Schema, metrics: Counters) -> int:
         queued = sum(batch.nbytes for batch in batches)
         self.admission.queue(queued)
         shipped = 0
@@ -134,14 +172,37 @@ class Counters:
     rows_shipped: int = 0
     bytes_shipped: int = 0
     drive_s: float = 0.0
+    # where the time went (WorkTimes)
+    read: Tally = field(default_factory=Tally)
+    decode: Tally = field(default_factory=Tally)
+    execute: Tally = field(default_factory=Tally)
+    ship: Tally = field(default_factory=Tally)
 
-    def read(self, chunk: Chunk) -> None:
+    def add_read(self, chunk: Chunk) -> None:
         self.slices_scanned += len(chunk.numbers)
         self.rows_read += chunk.rows_read
         self.bytes_read += chunk.bytes_read
+        self.read.add(chunk.read_time)
+        self.decode.add(chunk.decode_time)
+
+    def add_computed(self, before: Tally, after: Tally) -> None:
+        """The unit's compute on this thread between two readings of ``computed_here``."""
+        self.execute.wall_s += after.wall_s - before.wall_s
+        self.execute.cpu_s += after.cpu_s - before.cpu_s
 
     def frozen(self, cpu_s: float, wall_s: float) -> WorkMetrics:
-        return WorkMetrics(**vars(self), device_cpu_s=cpu_s, wall_s=wall_s)
+        counts = {name: value for name, value in vars(self).items() if not isinstance(value, Tally)}
+        times = WorkTimes(
+            read_s=self.read.wall_s,
+            read_cpu_s=self.read.cpu_s,
+            decode_s=self.decode.wall_s,
+            decode_cpu_s=self.decode.cpu_s,
+            execute_s=self.execute.wall_s,
+            execute_cpu_s=self.execute.cpu_s,
+            ship_s=self.ship.wall_s,
+            ship_cpu_s=self.ship.cpu_s,
+        )
+        return WorkMetrics(**counts, device_cpu_s=cpu_s, wall_s=wall_s, times=times)
 
 
 class PartitionRun:
@@ -151,7 +212,7 @@ class PartitionRun:
         self.runtime = runtime
         self.request = request
         self.unit = unit
-        self.meta: PartitionMeta = partitions.read_meta(
+        self.meta: PartitionMeta = runtime.metas.read(
             runtime.store, request.domain, request.dataset, partition
         )
         self.forced = _forced(request, self.meta)
@@ -289,12 +350,15 @@ class PartitionRun:
         numbers = chunk.numbers
         context = self.unit.context
         started, drive_before = time.perf_counter(), context.drive_s_here
+        computed_before = context.computed_here
         outputs = list(self.unit.execute(chunk))
         drive_s = context.drive_s_here - drive_before
+        self.counters.add_computed(computed_before, context.computed_here)
         shipped = stream.batches(outputs, self.unit.output_schema, self.counters)
         if self.unit.RESUMABLE:  # everything this range yields is out: the host may count it
-            stream.message(ChunkDone(self.partition, numbers[0], numbers[-1] + 1))
-        self.counters.read(chunk)
+            with self.counters.ship.timing():
+                stream.message(ChunkDone(self.partition, numbers[0], numbers[-1] + 1))
+        self.counters.add_read(chunk)
         self.counters.slices_executed += len(numbers)
         self.counters.drive_s += drive_s
         if controller is not None:
@@ -342,9 +406,11 @@ class PartitionRun:
         to fetch with the rest of the range (the read is counted here, once)."""
         chunk = self._new_chunk(numbers)
         drive_before = self.unit.context.drive_s_here
+        computed_before = self.unit.context.computed_here
         outputs = self.unit.filter(chunk)
         drive_s = self.unit.context.drive_s_here - drive_before
-        self.counters.read(chunk)
+        self.counters.add_computed(computed_before, self.unit.context.computed_here)
+        self.counters.add_read(chunk)
         self.counters.drive_s += drive_s
         filtered = sum(pa.ipc.get_record_batch_size(b) for bs in outputs.values() for b in bs)
         if controller is not None:
@@ -483,6 +549,7 @@ def _run_admitted(
         trace=tuple(trace) if trace is not None else None,
         wall_s=time.perf_counter() - started,
         device_cpu_s=cpu_s,
+        load=LoadStatus(**runtime.emulator.load()),
     )
     stream.message(done)
 
@@ -500,9 +567,10 @@ def _partitions_at_once(
 
 
 def _computed(context: UnitContext, counters: Counters, produce) -> list[pa.RecordBatch]:
-    drive_before = context.drive_s_here
+    drive_before, computed_before = context.drive_s_here, context.computed_here
     outputs = list(produce())
     counters.drive_s += context.drive_s_here - drive_before
+    counters.add_computed(computed_before, context.computed_here)
     return outputs
 
 
@@ -524,7 +592,7 @@ def fetch_slices(
     )
     context = UnitContext(runtime.store, runtime.emulator, runtime.device)
     unit = lookup(request.unit)(work, payload, context)
-    meta = partitions.read_meta(runtime.store, request.domain, request.dataset, request.partition)
+    meta = runtime.metas.read(runtime.store, request.domain, request.dataset, request.partition)
     numbers = [n for r in request.ranges for n in r.numbers()]
     if not all(0 <= n < len(meta.slices) for n in numbers):
         raise UnitError(

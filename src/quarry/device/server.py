@@ -13,6 +13,7 @@ import functools
 import logging
 import os
 import time
+import uuid
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,7 +32,7 @@ from quarry.device.janitor import Janitor
 from quarry.device.peers import ask_outcome
 from quarry.device.profile import Profile
 from quarry.device.unit import lookup
-from quarry.errors import ClusterError, ProtocolError, QuarryError, QueryError
+from quarry.errors import CatalogChanged, ClusterError, ProtocolError, QuarryError, QueryError
 from quarry.protocol import control, frame, ingest, work
 from quarry.protocol.frame import Exchange, Get, Put
 from quarry.protocol.message import Message
@@ -111,6 +112,9 @@ class Service(flight.FlightServerBase):
     typed actions dispatched to the handlers of ``_actions``."""
 
     WHAT = "device"  # how errors name it
+    # whether it refuses work asked under another generation than its own (a storage
+    # server's would need its drives' pulses first: it is pulsed instead)
+    CHECKS_GENERATION = False
 
     def __init__(
         self,
@@ -128,6 +132,8 @@ class Service(flight.FlightServerBase):
         self.identity = identity_file.load_or_create(self.data, name, profile.name)
         self.name = self.identity["name"]
         self.started_at = time.time()
+        # this process's own: a restart (new process) never repeats a generation it gave
+        self.boot = uuid.uuid4().hex[:16]
         self._hello_bytes: bytes | None = None
 
     def _actions(self) -> dict[str, tuple[type[Message], Callable[[Any, bytes], Any]]]:
@@ -203,6 +209,7 @@ class Service(flight.FlightServerBase):
             data=str(self.data),
             started_at=self.started_at,
             role=self.WHAT,
+            checks_generation=self.CHECKS_GENERATION,
         )
 
 
@@ -218,6 +225,8 @@ def write_ready(ready_file: str | Path, address: str, port: int, name: str) -> N
 
 
 class DeviceServer(Service):
+    CHECKS_GENERATION = True
+
     def __init__(
         self,
         data: Path,
@@ -255,6 +264,7 @@ class DeviceServer(Service):
         return {
             control.Hello.KIND: (control.Hello, self._hello),
             control.Inventory.KIND: (control.Inventory, self._inventory),
+            control.Pulse.KIND: (control.Pulse, self._pulse),
             control.PartitionRef.KIND: (control.PartitionRef, self._describe),
             ingest.Commit.KIND: (ingest.Commit, self._commit),
             ingest.Abort.KIND: (
@@ -298,8 +308,8 @@ class DeviceServer(Service):
         }
 
     def _inventory(self, request: control.Inventory, payload: bytes) -> bytes:
-        """Every committed partition. Asked before every query, changed only by commit and
-        drop: the encoded answer is kept until the store's catalog changes."""
+        """Every committed partition, and the generation it holds under. Changed only by
+        commit and drop: the encoded answer is kept until the store's catalog changes."""
         before = self.store.writes()
         cached = self._inventory_cache
         if cached is not None and cached[0] == before:
@@ -307,10 +317,20 @@ class DeviceServer(Service):
         summaries = [
             control.PartitionSummary.from_json(s) for s in partitions.inventory(self.store)
         ]
-        encoded = control.InventoryReply(summaries).to_bytes()
-        if self.store.writes() == before and before % 2 == 0:  # no write began or was under way
+        whole = self.store.writes() == before and before % 2 == 0  # no write began or was under way
+        generation = self._generation(before) if whole else ""
+        encoded = control.InventoryReply(summaries, generation=generation).to_bytes()
+        if whole:
             self._inventory_cache = (before, encoded)
         return encoded
+
+    def _generation(self, writes: int) -> str:
+        """Equal twice only if the store saw no write in between, in this same process."""
+        return f"{self.boot}:{writes}"
+
+    def _pulse(self, request: control.Pulse, payload: bytes) -> control.PulseReply:
+        load = control.LoadStatus(**self.emulator.load())
+        return control.PulseReply(self._generation(self.store.writes()), load)
 
     def _commit(self, request: ingest.Commit, payload: bytes) -> ingest.Committed:
         faults.hit(self.name, "commit")
@@ -421,7 +441,16 @@ class DeviceServer(Service):
     def _work(
         self, request: work.WorkRequest, payload: bytes, writer: flight.MetadataRecordBatchWriter
     ) -> None:
+        self._check_generation(request.generation)
         loop.run_work(self.runtime, request, payload, writer)  # admitted inside, once pruned
+
+    def _check_generation(self, expected: str) -> None:
+        """Refuse work planned on a catalog this device no longer matches, before any of it."""
+        if expected and expected != self._generation(self.store.writes()):
+            raise CatalogChanged(
+                f"device {self.name}: what it holds changed since the coordinator read its "
+                "catalog; read it again and run the query again"
+            )
 
     @_flight_errors
     def do_get(
@@ -437,6 +466,7 @@ class DeviceServer(Service):
             schema, batches = loop.fetch_slices(self.runtime, request, payload)
         elif kind == Get.SCAN:
             scan = work.ScanRequest.from_json(header)
+            self._check_generation(scan.generation)
             started = self.admission.enter()
             try:
                 schema, scanned = self._scan(scan)
@@ -450,7 +480,9 @@ class DeviceServer(Service):
 
     def _scan(self, request: work.ScanRequest) -> tuple[pa.Schema, Iterator[pa.RecordBatch]]:
         """Raw slices, through the profile's internal and external bandwidth limits."""
-        meta = partitions.read_meta(self.store, request.domain, request.dataset, request.partition)
+        meta = self.runtime.metas.read(
+            self.store, request.domain, request.dataset, request.partition
+        )
         columns = list(request.columns) if request.columns is not None else None
         unknown = sorted(set(columns or ()) - set(meta.schema.names))
         if unknown:

@@ -27,6 +27,7 @@ import importlib
 import os
 import pkgutil
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar, TypeVar
@@ -42,6 +43,7 @@ from quarry.store import naming
 from quarry.store import partition as partitions
 from quarry.store.kv import KeyValueStore
 from quarry.store.partition import PartitionMeta
+from quarry.tally import Tally
 
 T = TypeVar("T")
 UNITS_PACKAGE = "quarry.device.units"
@@ -64,6 +66,8 @@ class UnitContext:
     emulator: Emulator
     device: str
     drive_s: float = 0.0
+    # all compute of the unit, every thread: wall (its slots' waits and stretches too), CPU
+    computed: Tally = field(default_factory=Tally)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     _thread: threading.local = field(default_factory=threading.local, repr=False)
 
@@ -72,25 +76,38 @@ class UnitContext:
         """The drive's seconds of work this thread ran (partitions may run at once)."""
         return getattr(self._thread, "drive_s", 0.0)
 
-    def _count(self, drive_s: float) -> None:
+    @property
+    def computed_here(self) -> Tally:
+        """This thread's compute so far (a copy: subtract two to time a stretch of work)."""
+        mine = getattr(self._thread, "computed", None)
+        return Tally(mine.wall_s, mine.cpu_s) if mine is not None else Tally()
+
+    def _count(self, drive_s: float, wall_s: float, cpu_s: float) -> None:
         self._thread.drive_s = self.drive_s_here + drive_s
+        mine = self._thread.__dict__.setdefault("computed", Tally())
+        mine.wall_s += wall_s
+        mine.cpu_s += cpu_s
         with self._lock:
             self.drive_s += drive_s
+            self.computed.wall_s += wall_s
+            self.computed.cpu_s += cpu_s
 
     def compute(self, work: Callable[[], T]) -> T:
         """Run CPU work in a slot of the drive, stretched by its compute factor (and load)."""
+        wall, cpu = time.perf_counter(), time.thread_time()
         result, drive_s = self.emulator.run_timed(work)
-        self._count(drive_s)
+        self._count(drive_s, time.perf_counter() - wall, time.thread_time() - cpu)
         return result
 
     def compute_elsewhere(self, work: Callable[[], tuple[T, float]]) -> T:
         """CPU work another process does for the drive (an offload worker), which reports the
         CPU seconds it spent: held in a slot of the drive, stretched and counted like
         ``compute``."""
+        wall = time.perf_counter()
         with self.emulator.slot():
             result, work_s = work()
             drive_s = work_s + self.emulator.stretch(work_s)
-        self._count(drive_s)
+        self._count(drive_s, time.perf_counter() - wall, work_s)
         return result
 
     # ---- a small cache of derived results in the device's own store -------------------------
@@ -172,6 +189,8 @@ class Chunk:
     rows_read: int = 0
     bytes_read: int = 0
     preloaded: list[pa.RecordBatch] | None = None
+    read_time: Tally = field(default_factory=Tally)  # off the store, through the internal link
+    decode_time: Tally = field(default_factory=Tally)
 
     def load(self) -> Chunk:
         """Read every slice now: the loop's read-ahead does, while the unit computes the chunk
@@ -188,8 +207,11 @@ class Chunk:
         for number in self.numbers:
             info = self.meta.slices[number]
             read = partitions.read_bytes(self.meta, number, self.columns)
-            self.emulator.read(read)
-            batch = partitions.read_slice(self.store, self.meta, number, self.columns)
+            with self.read_time.timing():
+                self.emulator.read(read)
+                fetched = partitions.fetch_slice(self.store, self.meta, number, self.columns)
+            with self.decode_time.timing():
+                batch = partitions.decode_read(self.meta, fetched)
             # Paired with the write side: each slice holds the rows its metadata promised.
             assert batch.num_rows == info.rows, (number, batch.num_rows, info.rows)
             self.rows_read += batch.num_rows

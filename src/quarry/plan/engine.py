@@ -29,13 +29,19 @@ def session(
     target_partitions: int | None = None,
     memory_pool_bytes: int | None = None,
     temp_directory: str | Path | None = None,
+    optimize: bool = True,
 ) -> SessionContext:
     """A DataFusion session; with `memory_pool_bytes`, its operators share a fair spill pool
     of that size and sorts and aggregations spill to `temp_directory` (else the OS's
-    temporary directory) instead of growing."""
+    temporary directory) instead of growing. Without `optimize`, plans run as they come (no
+    logical optimizer pass; the analyzer's type coercion and the physical optimizer still run):
+    for plans the optimizer already made, whose second pass finds nothing but costs a third of
+    a small stage's run."""
     config = SessionConfig()
     if target_partitions is not None:
         config = config.with_target_partitions(target_partitions)
+    if not optimize:
+        config = config.set("datafusion.optimizer.max_passes", "0")
     if memory_pool_bytes is None:
         return SessionContext(config)
     assert memory_pool_bytes > 0
@@ -105,6 +111,11 @@ def register_batches(
         dealt[index % len(dealt)].append(batch)
     filled = [partition for partition in dealt if partition]
     ctx.register_record_batches(reference, filled or [[empty_batch(schema)]])
+
+
+def spooled_names(reference: str) -> tuple[str, ...]:
+    """Every name ``register_spooled`` may register for a table (to let go of them after)."""
+    return (reference, f"{reference}__disk", f"{reference}__memory")
 
 
 def register_spooled(

@@ -9,11 +9,14 @@ kept busy only as fast as the reader takes rows.
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Protocol
 
 import pyarrow as pa
 
 from quarry.plan import tree
+
+SHAPES_KEPT_MAX = 256  # super-plans whose shape is remembered (plans are kept as many)
 
 
 class Decomposed(Protocol):
@@ -29,7 +32,27 @@ class Decomposed(Protocol):
 def passthrough_fragment(decomposition: Decomposed) -> Any | None:
     """The fragment whose output is the answer column for column, if the super-plan is only a
     plain read of it (no filter, no reordering of columns, nothing above the read)."""
-    plan = tree.parse_plan(decomposition.super_plan)
+    read = plain_read(decomposition.super_plan)
+    if read is None:
+        return None
+    name, fields = read
+    try:
+        fragment = decomposition.fragment(name)
+    except KeyError:
+        return None
+    width = len(fragment.output_schema)
+    if fields != tuple(range(width)):
+        return None
+    if len(decomposition.output_schema) != width:
+        return None
+    return fragment
+
+
+@functools.lru_cache(maxsize=SHAPES_KEPT_MAX)
+def plain_read(super_plan: bytes) -> tuple[str, tuple[int, ...]] | None:
+    """The table a super-plan reads and the fields it keeps, if it does nothing else. Asked
+    once per query of a plan kept between queries: worked out once per plan."""
+    plan = tree.parse_plan(super_plan)
     if len(plan.relations) != 1 or not plan.relations[0].HasField("root"):
         return None
     rel = plan.relations[0].root.input
@@ -41,13 +64,4 @@ def passthrough_fragment(decomposition: Decomposed) -> Any | None:
     names = tree.named_table(rel)
     if names is None or len(names) != 1:
         return None
-    try:
-        fragment = decomposition.fragment(names[0])
-    except KeyError:
-        return None
-    width = len(fragment.output_schema)
-    if tree.read_output_fields(read) != list(range(width)):
-        return None
-    if len(decomposition.output_schema) != width:
-        return None
-    return fragment
+    return names[0], tuple(tree.read_output_fields(read))

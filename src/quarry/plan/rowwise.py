@@ -9,6 +9,7 @@ the devices ship them, and the answer streams in bounded memory while rows still
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -16,7 +17,7 @@ import pyarrow as pa
 from substrait import algebra_pb2
 
 from quarry.plan import tree
-from quarry.plan.passthrough import Decomposed
+from quarry.plan.passthrough import SHAPES_KEPT_MAX, Decomposed
 
 GROUP_BYTES_MAX = 16 << 20  # rows the host holds at once for a row-by-row super-plan
 ROW_RELS = frozenset({"project", "filter", "read"})
@@ -24,7 +25,20 @@ ROW_RELS = frozenset({"project", "filter", "read"})
 
 def rowwise_fragment(decomposition: Decomposed) -> Any | None:
     """The one fragment the super-plan reads, if it does nothing but filter and project it."""
-    plan = tree.parse_plan(decomposition.super_plan)
+    name = rowwise_read(decomposition.super_plan)
+    if name is None:
+        return None
+    try:
+        return decomposition.fragment(name)
+    except KeyError:
+        return None
+
+
+@functools.lru_cache(maxsize=SHAPES_KEPT_MAX)
+def rowwise_read(super_plan: bytes) -> str | None:
+    """The table a super-plan reads, if it only filters and projects it (worked out once per
+    plan: a kept plan is asked again by every query)."""
+    plan = tree.parse_plan(super_plan)
     if len(plan.relations) != 1 or not plan.relations[0].HasField("root"):
         return None
     rels = list(tree.iter_rels(plan.relations[0].root.input))
@@ -38,10 +52,7 @@ def rowwise_fragment(decomposition: Decomposed) -> Any | None:
     names = tree.named_table(reads[0])
     if names is None or len(names) != 1:
         return None
-    try:
-        return decomposition.fragment(names[0])
-    except KeyError:
-        return None
+    return names[0]
 
 
 def groups(

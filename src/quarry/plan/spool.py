@@ -13,18 +13,21 @@ full queue for as long as A takes, and a reader that waited for B inside A would
 
 from __future__ import annotations
 
+import os
 import queue
 import shutil
 import tempfile
 import threading
-import time
 import weakref
 from collections.abc import Iterable, Iterator, Mapping
+from concurrent.futures import wait
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.ipc as ipc
+
+from quarry import threads
 
 MIB = 1024 * 1024
 # Batches written to disk are cut to this size so that a scan of the spool, which reads a few
@@ -70,12 +73,24 @@ class Spool:
         # A file per partition of the scan: DataFusion reads each file whole, a batch at a time.
         self.files_per_fragment = files_per_fragment
         self.memory_bytes = 0
-        self.directory = Path(tempfile.mkdtemp(prefix="quarry-spool-", dir=parent))
+        self._parent = parent
+        self._directory: Path | None = None
+        self._remove: weakref.finalize | None = None
         self._lock = threading.Lock()
         self._stop = threading.Event()
-        # A reader dropped without being exhausted closes its generator, which closes the
-        # spool; one caught in a reference cycle is collected later, and at exit at the latest.
-        self._remove = weakref.finalize(self, shutil.rmtree, self.directory, ignore_errors=True)
+
+    @property
+    def directory(self) -> Path:
+        """Made when first needed (most queries spool nothing to disk; making and removing it
+        cost a small query a tenth of a millisecond)."""
+        with self._lock:
+            if self._directory is None:
+                self._directory = Path(tempfile.mkdtemp(prefix="quarry-spool-", dir=self._parent))
+                # A reader dropped without being exhausted closes its generator, which closes
+                # the spool; one caught in a reference cycle is collected later, and at exit at
+                # the latest.
+                self._remove = weakref.finalize(self, _remove_directory, self._directory)
+            return self._directory
 
     def __enter__(self) -> Spool:
         return self
@@ -86,7 +101,10 @@ class Spool:
     def close(self) -> None:
         """Stop the readers at their next batch and remove everything spooled to disk."""
         self._stop.set()
-        self._remove()
+        with self._lock:
+            remove = self._remove
+        if remove is not None:
+            remove()
 
     def fill(
         self, outputs: Mapping[str, tuple[pa.Schema, Iterable[pa.RecordBatch]]]
@@ -96,6 +114,9 @@ class Spool:
         The first error a producer raises is raised here once the other readers stopped (at
         their next batch; they get `SPOOL_STOP_WAIT_S`).
         """
+        if len(outputs) == 1:  # nothing to read beside it: this thread reads it
+            ((name, (schema, batches)),) = outputs.items()
+            return {name: self._read(name, schema, batches)}
         finished: queue.Queue = queue.Queue()  # one item per fragment: its result or its error
 
         def read(name: str, schema: pa.Schema, batches: Iterable[pa.RecordBatch]) -> None:
@@ -104,28 +125,23 @@ class Spool:
             except BaseException as error:  # handed to the caller, which raises it
                 finished.put(error)
 
-        # Not daemons: a thread killed at exit inside native code (DataFusion, Arrow) aborts
-        # the process; these end at their producer's next batch once stopped.
-        threads = [
-            threading.Thread(
-                target=read, args=(name, schema, batches), name=f"quarry-spool-{index}"
-            )
+        # On kept threads (``quarry.threads``), not daemons: a thread killed at exit inside
+        # native code (DataFusion, Arrow) aborts the process; these end at their producer's
+        # next batch once stopped.
+        futures = [
+            threads.submit(read, name, schema, batches, name=f"quarry-spool-{index}")
             for index, (name, (schema, batches)) in enumerate(outputs.items())
         ]
-        for thread in threads:
-            thread.start()
         spooled: dict[str, SpooledFragment] = {}
         try:
-            for _ in threads:
+            for _ in futures:
                 item = finished.get()
                 if isinstance(item, BaseException):
                     raise item
                 spooled[item.name] = item
         except BaseException:
             self._stop.set()
-            deadline = time.monotonic() + SPOOL_STOP_WAIT_S
-            for thread in threads:
-                thread.join(max(0.0, deadline - time.monotonic()))
+            wait(futures, timeout=SPOOL_STOP_WAIT_S)
             raise
         return spooled
 
@@ -178,6 +194,16 @@ class Spool:
             if self._stop.is_set() and close is not None:
                 close()  # a generator's own cleanup (a coordinator stream stops its devices)
         return spooled
+
+
+def _remove_directory(directory: Path) -> None:
+    """The spool's directory and all under it. Most queries spool nothing to disk: an empty
+    directory goes with one call, without the walk ``rmtree`` makes (a tenth of a millisecond
+    of a small query)."""
+    try:
+        os.rmdir(directory)
+    except OSError:
+        shutil.rmtree(directory, ignore_errors=True)
 
 
 def _pieces(batch: pa.RecordBatch, bytes_max: int) -> Iterator[pa.RecordBatch]:

@@ -8,10 +8,12 @@ pass raw rows back for completion.
 from __future__ import annotations
 
 import functools
+import threading
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 import pyarrow as pa
+from datafusion import DataFrame, SessionContext
 from google.protobuf.message import DecodeError
 
 from quarry.plan import engine, merge, tree
@@ -92,8 +94,8 @@ def run_stage(
     """Execute `stage` over `batches` (rows of its dataset, of `schema`) with DataFusion.
 
     `schema` may hold more columns than the stage reads; it is what an empty input looks like.
-    The plan is checked before this returns (a StageError names the failing operator); batches
-    stream from the returned iterator.
+    The plan is checked before this returns (a StageError names the failing operator); the
+    batches come from the returned iterator, whose first step runs the stage.
     """
     prepared = prepare(stage)
     input_schema = _input_schema(prepared, schema)
@@ -101,12 +103,11 @@ def run_stage(
         bound = [_bind(batch, prepared, input_schema) for batch in batches]
     except pa.ArrowException as error:
         raise StageError(f"cannot read the input as the stage declares: {error}", "read") from None
-    ctx = engine.session(target_partitions)
+    ctx = _take_session(target_partitions)
     engine.register_batches(ctx, INPUT_TABLE, input_schema, bound, target_partitions)
     try:
         merge.register_merge_functions(ctx, prepared.merge_functions)
         frame = engine.consume(ctx, prepared.plan)
-        stream = frame.execute_stream()
     except BaseException as error:
         if not is_engine_failure(error):
             raise
@@ -116,19 +117,93 @@ def run_stage(
         raise StageError(
             f"cannot run sub-plan: {operator} failed: {_first_line(error)}", operator, data
         ) from None
-    return _batches(stream)
+    return _collected(ctx, frame, bound, prepared, input_schema, target_partitions)
 
 
-def _batches(stream) -> Iterator[pa.RecordBatch]:
+def _collected(
+    ctx: SessionContext,
+    frame: DataFrame,
+    bound: list[pa.RecordBatch],
+    prepared: PreparedStage,
+    input_schema: pa.Schema,
+    target_partitions: int,
+) -> Iterator[pa.RecordBatch]:
+    """The stage's output, planned and run at the first step, collected whole: its input is a
+    chunk of slices or a bounded group of rows, so every caller holds its output at once anyway,
+    and one ``collect`` costs less than a stream (0.43 against 0.54 ms of CPU on a 250-row
+    aggregate) and less than planning first and then collecting (0.70).
+
+    A failure is the engine's with this plan (an operator it cannot take: the work may go
+    elsewhere) only if an operator fails on an empty input too; otherwise the rows made it fail,
+    and it is the query's error wherever it runs."""
     try:
-        for batch in stream:
-            yield batch.to_pyarrow()
+        batches = frame.collect()
     except BaseException as error:
         if not is_engine_failure(error):
             raise
+        again = _optimized(bound, prepared, input_schema, target_partitions)
+        if again is not None:
+            yield from again
+            return
+        operator = _failing_operator_or_plan(prepared, input_schema)
+        if operator != "plan":
+            raise StageError(
+                f"cannot run sub-plan: {operator} failed: {_first_line(error)}", operator
+            ) from None
         raise StageError(
             f"sub-plan failed while running: {_first_line(error)}", "execution", while_running=True
         ) from None
+    ctx.deregister_table(INPUT_TABLE)  # kept, the session holds no rows
+    _give_session(target_partitions, ctx)
+    del frame, bound
+    yield from batches
+
+
+def _optimized(
+    bound: list[pa.RecordBatch],
+    prepared: PreparedStage,
+    input_schema: pa.Schema,
+    target_partitions: int,
+) -> list[pa.RecordBatch] | None:
+    """The stage's output on a session that optimizes, or None if it fails there too: a plan
+    that needs a rewrite of the optimizer to run at all still runs as it always did."""
+    ctx = engine.session(target_partitions)
+    engine.register_batches(ctx, INPUT_TABLE, input_schema, bound, target_partitions)
+    try:
+        merge.register_merge_functions(ctx, prepared.merge_functions)
+        return engine.consume(ctx, prepared.plan).collect()
+    except BaseException as error:
+        if not is_engine_failure(error):
+            raise
+        return None
+
+
+# Sessions kept between runs, each used by one run at a time: a fresh DataFusion session costs
+# more on its first run than its creation shows (0.85 against 0.58 ms of CPU for a 250-row
+# aggregate), and a stage is run for every chunk of every query (on whichever thread the
+# server hands the request: kept per thread, they were made anew nearly every time). Each run
+# registers its own input under INPUT_TABLE and lets go of it once collected, so nothing of
+# one run reaches the next; a session that failed is not kept. Stages are cut from plans
+# DataFusion's optimizer made on the host: they run without a second logical pass (0.56 to
+# 0.37 ms for the same aggregate; ``engine.session``).
+SESSIONS_KEPT_MAX = 16  # idle sessions per partition count
+_idle_sessions: dict[int, list[SessionContext]] = {}
+_sessions_lock = threading.Lock()
+
+
+def _take_session(target_partitions: int) -> SessionContext:
+    with _sessions_lock:
+        idle = _idle_sessions.get(target_partitions)
+        if idle:
+            return idle.pop()
+    return engine.session(target_partitions, optimize=False)
+
+
+def _give_session(target_partitions: int, ctx: SessionContext) -> None:
+    with _sessions_lock:
+        idle = _idle_sessions.setdefault(target_partitions, [])
+        if len(idle) < SESSIONS_KEPT_MAX:
+            idle.append(ctx)
 
 
 def _first_line(error: BaseException) -> str:

@@ -23,6 +23,7 @@ KERNEL_REPEAT_MAX = 1024
 PARTITION_MAX = 1 << 20
 DEVICE_PARTITIONS_MAX = 1 << 20
 COLUMNS_MAX = 1 << 16
+GENERATION_CHARS_MAX = 64 << 10  # a storage server's names each of its drives'
 
 
 # ---- who a device is ----------------------------------------------------------------------------
@@ -59,6 +60,9 @@ class HelloReply(Message):
     data: str = ""
     started_at: float = 0.0
     role: str = bounded(chars_max=16, default="device")  # or "server": a storage server
+    # it refuses work and scans asked under another generation than its own (``generation``
+    # of WorkRequest and ScanRequest): a coordinator need not ask its pulse first
+    checks_generation: bool = False
 
 
 # ---- what a device holds --------------------------------------------------------------------
@@ -122,6 +126,9 @@ class InventoryReply(Message):
     # a storage server whose drives these are not answering: what they hold is missing from
     # ``partitions``, lost for now rather than never written
     drives_down: tuple[str, ...] = bounded(items_max=4096, default=())
+    # what ``PulseReply.generation`` says while this inventory holds ("": not known, a write
+    # was under way while it was read; whoever caches it asks again)
+    generation: str = bounded(chars_max=GENERATION_CHARS_MAX, default="")
 
 
 @dataclass(frozen=True)
@@ -280,6 +287,22 @@ class LoadStatus(Message):
     cpu_busy: float = bounded(low=0.0, high=1.0)
     run_queue: float = bounded(low=0.0)
     background_load: float = bounded(low=0.0, high=1.0)
+
+
+@dataclass(frozen=True)
+class Pulse(Message):
+    """Asked before every query, instead of the whole inventory: a coordinator that cached the
+    catalog keeps it while every device answers the generation it was read under."""
+
+    KIND = Action.PULSE
+
+
+@dataclass(frozen=True)
+class PulseReply(Message):
+    # changes whenever what ``inventory`` or ``hello`` would answer may have (a write to the
+    # store, a restart); "" when the device cannot tell (never equal to a cached one)
+    generation: str = bounded(chars_max=GENERATION_CHARS_MAX)
+    load: LoadStatus  # what ``load_status`` answers: the cost model's figure under auto
 
 
 class CalibratePart(StrEnum):

@@ -15,10 +15,14 @@ RECORD = control.IngestRecord("abc", 0, 4, 1, "create", 1.5, {"0": ["dev0"]}, "p
 
 EXAMPLES: list[Message] = [
     control.Hello(),
-    control.HelloReply(2, "id", "dev0", control.ProfileInfo("kinetic", cores=2), 7, "/d", 1.0),
+    control.HelloReply(
+        2, "id", "dev0", control.ProfileInfo("kinetic", cores=2), 7, "/d", 1.0, True
+    ),
     control.Inventory(),
     control.InventoryReply(
-        [control.PartitionSummary("d", "t", 0, RECORD, SCHEMA, rows=3)], drives_down=("s0d2",)
+        [control.PartitionSummary("d", "t", 0, RECORD, SCHEMA, rows=3)],
+        drives_down=("s0d2",),
+        generation="b0a1:12",
     ),
     control.PartitionRef("d", "t", 3),
     control.PartitionDescription(
@@ -39,6 +43,8 @@ EXAMPLES: list[Message] = [
     control.LoadStarted(0.5, 2.0, "dev0"),
     control.LoadStatusRequest(),
     control.LoadStatus(0.25, 1.0, 0.0),
+    control.Pulse(),
+    control.PulseReply("b0a1:12", control.LoadStatus(0.25, 1.0, 0.0)),
     control.Calibrate(control.CalibratePart.KERNEL, 3),
     control.CalibrateReply(kernel_s=0.01),
     control.CalibrationReport(
@@ -76,6 +82,7 @@ EXAMPLES: list[Message] = [
         chunk_slices=2,
         args={"anything": [1, 2.5, "x", None, {"nested": True}]},
         elsewhere=(work.PartitionRange(0, 0, 1),),
+        generation="b0a1:12",
     ),
     work.ChunkDone(2, 4, 8),
     work.PushedBack(0, (work.SliceRange(1, 3),), Stage.RAW, 100, 4000),
@@ -87,7 +94,11 @@ EXAMPLES: list[Message] = [
                     work.Decision(0, 1, Skip.PRUNED, "zone maps"),
                     work.Decision(1, 3, Stage.RAW, "raw: cheaper", 0.5),
                 ),
-                work.WorkMetrics(slices_total=3, slices_pruned=1),
+                work.WorkMetrics(
+                    slices_total=3,
+                    slices_pruned=1,
+                    times=work.WorkTimes(read_s=0.01, execute_s=0.02, execute_cpu_s=0.015),
+                ),
                 below=(
                     work.LevelReport(
                         "s0d1",
@@ -99,8 +110,9 @@ EXAMPLES: list[Message] = [
         ),
         {"cache_hits": 1},
         (work.TraceEntry(0, 1, 2, 0.1, 0.05, 100, 10),),
+        load=control.LoadStatus(0.5, 1.0, 0.25),
     ),
     work.SliceRequest("substrait", "d", "t", 0, (work.SliceRange(0, 2),), Stage.FILTER, "q"),
-    work.ScanRequest("d", "t", 0, 1, None, ("id",)),
+    work.ScanRequest("d", "t", 0, 1, None, ("id",), generation="b0a1:12"),
     work.CalibrationTransfer(1 << 20),
 ]

@@ -44,6 +44,7 @@ class Action(StrEnum):
     CALIBRATE = "calibrate"  # time the compute kernel and internal reads on the device
     RENEW = "renew"  # the coordinator of an ingest is alive: keep its pending partitions
     OUTCOME = "outcome"  # asked of an ingest's decider: was it committed?
+    PULSE = "pulse"  # before a query: has what the device holds changed, and its load
 
 
 class Put(StrEnum):

@@ -129,7 +129,8 @@ def _plan(cls: type) -> _Plan:
         (
             f.name,
             hints[f.name],
-            f.metadata,
+            # only the bounds set, in a plain dict: read for every field of every message
+            {key: value for key, value in f.metadata.items() if value is not None},
             f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING,
         )
         for f in dataclasses.fields(cls)
@@ -217,10 +218,13 @@ def _decode_scalar(hint: type, value: Any, where: str, bounds: Mapping[str, Any]
         if len(value) > chars_max:
             raise ProtocolError(f"{where}: longer than {chars_max} characters")
         return value
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        kind = "an integer" if hint is int else "a number"
-        raise ProtocolError(f"{where}: expected {kind}, got {_show(value)}")
-    if hint is int and not isinstance(value, int):
+    kind = type(value)  # exact types first: most numbers on the wire are plain ints and floats
+    if kind is int and hint is int or kind is float and hint is float:
+        pass
+    elif isinstance(value, bool) or not isinstance(value, (int, float)):
+        kind_name = "an integer" if hint is int else "a number"
+        raise ProtocolError(f"{where}: expected {kind_name}, got {_show(value)}")
+    elif hint is int and not isinstance(value, int):
         if not (math.isfinite(value) and value == int(value)):
             raise ProtocolError(f"{where}: expected an integer, got {_show(value)}")
         value = int(value)
@@ -228,6 +232,8 @@ def _decode_scalar(hint: type, value: Any, where: str, bounds: Mapping[str, Any]
         value = float(value)
         if not math.isfinite(value):
             raise ProtocolError(f"{where}: must be finite, got {value}")
+    if not bounds:  # no bounds given: nothing more to check
+        return value
     low, high = bounds.get("low"), bounds.get("high")
     if low is not None and value < low:
         raise ProtocolError(f"{where}: must be at least {low}, got {value}")

@@ -14,11 +14,16 @@ stages, a grouping) as the frame's payload. The device answers on the same ``do_
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 from quarry.protocol import frame
-from quarry.protocol.control import NAME_CHARS_MAX, PARTITION_MAX
+from quarry.protocol.control import (
+    GENERATION_CHARS_MAX,
+    NAME_CHARS_MAX,
+    PARTITION_MAX,
+    LoadStatus,
+)
 from quarry.protocol.frame import Exchange, Get
 from quarry.protocol.message import Message, bounded
 from quarry.protocol.stage import Skip, Stage
@@ -142,6 +147,9 @@ class WorkRequest(Message):
     args: dict[str, Any] = bounded(default_factory=dict)  # the unit's own, decoded by it
     # ranges another replica finished before it stopped answering: not run again here
     elsewhere: tuple[PartitionRange, ...] = bounded(items_max=DECISIONS_MAX, default=())
+    # the device's generation the host's catalog was read under (``PulseReply``): a device
+    # whose own differs refuses the work (CatalogChanged) before it runs any; "": not asked
+    generation: str = bounded(chars_max=GENERATION_CHARS_MAX, default="")
 
     def __post_init__(self) -> None:
         assert self.partitions, "a work request names at least one partition"
@@ -196,6 +204,33 @@ class Decision(Message):
 
 
 @dataclass(frozen=True)
+class WorkTimes(Message):
+    """Where one partition's time went on the device, wall and CPU seconds of the threads that
+    did it (EXPLAIN ANALYZE's ``time``): slices read off the store (through the drive's internal
+    link), decoded, the unit run over them (its slot, stretched as the drive's profile says),
+    and the output written to the host (through the drive's external link). Reads ahead of the
+    compute, and partitions run at once, overlap: the parts may add up to more than ``wall_s``.
+    A device that does not say leaves them 0."""
+
+    read_s: float = bounded(low=0.0, default=0.0)
+    read_cpu_s: float = bounded(low=0.0, default=0.0)
+    decode_s: float = bounded(low=0.0, default=0.0)
+    decode_cpu_s: float = bounded(low=0.0, default=0.0)
+    execute_s: float = bounded(low=0.0, default=0.0)
+    execute_cpu_s: float = bounded(low=0.0, default=0.0)
+    ship_s: float = bounded(low=0.0, default=0.0)
+    ship_cpu_s: float = bounded(low=0.0, default=0.0)
+
+    def plus(self, other: WorkTimes) -> WorkTimes:
+        return WorkTimes(
+            **{name: getattr(self, name) + getattr(other, name) for name in _TIME_FIELDS}
+        )
+
+
+_TIME_FIELDS = tuple(f.name for f in fields(WorkTimes))
+
+
+@dataclass(frozen=True)
 class WorkMetrics(Message):
     """What one partition cost the device. Slices: total = pruned + cached + elsewhere +
     scanned, and scanned = executed + pushed back (each range read once, whatever happened)."""
@@ -214,6 +249,7 @@ class WorkMetrics(Message):
     drive_s: float = bounded(low=0.0, default=0.0)  # emulated drive time of what it executed
     device_cpu_s: float = bounded(low=0.0, default=0.0)
     wall_s: float = bounded(low=0.0, default=0.0)
+    times: WorkTimes = WorkTimes()
 
 
 @dataclass(frozen=True)
@@ -265,6 +301,9 @@ class WorkDone(Message):
     payload_needed: bool = False
     wall_s: float = bounded(low=0.0, default=0.0)
     device_cpu_s: float = bounded(low=0.0, default=0.0)
+    # the device's load as the work ended: ``auto``'s cost model reads it for the next query
+    # instead of asking (None: a device that does not say)
+    load: LoadStatus | None = None
 
 
 def decode_stream_message(data: bytes | memoryview) -> PushedBack | ChunkDone | WorkDone:
@@ -314,6 +353,7 @@ class ScanRequest(Message):
     end: int | None = bounded(low=0, high=SLICE_MAX, default=None)  # None: to the last slice
     columns: tuple[str, ...] | None = bounded(items_max=100_000, default=None)
     stored: bool = False  # as stored, undecoded (``quarry.store.stored``)
+    generation: str = bounded(chars_max=GENERATION_CHARS_MAX, default="")  # as WorkRequest's
 
 
 @dataclass(frozen=True)

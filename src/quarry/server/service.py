@@ -42,6 +42,7 @@ from quarry.server import work as server_work
 
 log = logging.getLogger("quarry.server")
 INGESTS_REMEMBERED_MAX = 1024  # ingests whose next drive a server remembers
+DRIVE_DOWN = "down"  # a drive's part of its server's generation while it does not answer
 
 
 class StorageServer(Service):
@@ -153,22 +154,25 @@ class StorageServer(Service):
             )
         return figures
 
-    def _learn(self) -> tuple[list[control.PartitionSummary], list[str]]:
-        """Every live drive's partitions, and the drives that do not answer; remembers which
-        drive holds which partition."""
+    def _learn(self) -> tuple[list[control.PartitionSummary], list[str], str]:
+        """Every live drive's partitions, the drives that do not answer, and the generation
+        this holds under; remembers which drive holds which partition."""
         found: list[control.PartitionSummary] = []
         down: list[str] = []
+        generations: dict[str, str] = {}
         holders: dict[tuple[str, str, int], str] = {}
         compressed: dict[tuple[str, str], bool] = {}
         sizes: dict[tuple[str, str, int], int] = {}
         for drive in self.ordered_drives():
             try:
-                summaries = drive.inventory()
+                reply = drive.inventory_reply()
             except DeviceUnavailable as error:  # its partitions are served by replicas
                 log.warning("storage server %s: %s", self.name, error)
                 down.append(drive.name)
+                generations[drive.name] = DRIVE_DOWN
                 continue
-            for summary in summaries:
+            generations[drive.name] = reply.generation
+            for summary in reply.partitions:
                 key = (summary.domain, summary.dataset, summary.partition)
                 holders[key] = drive.name
                 sizes[key] = summary.bytes_stored
@@ -178,7 +182,21 @@ class StorageServer(Service):
             self._holders = holders
             self._compressed = compressed
             self._sizes = sizes
-        return found, down
+        return found, down, self._generation(generations)
+
+    def _generation(self, drives: dict[str, str]) -> str:
+        """A server holds what its drives hold: its generation is theirs, each named ("" when
+        one cannot tell)."""
+        if any(generation == "" for generation in drives.values()):
+            return ""
+        return self.boot + "|" + ",".join(f"{name}={drives[name]}" for name in sorted(drives))
+
+    def _pulse(self, request: control.Pulse, payload: bytes) -> control.PulseReply:
+        generations: dict[str, str] = {}
+        for name, answer in self.drives.each(_drive_pulse).items():
+            generations[name] = DRIVE_DOWN if isinstance(answer, Exception) else answer
+        load = control.LoadStatus(**self.emulator.load())
+        return control.PulseReply(self._generation(generations), load)
 
     def _placed(self, request: ingest.PutPartition) -> DeviceClient:
         """Where a new partition goes: the drives of this server in turn, per ingest, so each
@@ -201,6 +219,7 @@ class StorageServer(Service):
         return {
             control.Hello.KIND: (control.Hello, self._hello),
             control.Inventory.KIND: (control.Inventory, self._inventory),
+            control.Pulse.KIND: (control.Pulse, self._pulse),
             control.PartitionRef.KIND: (control.PartitionRef, self._describe),
             ingest.Commit.KIND: (
                 ingest.Commit,
@@ -233,8 +252,10 @@ class StorageServer(Service):
 
     def _inventory(self, request: control.Inventory, payload: bytes) -> control.InventoryReply:
         """The union of the drives' partitions, each as this server's to its upstream."""
-        found, down = self._learn()
-        return control.InventoryReply([replace(s, device=self.name) for s in found], tuple(down))
+        found, down, generation = self._learn()
+        return control.InventoryReply(
+            [replace(s, device=self.name) for s in found], tuple(down), generation
+        )
 
     def _describe(
         self, request: control.PartitionRef, payload: bytes
@@ -336,6 +357,14 @@ class StorageServer(Service):
         self, request: work.WorkRequest, payload: bytes, writer: flight.MetadataRecordBatchWriter
     ) -> None:
         server_work.run_work(self, request, payload, writer)
+
+
+def _drive_pulse(drive: DeviceClient) -> str:
+    """A drive's generation ("" from a drive that predates pulses: never cached)."""
+    try:
+        return drive.pulse().generation
+    except ProtocolError:
+        return ""
 
 
 def serve(

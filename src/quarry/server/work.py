@@ -38,6 +38,7 @@ from quarry.device.units.substrait import (
 from quarry.errors import DeviceUnavailable
 from quarry.plan.capabilities import Capabilities
 from quarry.plan.restrict import restrict_filter_stage
+from quarry.protocol.control import LoadStatus
 from quarry.protocol.stage import Stage
 from quarry.protocol.work import (
     ChunkDone,
@@ -49,8 +50,10 @@ from quarry.protocol.work import (
     WorkDone,
     WorkMetrics,
     WorkRequest,
+    WorkTimes,
 )
 from quarry.server.costs import drive_costs
+from quarry.tally import Tally
 
 if TYPE_CHECKING:
     from pyarrow import flight
@@ -105,6 +108,7 @@ class Shipped:
     rows: int = 0
     bytes: int = 0
     passed: list[PushedBack] = field(default_factory=list)
+    time: Tally = field(default_factory=Tally)  # writing it to the upstream
 
 
 def run_work(
@@ -145,6 +149,7 @@ def run_work(
         payload_needed=False,
         wall_s=time.perf_counter() - started,
         device_cpu_s=max(0.0, cpu_seconds() - cpu_started),
+        load=LoadStatus(**server.emulator.load()),
     )
     writer.write_metadata(pa.py_buffer(done.encode()))
 
@@ -278,6 +283,16 @@ def _write(
     group: Group,
     shipped: Shipped,
 ) -> None:
+    with shipped.time.timing():
+        _write_group(server, writer, group, shipped)
+
+
+def _write_group(
+    server: StorageServer,
+    writer: flight.MetadataRecordBatchWriter,
+    group: Group,
+    shipped: Shipped,
+) -> None:
     for batch in group.batches:
         size = pa.ipc.get_record_batch_size(batch)
         server.emulator.ship(size)  # the server's own link to the host
@@ -316,6 +331,7 @@ def _partition_report(
         # the server's CPU completing it, and decompressing what came raw as stored
         device_cpu_s=task.host.context.drive_s + drive.decode_s,
         wall_s=drive.wall_s,
+        times=_server_times(drive.times, task.host.context.computed, drive.decode_s, shipped),
     )
     completed = [d for d in drive.decisions if d.stage in (Stage.RAW, Stage.FILTER)]
     passed = {(r.first, r.end): n.stage for n in shipped.passed for r in n.ranges}
@@ -329,6 +345,24 @@ def _partition_report(
     )
     return PartitionReport(
         partition, decisions, metrics, below=(_level(drive, server), *drive.below)
+    )
+
+
+def _server_times(
+    drive: WorkTimes, completed: Tally, decode_cpu_s: float, shipped: Shipped
+) -> WorkTimes:
+    """The partition's time at this level: its drive's, and this server's own on top (what
+    it completed runs as execute, what it decompressed as decode, what it wrote upstream as
+    ship): the host sees the level below it as one device."""
+    return drive.plus(
+        WorkTimes(
+            decode_s=decode_cpu_s,
+            decode_cpu_s=decode_cpu_s,
+            execute_s=completed.wall_s,
+            execute_cpu_s=completed.cpu_s,
+            ship_s=shipped.time.wall_s,
+            ship_cpu_s=shipped.time.cpu_s,
+        )
     )
 
 
@@ -348,5 +382,6 @@ def _level(drive: WorkReport, server: str) -> LevelReport:
         drive_s=drive.drive_s,
         device_cpu_s=drive.device_cpu_s,
         wall_s=drive.wall_s,
+        times=drive.times,
     )
     return LevelReport(drive.device, tuple(drive.decisions), metrics, drive.fallback, server)

@@ -470,22 +470,47 @@ def read_slice(
     store: KeyValueStore, meta: PartitionMeta, number: int, columns: list[str] | None = None
 ) -> pa.RecordBatch:
     """One slice, only ``columns`` of it (None: all) read off the store, in that order."""
+    return decode_read(meta, fetch_slice(store, meta, number, columns))
+
+
+@dataclass(frozen=True)
+class FetchedSlice:
+    """A slice's stored bytes as read off the store, not yet decoded (``read_slice`` in two
+    steps, so a device can say how long each took)."""
+
+    number: int
+    columns: list[str] | None
+    whole: bytes | None  # a value stored whole (the first format)
+    parts: list[bytes] | None  # else the wanted columns' IPC streams, in the order asked
+    indices: list[int] | None  # and those columns' schema positions
+
+
+def fetch_slice(
+    store: KeyValueStore, meta: PartitionMeta, number: int, columns: list[str] | None = None
+) -> FetchedSlice:
     info = meta.slices[number]
     key = naming.slice_key(meta.domain, meta.dataset, meta.partition, number)
+    if info.columns is None:  # stored whole
+        value = codec.unstripe(store.get_many(naming.slice_value_keys(key, info.stripes)))
+        return FetchedSlice(number, columns, value, None, None)
+    wanted = column_indices(meta, columns)
+    parts = _column_values(store, key, info, wanted)
+    return FetchedSlice(number, columns, None, [parts[i] for i in wanted], wanted)
+
+
+def decode_read(meta: PartitionMeta, fetched: FetchedSlice) -> pa.RecordBatch:
+    info = meta.slices[fetched.number]
     try:
-        if info.columns is None:  # stored whole
-            value = codec.unstripe(store.get_many(naming.slice_value_keys(key, info.stripes)))
-            batch = codec.decode_slice(value, meta.schema, info.rows)
-            return batch.select(columns) if columns is not None else batch
-        wanted = column_indices(meta, columns)
-        parts = _column_values(store, key, info, wanted)
-        fields = [meta.schema.field(i) for i in wanted]
-        return codec.decode_columns(
-            [parts[i] for i in wanted], fields, info.rows, meta.schema.metadata
-        )
+        if fetched.whole is not None:
+            batch = codec.decode_slice(fetched.whole, meta.schema, info.rows)
+            return batch.select(fetched.columns) if fetched.columns is not None else batch
+        assert fetched.parts is not None and fetched.indices is not None
+        fields = [meta.schema.field(i) for i in fetched.indices]
+        return codec.decode_columns(fetched.parts, fields, info.rows, meta.schema.metadata)
     except CorruptSlice as error:
         raise CorruptSlice(
-            f"slice {number} of partition {meta.partition} of {meta.domain}/{meta.dataset}: {error}"
+            f"slice {fetched.number} of partition {meta.partition} of "
+            f"{meta.domain}/{meta.dataset}: {error}"
         ) from None
 
 
