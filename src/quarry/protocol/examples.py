@@ -16,7 +16,7 @@ RECORD = control.IngestRecord("abc", 0, 4, 1, "create", 1.5, {"0": ["dev0"]}, "p
 EXAMPLES: list[Message] = [
     control.Hello(),
     control.HelloReply(
-        2, "id", "dev0", control.ProfileInfo("kinetic", cores=2), 7, "/d", 1.0, True
+        2, "id", "dev0", control.ProfileInfo("kinetic", cores=2), 7, "/d", 1.0, "device", True
     ),
     control.Inventory(),
     control.InventoryReply(
