@@ -7,28 +7,19 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import adbc_driver_flightsql.dbapi as flight_sql
 import pytest
 
+from tests.commands import run_quarry
+
 pytestmark = pytest.mark.timeout(300)
 
 
 def _quarry(*args: str, cwd: Path, check: bool = True) -> subprocess.CompletedProcess:
-    done = subprocess.run(
-        [sys.executable, "-m", "quarry", *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**os.environ, "COLUMNS": "200"},
-    )
-    if check:
-        assert done.returncode == 0, done.stderr + done.stdout
-    return done
+    return run_quarry(*args, cwd=cwd, check=check, timeout=120)
 
 
 def _alive(pid: int) -> bool:

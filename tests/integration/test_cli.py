@@ -3,8 +3,6 @@
 import json
 import os
 import re
-import subprocess
-import sys
 
 import pyarrow.parquet as pq
 from typer.testing import CliRunner
@@ -12,22 +10,12 @@ from typer.testing import CliRunner
 import quarry
 from quarry.cli import app
 from quarry.samples import particles
+from tests.commands import run_quarry
 
 CUTS = ("full", "filter", "raw")
 
 
-def _quarry(*args: str, cwd, check: bool = True) -> subprocess.CompletedProcess:
-    done = subprocess.run(
-        [sys.executable, "-m", "quarry", *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, "COLUMNS": "200"},
-    )
-    if check:
-        assert done.returncode == 0, done.stderr + done.stdout
-    return done
+_quarry = run_quarry
 
 
 def test_up_ingest_datasets_scan_down(tmp_path):

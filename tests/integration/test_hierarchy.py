@@ -31,6 +31,26 @@ def _ordered(sql: str) -> bool:
     return "order by" in sql.lower().rsplit(")", 1)[-1]
 
 
+def _each_slice_pushed_back(cluster, rng: random.Random, share: float) -> dict:
+    """Forced decisions: about ``share`` of the slices handed back raw or filtered, half of
+    those passed on by their server to the host (``to_host``), the others completed by it."""
+    decisions = {}
+    for name, entry in cluster.catalog.items():
+        for p in entry.partitions:
+            if p.slices:
+                decisions[(name, p.partition)] = [
+                    {
+                        "first": n,
+                        "end": n + 1,
+                        "stage": rng.choice(["raw", "filter"]),
+                        "to_host": rng.random() < 0.5,
+                    }
+                    for n in range(p.slices)
+                    if rng.random() < share
+                ]
+    return decisions
+
+
 @pytest.fixture(scope="module")
 def hierarchy(tpch):  # noqa: F811
     """Two storage servers, three drives each, of three kinds (a ScaleFlux scan engine behind
@@ -97,21 +117,7 @@ def test_what_drives_push_back_their_server_completes(hierarchy, tpch, number): 
 def test_push_back_at_each_level(hierarchy, tpch, number):  # noqa: F811
     """Forced push-back at both levels: some ranges the drives hand back are completed by their
     server, others (``to_host``) passed on and completed by the host. Same answer."""
-    rng = random.Random(100 + number)
-    decisions = {}
-    for name, entry in hierarchy.catalog.items():
-        for p in entry.partitions:
-            if p.slices:
-                decisions[(name, p.partition)] = [
-                    {
-                        "first": n,
-                        "end": n + 1,
-                        "stage": rng.choice(["raw", "filter"]),
-                        "to_host": rng.random() < 0.5,
-                    }
-                    for n in range(p.slices)
-                    if rng.random() < 0.7
-                ]
+    decisions = _each_slice_pushed_back(hierarchy, random.Random(100 + number), share=0.7)
     sql = tpch.queries[number]
     planned = hierarchy.query(sql, pushdown="always", decisions=decisions)
     result = planned.execute().read_all()
@@ -314,15 +320,7 @@ def test_three_levels_answer_like_duckdb_whatever_each_level_does(three_levels, 
 def test_push_back_at_each_of_three_levels(three_levels, tpch):  # noqa: F811
     """Drives two levels down hand back ranges; the inner server completes some and passes the
     others (``to_host``) through the outer server to the host. Same answer."""
-    rng = random.Random(7)
-    decisions = {}
-    for name, entry in three_levels.catalog.items():
-        for p in entry.partitions:
-            decisions[(name, p.partition)] = [
-                {"first": n, "end": n + 1, "stage": rng.choice(["raw", "filter"]),
-                 "to_host": rng.random() < 0.5}
-                for n in range(p.slices)
-            ]  # fmt: skip
+    decisions = _each_slice_pushed_back(three_levels, random.Random(7), share=1.0)
     for number in (1, 4, 12):
         sql = tpch.queries[number]
         planned = three_levels.query(sql, pushdown="always", decisions=decisions)
