@@ -193,6 +193,22 @@ def test_a_scan_engine_behind_a_server_gets_only_its_comparisons(hierarchy, tpch
     assert all(d["bytes_shipped"] < d["bytes_read"] / 5 for d in engines)  # about 1/80 pass
 
 
+def test_a_scan_engine_runs_a_sub_plan_of_comparisons_and_columns_whole(hierarchy, tpch):  # noqa: F811
+    """POLARDB's TS-5: a comparison of two stored columns, one column selected. The ScaleFlux
+    drive runs all of it, so it ships only the selected column of the rows that pass (not the
+    compared columns for a re-check), and its server passes that on as it came."""
+    sql = "SELECT l_orderkey FROM tpch.lineitem WHERE l_commitdate < l_receiptdate"
+    planned = hierarchy.query(sql, pushdown="always")
+    result = planned.execute().read_all()
+    expected = tpch.connection.execute(sql.replace("tpch.", "")).fetch_arrow_table()
+    assert_same_rows(result, expected, ordered=False)
+    levels = planned.explain(analyze=True)["analyze"]["levels"]
+    engines = [d for d in levels["drives"] if d["device"] in ("s0d1", "s1d1")]
+    assert engines and all(d["slices_executed"] == d["slices_scanned"] > 0 for d in engines)
+    rows = sum(d["rows_shipped"] for d in engines)
+    assert rows > 0 and sum(d["bytes_shipped"] for d in engines) < 10 * rows  # 8 bytes a row
+
+
 def test_compressed_slices_are_decompressed_where_they_are_scanned(hierarchy, tpch):  # noqa: F811
     """lz4 slices: a drive that scans decompresses them; read raw, they travel compressed and
     whoever scans them pays: the servers under server pushdown, the host under none (and its

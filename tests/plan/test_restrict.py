@@ -7,7 +7,7 @@ import pyarrow as pa
 
 from quarry.plan import decompose, run_stage
 from quarry.plan.capabilities import Capabilities
-from quarry.plan.restrict import restrict_filter_stage
+from quarry.plan.restrict import restrict_filter_stage, runs_whole_stage
 from quarry.protocol.stage import Stage
 
 
@@ -41,3 +41,18 @@ def test_nothing_supported_leaves_a_plain_scan_and_all_supported_leaves_it_alone
     (plain,) = decompose("SELECT id FROM t WHERE x > 0", small.schemas).fragments
     only = plain.stages[Stage.FILTER]
     assert restrict_filter_stage(only, Capabilities.scan_filter()) == only
+
+
+def test_a_scan_engine_runs_comparisons_and_selected_columns_whole(small) -> None:
+    scan_engine = Capabilities.scan_filter()
+    whole = {
+        "SELECT id FROM t WHERE x > 0 AND id < 50": True,
+        "SELECT id, x FROM t": True,
+        "SELECT id FROM t WHERE s LIKE 'b%'": False,  # a pattern: the server re-checks
+        "SELECT x + 1 AS y FROM t WHERE x > 0": False,  # a computed column
+    }
+    for sql, expected in whole.items():
+        (fragment,) = decompose(sql, small.schemas).fragments
+        stage = fragment.stages[Stage.FULL]
+        assert runs_whole_stage(stage, scan_engine) is expected, sql
+        assert runs_whole_stage(stage, Capabilities.full())

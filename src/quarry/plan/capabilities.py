@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from substrait import algebra_pb2
 
-from quarry.plan import expressions
+from quarry.plan import expressions, tree
 
 SCAN_FILTER_FUNCTIONS = frozenset(
     {"equal", "not_equal", "lt", "lte", "gt", "gte", "is_null", "is_not_null", "and", "or"}
@@ -66,6 +66,28 @@ class Capabilities:
         if self.filter_functions is None:
             return True
         return self._supported(expression, names)
+
+    def runs_whole(self, rel: algebra_pb2.Rel, names: Mapping[int, str]) -> bool:
+        """Whether a device with these capabilities runs this whole relation: reads, filters
+        whose every conjunct it evaluates, projections that only select columns. Such a device
+        ships the stage's output itself, and nobody above re-checks it."""
+        if self.is_full:
+            return True
+        for part in tree.iter_rels(rel):
+            kind = tree.kind(part)
+            if kind == "read":
+                continue
+            if kind == "filter" and all(
+                self.supports_predicate(c, names)
+                for c in expressions.conjuncts(part.filter.condition, names)
+            ):
+                continue
+            if kind == "project" and all(
+                expressions.field_index(e) is not None for e in part.project.expressions
+            ):
+                continue
+            return False
+        return True
 
     def _supported(self, expression: algebra_pb2.Expression, names: Mapping[int, str]) -> bool:
         name = expressions.function_name(expression, names)

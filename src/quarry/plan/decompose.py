@@ -445,20 +445,6 @@ def _with_constant_column(rel: algebra_pb2.Rel) -> algebra_pb2.Rel:
 
 def _device_stages(cut: Cut, draft: FragmentDraft, names: Mapping[int, str]) -> tuple[str, ...]:
     """All stages for full devices; a restricted device runs `full` only if it is all simple."""
-    caps = draft.capabilities
-    if caps.is_full:
+    if draft.capabilities.runs_whole(draft.rel, names):
         return STAGES
-    for rel in tree.iter_rels(draft.rel):
-        rel_kind = tree.kind(rel)
-        if rel_kind == "read":
-            continue
-        if rel_kind == "filter":
-            parts = expressions.conjuncts(rel.filter.condition, names)
-            if all(caps.supports_predicate(part, names) for part in parts):
-                continue
-        if rel_kind == "project" and all(
-            expressions.field_index(e) is not None for e in rel.project.expressions
-        ):
-            continue
-        return (Stage.RAW, Stage.FILTER)
-    return STAGES
+    return (Stage.RAW, Stage.FILTER)

@@ -5,7 +5,9 @@ drive behind it may be a scan engine that compares stored fields and constants o
 §3.1.1). Skytether §4 lets each level decompose again for the level below: the server keeps
 the conjuncts of the filter stage the drive supports, sends the drive that filter as its whole
 work, and completes what comes back with the full stage, which re-checks the complete condition
-(so a conjunct left out costs rows shipped, never a wrong answer).
+(so a conjunct left out costs rows shipped, never a wrong answer). A stage the drive runs whole
+(``runs_whole_stage``: comparisons it evaluates, columns selected) needs neither: the drive
+ships its output, the server passes it on, and nothing is checked twice.
 """
 
 from __future__ import annotations
@@ -31,3 +33,9 @@ def restrict_filter_stage(stage: bytes, capabilities: Capabilities) -> bytes:
     else:
         rel.CopyFrom(tree.copy_rel(rel.filter.input))
     return plan.SerializeToString()
+
+
+def runs_whole_stage(stage: bytes, capabilities: Capabilities) -> bool:
+    """Whether a device with ``capabilities`` runs all of ``stage`` itself."""
+    plan = tree.parse_plan(stage)
+    return capabilities.runs_whole(tree.root_rel(plan), tree.function_names(plan))

@@ -37,7 +37,7 @@ from quarry.device.units.substrait import (
 )
 from quarry.errors import DeviceUnavailable
 from quarry.plan.capabilities import Capabilities
-from quarry.plan.restrict import restrict_filter_stage
+from quarry.plan.restrict import restrict_filter_stage, runs_whole_stage
 from quarry.protocol.control import LoadStatus
 from quarry.protocol.stage import Stage
 from quarry.protocol.work import (
@@ -246,9 +246,12 @@ def for_drive(task: Task, capabilities: Capabilities) -> Task:
     """A scan engine's share of a SQL sub-plan (Skytether §4: each level decomposes for the one
     below): the filter stage's conjuncts it supports are its whole work, and the server
     completes its output from the filter stage on (``complete_output_from``), re-checking the
-    complete condition, as the host does for scan engines it talks to directly."""
+    complete condition, as the host does for scan engines it talks to directly. A sub-plan the
+    drive runs whole (its filter all comparisons, its projection plain columns) goes as it is."""
     args = SubstraitArgs.from_json(task.request.args)
     stages = split_payload(args, task.payload)
+    if runs_whole_stage(stages[Stage.FULL], capabilities):
+        return task
     scan = restrict_filter_stage(stages[Stage.FILTER], capabilities)
     own = {Stage.RAW: stages[Stage.RAW], Stage.FILTER: scan, Stage.FULL: scan}
     own_args = replace(
