@@ -11,6 +11,7 @@ last message (``WorkDone``) carries every decision and the metrics, each slice c
 
 from __future__ import annotations
 
+import functools
 import resource
 import threading
 import time
@@ -314,7 +315,7 @@ class PartitionRun:
         numbers = [self.candidates[position]]
         if stage is not Stage.FULL or (controller is not None and controller.probing):
             return numbers
-        limit = self.unit.CHUNK_SLICES_MAX or len(self.meta.slices)
+        limit = self._chunk_limit
         if self.request.chunk_slices is not None:
             limit = max(1, min(limit, self.request.chunk_slices))
         while (
@@ -325,6 +326,10 @@ class PartitionRun:
         ):
             numbers.append(numbers[-1] + 1)
         return numbers
+
+    @functools.cached_property
+    def _chunk_limit(self) -> int:
+        return self.unit.chunk_slices(self.meta) or len(self.meta.slices)
 
     def _new_chunk(self, numbers: list[int]) -> Chunk:
         """The chunk of these slices: the one read ahead if it is that, a fresh one otherwise."""

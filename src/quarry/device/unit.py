@@ -278,6 +278,10 @@ class Unit:
         all); the device reads only these byte ranges of each slice."""
         return None
 
+    def chunk_slices(self, meta: PartitionMeta) -> int | None:
+        """How many slices of this partition run together at most (None: all of them)."""
+        return self.CHUNK_SLICES_MAX
+
     def plan(self, meta: PartitionMeta, not_here: frozenset[int]) -> list[Skipped]:
         """Ranges of this partition the unit need not run (``not_here``: slices the request
         pushes back or another replica already ran)."""

@@ -26,7 +26,7 @@ from quarry.plan.superplan import COMPLETION_GROUP_BYTES_MAX, complete_group
 from quarry.protocol.message import Message, bounded
 from quarry.protocol.stage import Skip, Stage
 from quarry.protocol.work import ranges_of
-from quarry.store.partition import PartitionMeta
+from quarry.store.partition import PartitionMeta, read_bytes
 
 STAGE_BYTES_MAX = 64 << 20
 PREDICATES_MAX = 10_000
@@ -66,7 +66,12 @@ def split_payload(args: SubstraitArgs, payload: bytes) -> dict[Stage, bytes]:
 class SubstraitUnit(Unit):
     NAME = "substrait"
     STAGES = frozenset({Stage.FULL, Stage.FILTER, Stage.RAW})
-    CHUNK_SLICES_MAX = 4
+    # One DataFusion run per chunk: its setup costs the same whatever it reads, so a chunk
+    # holds about CHUNK_READ_BYTES of the columns read, up to CHUNK_SLICES_MAX slices. A narrow
+    # read (sum(ke): one column of five) runs 16 slices at once, a whole-row read four 4 MiB
+    # slices as before (20M rows, 4 devices: sum(ke) 0.14 to 0.10 s).
+    CHUNK_SLICES_MAX = 16
+    CHUNK_READ_BYTES = 16 << 20
     RESUMABLE = True
     PARTITIONS_AT_ONCE = True
 
@@ -93,6 +98,14 @@ class SubstraitUnit(Unit):
             return read_columns(self.stages, self.args.raw_schema)
         except StageError:  # not a plan this device decodes: running it says so, as it did
             return None
+
+    def chunk_slices(self, meta: PartitionMeta) -> int:
+        if not meta.slices:
+            return 1
+        columns = self.columns()
+        read = sum(read_bytes(meta, n, columns) for n in range(len(meta.slices)))
+        per_slice = max(1, read // len(meta.slices))
+        return max(1, min(self.CHUNK_SLICES_MAX, self.CHUNK_READ_BYTES // per_slice))
 
     def plan(self, meta: PartitionMeta, not_here: frozenset[int]) -> list[Skipped]:
         predicates = list(self.args.predicates)
