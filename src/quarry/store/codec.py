@@ -14,6 +14,7 @@ from __future__ import annotations
 import pyarrow as pa
 
 from quarry.errors import CorruptSlice, InvalidOption
+from quarry.store import checks
 
 COMPRESSIONS = ("none", "zstd", "lz4")
 _ARROW_CODEC = {"none": None, "zstd": "zstd", "lz4": "lz4"}
@@ -41,14 +42,14 @@ def decode_slice(
     """Decode one slice, and check it against what the metadata slice says it holds.
 
     Stored bytes are not trusted: a damaged value raises ``CorruptSlice`` instead of reaching
-    the engine, and the batch is validated in full (offsets, UTF-8; free for fixed-width
-    columns, about 7 GB/s for strings) because an engine may read past a bad offset.
+    the engine, and the batch is checked for what an engine can trip over (``checks``: offsets,
+    UTF-8, buffer sizes) because an engine may read past a bad offset.
     """
     try:
         reader = pa.ipc.open_stream(pa.py_buffer(value) if isinstance(value, bytes) else value)
         batches = list(reader)
         if len(batches) == 1:
-            batches[0].validate(full=True)
+            checks.check(batches[0])
     except (pa.ArrowException, OSError, ValueError, MemoryError) as error:
         raise CorruptSlice(f"slice does not decode: {error}") from None
     if len(batches) != 1:
