@@ -315,3 +315,85 @@ def test_division_by_zero_is_one_line_on_the_cli(particle_cluster, pushdown):
     assert done.returncode == 2, done.stderr
     lines = [line for line in (done.stdout + done.stderr).splitlines() if line.strip()]
     assert len(lines) == 1 and "divide by zero" in lines[0].lower(), lines
+
+
+JOIN_KEY_QUERIES = [3, 5, 9, 17, 20]
+
+
+@pytest.mark.parametrize("number", JOIN_KEY_QUERIES)
+def test_a_joins_keys_cut_its_probe_and_never_the_answer(tpch_cluster, tpch, number):
+    """The keys of a filtered build fragment go to the devices of the large one: the same
+    answer with and without, under always and auto, fewer bytes shipped, and EXPLAIN ANALYZE
+    says what each join sent."""
+    sql = tpch.queries[number]
+    shipped = {}
+    for pushdown in ("always", "auto"):
+        for cut in (True, False):
+            planned = tpch_cluster.query(sql, pushdown=pushdown, join_filters=cut)
+            result = planned.execute().read_all()
+            context = f"TPC-H Q{number} pushdown={pushdown} join_filters={cut}"
+            assert_same_rows(result, tpch.expected(number), ordered=_ordered(sql), context=context)
+            explained = planned.explain(analyze=True)
+            shipped[(pushdown, cut)] = explained["analyze"]["bytes_shipped"]
+            if cut:
+                outcomes = [f["outcome"] for f in explained["join_filters"]]
+                assert outcomes and any(o.startswith("sent") for o in outcomes), outcomes
+            else:
+                assert explained["join_filters"] == []
+    assert shipped[("always", True)] < shipped[("always", False)]
+
+
+def test_q17_ships_a_hundredth_with_the_parts_keys(tpch_cluster, tpch):
+    sql = tpch.queries[17]
+    cut = tpch_cluster.query(sql, pushdown="always")
+    cut.execute().read_all()
+    whole = tpch_cluster.query(sql, pushdown="always", join_filters=False)
+    whole.execute().read_all()
+    with_keys = cut.explain(analyze=True)["analyze"]["bytes_shipped"]
+    without = whole.explain(analyze=True)["analyze"]["bytes_shipped"]
+    assert with_keys * 100 < without
+
+
+@pytest.mark.parametrize("number", [5, 9, 17])
+def test_join_keys_with_random_device_push_back(tpch_cluster, tpch, number):
+    """Ranges pushed back raw or filtered are cut by the keys when the host completes them."""
+    rng = random.Random(1000 + number)
+    decisions = {}
+    for name, entry in tpch_cluster.catalog.items():
+        for p in entry.partitions:
+            if p.slices:
+                first = rng.randrange(p.slices)
+                decisions[(name, p.partition)] = [
+                    {"first": first, "end": p.slices, "stage": rng.choice(["raw", "filter"])}
+                ]
+    sql = tpch.queries[number]
+    planned = tpch_cluster.query(sql, pushdown="always", decisions=decisions)
+    result = planned.execute().read_all()
+    assert_same_rows(result, tpch.expected(number), ordered=_ordered(sql), context=f"Q{number}")
+    assert any(f["outcome"].startswith("sent") for f in planned.explain(True)["join_filters"])
+
+
+def test_a_build_with_too_many_keys_sends_none(tpch_cluster, tpch, monkeypatch):
+    from quarry.plan import keys
+
+    monkeypatch.setattr(keys, "KEYS_MAX", 10)
+    sql = tpch.queries[17]
+    planned = tpch_cluster.query(sql, pushdown="always")
+    result = planned.execute().read_all()
+    assert_same_rows(result, tpch.expected(17), ordered=_ordered(sql), context="Q17, no keys")
+    outcomes = [f["outcome"] for f in planned.explain(True)["join_filters"]]
+    assert outcomes and all(o.startswith("not sent") for o in outcomes), outcomes
+
+
+def test_a_build_that_fails_ends_the_query_with_its_error(tpch_cluster):
+    """The probe waits for keys that never come: the query ends with the build's error."""
+    sql = (
+        "SELECT sum(l_extendedprice) FROM tpch.lineitem JOIN tpch.part ON l_partkey = p_partkey "
+        "WHERE p_size / (p_size - p_size) > 1"
+    )
+    planned = tpch_cluster.query(sql, pushdown="always")
+    assert planned.explain(False)["join_filters"], "the part fragment is a build"
+    started = time.perf_counter()
+    with pytest.raises(QueryError, match="[Dd]ivi"):
+        planned.execute().read_all()
+    assert time.perf_counter() - started < 30

@@ -7,6 +7,7 @@ told that device of the host's costs. On the host the same unit completes whatev
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
@@ -14,7 +15,12 @@ import pyarrow as pa
 from quarry.coordinator.dispatch import Task
 from quarry.coordinator.planning import Cuts, device_for, replicas_of
 from quarry.device.unit import host_context
-from quarry.device.units.substrait import SubstraitArgs, SubstraitUnit, stages_payload
+from quarry.device.units.substrait import (
+    KeyFilter,
+    SubstraitArgs,
+    SubstraitUnit,
+    stages_payload,
+)
 from quarry.plan.decompose import Fragment
 from quarry.protocol.stage import Stage
 from quarry.protocol.work import ForcedDecision, Policy, WorkRequest
@@ -45,18 +51,20 @@ def fragment_tasks(
     cuts: Cuts,
     forced: Forced | None = None,
     options: dict[str, Any] | None = None,
+    key_sets: Sequence[tuple[int, bytes]] = (),
 ) -> list[Task]:
-    """One task per non-empty partition (an empty partition has no slices)."""
+    """One task per non-empty partition (an empty partition has no slices). ``key_sets``:
+    (output column, encoded keys) a join cuts the fragment's output by (``join_keys``)."""
     entry = cluster.entry(fragment.dataset)
     stages, output_schema, complete_from = device_stages(fragment)
     host_stages = {Stage(name): data for name, data in fragment.stages.items()}
     options = options or {}
-    args = _args(fragment, stages, output_schema).to_json()
-    payload = stages_payload(stages)
+    args = _args(fragment, stages, output_schema, key_sets).to_json()
+    payload = stages_payload(stages, [data for _, data in key_sets])
     partitions = [p for p in entry.partitions if p.rows]
     if not partitions:
         return []
-    host = _host_unit(entry.domain, entry.name, fragment, host_stages)
+    host = _host_unit(entry.domain, entry.name, fragment, host_stages, key_sets)
     tasks = []
     for p in partitions:
         device = device_for(cluster, entry, p)
@@ -90,7 +98,11 @@ def fragment_tasks(
 
 
 def _host_unit(
-    domain: str, dataset: str, fragment: Fragment, stages: dict[Stage, bytes]
+    domain: str,
+    dataset: str,
+    fragment: Fragment,
+    stages: dict[Stage, bytes],
+    key_sets: Sequence[tuple[int, bytes]],
 ) -> SubstraitUnit:
     """The host completes with the whole fragment, whatever the devices were sent; the unit
     keeps no state between ranges, so one serves every task of the fragment."""
@@ -99,12 +111,18 @@ def _host_unit(
         domain=domain,
         dataset=dataset,
         partitions=(0,),
-        args=_args(fragment, stages, fragment.output_schema).to_json(),
+        args=_args(fragment, stages, fragment.output_schema, key_sets).to_json(),
     )
-    return SubstraitUnit(request, stages_payload(stages), host_context())
+    payload = stages_payload(stages, [data for _, data in key_sets])
+    return SubstraitUnit(request, payload, host_context())
 
 
-def _args(fragment: Fragment, stages: dict[Stage, bytes], output: pa.Schema) -> SubstraitArgs:
+def _args(
+    fragment: Fragment,
+    stages: dict[Stage, bytes],
+    output: pa.Schema,
+    key_sets: Sequence[tuple[int, bytes]] = (),
+) -> SubstraitArgs:
     return SubstraitArgs(
         raw_bytes=len(stages[Stage.RAW]),
         filter_bytes=len(stages[Stage.FILTER]),
@@ -112,6 +130,7 @@ def _args(fragment: Fragment, stages: dict[Stage, bytes], output: pa.Schema) -> 
         output_schema=output,
         raw_schema=fragment.raw_schema,
         predicates=tuple(fragment.predicates),
+        key_filters=tuple(KeyFilter(column, len(data)) for column, data in key_sets),
     )
 
 

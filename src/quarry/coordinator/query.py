@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from quarry.coordinator import explain as explaining
-from quarry.coordinator import planning
+from quarry.coordinator import join_keys, planning
 from quarry.coordinator.dispatch import Dispatch, Task
 from quarry.coordinator.fragments import Forced, fragment_tasks
 from quarry.coordinator.report import WorkReport
@@ -34,6 +34,7 @@ from quarry.errors import (
     QueryError,
 )
 from quarry.plan.decompose import Fragment
+from quarry.plan.join_filters import JoinFilter, join_filters
 from quarry.plan.superplan import run_super
 from quarry.plan.superplan import streams as planning_streams
 from quarry.tally import Tally, process_seconds
@@ -63,6 +64,7 @@ class Query:
         trace: bool = False,
         chunk_slices: int | None = None,
         policy: dict[str, Any] | None = None,
+        join_filters: bool = True,
     ):
         if pushdown not in PUSHDOWNS:
             raise QueryError(f"pushdown must be one of {', '.join(PUSHDOWNS)}, got {pushdown!r}")
@@ -75,6 +77,10 @@ class Query:
         self.pushdown = pushdown
         self.forced = decisions or {}
         self.options = {"trace": trace, "chunk_slices": chunk_slices, "policy": policy}
+        # a join's build keys cut its probe fragment on the devices (``join_keys``); never
+        # stays the baseline of no pushdown at all
+        self.join_filters = join_filters and pushdown != "never"
+        self.collectors: list[join_keys.KeyCollector] = []
         self.query_id = uuid.uuid4().hex
         self.cancelled = threading.Event()  # ``cancel``: every run of this query stops
         self.dispatch = Dispatch(cancelled=self.cancelled)
@@ -251,7 +257,9 @@ class Query:
     def _start(self, checked_by_devices: bool) -> pa.RecordBatchReader:
         return self._started(checked_by_devices)[1]
 
-    def _started(self, checked_by_devices: bool) -> tuple[dict[str, Merged], pa.RecordBatchReader]:
+    def _started(
+        self, checked_by_devices: bool
+    ) -> tuple[dict[str, Iterator[pa.RecordBatch]], pa.RecordBatchReader]:
         state = self.state
         self.dispatch = Dispatch(
             expect=state.expected if checked_by_devices else None,
@@ -267,7 +275,19 @@ class Query:
             checking = {name for name in checking if state.expected(name)}
             self.check = self.cluster.check(set(self.cluster.devices) - checking, state)
             inputs_in = self._inputs_in
-        outputs = {name: self._output(name, ts) for name, ts in tasks.items()}
+        pairs = self._pairs()
+        probes = {pair.probe for pair in pairs}
+        outputs = {name: self._output(name, ts) for name, ts in tasks.items() if name not in probes}
+
+        dispatch = self.dispatch
+
+        def start_probe(name: str, key_sets: list[tuple[int, bytes]]) -> Iterator[pa.RecordBatch]:
+            if self.dispatch is not dispatch:  # this run was abandoned while the keys came in
+                return iter(())
+            fragment = self.decomposition.fragment(name)
+            return self._output(name, self._tasks(fragment, key_sets))
+
+        self.collectors = join_keys.wire(outputs, pairs, start_probe, self.cancelled)
         timed = {name: self.clocks.fragment_output(output) for name, output in outputs.items()}
         pace, clock = planning.host_pace(), self.clocks.super_plan
         result = run_super(self.decomposition, timed, pace=pace, clock=clock, inputs_in=inputs_in)
@@ -280,7 +300,15 @@ class Query:
         if not self.check.holds():
             raise CatalogChanged("the catalog changed while the query ran: it runs again")
 
-    def _tasks(self, fragment: Fragment) -> list[Task]:
+    def _pairs(self) -> tuple[JoinFilter, ...]:
+        if not self.join_filters or len(self.decomposition.fragments) < 2:
+            return ()
+        rows = {name: entry.rows for name, entry in self.cluster.catalog.items()}
+        return join_filters(self.decomposition, rows)
+
+    def _tasks(
+        self, fragment: Fragment, key_sets: list[tuple[int, bytes]] | None = None
+    ) -> list[Task]:
         entry = self.cluster.entry(fragment.dataset)
         if entry.unavailable:
             raise DeviceUnavailable(entry.unavailable_message())
@@ -292,6 +320,7 @@ class Query:
             self.cuts,
             self.forced,
             self.options,
+            key_sets or (),
         )
 
     def _output(self, name: str, tasks: list[Task]) -> Merged:
@@ -309,6 +338,7 @@ class Query:
         if not analyze and not self.started:
             self._planned_on_catalog()  # shown as it would run on the catalog as it is
         body = explaining.explain(self.sql, self.pushdown, self.decomposition, self.cuts.choices)
+        body["join_filters"] = self._join_filters_shown(analyze)
         if analyze:
             reports = self.dispatch.sorted_reports()
             wall_s = self.finished - self.started
@@ -323,6 +353,16 @@ class Query:
                 }
             body["analyze"]["time"] = self.breakdown(reports).to_json()
         return body
+
+    def _join_filters_shown(self, analyze: bool) -> list[dict[str, str]]:
+        """Which fragments a join cuts by another's keys; run, what each sent."""
+        fragments = {f.name: f for f in self.decomposition.fragments}
+        if analyze and self.started:
+            return [
+                {"filter": c.pair.describe(fragments), "outcome": c.outcome}
+                for c in self.collectors
+            ]
+        return [{"filter": pair.describe(fragments)} for pair in self._pairs()]
 
     def breakdown(self, reports: list[WorkReport] | None = None) -> QueryTime:
         """Where this query's time went (once it has been read to its end)."""

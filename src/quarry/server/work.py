@@ -254,8 +254,12 @@ def for_drive(task: Task, capabilities: Capabilities) -> Task:
         return task
     scan = restrict_filter_stage(stages[Stage.FILTER], capabilities)
     own = {Stage.RAW: stages[Stage.RAW], Stage.FILTER: scan, Stage.FULL: scan}
-    own_args = replace(
-        args, filter_bytes=len(scan), full_bytes=len(scan), output_schema=args.raw_schema
+    own_args = replace(  # a join's key sets cut the output, which the server completes
+        args,
+        filter_bytes=len(scan),
+        full_bytes=len(scan),
+        output_schema=args.raw_schema,
+        key_filters=(),
     )
     request = replace(task.request, args=own_args.to_json())
     return replace(

@@ -10,15 +10,17 @@ the same way.
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
 
 from quarry.device.unit import Chunk, Skipped, Unit, conform, register
-from quarry.errors import ExecutionError, PlanNotSupported, QueryError
+from quarry.errors import ExecutionError, PlanNotSupported, ProtocolError, QueryError
 from quarry.plan.errors import StageError
+from quarry.plan.keys import KeyCut, keep
+from quarry.plan.keys import decode as decode_keys
 from quarry.plan.prune import slice_may_match
 from quarry.plan.rowwise import groups
 from quarry.plan.stage import prepare, run_stage
@@ -30,6 +32,17 @@ from quarry.store.partition import PartitionMeta, read_bytes
 
 STAGE_BYTES_MAX = 64 << 20
 PREDICATES_MAX = 10_000
+KEY_FILTERS_MAX = 16
+KEY_BYTES_MAX = 16 << 20
+
+
+@dataclass(frozen=True)
+class KeyFilter(Message):
+    """Keep only the output rows whose ``column`` holds one of a key set (``plan.keys``) that
+    follows the stages in the payload, ``key_bytes`` long: a join's build keys."""
+
+    column: int = bounded(low=0, high=1 << 20)
+    key_bytes: int = bounded(low=1, high=KEY_BYTES_MAX)
 
 
 @dataclass(frozen=True)
@@ -40,26 +53,42 @@ class SubstraitArgs(Message):
     output_schema: pa.Schema
     raw_schema: pa.Schema
     predicates: tuple[Any, ...] = bounded(items_max=PREDICATES_MAX, default=())  # zone maps
+    key_filters: tuple[KeyFilter, ...] = bounded(items_max=KEY_FILTERS_MAX, default=())
 
 
-def stages_payload(stages: dict[Stage, bytes]) -> bytes:
-    return stages[Stage.RAW] + stages[Stage.FILTER] + stages[Stage.FULL]
+def stages_payload(stages: dict[Stage, bytes], key_sets: Sequence[bytes] = ()) -> bytes:
+    return b"".join((stages[Stage.RAW], stages[Stage.FILTER], stages[Stage.FULL], *key_sets))
 
 
 def split_payload(args: SubstraitArgs, payload: bytes) -> dict[Stage, bytes]:
     lengths = (args.raw_bytes, args.filter_bytes, args.full_bytes)
-    if sum(lengths) != len(payload):
-        from quarry.errors import ProtocolError
-
+    keys = sum(f.key_bytes for f in args.key_filters)
+    if sum(lengths) + keys != len(payload):
         raise ProtocolError(
-            f"SubstraitArgs: stage lengths {lengths} do not add up to the payload ({len(payload)})"
+            f"SubstraitArgs: stage lengths {lengths} and key sets ({keys} bytes) do not add up "
+            f"to the payload ({len(payload)})"
         )
     raw_end, filter_end = lengths[0], lengths[0] + lengths[1]
     return {
         Stage.RAW: payload[:raw_end],
         Stage.FILTER: payload[raw_end:filter_end],
-        Stage.FULL: payload[filter_end:],
+        Stage.FULL: payload[filter_end : filter_end + lengths[2]],
     }
+
+
+def key_cuts(args: SubstraitArgs, payload: bytes) -> list[KeyCut]:
+    """The key sets after the stages, as cuts of the output."""
+    cuts, start = [], args.raw_bytes + args.filter_bytes + args.full_bytes
+    for key_filter in args.key_filters:
+        if key_filter.column >= len(args.output_schema):
+            raise ProtocolError(f"a key filter names output column {key_filter.column}")
+        try:
+            keys = decode_keys(payload[start : start + key_filter.key_bytes])
+        except ValueError as error:
+            raise ProtocolError(f"SubstraitArgs: {error}") from None
+        cuts.append(KeyCut(key_filter.column, keys))
+        start += key_filter.key_bytes
+    return cuts
 
 
 @register
@@ -79,6 +108,7 @@ class SubstraitUnit(Unit):
         super().__init__(request, payload, context)
         self.args = SubstraitArgs.from_json(request.args)
         self.stages = split_payload(self.args, payload)
+        self.cuts = key_cuts(self.args, payload)
 
     @property
     def output_schema(self) -> pa.Schema:
@@ -123,18 +153,25 @@ class SubstraitUnit(Unit):
         # decision is the work that follows it.
         batches = list(chunk.batches())
         stage, schema = self.stages[Stage.FULL], chunk.meta.schema
-        return self.context.compute(lambda: list(_run(stage, schema, batches)))
+        return self.context.compute(lambda: self._kept(_run(stage, schema, batches)))
 
     def complete(self, stage: Stage, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         """On the host: the full stage over rows handed back raw or filtered. It contains the
         whole filter, so it also re-checks rows a restricted device filtered with only part of
-        the predicate."""
+        the predicate. The key sets cut its output as they cut the device's."""
         stage = self.stages[Stage.FULL]
         for group in groups(batches, COMPLETION_GROUP_BYTES_MAX):
             # one group per host core at a time (the host context's slots)
             yield from self.context.compute(
-                lambda group=group: list(_host_errors(complete_group(stage, group)))
+                lambda group=group: self._kept(_host_errors(complete_group(stage, group)))
             )
+
+    def _kept(self, batches: Iterable[pa.RecordBatch]) -> list[pa.RecordBatch]:
+        """The output without the rows a join's key sets drop."""
+        if not self.cuts:
+            return list(batches)
+        kept = (keep(batch, self.cuts) for batch in batches)
+        return [batch for batch in kept if batch.num_rows]
 
     def filter(self, chunk: Chunk) -> dict[int, list[pa.RecordBatch]]:
         stage, schema = self.stages[Stage.FILTER], chunk.meta.schema

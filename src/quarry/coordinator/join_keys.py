@@ -1,0 +1,149 @@
+"""A join's keys, collected from its build fragment as it arrives and sent to its probe's devices.
+
+``plan.join_filters`` names the pairs. Here a ``KeyCollector`` taps the build fragment's output
+on its way to the super-plan, keeping the build column's values; the probe fragment's output is
+``Deferred``: its tasks go out once every key set it waits for is in, each sent along
+(``plan.keys``) if it holds at most ``KEYS_MAX`` distinct keys. The super-plan reads all
+fragments at once, one thread each (``plan.spool``), so a probe waiting on its build never
+holds the build up. A build that breaks off leaves its probe with nothing to send: the query is
+ending with the build's error.
+
+What each pair did (keys sent, or why not) is reported in EXPLAIN ANALYZE (``outcome``).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from quarry.errors import QueryCancelled
+from quarry.plan import keys
+from quarry.plan.join_filters import JoinFilter
+
+BUILD_ROWS_MAX = 8 * keys.KEYS_MAX  # rows a collector keeps before it gives the keys up
+WAIT_STEP_S = 0.1  # how often a waiting probe checks whether the query was cancelled
+
+
+class KeyCollector:
+    """The distinct non-null values of one output column of a build fragment."""
+
+    def __init__(self, pair: JoinFilter):
+        self.pair = pair
+        self.done = threading.Event()
+        self.keys: pa.Array | None = None
+        self.outcome = "the build fragment did not finish"
+        self._parts: list[pa.Array] | None = []
+        self._rows = 0
+        self._completed = False
+
+    def tap(self, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        """``batches`` as they are, their build column kept on the way."""
+        try:
+            for batch in batches:
+                self._keep(batch)
+                yield batch
+            self._completed = True
+        finally:
+            self._finish()
+            if not self._completed:
+                close = getattr(batches, "close", None)
+                if close is not None:
+                    close()
+
+    def _keep(self, batch: pa.RecordBatch) -> None:
+        if self._parts is None:
+            return
+        self._rows += batch.num_rows
+        if self._rows > BUILD_ROWS_MAX:
+            self._parts = None
+            return
+        self._parts.append(batch.column(self.pair.build_column))
+
+    def _finish(self) -> None:
+        if self._completed and self._parts is None:
+            self.outcome = f"not sent: the build has more than {BUILD_ROWS_MAX:,} rows"
+        elif self._completed:
+            self._distinct(self._parts or [])
+        self._parts = None
+        self.done.set()
+
+    def _distinct(self, parts: list[pa.Array]) -> None:
+        if not parts:
+            self.keys = pa.array([], pa.int64())
+            self.outcome = "sent: 0 keys (the build is empty)"
+            return
+        unique = pc.unique(pa.chunked_array(parts)).drop_null()
+        if len(unique) > keys.KEYS_MAX:
+            self.outcome = f"not sent: {len(unique):,} keys, over {keys.KEYS_MAX:,}"
+            return
+        self.keys = unique
+        self.outcome = f"sent: {len(unique):,} keys"
+
+    def wait(self, stop: threading.Event, cancelled: threading.Event) -> bool:
+        """Whether the build finished (False: it broke off, or the probe was stopped)."""
+        while not self.done.wait(WAIT_STEP_S):
+            if cancelled.is_set():
+                raise QueryCancelled("the query was cancelled")
+            if stop.is_set():
+                return False
+        return self._completed
+
+
+@dataclass
+class Deferred(Iterator[pa.RecordBatch]):
+    """A probe fragment's output: ``start`` (its tasks, with these key sets) runs once every
+    collector it waits for is done."""
+
+    collectors: Sequence[KeyCollector]
+    start: Callable[[list[tuple[int, bytes]]], Iterator[pa.RecordBatch]]
+    cancelled: threading.Event
+
+    def __post_init__(self) -> None:
+        self._stop = threading.Event()
+        self._started: Iterator[pa.RecordBatch] | None = None
+        self._items = self._run()
+
+    def _run(self) -> Iterator[pa.RecordBatch]:
+        key_sets = []
+        for collector in self.collectors:
+            if not collector.wait(self._stop, self.cancelled):
+                return
+            if collector.keys is not None:
+                key_sets.append((collector.pair.probe_column, keys.encode(collector.keys)))
+        self._started = self.start(key_sets)
+        yield from self._started
+
+    def __next__(self) -> pa.RecordBatch:
+        return next(self._items)
+
+    def close(self) -> None:
+        self._stop.set()
+        close = getattr(self._started, "close", None)
+        if close is not None:
+            close()
+
+
+def wire(
+    outputs: dict[str, Iterator[pa.RecordBatch]],
+    pairs: Sequence[JoinFilter],
+    start_probe: Callable[[str, list[tuple[int, bytes]]], Iterator[pa.RecordBatch]],
+    cancelled: threading.Event,
+) -> list[KeyCollector]:
+    """Put each probe's output in ``outputs`` as ``Deferred`` (``start_probe`` sends its tasks
+    with the key sets), and a collector on each build's output (a build may itself be a probe
+    whose own keys come first). Returns the collectors, for EXPLAIN ANALYZE."""
+    collectors = [KeyCollector(pair) for pair in pairs]
+    waits: dict[str, list[KeyCollector]] = {}
+    for collector in collectors:
+        waits.setdefault(collector.pair.probe, []).append(collector)
+    for probe, waiting in waits.items():
+        outputs[probe] = Deferred(
+            waiting, lambda key_sets, probe=probe: start_probe(probe, key_sets), cancelled
+        )
+    for collector in collectors:
+        outputs[collector.pair.build] = collector.tap(outputs[collector.pair.build])
+    return collectors

@@ -1,0 +1,269 @@
+"""join_filters: which fragments a join lets the host cut down by the keys of another.
+
+A join on the host keeps only the rows of one input whose key is among the other's. When that
+other input is a small, filtered fragment (TPC-H Q17's 200 parts of one brand and container),
+its keys, known once it has arrived, can go down to the devices of the large fragment (the six
+million lineitems) as ``key IN (...)``: they ship the rows that can match, not all of them
+(sideways information passing; Skytether §4 pushes work to where the data is, this pushes the
+join's knowledge there too).
+
+This module only finds the pairs, on the super-plan as it stands; the coordinator collects the
+keys and sends the probe fragment once they are in (``coordinator.join_keys``). A pair is kept
+only where the cut cannot change the answer:
+
+- the join compares the two columns with ``=`` (NULL never matches) and its type drops rows of
+  the probe side that match nothing (inner; the null-supplying side of an outer join; either
+  side of a semi join; the filtering side of an anti join);
+- between the probe fragment and the join, every operator commutes with a filter on that column:
+  filters, projections that pass it on, sorts, aggregates grouping by it, inner joins, and the
+  preserved side of outer, semi and anti joins (no LIMIT, no union);
+- the probe fragment is read once in the super-plan, and the build column comes unchanged from
+  a build fragment's output (its rows may be fewer by the time they reach the join: the keys are
+  then a superset, which cuts less but never wrongly).
+
+Which pairs pay: the build's dataset is at least ``PROBE_ROWS_RATIO`` times smaller, and its
+fragment is filtered (or is itself cut by a join filter): an unfiltered build's keys are all
+of them. The smaller build also keeps the pairs acyclic.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from substrait import algebra_pb2
+
+from quarry.plan import expressions, tree
+from quarry.plan.decompose import Decomposition, Fragment
+from quarry.protocol.stage import Stage
+
+PROBE_ROWS_RATIO = 4
+J = algebra_pb2.JoinRel
+# The sides of a join whose rows the join drops when unmatched (a probe may be cut there)...
+_CUT_SIDES = {
+    J.JOIN_TYPE_INNER: ("left", "right"),
+    J.JOIN_TYPE_LEFT: ("right",),
+    J.JOIN_TYPE_RIGHT: ("left",),
+    J.JOIN_TYPE_LEFT_SEMI: ("left", "right"),
+    J.JOIN_TYPE_RIGHT_SEMI: ("left", "right"),
+    J.JOIN_TYPE_LEFT_ANTI: ("right",),
+    J.JOIN_TYPE_RIGHT_ANTI: ("left",),
+}
+# ...and the sides a filter on a column passes through unchanged, below the join that cuts.
+_PASS_SIDES = {
+    J.JOIN_TYPE_INNER: ("left", "right"),
+    J.JOIN_TYPE_LEFT: ("left",),
+    J.JOIN_TYPE_RIGHT: ("right",),
+    J.JOIN_TYPE_LEFT_SEMI: ("left",),
+    J.JOIN_TYPE_LEFT_ANTI: ("left",),
+    J.JOIN_TYPE_RIGHT_SEMI: ("right",),
+    J.JOIN_TYPE_RIGHT_ANTI: ("right",),
+}
+_RIGHT_ONLY = (J.JOIN_TYPE_RIGHT_SEMI, J.JOIN_TYPE_RIGHT_ANTI)
+_LEFT_ONLY = (J.JOIN_TYPE_LEFT_SEMI, J.JOIN_TYPE_LEFT_ANTI)
+
+
+@dataclass(frozen=True)
+class JoinFilter:
+    """Cut ``probe``'s output to the rows whose ``probe_column`` is among the values of
+    ``build``'s ``build_column`` (output column positions)."""
+
+    probe: str
+    probe_column: int
+    build: str
+    build_column: int
+
+    def describe(self, fragments: Mapping[str, Fragment]) -> str:
+        probe = fragments[self.probe].output_schema.names[self.probe_column]
+        build = fragments[self.build].output_schema.names[self.build_column]
+        return f"{self.probe}.{probe} IN (keys of {self.build}.{build})"
+
+
+def join_filters(decomposition: Decomposition, rows: Mapping[str, int]) -> tuple[JoinFilter, ...]:
+    """The pairs worth cutting, for datasets of ``rows`` rows."""
+    fragments = {f.name: f for f in decomposition.fragments}
+    if len(fragments) < 2:
+        return ()
+    plan = tree.parse_plan(decomposition.super_plan)
+    names = tree.function_names(plan)
+    reads = Counter(
+        t[0] for rel in tree.iter_rels(plan) if (t := tree.named_table(rel)) and len(t) == 1
+    )
+    found = {
+        pair
+        for rel in tree.iter_rels(plan)
+        if tree.kind(rel) == "join"
+        for pair in _pairs(rel.join, names)
+        if reads[pair.probe] == 1 and _sizes_pay(pair, fragments, rows)
+    }
+    return tuple(sorted(_selective(found, fragments), key=_order))
+
+
+def _order(pair: JoinFilter) -> tuple:
+    return (pair.probe, pair.probe_column, pair.build, pair.build_column)
+
+
+def _sizes_pay(
+    pair: JoinFilter, fragments: Mapping[str, Fragment], rows: Mapping[str, int]
+) -> bool:
+    if pair.probe == pair.build or pair.probe not in fragments or pair.build not in fragments:
+        return False
+    probe, build = fragments[pair.probe], fragments[pair.build]
+    if probe.capabilities != "full" or Stage.FULL not in probe.device_stages:
+        return False  # a scan engine runs the filter stage only: its stream is not the output
+    probe_rows, build_rows = rows.get(probe.dataset, 0), rows.get(build.dataset, 0)
+    return probe_rows >= PROBE_ROWS_RATIO * max(build_rows, 1)
+
+
+def _selective(pairs: set[JoinFilter], fragments: Mapping[str, Fragment]) -> set[JoinFilter]:
+    """Pairs whose build is filtered, or cut by a pair kept (to a fixed point)."""
+    cut = {name for name, f in fragments.items() if f.device_filter or f.host_filter}
+    kept: set[JoinFilter] = set()
+    while True:
+        more = {p for p in pairs - kept if p.build in cut}
+        if not more:
+            return kept
+        kept |= more
+        cut |= {p.probe for p in more}
+
+
+def _pairs(join: algebra_pb2.JoinRel, names: Mapping[int, str]) -> list[JoinFilter]:
+    sides = _CUT_SIDES.get(join.type, ())
+    left_width = width(join.left)
+    if not sides or left_width is None or not join.HasField("expression"):
+        return []
+    found = []
+    for part in expressions.conjuncts(join.expression, names):
+        if expressions.function_name(part, names) != "equal":
+            continue
+        fields = [expressions.field_index(a) for a in expressions.arguments(part)]
+        if len(fields) != 2 or None in fields:
+            continue
+        low, high = sorted(fields)  # type: ignore[type-var]
+        if not low < left_width <= high:
+            continue
+        ends = {"left": (join.left, low), "right": (join.right, high - left_width)}
+        for probe_side in sides:
+            build_side = "right" if probe_side == "left" else "left"
+            probe = trace(*ends[probe_side], probe=True)
+            build = trace(*ends[build_side], probe=False)
+            if probe is not None and build is not None:
+                found.append(JoinFilter(probe[0], probe[1], build[0], build[1]))
+    return found
+
+
+def trace(rel: algebra_pb2.Rel, index: int, probe: bool) -> tuple[str, int] | None:
+    """The fragment and output column that field ``index`` of ``rel`` comes from unchanged;
+    with ``probe``, only through operators that commute with a filter on it."""
+    mapping = _emit(rel)
+    if mapping is not None:
+        if index >= len(mapping):
+            return None
+        index = mapping[index]
+    kind = tree.kind(rel)
+    if kind == "read":
+        return _read(rel.read, index)
+    if kind in ("filter", "sort") or (kind == "fetch" and not probe):
+        return trace(tree.single_input(rel), index, probe)  # type: ignore[arg-type]
+    if kind == "project":
+        return _project(rel.project, index, probe)
+    if kind == "aggregate":
+        return _aggregate(rel.aggregate, index, probe)
+    if kind == "join":
+        return _join(rel.join, index, probe)
+    return None
+
+
+def _read(read: algebra_pb2.ReadRel, index: int) -> tuple[str, int] | None:
+    names = tuple(read.named_table.names) if read.HasField("named_table") else ()
+    fields = tree.read_output_fields(read)
+    if len(names) != 1 or index >= len(fields):
+        return None
+    return names[0], fields[index]
+
+
+def _project(project: algebra_pb2.ProjectRel, index: int, probe: bool) -> tuple[str, int] | None:
+    below = width(project.input)
+    if below is None:
+        return None
+    if index < below:
+        return trace(project.input, index, probe)
+    field = expressions.field_index(project.expressions[index - below])
+    return None if field is None else trace(project.input, field, probe)
+
+
+def _aggregate(
+    aggregate: algebra_pb2.AggregateRel, index: int, probe: bool
+) -> tuple[str, int] | None:
+    keys = _grouping_keys(aggregate)
+    if keys is None or index >= len(keys):
+        return None
+    field = expressions.field_index(keys[index])
+    return None if field is None else trace(aggregate.input, field, probe)
+
+
+def _join(join: algebra_pb2.JoinRel, index: int, probe: bool) -> tuple[str, int] | None:
+    left_width = width(join.left)
+    if left_width is None:
+        return None
+    if join.type in _RIGHT_ONLY:
+        side, index = "right", index
+    elif join.type in _LEFT_ONLY or index < left_width:
+        side = "left"
+    else:
+        side, index = "right", index - left_width
+    if probe and side not in _PASS_SIDES.get(join.type, ()):
+        return None
+    return trace(join.left if side == "left" else join.right, index, probe)
+
+
+def width(rel: algebra_pb2.Rel) -> int | None:
+    """How many columns ``rel`` outputs (None: an operator this module does not follow)."""
+    mapping = _emit(rel)
+    if mapping is not None:
+        return len(mapping)
+    kind = tree.kind(rel)
+    if kind == "read":
+        return len(tree.read_output_fields(rel.read))
+    if kind in ("filter", "sort", "fetch"):
+        return width(tree.single_input(rel))  # type: ignore[arg-type]
+    if kind == "project":
+        below = width(rel.project.input)
+        return None if below is None else below + len(rel.project.expressions)
+    if kind == "aggregate":
+        keys = _grouping_keys(rel.aggregate)
+        return None if keys is None else len(keys) + len(rel.aggregate.measures)
+    if kind == "join":
+        return _join_width(rel.join)
+    return None
+
+
+def _join_width(join: algebra_pb2.JoinRel) -> int | None:
+    left, right = width(join.left), width(join.right)
+    if left is None or right is None:
+        return None
+    if join.type in _LEFT_ONLY:
+        return left
+    if join.type in _RIGHT_ONLY:
+        return right
+    if join.type in (J.JOIN_TYPE_LEFT_MARK, J.JOIN_TYPE_RIGHT_MARK):
+        return None
+    return left + right
+
+
+def _grouping_keys(aggregate: algebra_pb2.AggregateRel) -> list | None:
+    """The grouping expressions, in output order; None for grouping sets."""
+    if len(aggregate.groupings) > 1:
+        return None
+    if not aggregate.groupings:
+        return []
+    grouping = aggregate.groupings[0]
+    return [aggregate.grouping_expressions[r] for r in grouping.expression_references]
+
+
+def _emit(rel: algebra_pb2.Rel) -> list[int] | None:
+    common = getattr(tree.body(rel), "common", None)
+    if common is None or not common.HasField("emit"):
+        return None
+    return list(common.emit.output_mapping)

@@ -1,0 +1,55 @@
+"""plan.keys: a join's key set on the wire, and the cut it makes of a fragment's output."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pytest
+
+from quarry.plan import keys
+from quarry.plan.keys import KeyCut, keep
+
+
+def _expected(values: pa.Array, key_set: pa.Array) -> list[bool]:
+    return pc.is_in(values, value_set=key_set.drop_null()).to_pylist()
+
+
+@pytest.mark.parametrize(
+    "values, key_set",
+    [
+        (pa.array([1, 5, None, 7, -3, 10**6], pa.int64()), pa.array([5, 7, None, -3], pa.int64())),
+        (pa.array([1, 2, 3], pa.int32()), pa.array([2, 3, 2**40], pa.int64())),  # cast fails
+        (pa.array([1, 2**40, 3], pa.int64()), pa.array([3, 2**40], pa.int64())),  # wide range
+        (pa.array(["a", None, "c"]), pa.array(["c", "z"])),
+        (pa.array([1, 2, 3], pa.uint32()), pa.array([], pa.int64())),
+    ],
+)
+def test_a_cut_keeps_exactly_the_rows_whose_key_is_in_the_set(values, key_set) -> None:
+    mask = KeyCut(0, key_set).mask(values).to_pylist()
+    try:
+        expected = _expected(values, key_set.cast(values.type))
+    except pa.ArrowInvalid:
+        expected = [True] * len(values)  # keys that do not fit the column: no cut at all
+    assert mask == expected
+
+
+def test_keep_ands_several_cuts_and_keys_travel_as_ipc() -> None:
+    rng = np.random.default_rng(3)
+    batch = pa.record_batch(
+        [pa.array(rng.integers(0, 100, 1000)), pa.array(rng.integers(0, 10, 1000))],
+        names=["a", "b"],
+    )
+    first = keys.decode(keys.encode(pa.array([1, 2, 3, 50])))
+    second = keys.decode(keys.encode(pa.array([0, 9])))
+    kept = keep(batch, [KeyCut(0, first), KeyCut(1, second)])
+    a, b = batch.column(0).to_numpy(), batch.column(1).to_numpy()
+    assert kept.num_rows == int((np.isin(a, [1, 2, 3, 50]) & np.isin(b, [0, 9])).sum())
+
+
+def test_a_malformed_or_oversized_key_set_is_refused(monkeypatch) -> None:
+    with pytest.raises(ValueError, match="does not decode"):
+        keys.decode(b"not arrow")
+    monkeypatch.setattr(keys, "KEYS_MAX", 2)
+    with pytest.raises(ValueError, match="at most 2"):
+        keys.decode(keys.encode(pa.array([1, 2, 3])))
