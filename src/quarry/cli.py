@@ -551,6 +551,9 @@ def _print_explain(report: dict[str, Any]) -> None:
     cost_model = report.get("cost_model")
     if cost_model:
         _print_cost_model(cost_model)
+    for pair in report.get("join_filters", []):
+        outcome = f": {pair['outcome']}" if "outcome" in pair else ""
+        console.print(f"join keys: {pair['filter']}{outcome}", highlight=False, markup=False)
     analyzed = report.get("analyze")
     if not analyzed:
         return
