@@ -7,7 +7,8 @@ writes one Parquet file per table. DuckDB then answers the 22 queries over views
 (what a user with the data on local disk gets); quarry ingests the same files into a local
 cluster (``--devices`` host-profile devices) and answers them with ``pushdown="auto"``. For each
 query: the median of ``--repeat`` runs each (after one warm-up run of each), the ratio DuckDB
-time / quarry time, bytes the devices shipped to the host, and whether the answers agree. The
+time / quarry time, bytes the devices shipped to the host, and whether the answers agree; and
+quarry again without join keys (``join_filters=False``), time and bytes, side by side. The
 summary is the geometric mean of the ratios per scale factor (issue 14: at least 0.8 at SF 1,
 at least 1 at SF 10). Results: ``bench/results/tpch.json`` and ``.png``.
 """
@@ -79,14 +80,8 @@ def one_scale(sf: float, devices: int, repeat: int, numbers: list[int]) -> list[
                     duck_s, expected = median_time(
                         repeat, lambda s=sql: duck.execute(s).fetch_arrow_table()
                     )
-                    planned: dict[str, Any] = {}
-
-                    def run(s=sql, planned=planned):
-                        planned["query"] = cluster.query(s, "auto")
-                        return planned["query"].execute().read_all()
-
-                    quarry_s, actual = median_time(repeat, run)
-                    analyzed = planned["query"].explain(analyze=True)["analyze"]
+                    quarry_s, actual, analyzed, pairs = _quarry(cluster, sql, repeat, True)
+                    plain_s, plain, plain_analyzed, _ = _quarry(cluster, sql, repeat, False)
                     rows.append(
                         {
                             "sf": sf,
@@ -96,13 +91,29 @@ def one_scale(sf: float, devices: int, repeat: int, numbers: list[int]) -> list[
                             "ratio": duck_s / quarry_s,
                             "bytes_shipped": analyzed["bytes_shipped"],
                             "bytes_read": analyzed["bytes_read"],
-                            "agree": same(actual, expected),
+                            "join_keys": pairs,
+                            "no_join_keys_s": plain_s,
+                            "no_join_keys_bytes_shipped": plain_analyzed["bytes_shipped"],
+                            "agree": same(actual, expected) and same(plain, expected),
                             "ingest_s": ingest_s,
                         }
                     )
                     bar.advance(task)
         duck.close()
     return rows
+
+
+def _quarry(cluster: Any, sql: str, repeat: int, join_keys: bool) -> tuple[float, Any, dict, list]:
+    """Median seconds, the answer, EXPLAIN ANALYZE and what each join's keys did."""
+    planned: dict[str, Any] = {}
+
+    def run() -> Any:
+        planned["query"] = cluster.query(sql, "auto", join_filters=join_keys)
+        return planned["query"].execute().read_all()
+
+    seconds, answer = median_time(repeat, run)
+    explained = planned["query"].explain(analyze=True)
+    return seconds, answer, explained["analyze"], explained["join_filters"]
 
 
 def geometric_mean(values: list[float]) -> float:
@@ -115,6 +126,11 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
         mine = [r for r in rows if r["sf"] == sf]
         by_sf[str(sf)] = {
             "geometric_mean_duckdb_over_quarry": geometric_mean([r["ratio"] for r in mine]),
+            "geometric_mean_duckdb_over_quarry_without_join_keys": geometric_mean(
+                [r["duckdb_s"] / r["no_join_keys_s"] for r in mine]
+            ),
+            "bytes_shipped": sum(r["bytes_shipped"] for r in mine),
+            "bytes_shipped_without_join_keys": sum(r["no_join_keys_bytes_shipped"] for r in mine),
             "quarry_total_s": sum(r["quarry_s"] for r in mine),
             "duckdb_total_s": sum(r["duckdb_s"] for r in mine),
             "all_agree": all(r["agree"] for r in mine),
@@ -125,7 +141,8 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 def report(rows: list[dict[str, Any]], summed: dict[str, Any]) -> None:
     table = Table(title="TPC-H: DuckDB on Parquet / quarry (auto), per query")
-    for column in ("SF", "query", "DuckDB s", "quarry s", "DuckDB / quarry", "shipped MB", "agree"):
+    columns = ("SF", "query", "DuckDB s", "quarry s", "DuckDB / quarry", "shipped MB")
+    for column in (*columns, "no join keys: s", "MB", "agree"):
         table.add_column(column, justify="right")
     for r in rows:
         table.add_row(
@@ -135,12 +152,17 @@ def report(rows: list[dict[str, Any]], summed: dict[str, Any]) -> None:
             f"{r['quarry_s']:.3f}",
             f"{r['ratio']:.2f}",
             f"{r['bytes_shipped'] / 1e6:.1f}",
+            f"{r['no_join_keys_s']:.3f}",
+            f"{r['no_join_keys_bytes_shipped'] / 1e6:.1f}",
             "yes" if r["agree"] else "NO",
         )
     console.print(table)
     for sf, s in summed.items():
         console.print(
-            f"SF {sf}: geometric mean DuckDB/quarry {s['geometric_mean_duckdb_over_quarry']:.2f}; "
+            f"SF {sf}: geometric mean DuckDB/quarry {s['geometric_mean_duckdb_over_quarry']:.2f} "
+            f"({s['geometric_mean_duckdb_over_quarry_without_join_keys']:.2f} without join keys); "
+            f"shipped {s['bytes_shipped'] / 1e6:.0f} MB "
+            f"({s['bytes_shipped_without_join_keys'] / 1e6:.0f} MB without); "
             f"totals {s['duckdb_total_s']:.1f} s / {s['quarry_total_s']:.1f} s; "
             f"all agree: {s['all_agree']}"
         )
@@ -157,8 +179,12 @@ def draw(path: Path, rows: list[dict[str, Any]], summed: dict[str, Any]) -> None
     for axis, sf in zip(axes[:, 0], scales, strict=True):
         mine = [r for r in rows if r["sf"] == sf]
         x = range(len(mine))
-        axis.bar([i - 0.2 for i in x], [r["duckdb_s"] for r in mine], 0.4, label="DuckDB (Parquet)")
-        axis.bar([i + 0.2 for i in x], [r["quarry_s"] for r in mine], 0.4, label="quarry (auto)")
+        axis.bar(
+            [i - 0.27 for i in x], [r["duckdb_s"] for r in mine], 0.27, label="DuckDB (Parquet)"
+        )
+        axis.bar([i for i in x], [r["quarry_s"] for r in mine], 0.27, label="quarry (auto)")
+        plain = [r["no_join_keys_s"] for r in mine]
+        axis.bar([i + 0.27 for i in x], plain, 0.27, label="quarry, no join keys")
         axis.set_xticks(list(x), [f"Q{r['query']}" for r in mine])
         axis.set_yscale("log")
         axis.set_ylabel("seconds (median)")

@@ -23,7 +23,10 @@ only where the cut cannot change the answer:
 
 Which pairs pay: the build's dataset is at least ``PROBE_ROWS_RATIO`` times smaller, and its
 fragment is filtered (or is itself cut by a join filter): an unfiltered build's keys are all
-of them. The smaller build also keeps the pairs acyclic.
+of them. The smaller build also keeps the pairs acyclic. A probe waits for its build, so a pair
+must end, through builds that are probes in turn (Q5: region, nation, supplier, lineitem), at
+a probe of at least ``PROBE_ROWS_MIN`` rows: below that, shipping it whole costs less than
+the wait (TPC-H SF 0.05, Q5: 0.13 s uncut, 0.19 s cut along the whole chain).
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from quarry.plan.decompose import Decomposition, Fragment
 from quarry.protocol.stage import Stage
 
 PROBE_ROWS_RATIO = 4
+PROBE_ROWS_MIN = 500_000
 J = algebra_pb2.JoinRel
 # The sides of a join whose rows the join drops when unmatched (a probe may be cut there)...
 _CUT_SIDES = {
@@ -97,7 +101,8 @@ def join_filters(decomposition: Decomposition, rows: Mapping[str, int]) -> tuple
         for pair in _pairs(rel.join, names)
         if reads[pair.probe] == 1 and _sizes_pay(pair, fragments, rows)
     }
-    return tuple(sorted(_selective(found, fragments), key=_order))
+    kept = _ending_large(_selective(found, fragments), fragments, rows)
+    return tuple(sorted(kept, key=_order))
 
 
 def _order(pair: JoinFilter) -> tuple:
@@ -126,6 +131,19 @@ def _selective(pairs: set[JoinFilter], fragments: Mapping[str, Fragment]) -> set
             return kept
         kept |= more
         cut |= {p.probe for p in more}
+
+
+def _ending_large(
+    pairs: set[JoinFilter], fragments: Mapping[str, Fragment], rows: Mapping[str, int]
+) -> set[JoinFilter]:
+    """Pairs whose probe is large, or a build of a pair kept (to a fixed point)."""
+    kept = {p for p in pairs if rows.get(fragments[p.probe].dataset, 0) >= PROBE_ROWS_MIN}
+    while True:
+        builds = {p.build for p in kept}
+        more = {p for p in pairs - kept if p.probe in builds}
+        if not more:
+            return kept
+        kept |= more
 
 
 def _pairs(join: algebra_pb2.JoinRel, names: Mapping[int, str]) -> list[JoinFilter]:
