@@ -37,7 +37,7 @@ def encode_slice(batch: pa.RecordBatch, compression: str = "none") -> bytes:
 
 
 def decode_slice(
-    value: bytes | pa.Buffer, schema: pa.Schema | None = None, rows: int | None = None
+    value: bytes | memoryview | pa.Buffer, schema: pa.Schema | None = None, rows: int | None = None
 ) -> pa.RecordBatch:
     """Decode one slice, and check it against what the metadata slice says it holds.
 
@@ -72,7 +72,7 @@ def encode_columns(batch: pa.RecordBatch, compression: str = "none") -> tuple[by
 
 
 def decode_columns(
-    parts: list[bytes], fields: list[pa.Field], rows: int, metadata: dict | None = None
+    parts: list[bytes | memoryview], fields: list[pa.Field], rows: int, metadata: dict | None = None
 ) -> pa.RecordBatch:
     """Columns read back from their byte ranges, each checked like a whole slice, into one
     batch of ``fields``."""

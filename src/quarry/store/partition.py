@@ -481,7 +481,7 @@ class FetchedSlice:
     number: int
     columns: list[str] | None
     whole: bytes | None  # a value stored whole (the first format)
-    parts: list[bytes] | None  # else the wanted columns' IPC streams, in the order asked
+    parts: list[bytes | memoryview] | None  # else the wanted columns' IPC streams, in order
     indices: list[int] | None  # and those columns' schema positions
 
 
@@ -516,7 +516,7 @@ def decode_read(meta: PartitionMeta, fetched: FetchedSlice) -> pa.RecordBatch:
 
 def read_stored(
     store: KeyValueStore, meta: PartitionMeta, number: int, columns: list[str]
-) -> list[bytes] | None:
+) -> list[bytes | memoryview] | None:
     """The stored IPC streams of ``columns`` of a slice, undecoded (None: the slice was stored
     whole, in the first format, and has no stream per column)."""
     info = meta.slices[number]
@@ -586,12 +586,12 @@ def _column_values(
             low, high = max(start, s * stripe), min(end, (s + 1) * stripe)
             pieces.append((keys[min(s, len(keys) - 1)], low - s * stripe, high - s * stripe))
     values = store.get_ranges(pieces)
-    out: dict[int, bytes] = {}
+    out: dict[int, bytes | memoryview] = {}
     for run, count in zip(runs, counts, strict=True):
         data, values = b"".join(values[:count]), values[count:]
-        base = offsets[run[0]]
+        base, view = offsets[run[0]], memoryview(data)  # columns of a run share its one copy
         for i in run:
-            out[i] = data[offsets[i] - base : offsets[i + 1] - base]
+            out[i] = view[offsets[i] - base : offsets[i + 1] - base] if len(run) > 1 else data
     return out
 
 

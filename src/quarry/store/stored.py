@@ -26,7 +26,7 @@ def schema(fields: pa.Schema) -> pa.Schema:
     return pa.schema(columns, metadata={SCHEMA_KEY: fields.serialize().to_pybytes()})
 
 
-def batch(parts: list[bytes], rows: int, stream: pa.Schema) -> pa.RecordBatch:
+def batch(parts: list[bytes | memoryview], rows: int, stream: pa.Schema) -> pa.RecordBatch:
     """One slice: its columns' streams, in ``stream``'s order."""
     arrays = [pa.array([part], pa.binary()) for part in parts]
     arrays.append(pa.array([rows], pa.int64()))
