@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 import warnings
 from pathlib import Path
 
@@ -151,6 +152,29 @@ def test_a_failing_reader_leaves_nothing_stored(genes_cluster):
     with pytest.raises(quarry.errors.QuarryError, match="the disk went away"):
         genes.ingest(genes_cluster, source, "lab/flaky")
     assert not names_on(genes_cluster, "lab/flaky")
+
+
+def test_blocks_may_take_longer_than_a_call_to_devices(genes_cluster):
+    """A put stream lasts as long as its blocks take to make or read, past any call's
+    deadline (here cut to 1 s, the ingest taking about 3 s)."""
+    matrix = mixed_matrix(seed=14, genes=60, cells=30_000)  # rows of ~100 KB: streams open early
+
+    def slow():
+        for start in range(0, 60, 5):
+            time.sleep(0.25)
+            yield matrix.values[start : start + 5]
+
+    clients = list(genes_cluster.devices.values())
+    deadlines = [client.timeout_s for client in clients]
+    try:
+        for client in clients:
+            client.timeout_s = 1.0
+        source = GeneBlocks(slow(), matrix.genes, matrix.cells, dataset="slow")
+        genes.ingest(genes_cluster, source, "lab/slow")
+    finally:
+        for client, deadline in zip(clients, deadlines, strict=True):
+            client.timeout_s = deadline
+    assert stored_rows(genes_cluster, "lab/slow").num_rows == 60
 
 
 # ---- .h5ad files read in blocks ---------------------------------------------------------------
