@@ -437,13 +437,14 @@ def plot(result: dict[str, Any], path: Path) -> None:
         left.annotate(label, (i, max(value, 1e-2)), ha="center", va="bottom", fontsize=8)
 
     memory = q["memory"]
+    devices = f"quarry {result['devices']} devices"
     peaks = {
         "quarry host\n(generates, coordinates)": memory["host_ru_maxrss_bytes"],
-        f"quarry {result['devices']} devices\n(sum of peak RSS)": memory[
+        f"{devices}, sum of\npeak RSS (the store's\nmapped file pages too)": memory[
             "devices_vm_hwm_sum_bytes"
         ],
-        "quarry devices\n(sum of peak anon)": memory["devices_rss_anon_peak_sum_bytes"],
-        "scanpy process": s["peak_rss_bytes"],
+        f"{devices}, sum of\npeak allocated (anon)": memory["devices_rss_anon_peak_sum_bytes"],
+        "scanpy process\n(peak RSS)": s["peak_rss_bytes"],
     }
     right.bar(
         range(len(peaks)),
@@ -456,7 +457,7 @@ def plot(result: dict[str, Any], path: Path) -> None:
     right.annotate(
         "scanpy's address-space limit", (0, s["address_space_limit_bytes"] / GIB), fontsize=8
     )
-    right.set_xticks(range(len(peaks)), list(peaks.keys()), fontsize=8)
+    right.set_xticks(range(len(peaks)), list(peaks.keys()), fontsize=7)
     right.set_ylabel("GiB")
     right.set_title("peak resident memory" + (f" (scanpy: {failed})" if failed else ""))
     for i, value in enumerate(peaks.values()):
