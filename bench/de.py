@@ -27,6 +27,7 @@ import os
 import sys
 import time
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +41,7 @@ from common import png_path, progress, write_json
 
 import quarry
 from quarry import genes
-from quarry.genes import ExpressionMatrix
+from quarry.genes import ExpressionMatrix, GeneBlocks
 
 GENES = 20_000
 CELLS = 100_000
@@ -48,7 +49,7 @@ CLUSTERS = 10
 DENSITY = 0.10
 DEVICES = 4
 MARKERS_PER_CLUSTER = 50  # genes up-regulated in one cluster: what DE should find
-GENES_PER_CHUNK = 250  # generation works on this many genes at a time (bounded memory)
+CHUNK_VALUES = 25_000_000  # random draws per block of genes: generation's memory is bounded
 SEED = 5
 # What each device reports of a genes.accumulate call (the full summary lists every slice).
 DEVICE_FIELDS = (
@@ -66,20 +67,45 @@ DEVICE_FIELDS = (
 console = Console(stderr=True)
 
 
-def synthetic(gene_count: int, cell_count: int, density: float, seed: int) -> ExpressionMatrix:
-    """Genes x cells CSR: each gene non-zero in ~density of cells, more often and higher in
-    the cluster it marks; values log1p(1 + Poisson)."""
+def gene_blocks(
+    gene_count: int, cell_count: int, density: float, seed: int, label: str = "generate matrix"
+) -> GeneBlocks:
+    """The synthetic matrix as blocks of genes, made as they are read: each gene non-zero in
+    ~density of cells, more often and higher in the cluster it marks; values log1p(1 +
+    Poisson). Memory holds one block (about CHUNK_VALUES draws), so any size can be made."""
     rng = np.random.default_rng(seed)
     cluster_of_cell = rng.integers(0, CLUSTERS, cell_count)
     base = rng.uniform(0.5, 1.5, gene_count) * density
     marker_cluster = np.full(gene_count, -1)
     markers = rng.choice(gene_count, CLUSTERS * MARKERS_PER_CLUSTER, replace=False)
     marker_cluster[markers] = np.repeat(np.arange(CLUSTERS), MARKERS_PER_CLUSTER)
-    data, indices, counts = [], [], []
+    genes_table = pa.table({"gene": [f"gene{i}" for i in range(gene_count)]})
+    cells_table = pa.table(
+        {
+            "cell": [f"cell{i}" for i in range(cell_count)],
+            "cluster": pa.array(cluster_of_cell.astype(str)).dictionary_encode(),
+        }
+    )
+    blocks = _blocks(rng, base, marker_cluster, cluster_of_cell, label)
+    return GeneBlocks(
+        blocks, genes_table, cells_table, {"generator": "bench/de.py"}, dataset="synthetic"
+    )
+
+
+def _blocks(
+    rng: np.random.Generator,
+    base: np.ndarray,
+    marker_cluster: np.ndarray,
+    cluster_of_cell: np.ndarray,
+    label: str,
+) -> Iterator[sparse.csr_matrix]:
+    gene_count, cell_count = len(base), len(cluster_of_cell)
+    step = max(1, CHUNK_VALUES // cell_count)
+    reported = 0
     with progress(console) as bar:
-        task = bar.add_task("generate matrix", total=gene_count)
-        for start in range(0, gene_count, GENES_PER_CHUNK):
-            stop = min(start + GENES_PER_CHUNK, gene_count)
+        task = bar.add_task(label, total=gene_count)
+        for start in range(0, gene_count, step):
+            stop = min(start + step, gene_count)
             chance = np.repeat(base[start:stop, np.newaxis], CLUSTERS, axis=1).astype(np.float32)
             rows = np.flatnonzero(marker_cluster[start:stop] >= 0)
             chance[rows, marker_cluster[start:stop][rows]] *= 3.0
@@ -90,23 +116,23 @@ def synthetic(gene_count: int, cell_count: int, density: float, seed: int) -> Ex
             row, column = np.nonzero(mask)
             del mask
             rate = np.where(marker_cluster[start:stop][row] == cluster_of_cell[column], 6.0, 2.0)
-            data.append(np.log1p(1.0 + rng.poisson(rate)).astype(np.float32))
-            indices.append(column.astype(np.int32))
-            counts.append(np.bincount(row, minlength=stop - start))
+            data = np.log1p(1.0 + rng.poisson(rate)).astype(np.float32)
+            indptr = np.concatenate(([0], np.cumsum(np.bincount(row, minlength=stop - start))))
+            yield sparse.csr_matrix(
+                (data, column.astype(np.int32), indptr), shape=(stop - start, cell_count)
+            )
             bar.advance(task, stop - start)
-    indptr = np.concatenate(([0], np.cumsum(np.concatenate(counts)))).astype(np.int64)
-    values = sparse.csr_matrix(
-        (np.concatenate(data), np.concatenate(indices), indptr), shape=(gene_count, cell_count)
-    )
-    genes_table = pa.table({"gene": [f"gene{i}" for i in range(gene_count)]})
-    cells_table = pa.table(
-        {
-            "cell": [f"cell{i}" for i in range(cell_count)],
-            "cluster": pa.array(cluster_of_cell.astype(str)).dictionary_encode(),
-        }
-    )
+            if not console.is_terminal and stop * 10 // gene_count > reported:
+                reported = stop * 10 // gene_count  # a line per tenth where no bar is drawn
+                console.print(f"{label}: {stop:,} of {gene_count:,} genes")
+
+
+def synthetic(gene_count: int, cell_count: int, density: float, seed: int) -> ExpressionMatrix:
+    """The synthetic matrix whole, in memory (genes x cells CSR): the blocks stacked."""
+    source = gene_blocks(gene_count, cell_count, density, seed)
+    values = sparse.vstack(list(source.blocks), format="csr")
     return ExpressionMatrix(
-        values, genes_table, cells_table, {"generator": "bench/de.py"}, dataset="synthetic"
+        values, source.genes, source.cells, source.metadata, dataset=source.dataset
     )
 
 

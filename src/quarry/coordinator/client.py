@@ -22,6 +22,10 @@ from quarry.protocol.message import Message
 
 CONNECT_TIMEOUT_S = 5.0
 CALL_TIMEOUT_S = 120.0
+# A put stream lives as long as its source takes to read (a matrix made or read block by
+# block, a large file on a slow link), which no call's deadline bounds: a device that stops
+# breaks the stream at once; one that hangs is given this long.
+PUT_STREAM_TIMEOUT_S = 24 * 3600.0
 
 
 class DeviceClient:
@@ -173,7 +177,8 @@ class DeviceClient:
         self, request: ingest.PutPartition | ingest.UpdateSlice, schema: pa.Schema
     ) -> tuple[flight.FlightStreamWriter, flight.FlightMetadataReader]:
         descriptor = flight.FlightDescriptor.for_command(request.encode())
-        return self.guard(lambda: self._client.do_put(descriptor, schema, self._options()))
+        options = self._options(PUT_STREAM_TIMEOUT_S)
+        return self.guard(lambda: self._client.do_put(descriptor, schema, options))
 
     def update_slice(
         self,

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import json
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -33,9 +33,16 @@ import pyarrow.compute as pc
 
 from quarry.errors import DatasetExists, DatasetNotFound
 from quarry.genes.errors import GenesInputError
-from quarry.genes.layout import Orientation, iter_rows_batches
-from quarry.genes.matrix import CELL_COLUMN, GENE_COLUMN, ExpressionMatrix
+from quarry.genes.layout import Orientation, iter_block_batches, iter_rows_batches, stored_schema
+from quarry.genes.matrix import (
+    CELL_COLUMN,
+    GENE_COLUMN,
+    CheckedBlocks,
+    ExpressionMatrix,
+    GeneBlocks,
+)
 from quarry.genes.readers import Format, read, read_h5ad
+from quarry.progress import Bar
 from quarry.store import naming
 
 if TYPE_CHECKING:
@@ -129,7 +136,7 @@ class StoredMatrix:
 
 def ingest(
     cluster: Cluster,
-    source: str | Path | ExpressionMatrix | Any,
+    source: str | Path | ExpressionMatrix | GeneBlocks | Any,
     dataset: str,
     *,
     orientation: Orientation = "genes",
@@ -139,15 +146,19 @@ def ingest(
     format: Format | None = None,
     cell_metadata: str | Path | pa.Table | None = None,
     density_threshold: float | None = None,
+    progress: bool | None = None,
 ) -> StoredMatrix:
-    """Store an expression matrix (a file, an AnnData or an `ExpressionMatrix`) as `dataset`.
+    """Store an expression matrix (a file, an AnnData, an `ExpressionMatrix` or `GeneBlocks`).
 
     source:      an .h5ad file, a 10x Matrix Market directory, a dense TSV/CSV, an AnnData
-                 object, or an `ExpressionMatrix`.
+                 object, an `ExpressionMatrix`, or a `GeneBlocks`: a matrix larger than memory,
+                 stored one block of genes at a time (orientation "genes" only).
     orientation: "genes" (genes are rows, the paper's layout) or "cells" (pivoted).
     metadata:    custom dataset metadata, kept with the dataset and copied into results.
+    progress:    a bar of the rows stored: on a terminal (None), always (True) or never.
     Returns the stored matrix. Raises `DatasetExists` if the matrix is already there: drop it
-    first (`quarry.genes.drop`); dropping and ingesting again gives a new `version`.
+    first (`quarry.genes.drop`); dropping and ingesting again gives a new `version`. A matrix
+    that fails a check, whenever it is found, leaves nothing stored.
     """
     if orientation not in ("genes", "cells"):
         raise GenesInputError(f"orientation must be 'genes' or 'cells', not {orientation!r}")
@@ -155,30 +166,20 @@ def ingest(
     qualified = f"{domain}/{name}"
     user_metadata = _user_metadata(qualified, metadata)
     matrix = _as_matrix(source, qualified, format, cell_metadata)
-
-    cluster.refresh()
-    if qualified in cluster.catalog:
-        raise DatasetExists(
-            f"expression matrix {qualified} already exists: drop it first "
-            f"(quarry.genes.drop(cluster, {qualified!r})) or choose another name"
-        )
-    for leftover in (qualified + CELLS_SUFFIX, qualified + GENES_SUFFIX):
-        if leftover in cluster.catalog:
-            cluster.drop(leftover)  # debris of an ingest that failed before its matrix
+    _clear_name(cluster, qualified)
+    # Only now: a GeneBlocks is read once, and this reads its first block.
+    stream = _matrix_stream(matrix, orientation, density_threshold)
 
     genes, gene_categories = _axis_table(matrix.genes)
     cells, cell_categories = _axis_table(matrix.cells)
-    schema, batches = iter_rows_batches(
-        matrix, orientation=orientation, density_threshold=density_threshold
-    )
     description = {
         "format": DESCRIPTION_FORMAT,
         "kind": "expression_matrix",
         "orientation": orientation,
         "genes": matrix.gene_count,
         "cells": matrix.cell_count,
-        "nonzero": matrix.nonzero_count,
-        "value_type": str(schema.field(2).type.value_type),
+        "nonzero": stream.nonzero,
+        "value_type": str(stream.schema.field(2).type.value_type),
         "cells_dataset": qualified + CELLS_SUFFIX,
         "genes_dataset": qualified + GENES_SUFFIX,
         "source": matrix.dataset,
@@ -191,17 +192,77 @@ def ingest(
     try:
         cluster.ingest(genes, qualified + GENES_SUFFIX, hints=hints, **options)
         cluster.ingest(cells, qualified + CELLS_SUFFIX, hints=hints, **options)
-        cluster.ingest(
-            pa.RecordBatchReader.from_batches(schema, batches),
-            qualified,
-            hints={"genes.role": "matrix", "genes.orientation": orientation},
-            **options,
-        )
+        with Bar(f"ingest {qualified}", stream.rows, orientation, progress) as bar:
+            cluster.ingest(
+                pa.RecordBatchReader.from_batches(stream.schema, _advancing(stream, bar)),
+                qualified,
+                hints={"genes.role": "matrix", "genes.orientation": orientation},
+                progress=False,
+                **options,
+            )
     except BaseException:
         _drop_quietly(cluster, qualified + CELLS_SUFFIX)
         _drop_quietly(cluster, qualified + GENES_SUFFIX)
+        if stream.failures:  # a block found wrong mid-way: say what, not how the stream broke
+            raise GenesInputError(f"{stream.failures[0]}; nothing was stored") from None
         raise
     return open_matrix(cluster, qualified)
+
+
+@dataclass
+class MatrixStream:
+    """A matrix on its way to the cluster: the stored schema and batches, made as they are sent."""
+
+    schema: pa.Schema
+    rows: int  # stored rows: genes, or cells when pivoted
+    nonzero: int | None  # None: blocks whose count is known only once they are all read
+    batches: Iterator[pa.RecordBatch]
+    failures: list[GenesInputError] = field(default_factory=list)
+
+
+def _matrix_stream(
+    matrix: ExpressionMatrix | GeneBlocks, orientation: Orientation, threshold: float | None
+) -> MatrixStream:
+    if isinstance(matrix, ExpressionMatrix):
+        schema, batches = iter_rows_batches(
+            matrix, orientation=orientation, density_threshold=threshold
+        )
+        rows = matrix.gene_count if orientation == "genes" else matrix.cell_count
+        return MatrixStream(schema, rows, matrix.nonzero_count, batches)
+    if orientation != "genes":
+        raise GenesInputError(
+            f"dataset {matrix.dataset!r}: a matrix given in blocks of genes is stored by genes; "
+            "orientation='cells' would need the whole matrix at once"
+        )
+    blocks = CheckedBlocks(matrix)
+    schema = stored_schema("genes", pa.from_numpy_dtype(blocks.dtype), matrix.cell_count)
+    batches = iter_block_batches(blocks, schema, density_threshold=threshold)
+    return MatrixStream(schema, matrix.gene_count, matrix.nonzero, batches)
+
+
+def _advancing(stream: MatrixStream, bar: Bar) -> Iterator[pa.RecordBatch]:
+    """The stream's batches, moving the bar, keeping any check that failed on the way (the
+    ingest underneath reports a broken source in its own words)."""
+    try:
+        for batch in stream.batches:
+            yield batch
+            bar.advance(batch.num_rows)
+    except GenesInputError as error:
+        stream.failures.append(error)
+        raise
+
+
+def _clear_name(cluster: Cluster, qualified: str) -> None:
+    """Refuse a matrix that exists; remove the debris of one whose ingest failed half-way."""
+    cluster.refresh()
+    if qualified in cluster.catalog:
+        raise DatasetExists(
+            f"expression matrix {qualified} already exists: drop it first "
+            f"(quarry.genes.drop(cluster, {qualified!r})) or choose another name"
+        )
+    for leftover in (qualified + CELLS_SUFFIX, qualified + GENES_SUFFIX):
+        if leftover in cluster.catalog:
+            cluster.drop(leftover)
 
 
 def ingest_file(
@@ -279,8 +340,8 @@ def _names(dataset: str) -> tuple[str, str]:
 
 def _as_matrix(
     source: Any, dataset: str, format: Format | None, cell_metadata: Any
-) -> ExpressionMatrix:
-    if isinstance(source, ExpressionMatrix):
+) -> ExpressionMatrix | GeneBlocks:
+    if isinstance(source, ExpressionMatrix | GeneBlocks):
         matrix = source
     elif isinstance(source, str | Path):
         matrix = read(source, format, dataset=dataset, cell_metadata=cell_metadata)
@@ -290,7 +351,8 @@ def _as_matrix(
     else:
         raise GenesInputError(
             f"cannot ingest a {type(source).__name__} as expression matrix {dataset}: give a "
-            "file path (.h5ad, 10x directory, TSV/CSV), an AnnData or an ExpressionMatrix"
+            "file path (.h5ad, 10x directory, TSV/CSV), an AnnData, an ExpressionMatrix or "
+            "GeneBlocks"
         )
     if cell_metadata is not None:
         from quarry.genes.readers import with_cell_metadata

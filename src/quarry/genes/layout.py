@@ -34,7 +34,7 @@ device then puts together in a slice, each is already stored at its smaller size
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Literal, NamedTuple
 
 import numpy as np
@@ -207,14 +207,31 @@ def encode_rows(
     `density_threshold` None picks the byte-optimal rule of `row_density_threshold`.
     """
     assert orientation in ROW_ID_COLUMN, orientation
-    assert batch_bytes_target > 0, batch_bytes_target
     rows = oriented_rows(matrix, orientation)
+    schema = stored_schema(orientation, pa.from_numpy_dtype(rows.dtype), rows.shape[1])
+    ranges, dense_count = plan_rows(
+        rows, density_threshold=density_threshold, batch_bytes_target=batch_bytes_target
+    )
+    return schema, ranges, dense_count
+
+
+def plan_rows(
+    rows: sparse.csr_matrix | np.ndarray,
+    *,
+    density_threshold: float | None = None,
+    batch_bytes_target: int = ROWS_BATCH_BYTES_TARGET,
+) -> tuple[list[tuple[int, int]], int]:
+    """Row ranges of about `batch_bytes_target` encoded bytes each, and the dense row count.
+
+    Sized from each row's own encoding, so a batch of dense rows and one of sparse rows carry
+    about the same bytes: the host's memory per batch is bounded whatever the density.
+    """
+    assert batch_bytes_target > 0, batch_bytes_target
     row_count, column_count = rows.shape
     threshold = (
         row_density_threshold(rows.dtype) if density_threshold is None else density_threshold
     )
     assert 0.0 <= threshold <= 1.0, threshold
-    schema = stored_schema(orientation, pa.from_numpy_dtype(rows.dtype), column_count)
     nonzero = _row_nonzero_counts(rows)
     dense = _dense_rows(nonzero, column_count, threshold)
     itemsize = rows.dtype.itemsize
@@ -225,9 +242,9 @@ def encode_rows(
     )
     bytes_before = np.cumsum(row_bytes) - row_bytes
     starts = np.flatnonzero(np.diff(bytes_before // batch_bytes_target, prepend=-1))
-    stops = np.append(starts[1:], row_count)
+    stops = np.append(starts[1:], row_count) if row_count else starts
     ranges = [(int(a), int(b)) for a, b in zip(starts, stops, strict=True)]
-    return schema, ranges, int(dense.sum())
+    return ranges, int(dense.sum())
 
 
 def rows_batch(
@@ -237,10 +254,13 @@ def rows_batch(
     stop: int,
     *,
     density_threshold: float | None = None,
+    first_row: int = 0,
 ) -> pa.RecordBatch:
     """Rows [start, stop) in the stored layout, each row dense or sparse.
 
-    rows: the matrix as stored rows (`oriented_rows(matrix, orientation)`).
+    rows: the matrix as stored rows (`oriented_rows(matrix, orientation)`), or one block of
+    them whose first row is row `first_row` of the matrix (the stored row ids are the
+    matrix's, so blocks stored one after the other make one matrix).
     """
     _, _, column_count = slice_layout_of_schema(schema)
     assert rows.shape[1] == column_count, (rows.shape, column_count)
@@ -274,7 +294,11 @@ def rows_batch(
         pa.array(offsets.astype(np.int32)), pa.array(values, type=schema.field(2).type.value_type)
     )
     batch = pa.RecordBatch.from_arrays(
-        [pa.array(np.arange(start, stop, dtype=np.int64)), index_lists, value_lists],
+        [
+            pa.array(np.arange(first_row + start, first_row + stop, dtype=np.int64)),
+            index_lists,
+            value_lists,
+        ],
         schema=schema,
     )
     assert batch.num_rows == stop - start
@@ -289,19 +313,51 @@ def iter_rows_batches(
     batch_bytes_target: int = ROWS_BATCH_BYTES_TARGET,
 ) -> tuple[pa.Schema, Iterator[pa.RecordBatch]]:
     """The matrix in the stored layout as a schema and a lazy stream of batches."""
-    schema, ranges, _ = encode_rows(
-        matrix,
-        orientation=orientation,
+    assert orientation in ROW_ID_COLUMN, orientation
+    rows = oriented_rows(matrix, orientation)  # once: pivoting a large matrix is not free
+    schema = stored_schema(orientation, pa.from_numpy_dtype(rows.dtype), rows.shape[1])
+    batches = iter_block_batches(
+        [rows],
+        schema,
         density_threshold=density_threshold,
         batch_bytes_target=batch_bytes_target,
     )
-    rows = oriented_rows(matrix, orientation)  # once: pivoting a large matrix is not free
+    return schema, batches
 
-    def batches() -> Iterator[pa.RecordBatch]:
+
+def iter_block_batches(
+    blocks: Iterable[sparse.csr_matrix | np.ndarray],
+    schema: pa.Schema,
+    *,
+    density_threshold: float | None = None,
+    batch_bytes_target: int = ROWS_BATCH_BYTES_TARGET,
+) -> Iterator[pa.RecordBatch]:
+    """Consecutive blocks of stored rows (each with every column) as batches of `schema`.
+
+    Row ids continue from one block to the next, and each block is planned and encoded on its
+    own: only one block and one batch are in memory at a time, so a matrix larger than memory
+    streams from a reader that yields it block by block.
+    """
+    _, _, column_count = slice_layout_of_schema(schema)
+    value_type = schema.field(2).type.value_type
+    first_row = 0
+    for block in blocks:
+        assert block.shape[1] == column_count, (block.shape, column_count)
+        assert pa.from_numpy_dtype(block.dtype) == value_type, (block.dtype, value_type)
+        ranges, _ = plan_rows(
+            block, density_threshold=density_threshold, batch_bytes_target=batch_bytes_target
+        )
         for start, stop in ranges:
-            yield rows_batch(rows, schema, start, stop, density_threshold=density_threshold)
-
-    return schema, batches()
+            yield rows_batch(
+                block,
+                schema,
+                start,
+                stop,
+                density_threshold=density_threshold,
+                first_row=first_row,
+            )
+        first_row += block.shape[0]
+        del block  # before the next block is read: one block in memory at a time
 
 
 def decode_blocks(batch: pa.RecordBatch) -> list[DecodedSlice]:

@@ -13,11 +13,12 @@ appears only where AnnData hands it over.
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -27,9 +28,10 @@ from scipy import sparse
 
 from quarry.genes import matrix_market
 from quarry.genes.errors import GenesInputError
-from quarry.genes.matrix import CELL_COLUMN, GENE_COLUMN, ExpressionMatrix
+from quarry.genes.matrix import CELL_COLUMN, GENE_COLUMN, ExpressionMatrix, GeneBlocks
 
 Format = Literal["h5ad", "mtx", "tsv"]
+MatrixLike = TypeVar("MatrixLike", ExpressionMatrix, GeneBlocks)
 
 # Numbers as text: what `float()` accepts, minus the spellings of "missing" that we report
 # separately as missing values.
@@ -176,18 +178,24 @@ def read_h5ad(
     if x is None:
         raise GenesInputError(f"dataset {dataset!r}: the AnnData has no expression matrix (X)")
     values = _genes_by_cells(x, dataset)
-    genes = _frame_to_table(var, GENE_COLUMN)
-    cells = _frame_to_table(adata.obs, CELL_COLUMN)
+    genes = frame_to_table(var, GENE_COLUMN)
+    cells = frame_to_table(adata.obs, CELL_COLUMN)
+    return ExpressionMatrix(values, genes, cells, h5ad_metadata(adata), dataset=dataset)
+
+
+def h5ad_metadata(adata: Any) -> dict[str, Any]:
+    """What an AnnData says about its matrix that results should carry: the format, the
+    top-level scalars of `uns`, and the log1p base (scanpy's fold change undoes log1p with it,
+    so ours can too)."""
     metadata: dict[str, Any] = {"source_format": "h5ad"}
     metadata.update(_plain_metadata(adata.uns))
     log1p = adata.uns.get("log1p") if hasattr(adata.uns, "get") else None
     if isinstance(log1p, Mapping) and log1p.get("base") is not None:
-        # scanpy's fold change undoes log1p with this base; keep it so ours can too.
         metadata["log1p_base"] = float(log1p["base"])
-    return ExpressionMatrix(values, genes, cells, metadata, dataset=dataset)
+    return metadata
 
 
-def _frame_to_table(frame: Any, id_column: str) -> pa.Table:
+def frame_to_table(frame: Any, id_column: str) -> pa.Table:
     """An AnnData obs/var frame as Arrow, its index becoming the id column (first)."""
     ids = pa.array(np.asarray(frame.index, dtype=object).astype(str), type=pa.string())
     if len(frame.columns) == 0:  # only an index (anndata's default): Arrow would see 0 rows
@@ -402,9 +410,9 @@ def _numeric_block(
 
 
 def with_cell_metadata(
-    matrix: ExpressionMatrix, metadata: str | Path | pa.Table, *, id_column: str | None = None
-) -> ExpressionMatrix:
-    """Join a cell metadata table (by cell id) onto `matrix.cells`.
+    matrix: MatrixLike, metadata: str | Path | pa.Table, *, id_column: str | None = None
+) -> MatrixLike:
+    """Join a cell metadata table (by cell id) onto `matrix.cells` (of a matrix or its blocks).
 
     The id column is `id_column`, else a column named `cell`, else the first column. Every cell
     of the matrix must have a row; extra rows (cells filtered out upstream) are ignored.
@@ -456,4 +464,4 @@ def with_cell_metadata(
             cells = cells.set_column(cells.column_names.index(name), name, column)
         else:
             cells = cells.append_column(name, column)
-    return ExpressionMatrix(matrix.values, matrix.genes, cells, matrix.metadata, matrix.dataset)
+    return dataclasses.replace(matrix, cells=cells)
