@@ -23,8 +23,8 @@ only where the cut cannot change the answer:
 
 Which pairs pay: the build's dataset is at least ``PROBE_ROWS_RATIO`` times smaller (a build
 of more than ``BUILD_ROWS_SMALL`` rows, ``LARGE_BUILD_RATIO`` times: the probe waits for it,
-and TPC-H SF 1 Q3, Q4 and Q10, cutting lineitem by the keys of a quarter as many orders, were
-slower by 10 to 30% for waiting, though they shipped 4 to 20 times less), and its fragment is
+and TPC-H SF 1 Q3, Q4 and Q10, cutting lineitem by the keys of a quarter as many orders,
+shipped 4 to 20 times less but were no faster for the wait), and its fragment is
 filtered (or is itself cut by a join filter): an unfiltered build's keys are all of them. The
 smaller build also keeps the pairs acyclic. A probe waits for its build, so a pair
 must end, through builds that are probes in turn (Q5: region, nation, supplier, lineitem), at
