@@ -20,6 +20,7 @@ import math
 import sys
 import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,7 @@ from load import duckdb_with_tpch
 from polardb import TPCH_TABLES, same
 
 import quarry
+from quarry.errors import QuarryError
 
 console = Console(width=150)
 
@@ -80,21 +82,23 @@ def one_scale(sf: float, devices: int, repeat: int, numbers: list[int]) -> list[
                     duck_s, expected = median_time(
                         repeat, lambda s=sql: duck.execute(s).fetch_arrow_table()
                     )
-                    quarry_s, actual, analyzed, pairs = _quarry(cluster, sql, repeat, True)
-                    plain_s, plain, plain_analyzed, _ = _quarry(cluster, sql, repeat, False)
+                    cut = _quarry(cluster, sql, repeat, True)
+                    plain = _quarry(cluster, sql, repeat, False)
                     rows.append(
                         {
                             "sf": sf,
                             "query": number,
                             "duckdb_s": duck_s,
-                            "quarry_s": quarry_s,
-                            "ratio": duck_s / quarry_s,
-                            "bytes_shipped": analyzed["bytes_shipped"],
-                            "bytes_read": analyzed["bytes_read"],
-                            "join_keys": pairs,
-                            "no_join_keys_s": plain_s,
-                            "no_join_keys_bytes_shipped": plain_analyzed["bytes_shipped"],
-                            "agree": same(actual, expected) and same(plain, expected),
+                            "quarry_s": cut.seconds,
+                            "ratio": duck_s / cut.seconds if cut.seconds else None,
+                            "bytes_shipped": cut.analyzed.get("bytes_shipped"),
+                            "bytes_read": cut.analyzed.get("bytes_read"),
+                            "join_keys": cut.pairs,
+                            "error": cut.error,
+                            "no_join_keys_s": plain.seconds,
+                            "no_join_keys_bytes_shipped": plain.analyzed.get("bytes_shipped"),
+                            "no_join_keys_error": plain.error,
+                            "agree": cut.agrees(expected) and plain.agrees(expected),
                             "ingest_s": ingest_s,
                         }
                     )
@@ -103,17 +107,35 @@ def one_scale(sf: float, devices: int, repeat: int, numbers: list[int]) -> list[
     return rows
 
 
-def _quarry(cluster: Any, sql: str, repeat: int, join_keys: bool) -> tuple[float, Any, dict, list]:
-    """Median seconds, the answer, EXPLAIN ANALYZE and what each join's keys did."""
+@dataclass
+class Run:
+    """quarry's median seconds, answer, EXPLAIN ANALYZE and join keys; or why it failed."""
+
+    seconds: float | None = None
+    answer: Any = None
+    analyzed: dict = field(default_factory=dict)
+    pairs: list = field(default_factory=list)
+    error: str | None = None
+
+    def agrees(self, expected: Any) -> bool:
+        return self.error is not None or same(self.answer, expected)
+
+
+def _quarry(cluster: Any, sql: str, repeat: int, join_keys: bool) -> Run:
+    """The query under auto, with or without join keys. A failure (a super-plan past the host's
+    memory budget) is a result, not the end of the benchmark."""
     planned: dict[str, Any] = {}
 
     def run() -> Any:
         planned["query"] = cluster.query(sql, "auto", join_filters=join_keys)
         return planned["query"].execute().read_all()
 
-    seconds, answer = median_time(repeat, run)
+    try:
+        seconds, answer = median_time(repeat, run)
+    except QuarryError as error:
+        return Run(error=f"{type(error).__name__}: {str(error).splitlines()[0][:160]}")
     explained = planned["query"].explain(analyze=True)
-    return seconds, answer, explained["analyze"], explained["join_filters"]
+    return Run(seconds, answer, explained["analyze"], explained["join_filters"])
 
 
 def geometric_mean(values: list[float]) -> float:
@@ -125,13 +147,19 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     for sf in sorted({r["sf"] for r in rows}):
         mine = [r for r in rows if r["sf"] == sf]
         by_sf[str(sf)] = {
-            "geometric_mean_duckdb_over_quarry": geometric_mean([r["ratio"] for r in mine]),
-            "geometric_mean_duckdb_over_quarry_without_join_keys": geometric_mean(
-                [r["duckdb_s"] / r["no_join_keys_s"] for r in mine]
+            "geometric_mean_duckdb_over_quarry": geometric_mean(
+                [r["ratio"] for r in mine if r["ratio"]]
             ),
-            "bytes_shipped": sum(r["bytes_shipped"] for r in mine),
-            "bytes_shipped_without_join_keys": sum(r["no_join_keys_bytes_shipped"] for r in mine),
-            "quarry_total_s": sum(r["quarry_s"] for r in mine),
+            "geometric_mean_duckdb_over_quarry_without_join_keys": geometric_mean(
+                [r["duckdb_s"] / r["no_join_keys_s"] for r in mine if r["no_join_keys_s"]]
+            ),
+            "failed": [r["query"] for r in mine if r["error"]],
+            "failed_without_join_keys": [r["query"] for r in mine if r["no_join_keys_error"]],
+            "bytes_shipped": sum(r["bytes_shipped"] or 0 for r in mine),
+            "bytes_shipped_without_join_keys": sum(
+                r["no_join_keys_bytes_shipped"] or 0 for r in mine
+            ),
+            "quarry_total_s": sum(r["quarry_s"] or 0 for r in mine),
             "duckdb_total_s": sum(r["duckdb_s"] for r in mine),
             "all_agree": all(r["agree"] for r in mine),
             "queries": len(mine),
@@ -149,11 +177,13 @@ def report(rows: list[dict[str, Any]], summed: dict[str, Any]) -> None:
             str(r["sf"]),
             f"Q{r['query']}",
             f"{r['duckdb_s']:.3f}",
-            f"{r['quarry_s']:.3f}",
-            f"{r['ratio']:.2f}",
-            f"{r['bytes_shipped'] / 1e6:.1f}",
-            f"{r['no_join_keys_s']:.3f}",
-            f"{r['no_join_keys_bytes_shipped'] / 1e6:.1f}",
+            _shown(r["quarry_s"], "{:.3f}"),
+            _shown(r["ratio"], "{:.2f}"),
+            _shown(r["bytes_shipped"] and r["bytes_shipped"] / 1e6, "{:.1f}"),
+            _shown(r["no_join_keys_s"], "{:.3f}"),
+            _shown(
+                r["no_join_keys_bytes_shipped"] and r["no_join_keys_bytes_shipped"] / 1e6, "{:.1f}"
+            ),
             "yes" if r["agree"] else "NO",
         )
     console.print(table)
@@ -166,6 +196,10 @@ def report(rows: list[dict[str, Any]], summed: dict[str, Any]) -> None:
             f"totals {s['duckdb_total_s']:.1f} s / {s['quarry_total_s']:.1f} s; "
             f"all agree: {s['all_agree']}"
         )
+
+
+def _shown(value: float | None, form: str) -> str:
+    return "failed" if value is None else form.format(value)
 
 
 def draw(path: Path, rows: list[dict[str, Any]], summed: dict[str, Any]) -> None:
@@ -182,8 +216,9 @@ def draw(path: Path, rows: list[dict[str, Any]], summed: dict[str, Any]) -> None
         axis.bar(
             [i - 0.27 for i in x], [r["duckdb_s"] for r in mine], 0.27, label="DuckDB (Parquet)"
         )
-        axis.bar([i for i in x], [r["quarry_s"] for r in mine], 0.27, label="quarry (auto)")
-        plain = [r["no_join_keys_s"] for r in mine]
+        cut = [r["quarry_s"] or 0 for r in mine]
+        axis.bar([i for i in x], cut, 0.27, label="quarry (auto)")
+        plain = [r["no_join_keys_s"] or 0 for r in mine]
         axis.bar([i + 0.27 for i in x], plain, 0.27, label="quarry, no join keys")
         axis.set_xticks(list(x), [f"Q{r['query']}" for r in mine])
         axis.set_yscale("log")
