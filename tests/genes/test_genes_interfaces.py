@@ -138,6 +138,32 @@ def test_ingest_file_reads_the_format_it_is_told(genes_cluster, pbmc_adata, tmp_
         genes.ingest_file(genes_cluster, path, "files/pbmc", "parquet")
 
 
+def test_ingest_blocks_stores_an_h5ad_a_block_of_genes_at_a_time(
+    genes_cluster, stored_pbmc, pbmc_adata, tmp_path
+):
+    """`quarry genes ingest --blocks`: the same matrix as a whole read, never held whole."""
+    path = tmp_path / "pbmc.h5ad"
+    pbmc_adata.write_h5ad(path)
+    where = ["--cluster", str(genes_cluster.cluster_file)]
+    command = ["ingest", str(path), "--dataset", "files/blocks", "--blocks", *where]
+    result = CliRunner().invoke(app, command)
+    assert result.exit_code == 0, result.output
+    assert "765 genes x 700 cells" in result.output
+    genes_cluster.refresh()
+    try:
+        by_blocks = genes.rank_genes(genes_cluster, "files/blocks", "louvain", "3")
+        whole = genes.rank_genes(genes_cluster, "bio/pbmc", "louvain", "3")
+        assert list(by_blocks["names"]) == list(whole["names"])
+        np.testing.assert_allclose(by_blocks["scores"], whole["scores"], rtol=1e-12)
+    finally:
+        CliRunner().invoke(app, ["drop", "files/blocks", *where])
+        genes_cluster.refresh()
+    refused = CliRunner().invoke(app, [*command, "--orientation", "cells"])
+    assert refused.exit_code != 0
+    assert isinstance(refused.exception, genes.GenesInputError)
+    assert "--blocks stores by genes" in str(refused.exception)
+
+
 def test_the_r_example_ranks_genes_through_reticulate(genes_cluster, stored_pbmc, tmp_path):
     rscript = shutil.which("Rscript")
     if rscript is None:

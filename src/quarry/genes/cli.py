@@ -141,17 +141,26 @@ def ingest(
     ] = None,
     replicas: Annotated[int, typer.Option(help="copies of each partition")] = 1,
     compression: Annotated[str, typer.Option(help="zstd, lz4 or none")] = "none",
+    blocks: Annotated[
+        bool,
+        typer.Option(help="read an .h5ad a block of genes at a time (a matrix larger than memory)"),
+    ] = False,
     cluster: ClusterOption = None,
 ) -> None:
     """Store an expression matrix with its cell and gene metadata."""
     from quarry.genes.datasets import ingest as ingest_matrix
+    from quarry.genes.errors import GenesInputError
+    from quarry.genes.h5ad_blocks import read_h5ad_blocks
 
     pairs = dict(_key_value(item) for item in metadata or [])
+    if blocks and (cell_metadata is not None or orientation != "genes"):
+        raise GenesInputError("--blocks stores by genes, with the .h5ad's own cell metadata")
+    source = read_h5ad_blocks(path, dataset=str(path)) if blocks else path
     c = open_cluster(cluster)
     try:
         stored = ingest_matrix(
             c,
-            path,
+            source,
             dataset,
             format=format,
             cell_metadata=cell_metadata,  # type: ignore[arg-type]
