@@ -37,7 +37,6 @@ import tempfile
 import threading
 import time
 import traceback
-import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -48,7 +47,7 @@ from scipy import sparse
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import png_path, progress, write_json
-from de import CLUSTERS, agreement, console, gene_blocks, warm_up
+from de import CLUSTERS, agreement, console, gene_blocks, scanpy_rank, warm_up
 
 import quarry
 from quarry import genes
@@ -322,7 +321,7 @@ def scanpy_child(args: argparse.Namespace) -> None:
             adata.X.data.nbytes + adata.X.indices.nbytes + adata.X.indptr.nbytes
         )
         step = "rank_genes_groups"
-        result["seconds"], result["scores"] = rank_with_scanpy(adata)
+        result["seconds"], result["scores"] = scanpy_rank(adata, "t-test")
     except MemoryError:
         result["failure"] = f"MemoryError in {step}"
     except Exception as error:  # written down as the result; the traceback goes to the log
@@ -371,24 +370,6 @@ def cells_by_genes(source: GeneBlocks, cells_nonzero: np.ndarray) -> sparse.csr_
     assert np.array_equal(cursor, indptr[1:]), "the matrix differs from the one counted"
     shape = (len(cells_nonzero), first_gene)
     return sparse.csr_matrix((data, indices, indptr), shape=shape, copy=False)
-
-
-def rank_with_scanpy(adata: Any) -> tuple[float, dict[str, dict[str, float]]]:
-    import scanpy as sc
-
-    console.print("scanpy: rank_genes_groups(method='t-test'), every cluster vs rest ...")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        started = time.perf_counter()
-        sc.tl.rank_genes_groups(adata, "cluster", method="t-test", use_raw=False)
-        seconds = time.perf_counter() - started
-    result = adata.uns["rank_genes_groups"]
-    scores = {
-        label: dict(zip(result["names"][label], result["scores"][label].tolist(), strict=True))
-        for label in result["names"].dtype.names
-    }
-    console.print(f"scanpy: rank_genes_groups {seconds:.1f} s")
-    return seconds, scores
 
 
 # ---- comparison and report --------------------------------------------------------------------

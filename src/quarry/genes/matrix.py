@@ -26,8 +26,23 @@ CELL_COLUMN = "cell"
 Values = sparse.csr_matrix | np.ndarray
 
 
+class _Axes:
+    """Gene names and cell ids, from the axis tables a matrix (whole or in blocks) holds."""
+
+    genes: pa.Table
+    cells: pa.Table
+
+    @property
+    def gene_names(self) -> np.ndarray:
+        return self.genes.column(GENE_COLUMN).to_numpy(zero_copy_only=False)
+
+    @property
+    def cell_ids(self) -> np.ndarray:
+        return self.cells.column(CELL_COLUMN).to_numpy(zero_copy_only=False)
+
+
 @dataclass(frozen=True)
-class ExpressionMatrix:
+class ExpressionMatrix(_Axes):
     """A genes x cells expression matrix with the metadata that describes its rows and columns.
 
     values:   genes x cells, scipy.sparse CSR or a dense numpy array, float32 or float64.
@@ -59,14 +74,6 @@ class ExpressionMatrix:
         return int(self.values.shape[1])
 
     @property
-    def gene_names(self) -> np.ndarray:
-        return self.genes.column(GENE_COLUMN).to_numpy(zero_copy_only=False)
-
-    @property
-    def cell_ids(self) -> np.ndarray:
-        return self.cells.column(CELL_COLUMN).to_numpy(zero_copy_only=False)
-
-    @property
     def nonzero_count(self) -> int:
         if sparse.issparse(self.values):
             return int(self.values.count_nonzero())
@@ -79,7 +86,7 @@ class ExpressionMatrix:
 
 
 @dataclass(frozen=True)
-class GeneBlocks:
+class GeneBlocks(_Axes):
     """A genes x cells matrix that arrives in blocks of consecutive genes: one too large to hold.
 
     `quarry.genes.ingest` stores it one block at a time, so the host holds one block (and one
@@ -121,14 +128,6 @@ class GeneBlocks:
     @property
     def cell_count(self) -> int:
         return int(self.cells.num_rows)
-
-    @property
-    def gene_names(self) -> np.ndarray:
-        return self.genes.column(GENE_COLUMN).to_numpy(zero_copy_only=False)
-
-    @property
-    def cell_ids(self) -> np.ndarray:
-        return self.cells.column(CELL_COLUMN).to_numpy(zero_copy_only=False)
 
 
 class CheckedBlocks:
