@@ -317,7 +317,7 @@ def test_division_by_zero_is_one_line_on_the_cli(particle_cluster, pushdown):
     assert len(lines) == 1 and "divide by zero" in lines[0].lower(), lines
 
 
-JOIN_KEY_QUERIES = [5, 8, 9, 17, 20]
+JOIN_KEY_QUERIES = [5, 8, 9, 17, 18, 20]
 
 
 @pytest.mark.parametrize("number", JOIN_KEY_QUERIES)
@@ -383,6 +383,21 @@ def test_a_build_with_too_many_keys_sends_none(tpch_cluster, tpch, monkeypatch):
     assert_same_rows(result, tpch.expected(17), ordered=_ordered(sql), context="Q17, no keys")
     outcomes = [f["outcome"] for f in planned.explain(True)["join_filters"]]
     assert outcomes and all(o.startswith("not sent") for o in outcomes), outcomes
+
+
+def test_a_build_through_the_hosts_filter_too_large_to_hold_sends_none(
+    tpch_cluster, tpch, monkeypatch
+):
+    """Q18's build is kept whole to run its HAVING; past the bound it sends nothing."""
+    from quarry.coordinator import join_keys
+
+    monkeypatch.setattr(join_keys, "through_bytes_max", lambda: 1024)
+    sql = tpch.queries[18]
+    planned = tpch_cluster.query(sql, pushdown="always")
+    result = planned.execute().read_all()
+    assert_same_rows(result, tpch.expected(18), ordered=_ordered(sql), context="Q18, no keys")
+    outcomes = [f["outcome"] for f in planned.explain(True)["join_filters"]]
+    assert outcomes and all(o.startswith("not sent") and "MiB" in o for o in outcomes), outcomes
 
 
 def test_a_build_that_fails_ends_the_query_with_its_error(tpch_cluster):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pyarrow as pa
 
 from quarry.plan import decompose
-from quarry.plan.join_filters import join_filters
+from quarry.plan.join_filters import JoinFilter, _acyclic, join_filters
 
 SCHEMAS = {
     "d/big": pa.schema([("k", pa.int64()), ("v", pa.float64())]),
@@ -84,3 +84,38 @@ def test_tpch_q17_cuts_lineitem_by_the_parts_of_one_brand(tpch) -> None:
         assert fragments[pair.probe].dataset == "tpch/lineitem"
         assert fragments[pair.build].dataset == "tpch/part"
         assert "l_partkey IN (keys of" in pair.describe(fragments)
+
+
+def test_tpch_q18_cuts_orders_and_lineitem_by_the_keys_its_having_leaves(tpch) -> None:
+    """The build is the host's ``GROUP BY l_orderkey HAVING sum(l_quantity) > 300`` over a
+    lineitem fragment: the pair carries that part of the super-plan, and the inner join's
+    ``o_orderkey = l_orderkey`` carries the cut from orders to the lineitems joined to them."""
+    decomposition = decompose(tpch.queries[18], tpch.schemas, "always")
+    rows = {"tpch/orders": 1_500_000, "tpch/lineitem": 6_000_000, "tpch/customer": 150_000}
+    fragments = {f.name: f for f in decomposition.fragments}
+    pairs = join_filters(decomposition, rows)
+    probes = {
+        (fragments[p.probe].dataset, fragments[p.probe].output_schema.names[p.probe_column])
+        for p in pairs
+    }
+    assert probes == {("tpch/orders", "o_orderkey"), ("tpch/lineitem", "l_orderkey")}
+    for pair in pairs:
+        assert pair.through and pair.through_column == 0
+        assert fragments[pair.build].dataset == "tpch/lineitem"
+        assert "after the host's filter" in pair.describe(fragments)
+
+
+def test_a_build_without_the_hosts_filter_is_the_fragment_itself() -> None:
+    sql = "SELECT sum(v) FROM d.big WHERE k IN (SELECT k FROM d.small WHERE tag = 'x')"
+    decomposition = decompose(sql, SCHEMAS, "always")
+    (pair,) = join_filters(decomposition, ROWS)
+    assert pair.through == b"" and pair.through_column == -1
+
+
+def test_pairs_through_the_hosts_filter_never_wait_in_a_circle() -> None:
+    sized = JoinFilter("a", 0, "b", 0)
+    closing = JoinFilter("b", 0, "a", 0, b"plan", 0)
+    other = JoinFilter("c", 0, "a", 0, b"plan", 0)
+    assert _acyclic({sized, closing, other}) == {sized, other}
+    both = {JoinFilter("a", 0, "b", 0, b"p", 0), JoinFilter("b", 0, "a", 0, b"p", 0)}
+    assert len(_acyclic(both)) == 1

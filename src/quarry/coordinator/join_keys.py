@@ -8,6 +8,11 @@ fragments at once, one thread each (``plan.spool``), so a probe waiting on its b
 holds the build up. A build that breaks off leaves its probe with nothing to send: the query is
 ending with the build's error.
 
+A pair ``through`` the host's filter (``HAVING``) keeps the build's whole rows (at most the
+spool's share of the host's memory budget) and runs that part of the super-plan over them once
+they are in; the keys are its output's. Pairs through the same part of the same build share one
+run (``follow``).
+
 What each pair did (keys sent, or why not) is reported in EXPLAIN ANALYZE (``outcome``).
 """
 
@@ -21,8 +26,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from quarry.errors import QueryCancelled
-from quarry.plan import keys
+from quarry.plan import engine, keys, merge, tree
 from quarry.plan.join_filters import JoinFilter
+from quarry.plan.memory import MemoryBudget
 
 BUILD_ROWS_MAX = 8 * keys.KEYS_MAX  # rows a collector keeps before it gives the keys up
 WAIT_STEP_S = 0.1  # how often a waiting probe checks whether the query was cancelled
@@ -36,9 +42,16 @@ class KeyCollector:
         self.done = threading.Event()
         self.keys: pa.Array | None = None
         self.outcome = "the build fragment did not finish"
-        self._parts: list[pa.Array] | None = []
+        self._parts: list[pa.Array | pa.RecordBatch] | None = []
         self._rows = 0
+        self._bytes = 0
         self._completed = False
+        self._leader: KeyCollector | None = None
+
+    def follow(self, leader: KeyCollector) -> None:
+        """Take the keys ``leader`` collects (the same build, through the same plan) instead
+        of collecting them again."""
+        self._leader = leader
 
     def tap(self, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         """``batches`` as they are, their build column kept on the way."""
@@ -58,20 +71,35 @@ class KeyCollector:
         if self._parts is None:
             return
         self._rows += batch.num_rows
-        if self._rows > BUILD_ROWS_MAX:
+        self._bytes += batch.nbytes
+        if self.pair.through and self._bytes > through_bytes_max():
             self._parts = None
-            return
-        self._parts.append(batch.column(self.pair.build_column))
+        elif self.pair.through:
+            self._parts.append(batch)
+        elif self._rows > BUILD_ROWS_MAX:
+            self._parts = None
+        else:
+            self._parts.append(batch.column(self.pair.build_column))
 
     def _finish(self) -> None:
         if self._completed and self._parts is None:
-            self.outcome = f"not sent: the build has more than {BUILD_ROWS_MAX:,} rows"
+            self.outcome = self._too_large()
         elif self._completed:
             self._distinct(self._parts or [])
         self._parts = None
         self.done.set()
 
-    def _distinct(self, parts: list[pa.Array]) -> None:
+    def _too_large(self) -> str:
+        if self.pair.through:
+            return (
+                f"not sent: the build's rows take more than {through_bytes_max() >> 20} MiB "
+                "(the spool's share of the host's memory budget)"
+            )
+        return f"not sent: the build has more than {BUILD_ROWS_MAX:,} rows"
+
+    def _distinct(self, parts: list[pa.Array | pa.RecordBatch]) -> None:
+        if self.pair.through:
+            parts = [run_through(self.pair, parts)]  # type: ignore[arg-type]
         if not parts:
             self.keys = pa.array([], pa.int64())
             self.outcome = "sent: 0 keys (the build is empty)"
@@ -85,12 +113,35 @@ class KeyCollector:
 
     def wait(self, stop: threading.Event, cancelled: threading.Event) -> bool:
         """Whether the build finished (False: it broke off, or the probe was stopped)."""
-        while not self.done.wait(WAIT_STEP_S):
+        source = self._leader or self
+        while not source.done.wait(WAIT_STEP_S):
             if cancelled.is_set():
                 raise QueryCancelled("the query was cancelled")
             if stop.is_set():
                 return False
+        if self._leader is not None:
+            self.keys, self.outcome = self._leader.keys, self._leader.outcome
+            self._completed = self._leader._completed
+            self.done.set()
         return self._completed
+
+
+def through_bytes_max() -> int:
+    """What a build through the host's filter may hold: the spool's in-memory share."""
+    return MemoryBudget.of().spool_memory_bytes_max
+
+
+def run_through(pair: JoinFilter, batches: list[pa.RecordBatch]) -> pa.Array:
+    """The column ``through_column`` of the pair's part of the super-plan, run over the
+    build fragment's rows (in memory: they are at most ``through_bytes_max``)."""
+    plan = tree.parse_plan(pair.through)
+    ctx = engine.session(1)
+    merge.register_merge_functions(ctx, tuple(tree.function_names(plan).values()))
+    if not batches:
+        return pa.array([], pa.int64())
+    engine.register_batches(ctx, pair.build, batches[0].schema, batches)
+    table = engine.consume(ctx, plan).to_arrow_table()
+    return table.column(pair.through_column).combine_chunks()
 
 
 @dataclass
@@ -137,6 +188,13 @@ def wire(
     with the key sets), and a collector on each build's output (a build may itself be a probe
     whose own keys come first). Returns the collectors, for EXPLAIN ANALYZE."""
     collectors = [KeyCollector(pair) for pair in pairs]
+    leaders: dict[tuple[str, bytes, int], KeyCollector] = {}
+    for collector in collectors:
+        pair = collector.pair
+        if pair.through:
+            leader = leaders.setdefault((pair.build, pair.through, pair.through_column), collector)
+            if leader is not collector:
+                collector.follow(leader)
     waits: dict[str, list[KeyCollector]] = {}
     for collector in collectors:
         waits.setdefault(collector.pair.probe, []).append(collector)
@@ -145,5 +203,6 @@ def wire(
             waiting, lambda key_sets, probe=probe: start_probe(probe, key_sets), cancelled
         )
     for collector in collectors:
-        outputs[collector.pair.build] = collector.tap(outputs[collector.pair.build])
+        if collector._leader is None:
+            outputs[collector.pair.build] = collector.tap(outputs[collector.pair.build])
     return collectors

@@ -21,6 +21,16 @@ only where the cut cannot change the answer:
   a build fragment's output (its rows may be fewer by the time they reach the join: the keys are
   then a superset, which cuts less but never wrongly).
 
+A build may also be what the super-plan makes of a fragment on the host before the join, when
+that is a filter over it (TPC-H Q18's ``IN (SELECT l_orderkey ... GROUP BY l_orderkey HAVING
+sum(l_quantity) > 300)``: 57 of 1.5 million orders at SF 1). The pair then carries that part of
+the super-plan (``through``): the host runs it over the build fragment's output once it is in,
+and the keys are its output's. Such a build reads one fragment and joins nothing; how few keys
+its filter leaves is known only when they are in, so its size is not weighed (more than
+``keys.KEYS_MAX`` are not sent, and the probe only started late). Through an inner join's
+``a = b`` a filter on ``a`` is one on ``b`` too: a probe column found on one side of such a join
+is also found on the other (Q18 cuts both orders and the lineitems joined to them).
+
 Which pairs pay: the build's dataset is at least ``PROBE_ROWS_RATIO`` times smaller (a build
 of more than ``BUILD_ROWS_SMALL`` rows, ``LARGE_BUILD_RATIO`` times: the probe waits for it,
 and TPC-H SF 1 Q3, Q4 and Q10, cutting lineitem by the keys of a quarter as many orders,
@@ -38,7 +48,7 @@ from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from substrait import algebra_pb2
+from substrait import algebra_pb2, plan_pb2
 
 from quarry.plan import expressions, tree
 from quarry.plan.decompose import Decomposition, Fragment
@@ -69,6 +79,8 @@ _PASS_SIDES = {
     J.JOIN_TYPE_RIGHT_SEMI: ("right",),
     J.JOIN_TYPE_RIGHT_ANTI: ("right",),
 }
+# What the host may run of a build side before its keys are taken (``through``).
+_THROUGH_KINDS = ("read", "filter", "project", "aggregate", "sort")
 _RIGHT_ONLY = (J.JOIN_TYPE_RIGHT_SEMI, J.JOIN_TYPE_RIGHT_ANTI)
 _LEFT_ONLY = (J.JOIN_TYPE_LEFT_SEMI, J.JOIN_TYPE_LEFT_ANTI)
 
@@ -76,17 +88,22 @@ _LEFT_ONLY = (J.JOIN_TYPE_LEFT_SEMI, J.JOIN_TYPE_LEFT_ANTI)
 @dataclass(frozen=True)
 class JoinFilter:
     """Cut ``probe``'s output to the rows whose ``probe_column`` is among the values of
-    ``build``'s ``build_column`` (output column positions)."""
+    ``build``'s ``build_column`` (output column positions); with ``through``, among the values
+    of column ``through_column`` of that plan (the super-plan's part between the build
+    fragment and the join, reading the fragment by its name) run over the build's output."""
 
     probe: str
     probe_column: int
     build: str
     build_column: int
+    through: bytes = b""
+    through_column: int = -1
 
     def describe(self, fragments: Mapping[str, Fragment]) -> str:
         probe = fragments[self.probe].output_schema.names[self.probe_column]
         build = fragments[self.build].output_schema.names[self.build_column]
-        return f"{self.probe}.{probe} IN (keys of {self.build}.{build})"
+        after = " after the host's filter" if self.through else ""
+        return f"{self.probe}.{probe} IN (keys of {self.build}.{build}{after})"
 
 
 def join_filters(decomposition: Decomposition, rows: Mapping[str, int]) -> tuple[JoinFilter, ...]:
@@ -103,11 +120,11 @@ def join_filters(decomposition: Decomposition, rows: Mapping[str, int]) -> tuple
         pair
         for rel in tree.iter_rels(plan)
         if tree.kind(rel) == "join"
-        for pair in _pairs(rel.join, names)
+        for pair in _pairs(rel.join, names, plan)
         if reads[pair.probe] == 1 and _sizes_pay(pair, fragments, rows)
     }
     kept = _ending_large(_selective(found, fragments), fragments, rows)
-    return tuple(sorted(kept, key=_order))
+    return tuple(sorted(_acyclic(kept), key=_order))
 
 
 def _order(pair: JoinFilter) -> tuple:
@@ -122,6 +139,8 @@ def _sizes_pay(
     probe, build = fragments[pair.probe], fragments[pair.build]
     if probe.capabilities != "full" or Stage.FULL not in probe.device_stages:
         return False  # a scan engine runs the filter stage only: its stream is not the output
+    if pair.through:
+        return True  # how many keys the host's filter leaves is known once they are in
     probe_rows, build_rows = rows.get(probe.dataset, 0), max(rows.get(build.dataset, 0), 1)
     ratio = LARGE_BUILD_RATIO if build_rows > BUILD_ROWS_SMALL else PROBE_ROWS_RATIO
     return probe_rows >= ratio * build_rows
@@ -132,11 +151,35 @@ def _selective(pairs: set[JoinFilter], fragments: Mapping[str, Fragment]) -> set
     cut = {name for name, f in fragments.items() if f.device_filter or f.host_filter}
     kept: set[JoinFilter] = set()
     while True:
-        more = {p for p in pairs - kept if p.build in cut}
+        more = {p for p in pairs - kept if p.build in cut or p.through}
         if not more:
             return kept
         kept |= more
         cut |= {p.probe for p in more}
+
+
+def _acyclic(pairs: set[JoinFilter]) -> set[JoinFilter]:
+    """The pairs without one that would make probes wait for each other in a circle. Sized
+    pairs cannot (each build is smaller than its probe); a pair through the host's filter is
+    not sized, and is left out where it would close a circle."""
+    kept = {p for p in pairs if not p.through}
+    for pair in sorted(pairs - kept, key=_order):
+        if not _waits_for(kept, pair.build, pair.probe):
+            kept.add(pair)
+    return kept
+
+
+def _waits_for(pairs: set[JoinFilter], probe: str, build: str) -> bool:
+    """Whether fragment ``probe`` waits, through ``pairs``, for fragment ``build``."""
+    seen, frontier = set(), [probe]
+    while frontier:
+        name = frontier.pop()
+        if name == build:
+            return True
+        if name not in seen:
+            seen.add(name)
+            frontier.extend(p.build for p in pairs if p.probe == name)
+    return False
 
 
 def _ending_large(
@@ -152,10 +195,28 @@ def _ending_large(
         kept |= more
 
 
-def _pairs(join: algebra_pb2.JoinRel, names: Mapping[int, str]) -> list[JoinFilter]:
+def _pairs(
+    join: algebra_pb2.JoinRel, names: Mapping[int, str], plan: plan_pb2.Plan | None = None
+) -> list[JoinFilter]:
     sides = _CUT_SIDES.get(join.type, ())
+    found = []
+    for low, high in _equalities(join, names) if sides else []:
+        ends = {"left": (join.left, low), "right": (join.right, high)}
+        for probe_side in sides:
+            build_side = "right" if probe_side == "left" else "left"
+            build = trace(*ends[build_side], probe=False)
+            if build is None:
+                continue
+            through = _through(*ends[build_side], plan)
+            for probe in _probes(*ends[probe_side], names):
+                found.append(JoinFilter(probe[0], probe[1], build[0], build[1], *through))
+    return found
+
+
+def _equalities(join: algebra_pb2.JoinRel, names: Mapping[int, str]) -> list[tuple[int, int]]:
+    """The join's ``left.a = right.b`` conjuncts, as (a, b) column positions of each side."""
     left_width = width(join.left)
-    if not sides or left_width is None or not join.HasField("expression"):
+    if left_width is None or not join.HasField("expression"):
         return []
     found = []
     for part in expressions.conjuncts(join.expression, names):
@@ -165,16 +226,89 @@ def _pairs(join: algebra_pb2.JoinRel, names: Mapping[int, str]) -> list[JoinFilt
         if len(fields) != 2 or None in fields:
             continue
         low, high = sorted(fields)  # type: ignore[type-var]
-        if not low < left_width <= high:
-            continue
-        ends = {"left": (join.left, low), "right": (join.right, high - left_width)}
-        for probe_side in sides:
-            build_side = "right" if probe_side == "left" else "left"
-            probe = trace(*ends[probe_side], probe=True)
-            build = trace(*ends[build_side], probe=False)
-            if probe is not None and build is not None:
-                found.append(JoinFilter(probe[0], probe[1], build[0], build[1]))
+        if low < left_width <= high:
+            found.append((low, high - left_width))
     return found
+
+
+def _through(
+    rel: algebra_pb2.Rel, index: int, plan: plan_pb2.Plan | None
+) -> tuple[bytes, int] | tuple[()]:
+    """The build side as a plan of its own, when the host filters the build fragment's output
+    before the join (``HAVING``): its keys are then fewer than the fragment's. Only for a side
+    that reads one fragment once and joins nothing."""
+    rels = list(tree.iter_rels(rel))
+    if plan is None or not any(tree.kind(r) == "filter" for r in rels):
+        return ()
+    if any(tree.kind(r) not in _THROUGH_KINDS for r in rels):
+        return ()
+    if sum(1 for r in rels if tree.kind(r) == "read") != 1:
+        return ()
+    return tree.make_plan(plan, rel).SerializeToString(), index
+
+
+def _probes(rel: algebra_pb2.Rel, index: int, names: Mapping[int, str]) -> list[tuple[str, int]]:
+    """Every fragment column a filter on field ``index`` of ``rel`` can move to: the one it
+    comes from, and through an inner join's ``a = b``, the other side's too."""
+    found = []
+    probe = trace(rel, index, probe=True)
+    if probe is not None:
+        found.append(probe)
+    for join, side, column in _inner_joins_on_path(rel, index):
+        for low, high in _equalities(join, names):
+            mine, other, other_rel = (
+                (low, high, join.right) if side == "left" else (high, low, join.left)
+            )
+            if mine == column and (partner := trace(other_rel, other, probe=True)) is not None:
+                found.append(partner)
+    return list(dict.fromkeys(found))
+
+
+def _inner_joins_on_path(
+    rel: algebra_pb2.Rel, index: int
+) -> list[tuple[algebra_pb2.JoinRel, str, int]]:
+    """The inner joins field ``index`` of ``rel`` passes through on its way down (as ``trace``
+    follows it for a probe), each with the side and column it comes from there."""
+    found = []
+    while True:
+        mapping = _emit(rel)
+        if mapping is not None:
+            if index >= len(mapping):
+                return found
+            index = mapping[index]
+        kind = tree.kind(rel)
+        if kind in ("filter", "sort"):
+            rel = tree.single_input(rel)  # type: ignore[assignment]
+        elif kind == "project":
+            below = width(rel.project.input)
+            if below is None:
+                return found
+            if index >= below:
+                field = expressions.field_index(rel.project.expressions[index - below])
+                if field is None:
+                    return found
+                index = field
+            rel = rel.project.input
+        elif kind == "aggregate":
+            keys = _grouping_keys(rel.aggregate)
+            if keys is None or index >= len(keys):
+                return found
+            field = expressions.field_index(keys[index])
+            if field is None:
+                return found
+            index, rel = field, rel.aggregate.input
+        elif kind == "join" and rel.join.type == J.JOIN_TYPE_INNER:
+            left_width = width(rel.join.left)
+            if left_width is None:
+                return found
+            side = "left" if index < left_width else "right"
+            index = index if side == "left" else index - left_width
+            found.append((rel.join, side, index))
+            rel = rel.join.left if side == "left" else rel.join.right
+        elif kind == "join" and rel.join.type in _LEFT_ONLY:
+            rel = rel.join.left
+        else:
+            return found
 
 
 def trace(rel: algebra_pb2.Rel, index: int, probe: bool) -> tuple[str, int] | None:
