@@ -354,7 +354,7 @@ def test_q17_ships_a_hundredth_with_the_parts_keys(tpch_cluster, tpch):
     assert with_keys * 100 < without
 
 
-@pytest.mark.parametrize("number", [5, 9, 17])
+@pytest.mark.parametrize("number", [5, 9, 17, 18])
 def test_join_keys_with_random_device_push_back(tpch_cluster, tpch, number):
     """Ranges pushed back raw or filtered are cut by the keys when the host completes them."""
     rng = random.Random(1000 + number)
