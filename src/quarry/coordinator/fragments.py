@@ -1,4 +1,4 @@
-"""A query fragment as work for the devices: one ``substrait`` task per partition.
+"""A query fragment as work for the devices: one ``substrait`` task per device.
 
 Each task carries the fragment's three stages (the device decides how far to run them), the
 zone-map predicates, the decisions a caller forces, and, under ``auto``, what the cost model
@@ -26,6 +26,7 @@ from quarry.protocol.stage import Stage
 from quarry.protocol.work import ForcedDecision, Policy, WorkRequest
 
 if TYPE_CHECKING:
+    from quarry.coordinator.catalog import PartitionEntry
     from quarry.coordinator.membership import Membership
 
 # forced decisions per (dataset, partition): [{"first": 0, "end": 3, "stage": "raw"}, ...]
@@ -53,8 +54,11 @@ def fragment_tasks(
     options: dict[str, Any] | None = None,
     key_sets: Sequence[tuple[int, bytes]] = (),
 ) -> list[Task]:
-    """One task per non-empty partition (an empty partition has no slices). ``key_sets``:
-    (output column, encoded keys) a join cuts the fragment's output by (``join_keys``)."""
+    """One task per device, for the non-empty partitions it serves (an empty partition has no
+    slices): one stream each, whose partitions the device runs at once, one per core (a
+    stream costs a device about 7 ms of CPU; TPC-H Q6 at SF 1 over 16 partitions on 4 devices
+    took 0.23 s as 16 streams, 0.18 s as 4). ``key_sets``: (output column, encoded keys) a join
+    cuts the fragment's output by (``join_keys``)."""
     entry = cluster.entry(fragment.dataset)
     stages, output_schema, complete_from = device_stages(fragment)
     host_stages = {Stage(name): data for name, data in fragment.stages.items()}
@@ -65,15 +69,21 @@ def fragment_tasks(
     if not partitions:
         return []
     host = _host_unit(entry.domain, entry.name, fragment, host_stages, key_sets)
-    tasks = []
+    held: dict[str, list[PartitionEntry]] = {}
     for p in partitions:
-        device = device_for(cluster, entry, p)
+        held.setdefault(device_for(cluster, entry, p), []).append(p)
+    tasks = []
+    for device, mine in held.items():
         request = WorkRequest(
             unit=SubstraitUnit.NAME,
             domain=entry.domain,
             dataset=entry.name,
-            partitions=(p.partition,),
-            forced=_forced_for(pushdown, p.partition, p.slices, forced, fragment.dataset),
+            partitions=tuple(p.partition for p in mine),
+            forced=tuple(
+                f
+                for p in mine
+                for f in _forced_for(pushdown, p.partition, p.slices, forced, fragment.dataset)
+            ),
             host=cuts.host_cost(fragment.name, device),
             policy=Policy.from_json(options.get("policy") or {}),
             query_id=f"{query_id}/{fragment.name}",
@@ -90,7 +100,7 @@ def fragment_tasks(
                 label=fragment.name,
                 host_only=pushdown == "never",
                 complete_output_from=complete_from,
-                replicas={p.partition: replicas_of(cluster, p, device)},
+                replicas={p.partition: replicas_of(cluster, p, device) for p in mine},
                 stored_raw=entry.compression != "none",
             )
         )

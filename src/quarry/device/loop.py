@@ -563,9 +563,10 @@ def _partitions_at_once(
     runtime: Runtime, unit: Unit, controller: Adaptive | None, partitions: int
 ) -> int:
     """A drive's cores each take a partition of a request when its unit keeps no state across
-    partitions and no controller decides from one partition's measurements for the next: the
-    drive's cores work at once, as its compute factor per core assumes."""
-    if not unit.PARTITIONS_AT_ONCE or controller is not None:
+    partitions: the drive's cores work at once, as its compute factor per core assumes. The
+    query's controller is shared by every partition (and every stream) of the query on the
+    drive, and takes their measurements as they come."""
+    if not unit.PARTITIONS_AT_ONCE:
         return 1
     cores = runtime.emulator.profile.cores or host_cores()
     return max(1, min(cores, partitions, PARTITIONS_AT_ONCE_MAX))
