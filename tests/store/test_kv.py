@@ -1,9 +1,10 @@
+import gc
 import threading
 
 import pytest
 
 from quarry.errors import KeyNotFound, ValueTooLarge, VersionConflict
-from quarry.store.kv import KeyValueStore
+from quarry.store.kv import READERS_MAX, SNAPSHOTS_MAX, KeyValueStore
 
 
 @pytest.fixture
@@ -77,3 +78,49 @@ def test_racing_writers_exactly_one_wins(store):
     winners = [r for r in results if r != "lost"]
     assert len(winners) == 1
     assert store.get("slice") == (winners[0].encode(), 2)
+
+
+@pytest.fixture
+def large(tmp_path):
+    s = KeyValueStore(tmp_path / "large", kv_bytes_max=1 << 20)
+    yield s
+    s.close()
+
+
+def test_a_buffer_read_in_place_keeps_its_snapshot_and_its_bytes(large):
+    """Values read through a snapshot are LMDB's pages themselves: a writer that deletes and
+    rewrites the key while a buffer is still referenced must not change what it holds."""
+    store = large
+    store.put("a", b"x" * 300_000)
+    snapshot = store.snapshot()
+    (buffer,) = snapshot.ranges([("a", 10, 200_010)])
+    view = memoryview(buffer)
+    del snapshot, buffer
+    gc.collect()
+    for i in range(20):  # pages freed by these writes would be reused without the snapshot
+        store.delete("a")
+        store.put("a", bytes([i]) * 300_000)
+    assert bytes(view) == b"x" * 200_000
+    assert store.get("a")[0] == bytes([19]) * 300_000
+
+
+def test_snapshots_end_with_their_buffers_and_leave_slots_for_plain_reads(store):
+    store.put("a", b"y" * 1000)
+    for _ in range(2 * READERS_MAX):  # each ends when its buffer goes: slots never run out
+        (buffer,) = store.snapshot().ranges([("a", 0, 1000)])
+        assert buffer.to_pybytes() == b"y" * 1000
+    assert store.open_snapshots() == 1  # the last buffer's
+    del buffer
+    assert store.open_snapshots() == 0
+    held = [store.snapshot() for _ in range(SNAPSHOTS_MAX + 10)]
+    assert held[SNAPSHOTS_MAX - 1] is not None and held[SNAPSHOTS_MAX] is None
+    assert store.get_ranges([("a", 0, 4)]) == [b"yyyy"]  # read with a copy, in a slot kept
+    del held
+    gc.collect()
+    assert store.open_snapshots() == 0 and store.snapshot() is not None
+
+
+def test_a_range_past_a_values_end_comes_back_short(store):
+    store.put("a", b"z" * 100)
+    (buffer,) = store.snapshot().ranges([("a", 90, 200)])
+    assert buffer.to_pybytes() == b"z" * 10

@@ -204,12 +204,16 @@ class Chunk:
         return self._read()
 
     def _read(self) -> Iterator[pa.RecordBatch]:
+        # One snapshot for the chunk, read in place: its batches hold it open while they live.
+        snapshot = self.store.snapshot()
         for number in self.numbers:
             info = self.meta.slices[number]
             read = partitions.read_bytes(self.meta, number, self.columns)
             with self.read_time.timing():
                 self.emulator.read(read)
-                fetched = partitions.fetch_slice(self.store, self.meta, number, self.columns)
+                fetched = partitions.fetch_slice(
+                    self.store, self.meta, number, self.columns, snapshot
+                )
             with self.decode_time.timing():
                 batch = partitions.decode_read(self.meta, fetched)
             # Paired with the write side: each slice holds the rows its metadata promised.

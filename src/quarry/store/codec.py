@@ -72,7 +72,10 @@ def encode_columns(batch: pa.RecordBatch, compression: str = "none") -> tuple[by
 
 
 def decode_columns(
-    parts: list[bytes | memoryview], fields: list[pa.Field], rows: int, metadata: dict | None = None
+    parts: list[bytes | memoryview | pa.Buffer],
+    fields: list[pa.Field],
+    rows: int,
+    metadata: dict | None = None,
 ) -> pa.RecordBatch:
     """Columns read back from their byte ranges, each checked like a whole slice, into one
     batch of ``fields``."""

@@ -9,17 +9,22 @@ commit, which gives exactly-one-wins for two writers racing on the same slice.
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterator
+import threading
+import weakref
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 import lmdb
+import pyarrow as pa
 
 from quarry.errors import KeyNotFound, ValueTooLarge, VersionConflict
 
 MAP_BYTES_DEFAULT = 1 << 40  # virtual size only: LMDB grows the file as data arrives
 KEY_BYTES_MAX = 480  # LMDB's compiled limit is 511; leave room
 LIST_KEYS_MAX = 10_000_000
+READERS_MAX = 512  # LMDB read transactions open at once
+SNAPSHOTS_MAX = READERS_MAX // 2  # of which snapshots read in place may hold (``Snapshot``)
 
 _VERSION = struct.Struct(">Q")
 
@@ -95,11 +100,13 @@ class KeyValueStore:
             sync=True,
             metasync=True,
             readahead=False,
-            max_readers=512,
+            max_readers=READERS_MAX,
         )
         self._data = self._env.open_db(b"data")
         self._versions = self._env.open_db(b"versions")
         self._writes = 0  # write transactions begun: what was read before may have changed
+        self._lock = threading.Lock()
+        self._snapshots = 0  # open Snapshots
 
     def close(self) -> None:
         self._env.close()
@@ -151,6 +158,26 @@ class KeyValueStore:
                 parts.append(bytes(value[start:end]))
             return parts
 
+    def snapshot(self) -> Snapshot | None:
+        """A read snapshot whose values are read in place (None: ``SNAPSHOTS_MAX`` are open,
+        or every reader slot is taken; read with copies, ``get_ranges``)."""
+        with self._lock:
+            if self._snapshots >= SNAPSHOTS_MAX:
+                return None
+            self._snapshots += 1
+        try:
+            return Snapshot(self._env.begin(buffers=True), self._data, self._snapshot_ended)
+        except lmdb.ReadersFullError:
+            self._snapshot_ended()
+            return None
+
+    def _snapshot_ended(self) -> None:
+        with self._lock:
+            self._snapshots -= 1
+
+    def open_snapshots(self) -> int:
+        return self._snapshots
+
     def version(self, key: str) -> int:
         with self._env.begin() as txn:
             raw = txn.get(_encode_key(key), db=self._versions)
@@ -186,6 +213,42 @@ class KeyValueStore:
 
     def count(self, prefix: str = "") -> int:
         return len(self.list(prefix))
+
+
+class Snapshot:
+    """A read transaction whose values are Arrow buffers over LMDB's memory map: no copy.
+
+    LMDB keeps the pages a reader sees until its transaction ends, and writers reuse freed
+    pages only after that. So the transaction ends when the last buffer over it goes (each
+    buffer holds the snapshot as its base), never before: a slice read through it and still
+    referenced (an engine's output passing a column through, rows parked for the host) keeps
+    its bytes. Open snapshots take LMDB reader slots: at most ``SNAPSHOTS_MAX`` of the
+    ``READERS_MAX`` are theirs, the rest kept for plain reads; past it the store reads with
+    copies. Closing the store ends them all: a device closes it only on
+    its way out."""
+
+    def __init__(self, txn: lmdb.Transaction, data: object, ended: Callable[[], None]):
+        self._txn = txn
+        self._data = data
+        weakref.finalize(self, _end, txn, ended)
+
+    def ranges(self, ranges: list[tuple[str, int, int]]) -> list[pa.Buffer]:
+        """Byte ranges ``[start, end)`` of values, in place; a range past a value's end comes
+        back short, for the reader's checks to catch."""
+        parts = []
+        for key, start, end in ranges:
+            value = self._txn.get(_encode_key(key), db=self._data)
+            if value is None:
+                raise KeyNotFound(f"no key {key!r} on this device")
+            start, end = min(start, len(value)), min(max(start, end), len(value))
+            address = pa.py_buffer(value).address
+            parts.append(pa.foreign_buffer(address + start, end - start, base=self))
+        return parts
+
+
+def _end(txn: lmdb.Transaction, ended: Callable[[], None]) -> None:
+    txn.abort()
+    ended()
 
 
 def _encode_key(key: str) -> bytes:

@@ -32,7 +32,7 @@ from quarry.errors import (
     VersionConflict,
 )
 from quarry.store import codec, naming
-from quarry.store.kv import KeyValueStore
+from quarry.store.kv import KeyValueStore, Snapshot
 from quarry.store.zonemap import zone_map, zone_map_from_json, zone_map_to_json
 
 LEASE_S_DEFAULT = 60.0  # a pending partition outlives a coordinator that stopped renewing it
@@ -481,20 +481,26 @@ class FetchedSlice:
     number: int
     columns: list[str] | None
     whole: bytes | None  # a value stored whole (the first format)
-    parts: list[bytes | memoryview] | None  # else the wanted columns' IPC streams, in order
+    parts: list[bytes | memoryview | pa.Buffer] | None  # else the columns' IPC streams
     indices: list[int] | None  # and those columns' schema positions
 
 
 def fetch_slice(
-    store: KeyValueStore, meta: PartitionMeta, number: int, columns: list[str] | None = None
+    store: KeyValueStore,
+    meta: PartitionMeta,
+    number: int,
+    columns: list[str] | None = None,
+    snapshot: Snapshot | None = None,
 ) -> FetchedSlice:
+    """The stored bytes of a slice's ``columns``; read in place through ``snapshot`` (the
+    batch decoded from them then holds it open), else copied off the store."""
     info = meta.slices[number]
     key = naming.slice_key(meta.domain, meta.dataset, meta.partition, number)
     if info.columns is None:  # stored whole
         value = codec.unstripe(store.get_many(naming.slice_value_keys(key, info.stripes)))
         return FetchedSlice(number, columns, value, None, None)
     wanted = column_indices(meta, columns)
-    parts = _column_values(store, key, info, wanted)
+    parts = _column_values(store, key, info, wanted, snapshot)
     return FetchedSlice(number, columns, None, [parts[i] for i in wanted], wanted)
 
 
@@ -560,8 +566,12 @@ def column_bytes(
 
 
 def _column_values(
-    store: KeyValueStore, key: str, info: SliceInfo, wanted: list[int]
-) -> dict[int, bytes]:
+    store: KeyValueStore,
+    key: str,
+    info: SliceInfo,
+    wanted: list[int],
+    snapshot: Snapshot | None = None,
+) -> dict[int, bytes | memoryview | pa.Buffer]:
     """The IPC streams of the wanted columns, read as byte ranges of the slice value (runs of
     neighbouring columns as one range, each range cut at the stripes it crosses)."""
     assert info.columns is not None
@@ -585,11 +595,13 @@ def _column_values(
         for s in range(first, last + 1):
             low, high = max(start, s * stripe), min(end, (s + 1) * stripe)
             pieces.append((keys[min(s, len(keys) - 1)], low - s * stripe, high - s * stripe))
-    values = store.get_ranges(pieces)
-    out: dict[int, bytes | memoryview] = {}
+    values: list = snapshot.ranges(pieces) if snapshot is not None else store.get_ranges(pieces)
+    out: dict[int, bytes | memoryview | pa.Buffer] = {}
     for run, count in zip(runs, counts, strict=True):
-        data, values = b"".join(values[:count]), values[count:]
-        base, view = offsets[run[0]], memoryview(data)  # columns of a run share its one copy
+        # a run within one stripe is read in place (or its one copy); across stripes, joined
+        data = values[0] if count == 1 else b"".join(values[:count])
+        values = values[count:]
+        base, view = offsets[run[0]], memoryview(data)  # columns of a run share it
         for i in run:
             out[i] = view[offsets[i] - base : offsets[i + 1] - base] if len(run) > 1 else data
     return out
