@@ -179,7 +179,11 @@ def test_chunks_are_bounded_by_the_unit_and_the_request(runtime):
 
     unit.REGISTRY[Echo.NAME] = Spy
     _run(runtime)
-    assert max(len(c) for c in instances[-1].chunks) == Echo.CHUNK_SLICES_MAX
+    sizes = [len(c) for c in instances[-1].chunks]
+    limit = Echo.CHUNK_SLICES_MAX
+    assert sum(sizes) == _slices(runtime) and all(size == limit for size in sizes[:-1])
+    # the last takes a remainder under half a chunk with it rather than run it on its own
+    assert limit // 2 < sizes[-1] <= limit * 3 // 2 or len(sizes) == 1
     _run(runtime, chunk_slices=2)
     assert max(len(c) for c in instances[-1].chunks) == 2
     assert instances[-1].finished == [0]
