@@ -241,3 +241,37 @@ def test_the_drive_time_is_the_emulated_compute(runtime):
     (report,) = writer.done.partitions
     chunks = -(-_slices(runtime) // Echo.CHUNK_SLICES_MAX)
     assert report.metrics.drive_s == pytest.approx(3 * Echo.busy_s * chunks, rel=0.35)
+
+
+def test_a_chunk_every_row_of_which_passes_runs_without_the_filter(runtime, monkeypatch):
+    """``id`` rises through the slices: the chunks past the threshold run the unfiltered stage,
+    the one across it the whole sub-plan, and the sum is every passing row's."""
+    from quarry.coordinator.fragments import _args
+    from quarry.device.units.substrait import SubstraitUnit, stages_payload
+    from quarry.plan import decompose
+
+    meta = partitions.read_meta(runtime.store, "d", "t", 0)
+    low = ROWS // 3 + 7
+    (fragment,) = decompose(
+        f"SELECT count(*) AS n FROM d.t WHERE id >= {low}", {"d/t": meta.schema}, "always"
+    ).fragments
+    stages = {Stage(name): data for name, data in fragment.stages.items()}
+    args = _args(fragment, stages, fragment.output_schema, (), fragment.unfiltered)
+    payload = stages_payload(stages, (), fragment.unfiltered)
+    chosen: list[bool] = []
+    full_for = SubstraitUnit._full_for
+
+    def spy(self, chunk):
+        stage = full_for(self, chunk)
+        chosen.append(stage == self.unfiltered)
+        return stage
+
+    monkeypatch.setattr(SubstraitUnit, "_full_for", spy)
+    request = WorkRequest(
+        unit=SubstraitUnit.NAME, domain="d", dataset="t", partitions=(0,), args=args.to_json()
+    )
+    writer = Writer()
+    loop.run_work(runtime, replace(request, chunk_slices=2), payload, writer)
+    counts = pa.concat_arrays([b.column(0) for b in writer.batches])
+    assert sum(counts.to_pylist()) == ROWS - low
+    assert True in chosen and False in chosen

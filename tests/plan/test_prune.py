@@ -10,8 +10,9 @@ import pyarrow as pa
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from quarry.plan import decompose, slice_may_match
+from quarry.plan import decompose, slice_may_match, slice_must_match
 from quarry.plan.prune import decode_value
+from quarry.store.zonemap import zone_map as stored_zone_map
 
 from .harness import zone_map
 
@@ -136,3 +137,50 @@ def test_never_prunes_a_slice_that_matches(values, op: str, literal: int) -> Non
         matches = any(v is not None and PYTHON_OPS[op](v, literal) for v in values)
     if matches:
         assert slice_may_match([predicate], zone_map(table, ["a"]))
+
+
+# ---- every row passes: the device may drop the filter --------------------------------------
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    values=st.lists(
+        st.one_of(st.none(), st.just(float("nan")), st.floats(-20, 20)), min_size=1, max_size=20
+    ),
+    op=st.sampled_from((*OPS, "is_null", "is_not_null")),
+    literal=st.floats(-25, 25),
+)
+def test_must_match_only_when_every_row_passes(values, op: str, literal: float) -> None:
+    """Claimed only for a slice every row of which passes (NULL never does; NaN is left out)."""
+    batch = pa.record_batch({"f": pa.array(values, pa.float64())})
+    predicate = p("f", op) if op in ("is_null", "is_not_null") else p("f", op, literal, "float")
+    if not slice_must_match([predicate], stored_zone_map(batch)):
+        return
+    if op == "is_null":
+        assert all(v is None for v in values)
+    elif op == "is_not_null":
+        assert all(v is not None for v in values)
+    else:
+        assert all(v is not None and v == v and PYTHON_OPS[op](v, literal) for v in values)
+
+
+def test_must_match_when_the_bounds_say_so() -> None:
+    assert slice_must_match([p("a", ">", 5), p("a", "<=", 20)], ZONE)
+    assert slice_must_match([p("a", "!=", 21), p("p", ">=", "1.50", "decimal")], ZONE)
+    assert not slice_must_match([p("a", ">", 10)], ZONE)  # the min itself fails
+    assert not slice_must_match([p("s", ">", "a", "str")], ZONE)  # 5 NULLs never pass
+    assert not slice_must_match([p("f", "<", 5.0, "float")], ZONE)  # NaN not counted
+    nan_free = {"f": {**ZONE["f"], "nan_count": 0}}
+    assert slice_must_match([p("f", "<", 5.0, "float")], nan_free)
+    assert not slice_must_match([], ZONE)  # no filter to drop
+    assert not slice_must_match([p("missing", ">", 1)], ZONE)
+
+
+def test_a_filter_of_zone_map_predicates_only_has_an_unfiltered_stage(small) -> None:
+    def unfiltered(sql: str) -> bytes:
+        (fragment,) = decompose(sql, small.schemas).fragments
+        return fragment.unfiltered
+
+    assert unfiltered("SELECT sum(i) FROM t WHERE i > 3 AND x IS NOT NULL")
+    assert not unfiltered("SELECT sum(i) FROM t WHERE i > 3 AND i * 2 < 100")
+    assert not unfiltered("SELECT sum(i) FROM t")

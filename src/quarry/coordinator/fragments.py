@@ -63,8 +63,10 @@ def fragment_tasks(
     stages, output_schema, complete_from = device_stages(fragment)
     host_stages = {Stage(name): data for name, data in fragment.stages.items()}
     options = options or {}
-    args = _args(fragment, stages, output_schema, key_sets).to_json()
-    payload = stages_payload(stages, [data for _, data in key_sets])
+    # a device that can only filter streams the filter stage: no unfiltered "full" for it
+    unfiltered = fragment.unfiltered if complete_from is None else b""
+    args = _args(fragment, stages, output_schema, key_sets, unfiltered).to_json()
+    payload = stages_payload(stages, [data for _, data in key_sets], unfiltered)
     partitions = [p for p in entry.partitions if p.rows]
     if not partitions:
         return []
@@ -132,6 +134,7 @@ def _args(
     stages: dict[Stage, bytes],
     output: pa.Schema,
     key_sets: Sequence[tuple[int, bytes]] = (),
+    unfiltered: bytes = b"",
 ) -> SubstraitArgs:
     return SubstraitArgs(
         raw_bytes=len(stages[Stage.RAW]),
@@ -141,6 +144,7 @@ def _args(
         raw_schema=fragment.raw_schema,
         predicates=tuple(fragment.predicates),
         key_filters=tuple(KeyFilter(column, len(data)) for column, data in key_sets),
+        unfiltered_bytes=len(unfiltered),
     )
 
 

@@ -10,7 +10,7 @@ from quarry.plan.capabilities import Capabilities
 from quarry.plan.decompose import RULES, Decomposition, Fragment, decompose
 from quarry.plan.errors import PlanError, StageError
 from quarry.plan.memory import SUPER_PLAN_MEMORY_BYTES_MAX
-from quarry.plan.prune import slice_may_match
+from quarry.plan.prune import slice_may_match, slice_must_match
 from quarry.plan.stage import run_stage
 from quarry.plan.superplan import complete, run_super
 
@@ -28,4 +28,5 @@ __all__ = [
     "run_stage",
     "run_super",
     "slice_may_match",
+    "slice_must_match",
 ]

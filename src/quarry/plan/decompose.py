@@ -88,6 +88,9 @@ class Fragment:
     device_filter: list[str] = field(default_factory=list)  # filter stage conjuncts, in order
     host_filter: list[str] = field(default_factory=list)  # conjuncts only the host checks
     notes: list[str] = field(default_factory=list)
+    # "full" without its row filter, when every conjunct of that filter is a zone-map
+    # predicate: a device runs it over slices whose zone maps say every row passes (b"": none)
+    unfiltered: bytes = b""
 
     def to_json(self) -> dict:
         return {
@@ -415,25 +418,56 @@ def _build_fragment(cut: Cut, draft: FragmentDraft) -> _Built:
     output_schema = pa.schema(
         [pa.field(n, f.type, f.nullable) for n, f in zip(output_names, output)]
     )
+    predicates = [
+        p
+        for c in draft.raw_conjuncts
+        if (p := expressions.simple_predicate(c, names, raw_fields)) is not None
+    ]
+    unfiltered = b""
+    if predicates and len(predicates) == len(draft.raw_conjuncts) and not nothing_pushed:
+        stripped = _without_row_filter(full_rel)
+        unfiltered = b"" if stripped is None else encode(stripped, output, output_names)
     fragment = Fragment(
         name=draft.name,
         dataset=draft.dataset,
         stages=stages,
         output_schema=output_schema,
         raw_schema=raw_schema,
-        predicates=[
-            p
-            for c in draft.raw_conjuncts
-            if (p := expressions.simple_predicate(c, names, raw_fields)) is not None
-        ],
+        predicates=predicates,
         pushed=list(draft.pushed),
         device_stages=_device_stages(cut, draft, names),
         capabilities=draft.capabilities.name,
         device_filter=[expressions.render(c, names, raw_fields) for c in device_conjuncts],
         host_filter=[expressions.render(c, names, raw_fields) for c in draft.host_conjuncts],
         notes=list(draft.notes),
+        unfiltered=unfiltered,
     )
     return _Built(draft, fragment, hidden)
+
+
+def _without_row_filter(rel: algebra_pb2.Rel) -> algebra_pb2.Rel | None:
+    """``rel`` without the filters right above its read (those of the rows as stored: the
+    fragment's raw conjuncts); None when there are none."""
+    copied = tree.copy_rel(rel)
+    node = copied
+    while tree.kind(node) != "read":
+        below = tree.single_input(node)
+        if below is None:
+            return None
+        if tree.kind(node) == "filter" and _filters_down_to_read(node):
+            read = node
+            while tree.kind(read) != "read":
+                read = tree.single_input(read)  # type: ignore[assignment]
+            tree.replace(node, tree.copy_rel(read))
+            return copied
+        node = below
+    return None
+
+
+def _filters_down_to_read(rel: algebra_pb2.Rel) -> bool:
+    while tree.kind(rel) == "filter":
+        rel = tree.single_input(rel)  # type: ignore[assignment]
+    return tree.kind(rel) == "read"
 
 
 def _with_constant_column(rel: algebra_pb2.Rel) -> algebra_pb2.Rel:

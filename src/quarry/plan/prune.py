@@ -1,4 +1,5 @@
-"""Zone-map pruning: may a slice hold a row that passes the fragment's filter?
+"""Zone-map pruning: may a slice hold a row that passes the fragment's filter? And must every
+row of it pass (``slice_must_match``: the device then runs the sub-plan without its filter)?
 
 `Fragment.predicates` lists the filter's simple conjuncts (column op literal, IS [NOT] NULL) in a
 JSON-serializable form; a zone map gives, per column, min, max, null_count and rows of a slice.
@@ -79,3 +80,50 @@ def _range_may_match(op: str, low: object, high: object, value: object) -> bool:
     if op == ">=":
         return high >= value
     return True
+
+
+def slice_must_match(predicates: Sequence[Mapping], zone_map: Mapping[str, Mapping]) -> bool:
+    """True only when every row of the slice passes every conjunct: its zone map counted no
+    NULL (a comparison with NULL is never true) and no NaN in the columns compared, and their
+    bounds lie on the passing side. In doubt, False."""
+    return bool(predicates) and all(
+        _must_match(predicate, zone_map.get(predicate.get("column"))) for predicate in predicates
+    )
+
+
+def _must_match(predicate: Mapping, stats: Mapping | None) -> bool:
+    if not stats:
+        return False
+    op, nulls = predicate.get("op"), stats.get("null_count")
+    if op == "is_not_null":
+        return nulls == 0
+    if op == "is_null":
+        rows = stats.get("rows")
+        return rows is not None and nulls is not None and nulls >= rows
+    low, high = stats.get("min"), stats.get("max")
+    if nulls != 0 or low is None or high is None or "value" not in predicate:
+        return False
+    value = decode_value(predicate)
+    floats = any(isinstance(x, float) for x in (low, high, value))
+    if floats and (stats.get("nan_count") != 0 or value != value):
+        return False  # NaN compares its own way: only a slice counted free of it
+    try:
+        return _range_must_match(op, low, high, value)
+    except TypeError:
+        return False
+
+
+def _range_must_match(op: str, low: object, high: object, value: object) -> bool:
+    if op == "=":
+        return low == high == value
+    if op == "!=":
+        return value < low or value > high
+    if op == "<":
+        return high < value
+    if op == "<=":
+        return high <= value
+    if op == ">":
+        return low > value
+    if op == ">=":
+        return low >= value
+    return False

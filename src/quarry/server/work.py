@@ -260,6 +260,7 @@ def for_drive(task: Task, capabilities: Capabilities) -> Task:
         full_bytes=len(scan),
         output_schema=args.raw_schema,
         key_filters=(),
+        unfiltered_bytes=0,
     )
     request = replace(task.request, args=own_args.to_json())
     return replace(
