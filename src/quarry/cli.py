@@ -597,6 +597,8 @@ def _print_explain(report: dict[str, Any]) -> None:
         f"{human_bytes(analyzed['bytes_shipped'])} shipped to the host, "
         f"{analyzed['rows']:,} result rows"
     )
+    if analyzed.get("super_plan_rerun"):
+        console.print(f"super-plan: {analyzed['super_plan_rerun']}", highlight=False)
     turn = analyzed.get("host_turn")
     if turn and turn["waited_s"] >= 0.001:
         console.print(f"waited {turn['waited_s']:.3f} s for a host turn (long queries take turns)")

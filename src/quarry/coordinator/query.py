@@ -35,7 +35,7 @@ from quarry.errors import (
 )
 from quarry.plan.decompose import Fragment
 from quarry.plan.join_filters import JoinFilter, join_filters
-from quarry.plan.superplan import run_super
+from quarry.plan.superplan import SortMergeRerun, run_super
 from quarry.plan.superplan import streams as planning_streams
 from quarry.tally import Tally, process_seconds
 
@@ -290,7 +290,14 @@ class Query:
         self.collectors = join_keys.wire(outputs, pairs, start_probe, self.cancelled)
         timed = {name: self.clocks.fragment_output(output) for name, output in outputs.items()}
         pace, clock = planning.host_pace(), self.clocks.super_plan
-        result = run_super(self.decomposition, timed, pace=pace, clock=clock, inputs_in=inputs_in)
+        result = run_super(
+            self.decomposition,
+            timed,
+            pace=pace,
+            clock=clock,
+            inputs_in=inputs_in,
+            reran=self.clocks.super_plan_reran,
+        )
         return outputs, result
 
     def _inputs_in(self) -> None:
@@ -346,6 +353,8 @@ class Query:
             body["analyze"] = explaining.analyze(
                 reports, self.host_cpu_s, wall_s, self.rows, servers
             )
+            if self.clocks.sort_merge is not None:  # a join did not fit: the super-plan again
+                body["analyze"]["super_plan_rerun"] = self.clocks.sort_merge.describe()
             if self.turn is not None:  # the host's turns (coordinator/workload.py)
                 body["analyze"]["host_turn"] = {
                     "long": self.turn.long,
@@ -383,8 +392,9 @@ class Query:
 class _Clocks:
     """What the host counts of a query as it goes: its planning, the wait for its fragments'
     outputs (from the start of the run to the last of them in, and the process's CPU
-    meanwhile) and the super-plan's own run (``run_super``'s clock). A run started again
-    starts its counts again; an abandoned run's outputs count for nothing."""
+    meanwhile) and the super-plan's own run (``run_super``'s clock, and whether it ran again
+    with sort-merge joins). A run started again starts its counts again; an abandoned run's
+    outputs count for nothing."""
 
     def __init__(self) -> None:
         self.planning = Tally()
@@ -394,7 +404,11 @@ class _Clocks:
     def reset_run(self) -> None:
         self.fragments = Tally()
         self.super_plan = Tally()
+        self.sort_merge: SortMergeRerun | None = None
         self._run: list[float] = [0, 0.0, 0.0]  # outputs still open, started, CPU then
+
+    def super_plan_reran(self, rerun: SortMergeRerun) -> None:
+        self.sort_merge = rerun
 
     def run_started(self, fragments: int) -> None:
         self._run = [fragments, time.perf_counter(), process_seconds()]

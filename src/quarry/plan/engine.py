@@ -12,7 +12,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pyarrow as pa
-from datafusion import DataFrame, RuntimeEnvBuilder, SessionConfig, SessionContext
+from datafusion import (
+    DataFrame,
+    ExecutionPlan,
+    RuntimeEnvBuilder,
+    SessionConfig,
+    SessionContext,
+)
 from datafusion.substrait import Consumer, Producer, Serde
 from substrait import algebra_pb2, plan_pb2, type_pb2
 
@@ -23,6 +29,21 @@ RESERVED_PREFIX = "__quarry"
 # spilled; DataFusion's default (10 MiB a partition) would not fit a small pool at all.
 SORT_SPILL_RESERVATION_SHARE = 4
 SORT_SPILL_RESERVATION_BYTES_MAX = 10 * 1024 * 1024
+
+
+# A session whose equi-joins are sort-merge joins (`sort_merge_session`) sorts both inputs of
+# every join in every partition, so many sorts share its pool at once (TPC-H Q18: five a
+# partition). Measured on Q18's super-plan over its fragments' outputs at SF 1 (DataFusion 55):
+# with `session`'s settings alone it fails even in a 96 MiB pool, a sort unable to take its
+# first batch; merging at most 4 spilled runs at a time (a merge otherwise reserves,
+# unspillable, a batch for every run it reads), batches of 2,048 rows (every sort holds at
+# least one) and each sort's reservation a share among all of them (`share_sort_reservations`),
+# it answers in a 12 MiB pool on 2 partitions, 24 MiB on 4 and 48 MiB on 8.
+SORT_MERGE_FAN_IN_MAX = 4
+SORT_MERGE_BATCH_ROWS = 2048
+# DataFusion plans an equi-join as a sort-merge join only over two partitions or more; over one
+# it makes a hash join whatever it was told.
+SORT_MERGE_PARTITIONS_MIN = 2
 
 
 def session(
@@ -44,8 +65,58 @@ def session(
         config = config.set("datafusion.optimizer.max_passes", "0")
     if memory_pool_bytes is None:
         return SessionContext(config)
-    assert memory_pool_bytes > 0
     partitions = target_partitions or cpu_count()
+    return _spilling(config, partitions, memory_pool_bytes, temp_directory)
+
+
+def sort_merge_session(target_partitions: int, memory_pool_bytes: int) -> SessionContext:
+    """A session with a fair spill pool, as `session` makes it, whose equi-joins run as
+    sort-merge joins: slower than hash joins, but held to the pool, where a hash join holds its
+    whole build side. Its spills go to a temporary directory of DataFusion's own under the OS's,
+    removed with the session: the merge fan-in is a runtime setting, and setting one (DataFusion
+    55) drops the spill directory a session was made with."""
+    assert target_partitions >= SORT_MERGE_PARTITIONS_MIN and memory_pool_bytes > 0
+    config = (
+        SessionConfig()
+        .with_target_partitions(target_partitions)
+        .set("datafusion.optimizer.prefer_hash_join", "false")
+        .set("datafusion.execution.batch_size", str(SORT_MERGE_BATCH_ROWS))
+    )
+    ctx = _spilling(config, target_partitions, memory_pool_bytes, None)
+    fan_in = f"SET datafusion.runtime.max_spill_merge_fan_in = '{SORT_MERGE_FAN_IN_MAX}'"
+    ctx.sql(fan_in).collect()
+    return ctx
+
+
+def share_sort_reservations(
+    ctx: SessionContext, plan: plan_pb2.Plan | bytes, partitions: int, memory_pool_bytes: int
+) -> None:
+    """Make what each sort reserves up front to merge its spills a share of the pool among all
+    the sorts of `plan`, which run at once in every partition. Plans made on `ctx` before keep
+    the reservation they were made with."""
+    sorts = max(1, sorts_in(consume(ctx, plan).execution_plan()))
+    reservation_bytes = min(
+        SORT_SPILL_RESERVATION_BYTES_MAX,
+        memory_pool_bytes // (SORT_SPILL_RESERVATION_SHARE * partitions * sorts),
+    )
+    setting = f"SET datafusion.execution.sort_spill_reservation_bytes = '{reservation_bytes}'"
+    ctx.sql(setting).collect()
+
+
+def sorts_in(plan: ExecutionPlan) -> int:
+    """The full sorts in a physical plan (a top-k keeps its rows, no spill)."""
+    shown = plan.display()
+    own = shown.startswith("SortExec:") and not shown.startswith("SortExec: TopK")
+    return int(own) + sum(sorts_in(child) for child in plan.children())
+
+
+def _spilling(
+    config: SessionConfig,
+    partitions: int,
+    memory_pool_bytes: int,
+    temp_directory: str | Path | None,
+) -> SessionContext:
+    assert memory_pool_bytes > 0
     reservation_bytes = min(
         SORT_SPILL_RESERVATION_BYTES_MAX,
         memory_pool_bytes // (SORT_SPILL_RESERVATION_SHARE * partitions),

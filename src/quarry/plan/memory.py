@@ -3,13 +3,16 @@
 A super-plan's host memory is one budget (``SUPER_PLAN_MEMORY_BYTES_MAX``, or
 ``$QUARRY_SUPER_PLAN_MEMORY_MIB``): a quarter holds fragment outputs in memory (the spool, the
 rest on disk), the remainder is DataFusion's spill pool. ``memory_summary`` reads the super-plan's
-operators to tell which keep little by themselves (top-k, final aggregation of partials) and
-which spill or must fit (sorts, joins' build sides).
+operators to tell which keep little by themselves (top-k, final aggregation of partials), which
+spill (sorts, aggregations of raw rows, joins: a hash join whose build side does not fit runs
+again as a sort-merge join) and which may have to fit (the build side of a join on no equal
+keys).
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -80,6 +83,12 @@ def default_memory_bytes_max() -> int:
 
 
 JOIN_RELS = ("join", "cross", "hash_join", "merge_join", "nested_loop_join")
+# A hash join's build side that does not fit makes the super-plan run again with sort-merge
+# joins (superplan.py). A join on no equal keys has no such way out: DataFusion runs it as a
+# cross join, which holds its build side whole, or a nested-loop join, which spills it for most
+# kinds of join.
+JOIN_HOLDS = "a join that does not fit runs again as a sort-merge join that spills"
+NO_EQUAL_KEYS_HOLDS = "a join on no equal keys may need its build side to fit the budget"
 
 
 def memory_summary(decomposition: Any, budget: MemoryBudget | None = None) -> str:
@@ -93,6 +102,7 @@ def memory_summary(decomposition: Any, budget: MemoryBudget | None = None) -> st
     budget = budget or MemoryBudget.of()
     plan = tree.parse_plan(decomposition.super_plan)
     partial = {f.name for f in decomposition.fragments if "partial_aggregate" in f.pushed}
+    functions = tree.function_names(plan)
     holds: list[str] = []
     top_k_sorts = 0  # sorts right under a fetch: DataFusion runs them as top-k
     sorts = 0
@@ -108,15 +118,17 @@ def memory_summary(decomposition: Any, budget: MemoryBudget | None = None) -> st
                 holds.append("aggregates partials")
             else:
                 holds.append("aggregate spills beyond the budget")
+        elif rel_kind == "join" and not _on_equal_keys(rel.join.expression, functions):
+            holds.append(NO_EQUAL_KEYS_HOLDS)
         elif rel_kind in JOIN_RELS or (
             rel_kind == "set" and rel.set.op != algebra_pb2.SetRel.SET_OP_UNION_ALL
         ):
-            holds.append("join build side must fit the budget")
+            holds.append(JOIN_HOLDS)
     if sorts > top_k_sorts:
         holds.append("sort spills beyond the budget")
     for message in tree.iter_messages(plan):
         if isinstance(message, algebra_pb2.Expression.Subquery):
-            holds.append("join build side must fit the budget")  # subqueries become joins
+            holds.append(JOIN_HOLDS)  # subqueries become joins
         elif isinstance(message, algebra_pb2.Expression.WindowFunction):
             holds.append("window sort spills beyond the budget")
     summary = (
@@ -125,6 +137,23 @@ def memory_summary(decomposition: Any, budget: MemoryBudget | None = None) -> st
     )
     unique = list(dict.fromkeys(holds))
     return summary + (": " + ", ".join(unique) if unique else "")
+
+
+def _on_equal_keys(condition: algebra_pb2.Expression, functions: Mapping[int, str]) -> bool:
+    """Whether a join condition matches equal keys (an `=`, or `is not distinct from` as set
+    operations match, alone or among `and`-ed terms): the joins DataFusion runs as hash or
+    sort-merge joins."""
+    terms = [condition]
+    while terms:
+        term = terms.pop()
+        if term.WhichOneof("rex_type") != "scalar_function":
+            continue
+        name = functions.get(term.scalar_function.function_reference)
+        if name in ("equal", "is_not_distinct_from"):
+            return True
+        if name == "and":
+            terms.extend(argument.value for argument in term.scalar_function.arguments)
+    return False
 
 
 def _fetch_rows(fetch: algebra_pb2.FetchRel) -> str:

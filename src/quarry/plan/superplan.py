@@ -5,8 +5,11 @@ $QUARRY_SUPER_PLAN_MEMORY_MIB, or `run_super(memory_bytes_max=...)`): a quarter 
 fragment outputs in memory (`spool.Spool`, the rest of them goes to disk), the other three
 quarters are DataFusion's fair spill pool, so sorts and aggregations spill to the same
 temporary directory instead of growing. Top-k and the final aggregation of partials stay
-small by themselves; a join's build side must fit the pool, else the query ends with
-`HostMemoryExceeded` naming the budget.
+small by themselves. A hash join holds its build side whole: when one does not fit the pool
+before any row came out, the super-plan runs once more over the same spooled inputs with
+sort-merge joins, whose sorts spill (into a directory of DataFusion's own, removed with that
+run's session); only if that does not fit either does the query end with `HostMemoryExceeded`
+naming the budget.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from __future__ import annotations
 import functools
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Generator, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,7 +34,7 @@ from quarry.plan.memory import (
 )
 from quarry.plan.passthrough import SHAPES_KEPT_MAX, passthrough_fragment
 from quarry.plan.rowwise import groups, rowwise_fragment
-from quarry.plan.spool import MIB, Spool, rows_in_files
+from quarry.plan.spool import MIB, Spool, SpooledFragment, rows_in_files
 from quarry.plan.stage import run_stage
 from quarry.protocol.stage import Stage
 from quarry.tally import Tally
@@ -42,6 +45,26 @@ from quarry.tally import Tally
 # groups on one core each, many streams at once (measured on 20 M rows under never: 4 MiB groups
 # on one partition held +80 MiB, 16 MiB +260, 64 MiB on two partitions +410, none faster).
 COMPLETION_GROUP_BYTES_MAX = 4 * 1024 * 1024
+# The memory consumer that holds a hash join's build side (DataFusion 55: "HashJoinInput", with
+# "[partition]" when partitioned); a sort-merge join does without it. Joins on no equal keys
+# have no such way out: a cross join holds its build side whole ("CrossJoinExec"), a nested-loop
+# join of most kinds spills what it cannot hold ("NestedLoopJoinLoad[partition]").
+HASH_JOIN_CONSUMERS = ("HashJoinInput",)
+
+
+@dataclass(frozen=True)
+class SortMergeRerun:
+    """The super-plan ran again with sort-merge joins: a hash join's build side (``consumer``,
+    as DataFusion names it) did not fit the spill pool of ``pool_bytes``."""
+
+    consumer: str
+    pool_bytes: int
+
+    def describe(self) -> str:
+        return (
+            f"a hash join's build side did not fit the {self.pool_bytes // MIB} MiB pool: "
+            f"ran again with sort-merge joins, which spill"
+        )
 
 
 @dataclass(frozen=True)
@@ -126,6 +149,7 @@ def run_super(
     pace: HostPace | None = None,
     clock: Tally | None = None,
     inputs_in: Callable[[], object] | None = None,
+    reran: Callable[[SortMergeRerun], object] | None = None,
 ) -> pa.RecordBatchReader:
     """Run the super-plan over each fragment's (completed) output; the result streams.
 
@@ -145,6 +169,8 @@ def run_super(
     process's CPU meanwhile (DataFusion works on threads of its own). ``inputs_in`` is called
     once every fragment's output is in and before the super-plan runs on them (the coordinator
     checks there that its catalog held), for a super-plan that reads them whole first.
+    ``reran`` is told when a hash join did not fit and the super-plan ran again with sort-merge
+    joins (`SortMergeRerun`).
     """
     pace = pace or machine_pace()
     clock = clock if clock is not None else Tally()
@@ -165,7 +191,9 @@ def run_super(
     budget = MemoryBudget.of(memory_bytes_max, spool_memory_bytes_max)
     return pa.RecordBatchReader.from_batches(
         schema,
-        _run(decomposition, fragment_outputs, budget, temp_directory, pace, clock, inputs_in),
+        _run(
+            decomposition, fragment_outputs, budget, temp_directory, pace, clock, inputs_in, reran
+        ),
     )
 
 
@@ -206,8 +234,8 @@ def _run(
     pace: HostPace,
     clock: Tally,
     inputs_in: Callable[[], object] | None,
+    reran: Callable[[SortMergeRerun], object] | None,
 ) -> Iterator[pa.RecordBatch]:
-    schema = decomposition.output_schema
     partitions = pace.cores
     with Spool(budget.spool_memory_bytes_max, temp_directory, partitions) as spool:
         spooled = spool.fill(
@@ -218,38 +246,114 @@ def _run(
         )
         if inputs_in is not None:
             inputs_in()
+        _check_spooled(spooled)
         kept = temp_directory is None  # spills of a kept session go where it was made
         with clock.timing(process=True):
             if kept:
                 ctx = _take_session(partitions, budget.pool_bytes)
             else:
                 ctx = engine.session(partitions, budget.pool_bytes, spool.directory)
-            merge.register_merge_functions(ctx, functions_of(decomposition.super_plan))
-            for name, output in spooled.items():
-                on_disk = rows_in_files(output.files)
-                assert on_disk == output.rows_on_disk, (
-                    f"{name}: the spool's files hold {on_disk} rows, "
-                    f"{output.rows_on_disk} were written"
-                )
-                engine.register_spooled(
-                    ctx, name, output.schema, output.batches, output.directory, partitions
-                )
-        try:
-            with clock.timing(process=True):
-                stream = engine.consume(ctx, decomposition.super_plan).execute_stream()
-            for batch in clock.timed(pace.paced(stream), process=True):
-                yield conform(batch.to_pyarrow(), schema)
-        except Exception as error:  # DataFusion raises plain Exceptions
-            consumer = engine.memory_exhausted(error)
-            if consumer is None:
-                raise
+            _register(ctx, decomposition, spooled, partitions)
+        exhausted = yield from _run_as_planned(ctx, decomposition, budget, pace, clock)
+        if exhausted is None:
+            if kept:  # read to its end: the session goes back, holding none of this query's rows
+                _give_back(ctx, spooled, partitions, budget.pool_bytes)
+            return
+        del ctx  # the failed run's session and whatever its operators still held
+        if reran is not None:
+            reran(SortMergeRerun(exhausted, budget.pool_bytes))
+        yield from _run_sort_merge(decomposition, spooled, budget, pace, clock)
+
+
+def _run_as_planned(
+    ctx: Any, decomposition: Decomposition, budget: MemoryBudget, pace: HostPace, clock: Tally
+) -> Generator[pa.RecordBatch, None, str | None]:
+    """The super-plan's batches; then None, or the hash join's memory consumer that did not
+    fit before any batch came out, for the caller to run it again with sort-merge joins. Any
+    other lack of memory is the query's error: once rows are out, a run again would give them
+    twice."""
+    yielded = False
+    try:
+        for batch in _execute(ctx, decomposition, pace, clock):
+            yielded = True
+            yield batch
+    except Exception as error:  # DataFusion raises plain Exceptions
+        consumer = engine.memory_exhausted(error)
+        if consumer is None:
+            raise
+        if yielded or not _hash_join(consumer):
             raise HostMemoryExceeded(_exceeded_message(consumer, budget)) from None
-        if kept:  # read to its end: the session goes back, holding none of this query's rows
-            del stream
-            for name in spooled:
-                for registered in engine.spooled_names(name):
-                    ctx.deregister_table(registered)
-            _give_session(partitions, budget.pool_bytes, ctx)
+        return consumer
+    return None
+
+
+def _run_sort_merge(
+    decomposition: Decomposition,
+    spooled: Mapping[str, SpooledFragment],
+    budget: MemoryBudget,
+    pace: HostPace,
+    clock: Tally,
+) -> Iterator[pa.RecordBatch]:
+    """The super-plan once more over the same spooled inputs, its equi-joins as sort-merge
+    joins, whose sorts spill: slower than hash joins, but held to the budget. Its session is
+    made for this run and never kept, so no later query runs with its settings."""
+    partitions = max(pace.cores, engine.SORT_MERGE_PARTITIONS_MIN)
+    with clock.timing(process=True):
+        ctx = engine.sort_merge_session(partitions, budget.pool_bytes)
+        _register(ctx, decomposition, spooled, partitions)
+        engine.share_sort_reservations(ctx, decomposition.super_plan, partitions, budget.pool_bytes)
+    try:
+        yield from _execute(ctx, decomposition, pace, clock)
+        return
+    except Exception as error:  # DataFusion raises plain Exceptions
+        consumer = engine.memory_exhausted(error)
+        if consumer is None:
+            raise
+    # Raised out of the handler, the error keeps neither DataFusion's error nor the session
+    # alive: the session's spills, in a directory of its own, go with it even while the caller
+    # holds on to the error.
+    del ctx
+    raise HostMemoryExceeded(_exceeded_message(consumer, budget, sort_merge=True))
+
+
+def _check_spooled(spooled: Mapping[str, SpooledFragment]) -> None:
+    for name, output in spooled.items():
+        on_disk = rows_in_files(output.files)
+        assert on_disk == output.rows_on_disk, (
+            f"{name}: the spool's files hold {on_disk} rows, {output.rows_on_disk} were written"
+        )
+
+
+def _register(
+    ctx: Any,
+    decomposition: Decomposition,
+    spooled: Mapping[str, SpooledFragment],
+    partitions: int,
+) -> None:
+    merge.register_merge_functions(ctx, functions_of(decomposition.super_plan))
+    for name, output in spooled.items():
+        engine.register_spooled(
+            ctx, name, output.schema, output.batches, output.directory, partitions
+        )
+
+
+def _execute(
+    ctx: Any, decomposition: Decomposition, pace: HostPace, clock: Tally
+) -> Iterator[pa.RecordBatch]:
+    schema = decomposition.output_schema
+    with clock.timing(process=True):
+        stream = engine.consume(ctx, decomposition.super_plan).execute_stream()
+    for batch in clock.timed(pace.paced(stream), process=True):
+        yield conform(batch.to_pyarrow(), schema)
+
+
+def _give_back(
+    ctx: Any, spooled: Mapping[str, SpooledFragment], partitions: int, pool_bytes: int
+) -> None:
+    for name in spooled:
+        for registered in engine.spooled_names(name):
+            ctx.deregister_table(registered)
+    _give_session(partitions, pool_bytes, ctx)
 
 
 # Super-plan sessions kept between queries, each used by one query at a time: a fresh session
@@ -289,9 +393,18 @@ def _conformed(batches: Iterable[pa.RecordBatch], schema: pa.Schema) -> Iterator
             close()
 
 
-def _exceeded_message(consumer: str, budget: MemoryBudget) -> str:
-    join = consumer.startswith(("HashJoin", "NestedLoopJoin", "CrossJoin"))
-    if join:
+def _hash_join(consumer: str) -> bool:
+    return consumer.startswith(HASH_JOIN_CONSUMERS)
+
+
+def _exceeded_message(consumer: str, budget: MemoryBudget, sort_merge: bool = False) -> str:
+    if sort_merge:
+        what = (
+            "a join does not fit, not even run again as a sort-merge join that spills "
+            f"({consumer or 'an operator'} ran out)"
+        )
+        also = ", or make the join's inputs smaller (a more selective filter)"
+    elif consumer.startswith(("HashJoin", "NestedLoopJoin", "CrossJoin")):
         what = "a join's build side, which is held whole in memory, does not fit"
         also = ", or make the join's inputs smaller (a more selective filter)"
     else:
