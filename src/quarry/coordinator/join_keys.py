@@ -48,6 +48,11 @@ class KeyCollector:
         self._completed = False
         self._leader: KeyCollector | None = None
 
+    @property
+    def follows(self) -> bool:
+        """Whether another collector collects this one's keys (``follow``)."""
+        return self._leader is not None
+
     def follow(self, leader: KeyCollector) -> None:
         """Take the keys ``leader`` collects (the same build, through the same plan) instead
         of collecting them again."""
@@ -121,8 +126,13 @@ class KeyCollector:
                 return False
         if self._leader is not None:
             self.keys, self.outcome = self._leader.keys, self._leader.outcome
-            self._completed = self._leader._completed
+            self._completed = self._leader.completed
             self.done.set()
+        return self._completed
+
+    @property
+    def completed(self) -> bool:
+        """Whether the build's whole output went by."""
         return self._completed
 
 
@@ -188,13 +198,7 @@ def wire(
     with the key sets), and a collector on each build's output (a build may itself be a probe
     whose own keys come first). Returns the collectors, for EXPLAIN ANALYZE."""
     collectors = [KeyCollector(pair) for pair in pairs]
-    leaders: dict[tuple[str, bytes, int], KeyCollector] = {}
-    for collector in collectors:
-        pair = collector.pair
-        if pair.through:
-            leader = leaders.setdefault((pair.build, pair.through, pair.through_column), collector)
-            if leader is not collector:
-                collector.follow(leader)
+    _share_runs(collectors)
     waits: dict[str, list[KeyCollector]] = {}
     for collector in collectors:
         waits.setdefault(collector.pair.probe, []).append(collector)
@@ -203,6 +207,18 @@ def wire(
             waiting, lambda key_sets, probe=probe: start_probe(probe, key_sets), cancelled
         )
     for collector in collectors:
-        if collector._leader is None:
+        if not collector.follows:
             outputs[collector.pair.build] = collector.tap(outputs[collector.pair.build])
     return collectors
+
+
+def _share_runs(collectors: Sequence[KeyCollector]) -> None:
+    """Collectors through the same part of the same build follow the first of them: the part
+    runs once (Q18 cuts orders and lineitem by the same HAVING)."""
+    leaders: dict[tuple[str, bytes, int], KeyCollector] = {}
+    for collector in collectors:
+        pair = collector.pair
+        if pair.through:
+            leader = leaders.setdefault((pair.build, pair.through, pair.through_column), collector)
+            if leader is not collector:
+                collector.follow(leader)
