@@ -7,7 +7,7 @@ told that device of the host's costs. On the host the same unit completes whatev
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
@@ -53,12 +53,14 @@ def fragment_tasks(
     forced: Forced | None = None,
     options: dict[str, Any] | None = None,
     key_sets: Sequence[tuple[int, bytes]] = (),
+    only: Collection[int] | None = None,
 ) -> list[Task]:
     """One task per device, for the non-empty partitions it serves (an empty partition has no
     slices): one stream each, whose partitions the device runs at once, one per core (a
     stream costs a device about 7 ms of CPU; TPC-H Q6 at SF 1 over 16 partitions on 4 devices
     took 0.23 s as 16 streams, 0.18 s as 4). ``key_sets``: (output column, encoded keys) a join
-    cuts the fragment's output by (``join_keys``)."""
+    cuts the fragment's output by (``join_keys``); ``only``: these partitions, no others (a
+    scale-out engine's read task asks for one)."""
     entry = cluster.entry(fragment.dataset)
     stages, output_schema, complete_from = device_stages(fragment)
     host_stages = {Stage(name): data for name, data in fragment.stages.items()}
@@ -67,7 +69,7 @@ def fragment_tasks(
     unfiltered = fragment.unfiltered if complete_from is None else b""
     args = _args(fragment, stages, output_schema, key_sets, unfiltered).to_json()
     payload = stages_payload(stages, [data for _, data in key_sets], unfiltered)
-    partitions = [p for p in entry.partitions if p.rows]
+    partitions = [p for p in entry.partitions if p.rows and (only is None or p.partition in only)]
     if not partitions:
         return []
     host = _host_unit(entry.domain, entry.name, fragment, host_stages, key_sets)

@@ -64,11 +64,8 @@ def read_partition(
             "a partition can be read for a query over one dataset that filters and projects "
             f"rows only (no aggregate, join, order or limit): {sql}"
         )
-    tasks = [
-        task
-        for task in fragment_tasks(cluster, fragment, pushdown, uuid.uuid4().hex, planning.Cuts())
-        if task.request.partitions == (partition,)
-    ]
+    cuts = planning.Cuts()
+    tasks = fragment_tasks(cluster, fragment, pushdown, uuid.uuid4().hex, cuts, only={partition})
     dispatch = Dispatch()
     rows = dispatch.run(tasks, 1, STREAM_BATCHES_MAX, "quarry-partition")
     result = run_super(decomposition, {fragment.name: rows}, pace=planning.host_pace())
