@@ -270,66 +270,55 @@ def _inner_joins_on_path(
     """The inner joins field ``index`` of ``rel`` passes through on its way down (as ``trace``
     follows it for a probe), each with the side and column it comes from there."""
     found = []
-    while True:
-        mapping = _emit(rel)
-        if mapping is not None:
-            if index >= len(mapping):
-                return found
-            index = mapping[index]
-        kind = tree.kind(rel)
-        if kind in ("filter", "sort"):
-            rel = tree.single_input(rel)  # type: ignore[assignment]
-        elif kind == "project":
-            below = width(rel.project.input)
-            if below is None:
-                return found
-            if index >= below:
-                field = expressions.field_index(rel.project.expressions[index - below])
-                if field is None:
-                    return found
-                index = field
-            rel = rel.project.input
-        elif kind == "aggregate":
-            keys = _grouping_keys(rel.aggregate)
-            if keys is None or index >= len(keys):
-                return found
-            field = expressions.field_index(keys[index])
-            if field is None:
-                return found
-            index, rel = field, rel.aggregate.input
-        elif kind == "join" and rel.join.type == J.JOIN_TYPE_INNER:
+    while tree.kind(rel) != "read":
+        here = _unmapped(rel, index)
+        if here is not None and tree.kind(rel) == "join" and rel.join.type == J.JOIN_TYPE_INNER:
             left_width = width(rel.join.left)
-            if left_width is None:
-                return found
-            side = "left" if index < left_width else "right"
-            index = index if side == "left" else index - left_width
-            found.append((rel.join, side, index))
-            rel = rel.join.left if side == "left" else rel.join.right
-        elif kind == "join" and rel.join.type in _LEFT_ONLY:
-            rel = rel.join.left
-        else:
+            if left_width is not None:
+                side = "left" if here < left_width else "right"
+                found.append((rel.join, side, here if side == "left" else here - left_width))
+        step = _step(rel, index, probe=True)
+        if step is None:
             return found
+        rel, index = step
+    return found
 
 
 def trace(rel: algebra_pb2.Rel, index: int, probe: bool) -> tuple[str, int] | None:
     """The fragment and output column that field ``index`` of ``rel`` comes from unchanged;
     with ``probe``, only through operators that commute with a filter on it."""
-    mapping = _emit(rel)
-    if mapping is not None:
-        if index >= len(mapping):
+    while tree.kind(rel) != "read":
+        step = _step(rel, index, probe)
+        if step is None:
             return None
-        index = mapping[index]
+        rel, index = step
+    here = _unmapped(rel, index)
+    return None if here is None else _read(rel.read, here)
+
+
+def _unmapped(rel: algebra_pb2.Rel, index: int) -> int | None:
+    """Field ``index`` of ``rel`` as the operator itself numbers it (before its emit)."""
+    mapping = _emit(rel)
+    if mapping is None:
+        return index
+    return mapping[index] if index < len(mapping) else None
+
+
+def _step(rel: algebra_pb2.Rel, index: int, probe: bool) -> tuple[algebra_pb2.Rel, int] | None:
+    """One operator down: the input, and its field, that field ``index`` of ``rel`` comes from
+    unchanged (None: it does not, or not through a filter on it for a ``probe``)."""
+    here = _unmapped(rel, index)
+    if here is None:
+        return None
     kind = tree.kind(rel)
-    if kind == "read":
-        return _read(rel.read, index)
     if kind in ("filter", "sort") or (kind == "fetch" and not probe):
-        return trace(tree.single_input(rel), index, probe)  # type: ignore[arg-type]
+        return tree.single_input(rel), here  # type: ignore[return-value]
     if kind == "project":
-        return _project(rel.project, index, probe)
+        return _project(rel.project, here)
     if kind == "aggregate":
-        return _aggregate(rel.aggregate, index, probe)
+        return _aggregate(rel.aggregate, here)
     if kind == "join":
-        return _join(rel.join, index, probe)
+        return _join(rel.join, here, probe)
     return None
 
 
@@ -341,27 +330,27 @@ def _read(read: algebra_pb2.ReadRel, index: int) -> tuple[str, int] | None:
     return names[0], fields[index]
 
 
-def _project(project: algebra_pb2.ProjectRel, index: int, probe: bool) -> tuple[str, int] | None:
+def _project(project: algebra_pb2.ProjectRel, index: int) -> tuple[algebra_pb2.Rel, int] | None:
     below = width(project.input)
     if below is None:
         return None
     if index < below:
-        return trace(project.input, index, probe)
+        return project.input, index
     field = expressions.field_index(project.expressions[index - below])
-    return None if field is None else trace(project.input, field, probe)
+    return None if field is None else (project.input, field)
 
 
 def _aggregate(
-    aggregate: algebra_pb2.AggregateRel, index: int, probe: bool
-) -> tuple[str, int] | None:
+    aggregate: algebra_pb2.AggregateRel, index: int
+) -> tuple[algebra_pb2.Rel, int] | None:
     keys = _grouping_keys(aggregate)
     if keys is None or index >= len(keys):
         return None
     field = expressions.field_index(keys[index])
-    return None if field is None else trace(aggregate.input, field, probe)
+    return None if field is None else (aggregate.input, field)
 
 
-def _join(join: algebra_pb2.JoinRel, index: int, probe: bool) -> tuple[str, int] | None:
+def _join(join: algebra_pb2.JoinRel, index: int, probe: bool) -> tuple[algebra_pb2.Rel, int] | None:
     left_width = width(join.left)
     if left_width is None:
         return None
@@ -373,7 +362,7 @@ def _join(join: algebra_pb2.JoinRel, index: int, probe: bool) -> tuple[str, int]
         side, index = "right", index - left_width
     if probe and side not in _PASS_SIDES.get(join.type, ()):
         return None
-    return trace(join.left if side == "left" else join.right, index, probe)
+    return (join.left if side == "left" else join.right), index
 
 
 def width(rel: algebra_pb2.Rel) -> int | None:
