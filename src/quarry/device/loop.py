@@ -312,9 +312,9 @@ class PartitionRun:
 
     def _chunk(self, position: int, stage: Stage, controller: Adaptive | None) -> list[int]:
         """Contiguous slices with the same decision, run together."""
-        numbers = [self.candidates[position]]
+        first = self.candidates[position]
         if stage is not Stage.FULL or (controller is not None and controller.probing):
-            return numbers
+            return [first]
         limit, most = self._chunk_limit, self._chunk_limit * 3 // 2
         if self.request.chunk_slices is not None:  # the caller's bound, kept to the slice
             limit = most = max(1, min(limit, self.request.chunk_slices))
@@ -322,7 +322,8 @@ class PartitionRun:
         # A remainder under half a chunk joins the chunk before it: an engine run costs a few
         # ms whatever its size (TPC-H SF 1 lineitem in 16 partitions of 17 slices: 16 runs of
         # 17 slices, not 32 of 16 and 1).
-        return numbers + [numbers[0] + n for n in range(1, run if run <= most else limit)]
+        size = run if run <= most else limit
+        return list(range(first, first + size))
 
     def _run_length(self, position: int, most: int) -> int:
         """How many contiguous candidates from ``position`` on run whole (at most ``most``)."""
