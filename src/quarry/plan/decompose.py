@@ -449,19 +449,19 @@ def _without_row_filter(rel: algebra_pb2.Rel) -> algebra_pb2.Rel | None:
     """``rel`` without the filters right above its read (those of the rows as stored: the
     fragment's raw conjuncts); None when there are none."""
     copied = tree.copy_rel(rel)
-    node = copied
-    while tree.kind(node) != "read":
-        below = tree.single_input(node)
-        if below is None:
-            return None
+    node: algebra_pb2.Rel | None = copied
+    while node is not None and tree.kind(node) != "read":
         if tree.kind(node) == "filter" and _filters_down_to_read(node):
-            read = node
-            while tree.kind(read) != "read":
-                read = tree.single_input(read)  # type: ignore[assignment]
-            tree.replace(node, tree.copy_rel(read))
+            tree.replace(node, _read_below(node))
             return copied
-        node = below
+        node = tree.single_input(node)
     return None
+
+
+def _read_below(rel: algebra_pb2.Rel) -> algebra_pb2.Rel:
+    while tree.kind(rel) != "read":
+        rel = tree.single_input(rel)  # type: ignore[assignment]
+    return rel
 
 
 def _filters_down_to_read(rel: algebra_pb2.Rel) -> bool:

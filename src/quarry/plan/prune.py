@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import datetime
 import decimal
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 # Floats: DataFusion orders NaN above every number (NaN > x is true) while zone-map min/max
 # skip NaN, so a slice's max says nothing about rows matching >, >= or != unless its zone map
@@ -67,19 +67,25 @@ def _may_match(predicate: Mapping, stats: Mapping | None) -> bool:
 
 
 def _range_may_match(op: str, low: object, high: object, value: object) -> bool:
-    if op == "=":
-        return low <= value <= high
-    if op == "!=":
-        return not (low == high == value)
-    if op == "<":
-        return low < value
-    if op == "<=":
-        return low <= value
-    if op == ">":
-        return high > value
-    if op == ">=":
-        return high >= value
-    return True
+    may = _RANGES.get(op)
+    return True if may is None else may[0](low, high, value)
+
+
+def _range_must_match(op: str, low: object, high: object, value: object) -> bool:
+    must = _RANGES.get(op)
+    return False if must is None else must[1](low, high, value)
+
+
+# Per operator, for a column whose values lie in [low, high]: may some row pass `column op
+# value`, and must every row pass it. The two questions side by side, so they stay consistent.
+_RANGES: dict[str, tuple[Callable[..., bool], Callable[..., bool]]] = {
+    "=": (lambda lo, hi, v: lo <= v <= hi, lambda lo, hi, v: lo == hi == v),
+    "!=": (lambda lo, hi, v: not (lo == hi == v), lambda lo, hi, v: v < lo or v > hi),
+    "<": (lambda lo, hi, v: lo < v, lambda lo, hi, v: hi < v),
+    "<=": (lambda lo, hi, v: lo <= v, lambda lo, hi, v: hi <= v),
+    ">": (lambda lo, hi, v: hi > v, lambda lo, hi, v: lo > v),
+    ">=": (lambda lo, hi, v: hi >= v, lambda lo, hi, v: lo >= v),
+}
 
 
 def slice_must_match(predicates: Sequence[Mapping], zone_map: Mapping[str, Mapping]) -> bool:
@@ -111,19 +117,3 @@ def _must_match(predicate: Mapping, stats: Mapping | None) -> bool:
         return _range_must_match(op, low, high, value)
     except TypeError:
         return False
-
-
-def _range_must_match(op: str, low: object, high: object, value: object) -> bool:
-    if op == "=":
-        return low == high == value
-    if op == "!=":
-        return value < low or value > high
-    if op == "<":
-        return high < value
-    if op == "<=":
-        return high <= value
-    if op == ">":
-        return low > value
-    if op == ">=":
-        return low >= value
-    return False
