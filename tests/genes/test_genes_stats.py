@@ -134,6 +134,52 @@ def test_combine_is_order_independent_and_equals_one_shot(case, random):
     assert_matches_one_shot(merged, one_shot(values, group_of_cell, 3), 3)
 
 
+def _partial(gene: np.ndarray, group: np.ndarray, count, mean, m2) -> pa.RecordBatch:
+    arrays = [pa.array(gene, pa.int64()), pa.array(group, pa.int32()), pa.array(count, pa.int64()),
+              pa.array(mean, pa.float64()), pa.array(m2, pa.float64())]  # fmt: skip
+    return pa.RecordBatch.from_arrays(arrays, schema=PARTIAL_SCHEMA)
+
+
+@pytest.mark.parametrize("gene_step", [1, 2**40])  # dense ids, and ids too far apart for one key
+def test_combine_of_many_partials_is_order_independent_and_sums_each_key(gene_step):
+    """Forty partials per key (past the short runs sorted as they are gathered), ties in n and
+    mean among them, NO_GROUP keys, and ids that do not fit one dense key."""
+    rng = np.random.default_rng(3)
+    genes = np.arange(50) * gene_step
+    gene, group = np.repeat(genes, 4), np.tile(np.array([NO_GROUP, 0, 1, 2]), len(genes))
+    partials = [
+        _partial(
+            gene,
+            group,
+            rng.integers(0, 3, len(gene)),
+            rng.integers(0, 3, len(gene)) * 0.5,
+            rng.random(len(gene)),
+        )  # fmt: skip
+        for _ in range(40)
+    ]
+    merged = combine(partials)
+    shuffled = list(partials)
+    rng.shuffle(shuffled)
+    assert combine(shuffled).equals(merged)
+    assert merged.column("gene").to_numpy().tolist() == gene.tolist()  # sorted by (gene, group)
+    assert merged.column("group").to_numpy().tolist() == group.tolist()
+    n = np.sum([p.column("n").to_numpy() for p in partials], axis=0)
+    weighted = np.sum([p.column("n").to_numpy() * p.column("mean").to_numpy() for p in partials], 0)
+    assert (merged.column("n").to_numpy() == n).all()
+    expected = np.where(n > 0, weighted / np.maximum(n, 1), 0.0)
+    np.testing.assert_allclose(merged.column("mean").to_numpy(), expected, rtol=1e-12)
+
+
+def test_combine_passes_a_single_partial_through():
+    """One partial per key is that partial, bit for bit (n * mean / n may round)."""
+    gene, group = np.array([7, 3, 5]), np.array([0, 1, 0])
+    mean = np.array([0.1, 1 / 3, 2.7])
+    merged = combine([_partial(gene, group, [3, 7, 11], mean, [0.5, 0.25, 0.0])])
+    assert merged.column("gene").to_numpy().tolist() == [3, 5, 7]
+    assert merged.column("mean").to_numpy().tolist() == [1 / 3, 2.7, 0.1]
+    assert combine([merged]).equals(merged)
+
+
 def test_rest_is_every_other_group_including_unlabelled_cells():
     values = random_values(5, 6, 30, density=0.6)
     # Groups 0..2 are labels; 3 is the bucket of cells with no label.
