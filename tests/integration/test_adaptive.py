@@ -118,3 +118,31 @@ def test_device_pushes_back_when_load_arrives_after_planning():
             if d["stage"] in ("raw", "filter")
         )
         json.dumps(analyzed)  # the annotation is plain JSON
+
+
+def test_a_repeated_query_starts_where_its_devices_settled():
+    """The host's sample erred towards the host (figures that make ``filter`` look best); the
+    devices measure, settle on ``full``, and the same query next time starts there. The answer
+    is the same at every start."""
+    from quarry.coordinator.planning import settled_key
+    from quarry.cost.model import SubPlanFigures
+
+    sql = "SELECT sum(ke) AS s FROM physics.particles WHERE ke > 2.0"
+    with quarry.local(devices=2) as cluster:
+        cluster.ingest(particles.reader(1_000_000), "physics/particles", partitions=2)
+        expected = cluster.sql(sql, pushdown="never").read_all()
+        (fragment,) = cluster.query(sql, pushdown="auto").decomposition.fragments
+        cluster.figures_cache[settled_key(fragment, cluster.entry(fragment.dataset))] = (
+            SubPlanFigures(4e-9, 2e-9, raw_ratio=0.2, filter_ratio=0.01, output_ratio=1e-6)
+        )
+        starts = []
+        for _ in range(2):
+            planned = cluster.query(sql, pushdown="auto", chunk_slices=1)
+            result = planned.execute().read_all()
+            assert_same_rows(
+                result, expected, ordered=True, context="auto, learning where to start"
+            )
+            (choice,) = planned.explain(analyze=True)["cost_model"].values()
+            starts.append((choice["cut"], choice.get("model_cut"), choice.get("started")))
+        assert starts[0] == ("filter", None, None), starts
+        assert starts[1][:2] == ("full", "filter") and "settled" in starts[1][2], starts

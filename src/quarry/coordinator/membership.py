@@ -21,6 +21,7 @@ from quarry.coordinator.catalog import DatasetEntry
 from quarry.coordinator.client import DeviceClient
 from quarry.coordinator.freshness import CatalogCheck, CatalogState, Loads
 from quarry.coordinator.plans import Kept
+from quarry.coordinator.settled import Settled
 from quarry.coordinator.workload import Workload
 from quarry.errors import ClusterError, DatasetNotFound, DeviceUnavailable, ProtocolError
 from quarry.protocol.control import HelloReply, LoadStatus, PulseReply
@@ -66,6 +67,7 @@ class Membership:
         self.state = CatalogState()
         self.calibration_cache: dict[str, dict[str, Any]] = {}
         self.figures_cache: dict[tuple[bytes, str], Any] = {}  # auto's sampled sub-plan costs
+        self.settled = Settled()  # auto: where the devices settled past the model's cut
         self.workload = Workload()  # the host's turns for long queries
         self.plans: Kept[Any] = Kept()  # planning.plan's decompositions, per catalog version
         self.loads = Loads()  # each device's last said load

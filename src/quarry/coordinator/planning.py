@@ -9,11 +9,12 @@ adapt from there at run time.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from quarry.coordinator.dispatch import Task
 from quarry.coordinator.figures import device_figures, sample_subplan
+from quarry.coordinator.settled import Key
 from quarry.cost.model import HostFigures, choose
 from quarry.cost.told import told
 from quarry.device.unit import Unit, host_emulator
@@ -117,6 +118,8 @@ class Cuts:
 
     choices: dict[str, dict[str, Any]] = field(default_factory=dict)  # fragment -> choice
     host_costs: dict[tuple[str, str], HostCost] = field(default_factory=dict)
+    # fragment -> (what ``settled`` keeps it under, the model's own cut)
+    model_cuts: dict[str, tuple[Key, Stage]] = field(default_factory=dict)
 
     def host_cost(self, fragment: str, device: str) -> HostCost | None:
         return self.host_costs.get((fragment, device))
@@ -145,6 +148,14 @@ def choose_cuts(
         allowed = (Stage.FULL, Stage.RAW) if identical else (Stage.FULL, Stage.FILTER, Stage.RAW)
         choice = choose(devices, figures, host, allowed)
         cuts.choices[fragment.name] = choice.to_json()
+        cuts.model_cuts[fragment.name] = (settled_key(fragment, entry), choice.cut)
+        start = cluster.settled.start(settled_key(fragment, entry), choice.cut, allowed)
+        if start is not None:
+            choice = replace(choice, cut=start)
+            cuts.choices[fragment.name].update(
+                cut=start.value, model_cut=cuts.model_cuts[fragment.name][1].value,
+                started="where the devices settled in the last run",
+            )  # fmt: skip
         for name, cost in told(devices, figures, host, choice.cut).items():
             cuts.host_costs[(fragment.name, name)] = cost
     return cuts
@@ -170,10 +181,15 @@ def host_pace() -> HostPace:
     return HostPace(cores, emulator.stretch if slower else None)
 
 
+def settled_key(fragment: Fragment, entry: DatasetEntry) -> Key:
+    """A fragment over one version of its data: its whole sub-plan's bytes and the version."""
+    return (fragment.stages[Stage.FULL], entry.version)
+
+
 def _figures(cluster: Membership, fragment: Fragment, entry: DatasetEntry) -> Any:
     """Sampling costs a slice fetch and two local runs; a repeated query on unchanged data
     reuses what it learnt (like a plan cache), so auto stays cheap."""
-    key = (fragment.stages[Stage.FULL], entry.version)
+    key = settled_key(fragment, entry)
     figures = cluster.figures_cache.get(key)
     if figures is None:
         figures = sample_subplan(cluster, fragment, entry)

@@ -177,12 +177,21 @@ class Query:
                 self.cpu_finished = cpu_seconds()
                 self.host_cpu_s = self.cpu_finished - cpu_started
                 workload.learn(self.sql, self.finished - self.started)
+                self._learn_cuts()
             finally:
                 slot.release()
 
         batches = stream()
         weakref.finalize(batches, slot.release)  # a reader dropped unread
         return pa.RecordBatchReader.from_batches(result.schema, batches)
+
+    def _learn_cuts(self) -> None:
+        """Where each fragment's devices settled: its next run starts there (``settled``)."""
+        reports: dict[str, list[WorkReport]] = {}
+        for report in self.dispatch.sorted_reports():
+            reports.setdefault(report.label, []).append(report)
+        for name, (key, model_cut) in self.cuts.model_cuts.items():
+            self.cluster.settled.learn(key, model_cut, reports.get(name, []))
 
     def cancel(self) -> None:
         """Stop the query from any thread: the devices' streams end at their next batch and

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from quarry.coordinator.cluster import Cluster
+from quarry.coordinator.settled import Settled
 from quarry.coordinator.workload import Workload
 from quarry.errors import ClusterError
 
@@ -44,6 +45,7 @@ class Sessions:
         self.workload = Workload()
         self.calibration_cache: dict[str, dict[str, Any]] = {}
         self.figures_cache: dict[tuple[bytes, str], Any] = {}
+        self.settled = Settled()
         self._sessions: dict[str, Session] = {}
         self._lock = threading.Lock()
 
@@ -120,4 +122,5 @@ class Sessions:
         cluster.workload = self.workload
         cluster.calibration_cache = self.calibration_cache
         cluster.figures_cache = self.figures_cache
+        cluster.settled = self.settled
         return cluster
