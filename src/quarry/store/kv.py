@@ -99,7 +99,10 @@ class KeyValueStore:
             subdir=True,
             sync=True,
             metasync=True,
-            readahead=False,
+            # Slices are values of megabytes read whole, in place, through the map: the
+            # kernel's read-ahead turns their page faults into large reads. Without it (LMDB's
+            # MADV_RANDOM) a cold 3.2 GB of 8 MB values read at 74 MB/s, 43 s; with it, 1.2-2.1 s.
+            readahead=True,
             max_readers=READERS_MAX,
         )
         self._data = self._env.open_db(b"data")
