@@ -55,3 +55,19 @@ def test_the_oldest_fragment_goes_first_past_the_bound():
         settled.learn((name, "v1"), Stage.RAW, [report(Stage.FULL)])
     assert settled.start((b"a", "v1"), Stage.RAW, ALL) is None
     assert settled.start((b"c", "v1"), Stage.RAW, ALL) is Stage.FULL
+
+
+def test_queries_on_many_threads_share_it():
+    from concurrent.futures import ThreadPoolExecutor
+
+    settled = Settled(size_max=8)
+
+    def run(i: int) -> None:
+        for j in range(200):
+            key = (f"{i}-{j % 12}".encode(), "v1")
+            settled.learn(key, Stage.RAW, [report(Stage.FULL)])
+            settled.start(key, Stage.RAW, ALL)
+
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(run, range(8)))  # no error from a dict changed under an iterator
+    assert len(settled._cuts) <= 8

@@ -17,6 +17,7 @@ the model's again.
 
 from __future__ import annotations
 
+import threading
 from collections import Counter
 from collections.abc import Iterable
 
@@ -30,15 +31,18 @@ Key = tuple[bytes, str]  # the fragment's full sub-plan (Substrait bytes), the d
 
 
 class Settled:
-    """Per fragment and data version, the cut the devices settled on past the model's."""
+    """Per fragment and data version, the cut the devices settled on past the model's. Queries
+    of one host (and of every Flight SQL session) share it, from their own threads."""
 
     def __init__(self, size_max: int = SETTLED_MAX) -> None:
         self.size_max = size_max
         self._cuts: dict[Key, Stage] = {}
+        self._lock = threading.Lock()
 
     def start(self, key: Key, model_cut: Stage, allowed: Iterable[Stage]) -> Stage | None:
         """The cut to start from instead of the model's, if the devices settled past it."""
-        cut = self._cuts.get(key)
+        with self._lock:
+            cut = self._cuts.get(key)
         if cut is None or cut not in tuple(allowed) or not _more_on_devices(cut, model_cut):
             return None
         return cut
@@ -46,13 +50,13 @@ class Settled:
     def learn(self, key: Key, model_cut: Stage, reports: Iterable[WorkReport]) -> None:
         """Keep what the devices ended at, if past the model's cut; otherwise forget."""
         cut = ended_at(reports)
-        if cut is not None and _more_on_devices(cut, model_cut):
+        with self._lock:
             self._cuts.pop(key, None)
+            if cut is None or not _more_on_devices(cut, model_cut):
+                return
             while len(self._cuts) >= self.size_max:
                 del self._cuts[next(iter(self._cuts))]
             self._cuts[key] = cut
-        else:
-            self._cuts.pop(key, None)
 
 
 def ended_at(reports: Iterable[WorkReport]) -> Stage | None:
