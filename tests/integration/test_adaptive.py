@@ -124,7 +124,7 @@ def test_a_repeated_query_starts_where_its_devices_settled():
     """The host's sample erred towards the host (figures that make ``filter`` look best); the
     devices measure, settle on ``full``, and the same query next time starts there. The answer
     is the same at every start."""
-    from quarry.coordinator.planning import settled_key
+    from quarry.coordinator.planning import fragment_key
     from quarry.cost.model import SubPlanFigures
 
     sql = "SELECT sum(ke) AS s FROM physics.particles WHERE ke > 2.0"
@@ -132,7 +132,7 @@ def test_a_repeated_query_starts_where_its_devices_settled():
         cluster.ingest(particles.reader(1_000_000), "physics/particles", partitions=2)
         expected = cluster.sql(sql, pushdown="never").read_all()
         (fragment,) = cluster.query(sql, pushdown="auto").decomposition.fragments
-        cluster.figures_cache[settled_key(fragment, cluster.entry(fragment.dataset))] = (
+        cluster.figures_cache[fragment_key(fragment, cluster.entry(fragment.dataset))] = (
             SubPlanFigures(4e-9, 2e-9, raw_ratio=0.2, filter_ratio=0.01, output_ratio=1e-6)
         )
         starts = []

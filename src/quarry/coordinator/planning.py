@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from quarry.coordinator.dispatch import Task
 from quarry.coordinator.figures import device_figures, sample_subplan
 from quarry.coordinator.settled import Key
-from quarry.cost.model import HostFigures, choose
+from quarry.cost.model import Choice, HostFigures, choose
 from quarry.cost.told import told
 from quarry.device.unit import Unit, host_emulator
 from quarry.errors import DeviceUnavailable, QueryError
@@ -146,19 +146,29 @@ def choose_cuts(
         # would cost an extra fetch for the same work.
         identical = fragment.stages[Stage.FILTER] == fragment.stages[Stage.FULL]
         allowed = (Stage.FULL, Stage.RAW) if identical else (Stage.FULL, Stage.FILTER, Stage.RAW)
-        choice = choose(devices, figures, host, allowed)
-        cuts.choices[fragment.name] = choice.to_json()
-        cuts.model_cuts[fragment.name] = (settled_key(fragment, entry), choice.cut)
-        start = cluster.settled.start(settled_key(fragment, entry), choice.cut, allowed)
-        if start is not None:
-            choice = replace(choice, cut=start)
-            cuts.choices[fragment.name].update(
-                cut=start.value, model_cut=cuts.model_cuts[fragment.name][1].value,
-                started="where the devices settled in the last run",
-            )  # fmt: skip
+        choice = _started(cluster, cuts, fragment, entry, choose(devices, figures, host, allowed))
         for name, cost in told(devices, figures, host, choice.cut).items():
             cuts.host_costs[(fragment.name, name)] = cost
     return cuts
+
+
+def _started(
+    cluster: Membership, cuts: Cuts, fragment: Fragment, entry: DatasetEntry, choice: Choice
+) -> Choice:
+    """The model's choice, or where the devices settled past it in the last run (``settled``);
+    either way recorded for EXPLAIN, and the model's own cut kept for what this run teaches."""
+    key = fragment_key(fragment, entry)
+    cuts.choices[fragment.name] = choice.to_json()
+    cuts.model_cuts[fragment.name] = (key, choice.cut)
+    start = cluster.settled.start(key, choice.cut, choice.estimates)  # the cuts it weighed
+    if start is None:
+        return choice
+    cuts.choices[fragment.name].update(
+        cut=start.value,
+        model_cut=choice.cut.value,
+        started="where the devices settled in the last run",
+    )
+    return replace(choice, cut=start)
 
 
 def host_figures() -> HostFigures:
@@ -181,15 +191,16 @@ def host_pace() -> HostPace:
     return HostPace(cores, emulator.stretch if slower else None)
 
 
-def settled_key(fragment: Fragment, entry: DatasetEntry) -> Key:
-    """A fragment over one version of its data: its whole sub-plan's bytes and the version."""
+def fragment_key(fragment: Fragment, entry: DatasetEntry) -> Key:
+    """A fragment over one version of its data (its whole sub-plan's bytes and the version): what
+    the sampled figures and where the devices settled are kept under."""
     return (fragment.stages[Stage.FULL], entry.version)
 
 
 def _figures(cluster: Membership, fragment: Fragment, entry: DatasetEntry) -> Any:
     """Sampling costs a slice fetch and two local runs; a repeated query on unchanged data
     reuses what it learnt (like a plan cache), so auto stays cheap."""
-    key = settled_key(fragment, entry)
+    key = fragment_key(fragment, entry)
     figures = cluster.figures_cache.get(key)
     if figures is None:
         figures = sample_subplan(cluster, fragment, entry)

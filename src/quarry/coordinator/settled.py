@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 
 from quarry.coordinator.report import WorkReport
 from quarry.cost.model import CUTS
@@ -39,11 +39,11 @@ class Settled:
         self._cuts: dict[Key, Stage] = {}
         self._lock = threading.Lock()
 
-    def start(self, key: Key, model_cut: Stage, allowed: Iterable[Stage]) -> Stage | None:
+    def start(self, key: Key, model_cut: Stage, allowed: Collection[Stage]) -> Stage | None:
         """The cut to start from instead of the model's, if the devices settled past it."""
         with self._lock:
             cut = self._cuts.get(key)
-        if cut is None or cut not in tuple(allowed) or not _more_on_devices(cut, model_cut):
+        if cut is None or cut not in allowed or not _more_on_devices(cut, model_cut):
             return None
         return cut
 
