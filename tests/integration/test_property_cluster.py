@@ -3,7 +3,8 @@
 Random tables and random filter + group-by + aggregate queries (the strategies of the
 in-process property test), stored on three device processes with a tiny key-value limit so
 each partition holds many slices; the answer with pushdown never, always, and always with
-random slice ranges forced back raw or filtered equals DuckDB's; and the same on a hierarchy
+random slice ranges forced back raw or filtered equals DuckDB's (aggregates slice statistics
+answer among them); and the same on a hierarchy
 (two storage servers of three drives each), where a forced range is completed by the server or
 passed on to the host.
 """
@@ -28,6 +29,7 @@ from tests.plan.test_property import (
     queries,
     tables,
 )
+from tests.plan.test_statistics import statistics_queries
 
 EXAMPLES = 20
 REPEAT = 25  # a drawn table is tiled so that each partition spans several slices
@@ -91,7 +93,7 @@ def tiny_cluster(request, tmp_path_factory):
 )
 @given(
     table=tables(),
-    sql=st.one_of(queries(), queries(DUPLICATE_INSENSITIVE)),
+    sql=st.one_of(queries(), queries(DUPLICATE_INSENSITIVE), statistics_queries()),
     seed=st.integers(0, 2**16),
 )
 def test_answer_independent_of_device_decisions(

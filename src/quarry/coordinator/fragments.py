@@ -22,6 +22,7 @@ from quarry.device.units.substrait import (
     stages_payload,
 )
 from quarry.plan.decompose import Fragment
+from quarry.plan.statistics import SliceStatistic
 from quarry.protocol.stage import Stage
 from quarry.protocol.work import ForcedDecision, Policy, WorkRequest
 
@@ -65,9 +66,11 @@ def fragment_tasks(
     stages, output_schema, complete_from = device_stages(fragment)
     host_stages = {Stage(name): data for name, data in fragment.stages.items()}
     options = options or {}
-    # a device that can only filter streams the filter stage: no unfiltered "full" for it
+    # a device that can only filter streams the filter stage: no unfiltered "full" for it, and
+    # nothing answered from statistics (its output is rows, not the aggregate)
     unfiltered = fragment.unfiltered if complete_from is None else b""
-    args = _args(fragment, stages, output_schema, key_sets, unfiltered).to_json()
+    statistics = fragment.statistics if complete_from is None and not key_sets else ()
+    args = _args(fragment, stages, output_schema, key_sets, unfiltered, statistics).to_json()
     payload = stages_payload(stages, [data for _, data in key_sets], unfiltered)
     partitions = [p for p in entry.partitions if p.rows and (only is None or p.partition in only)]
     if not partitions:
@@ -137,6 +140,7 @@ def _args(
     output: pa.Schema,
     key_sets: Sequence[tuple[int, bytes]] = (),
     unfiltered: bytes = b"",
+    statistics: tuple[SliceStatistic, ...] = (),
 ) -> SubstraitArgs:
     return SubstraitArgs(
         raw_bytes=len(stages[Stage.RAW]),
@@ -147,6 +151,7 @@ def _args(
         predicates=tuple(fragment.predicates),
         key_filters=tuple(KeyFilter(column, len(data)) for column, data in key_sets),
         unfiltered_bytes=len(unfiltered),
+        statistics=statistics,
     )
 
 

@@ -25,6 +25,7 @@ from quarry.protocol.work import (
 COUNTERS = (
     "slices_pruned",
     "slices_cached",
+    "slices_answered",
     "slices_elsewhere",
     "slices_scanned",
     "slices_executed",
@@ -49,6 +50,7 @@ class WorkReport:
     slices_total: int = 0
     slices_pruned: int = 0
     slices_cached: int = 0
+    slices_answered: int = 0  # from their statistics, unread
     slices_elsewhere: int = 0  # done by a replica that stopped answering (failover)
     slices_scanned: int = 0
     slices_executed: int = 0
@@ -81,6 +83,7 @@ class WorkReport:
         for name in (
             "slices_pruned",
             "slices_cached",
+            "slices_answered",
             "slices_elsewhere",
             "slices_scanned",
             "slices_executed",

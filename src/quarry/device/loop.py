@@ -164,6 +164,7 @@ class Counters:
     slices_total: int = 0
     slices_pruned: int = 0
     slices_cached: int = 0
+    slices_answered: int = 0
     slices_elsewhere: int = 0
     slices_scanned: int = 0
     slices_executed: int = 0
@@ -228,6 +229,7 @@ class PartitionRun:
             skipped_numbers.update(skipped.range.numbers())
             self.counters.slices_elsewhere += len(skipped.range)
         not_here = frozenset(self.forced) | frozenset(skipped_numbers)
+        self.answered: list[SliceRange] = []
         for skipped in unit.plan(self.meta, not_here):
             self.annotation.record(
                 Decision(skipped.range.first, skipped.range.end, skipped.skip, skipped.reason)
@@ -235,6 +237,9 @@ class PartitionRun:
             skipped_numbers.update(skipped.range.numbers())
             if skipped.skip is Skip.PRUNED:
                 self.counters.slices_pruned += len(skipped.range)
+            elif skipped.skip is Skip.ANSWERED:
+                self.counters.slices_answered += len(skipped.range)
+                self.answered.append(skipped.range)
             else:
                 self.counters.slices_cached += len(skipped.range)
         self.candidates = [n for n in range(len(self.meta.slices)) if n not in skipped_numbers]
@@ -262,6 +267,7 @@ class PartitionRun:
             remaining[index] = (
                 remaining[index + 1] + self.meta.slices[self.candidates[index]].bytes_stored
             )
+        self._answer(stream)
         position = 0
         while position < len(self.candidates):
             first = self.candidates[position]
@@ -276,6 +282,18 @@ class PartitionRun:
                 self._push_back(numbers, stage, reason, retry, controller, stream)
         self._drop_ahead()
         self._flush(stream)
+
+    def _answer(self, stream: Stream) -> None:
+        """Ranges the unit answers without reading them (``Skip.ANSWERED``): their output, each
+        marked done like a chunk it ran."""
+        for answered in self.answered:
+            outputs = _computed(
+                self.unit.context, self.counters, lambda r=answered: self.unit.answer(self.meta, r)
+            )
+            stream.batches(outputs, self.unit.output_schema, self.counters)
+            if self.unit.RESUMABLE:
+                with self.counters.ship.timing():
+                    stream.message(ChunkDone(self.partition, answered.first, answered.end))
 
     def _read_ahead(self, position: int, controller: Adaptive | None) -> None:
         """Start reading the chunk that comes next if it runs whole as this one did; the drive's

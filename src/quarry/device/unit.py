@@ -10,7 +10,7 @@ is:
 - ``execute(chunk)``: the whole unit (stage ``full``) over a run of slices; output batches;
 - ``filter(chunk)``: scan + filter only (stage ``filter``), for units that have one;
 - ``raw_slice(meta, number, batch)``: what a pushed-back slice ships (the columns the host needs);
-- ``plan(meta, forced)``: ranges to skip (pruned, cached);
+- ``plan(meta, forced)``: ranges to skip (pruned, cached), or to answer unread (``answer``);
 - ``finish_partition(meta)`` / ``finish()``: output that exists only once everything is seen.
 
 CPU work goes through ``context.compute`` (a slot of the drive, stretched by its compute
@@ -290,6 +290,10 @@ class Unit:
         """Ranges of this partition the unit need not run (``not_here``: slices the request
         pushes back or another replica already ran)."""
         return []
+
+    def answer(self, meta: PartitionMeta, answered: SliceRange) -> Iterable[pa.RecordBatch]:
+        """The output of a range ``plan`` said it answers unread (``Skip.ANSWERED``)."""
+        raise NotImplementedError(f"unit {self.NAME} answers no range unread")
 
     def payload_needed(self) -> bool:
         """After ``plan`` of every partition: the unit cannot go on without its payload."""

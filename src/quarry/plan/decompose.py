@@ -39,6 +39,7 @@ from quarry.plan.rules.push_limit import push_limit
 from quarry.plan.rules.push_projection import push_projection
 from quarry.plan.rules.split_aggregate import split_aggregate
 from quarry.plan.rules.split_predicate_by_capability import split_predicate_by_capability
+from quarry.plan.statistics import SliceStatistic, answerable
 from quarry.protocol.stage import Stage
 
 Rule = Callable[[Cut], Cut]
@@ -91,6 +92,9 @@ class Fragment:
     # "full" without its row filter, when every conjunct of that filter is a zone-map
     # predicate: a device runs it over slices whose zone maps say every row passes (b"": none)
     unfiltered: bytes = b""
+    # that sub-plan (or "full" with no row filter) as slice statistics, when it is only
+    # count / sum / min / max of stored columns: such slices are answered unread (() : not)
+    statistics: tuple[SliceStatistic, ...] = ()
 
     def to_json(self) -> dict:
         return {
@@ -106,6 +110,7 @@ class Fragment:
             "raw_schema": _schema_json(self.raw_schema),
             "output_schema": _schema_json(self.output_schema),
             "stage_bytes": {stage: len(data) for stage, data in self.stages.items()},
+            "statistics": [s.to_json() for s in self.statistics],
             "plan": stage_display(self, Stage.FULL),
         }
 
@@ -423,10 +428,12 @@ def _build_fragment(cut: Cut, draft: FragmentDraft) -> _Built:
         for c in draft.raw_conjuncts
         if (p := expressions.simple_predicate(c, names, raw_fields)) is not None
     ]
-    unfiltered = b""
+    unfiltered, bare = b"", None
     if predicates and len(predicates) == len(draft.raw_conjuncts) and not nothing_pushed:
-        stripped = _without_row_filter(full_rel)
-        unfiltered = b"" if stripped is None else encode(stripped, output, output_names)
+        bare = _without_row_filter(full_rel)
+        unfiltered = b"" if bare is None else encode(bare, output, output_names)
+    elif not draft.raw_conjuncts and not nothing_pushed:
+        bare = full_rel
     fragment = Fragment(
         name=draft.name,
         dataset=draft.dataset,
@@ -441,6 +448,7 @@ def _build_fragment(cut: Cut, draft: FragmentDraft) -> _Built:
         host_filter=[expressions.render(c, names, raw_fields) for c in draft.host_conjuncts],
         notes=list(draft.notes),
         unfiltered=unfiltered,
+        statistics=() if bare is None else answerable(bare, cut.function_names()),
     )
     return _Built(draft, fragment, hidden)
 

@@ -152,6 +152,7 @@ class ZoneMap(Message):
     null_count: int = bounded(low=0, default=0)
     rows: int = bounded(low=0, default=0)
     nan_count: int | None = bounded(low=0, default=None)  # floats: NaNs (None: not counted)
+    sum: Any = None  # numeric columns, when exact to keep (``quarry.store.zonemap``)
 
 
 @dataclass(frozen=True)

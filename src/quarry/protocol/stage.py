@@ -8,8 +8,9 @@ Stages, from least to most work on the device (the host completes whatever is le
 
 The same names serve the planner (the stages of a fragment), the cost model (the cut it
 chooses), the device controller (its decision per slice range) and the host dispatch (what it
-must complete). A range a device never ran is ``pruned`` (zone maps exclude every row) or
-``cached`` (a stored partial result covers it).
+must complete). A range a device never ran is ``pruned`` (zone maps exclude every row),
+``cached`` (a stored partial result covers it) or ``answered`` (its zone maps' statistics are
+the output: ``count``, ``sum``, ``min``, ``max`` over slices every row of which passes).
 """
 
 from __future__ import annotations
@@ -37,3 +38,4 @@ class Skip(StrEnum):
     PRUNED = "pruned"
     CACHED = "cached"
     ELSEWHERE = "elsewhere"  # done by another replica before it stopped answering
+    ANSWERED = "answered"  # the slices' statistics are the unit's output: nothing read

@@ -232,12 +232,14 @@ _TIME_FIELDS = tuple(f.name for f in fields(WorkTimes))
 
 @dataclass(frozen=True)
 class WorkMetrics(Message):
-    """What one partition cost the device. Slices: total = pruned + cached + elsewhere +
-    scanned, and scanned = executed + pushed back (each range read once, whatever happened)."""
+    """What one partition cost the device. Slices: total = pruned + cached + answered +
+    elsewhere + scanned, and scanned = executed + pushed back (each range read once, whatever
+    happened)."""
 
     slices_total: int = bounded(low=0, default=0)
     slices_pruned: int = bounded(low=0, default=0)
     slices_cached: int = bounded(low=0, default=0)
+    slices_answered: int = bounded(low=0, default=0)  # from their statistics, unread
     slices_elsewhere: int = bounded(low=0, default=0)
     slices_scanned: int = bounded(low=0, default=0)
     slices_executed: int = bounded(low=0, default=0)

@@ -24,10 +24,11 @@ from quarry.plan.keys import decode as decode_keys
 from quarry.plan.prune import slice_may_match, slice_must_match
 from quarry.plan.rowwise import groups
 from quarry.plan.stage import prepare, run_stage
+from quarry.plan.statistics import STATISTICS_MAX, SliceStatistic, answer
 from quarry.plan.superplan import COMPLETION_GROUP_BYTES_MAX, complete_group
 from quarry.protocol.message import Message, bounded
 from quarry.protocol.stage import Skip, Stage
-from quarry.protocol.work import ranges_of
+from quarry.protocol.work import SliceRange, ranges_of
 from quarry.store.partition import PartitionMeta, read_bytes
 
 STAGE_BYTES_MAX = 64 << 20
@@ -56,6 +57,9 @@ class SubstraitArgs(Message):
     key_filters: tuple[KeyFilter, ...] = bounded(items_max=KEY_FILTERS_MAX, default=())
     # "full" without its row filter (``Fragment.unfiltered``), after it in the payload; 0: none
     unfiltered_bytes: int = bounded(low=0, high=STAGE_BYTES_MAX, default=0)
+    # that sub-plan as slice statistics (``Fragment.statistics``): slices every row of which
+    # passes are answered from their zone maps, unread
+    statistics: tuple[SliceStatistic, ...] = bounded(items_max=STATISTICS_MAX, default=())
 
 
 def stages_payload(
@@ -123,6 +127,7 @@ class SubstraitUnit(Unit):
         self.stages = split_payload(self.args, payload)
         self.unfiltered = unfiltered_stage(self.args, payload)
         self.cuts = key_cuts(self.args, payload)
+        self._answers: dict[tuple[int, int], pa.RecordBatch] = {}  # (partition, first): output
 
     @property
     def output_schema(self) -> pa.Schema:
@@ -153,14 +158,37 @@ class SubstraitUnit(Unit):
 
     def plan(self, meta: PartitionMeta, not_here: frozenset[int]) -> list[Skipped]:
         predicates = list(self.args.predicates)
-        if not predicates:
-            return []
         excluded = [
             n
             for n, info in enumerate(meta.slices)
-            if not slice_may_match(predicates, info.zone_map)
+            if predicates and not slice_may_match(predicates, info.zone_map)
         ]
-        return [Skipped(r, Skip.PRUNED, "zone maps exclude every row") for r in ranges_of(excluded)]
+        reason = "zone maps exclude every row"
+        pruned = [Skipped(r, Skip.PRUNED, reason) for r in ranges_of(excluded)]
+        return pruned + self._answered(meta, not_here | frozenset(excluded))
+
+    def _answered(self, meta: PartitionMeta, not_here: frozenset[int]) -> list[Skipped]:
+        """Runs of slices every row of which passes, whose statistics say the sub-plan's output
+        (``plan.statistics``); each run's answer is kept for ``answer``."""
+        statistics, predicates = self.args.statistics, self.args.predicates
+        if not statistics or self.cuts:  # a join's key sets cut rows, not an aggregate
+            return []
+        passing = [
+            n
+            for n, info in enumerate(meta.slices)
+            if n not in not_here and (not predicates or slice_must_match(predicates, info.zone_map))
+        ]
+        answered = []
+        for run in ranges_of(passing):
+            slices = [(meta.slices[n].rows, meta.slices[n].zone_map) for n in run.numbers()]
+            batch = answer(statistics, slices, self.args.output_schema)
+            if batch is not None:
+                self._answers[(meta.partition, run.first)] = batch
+                answered.append(Skipped(run, Skip.ANSWERED, "answered from the slices' statistics"))
+        return answered
+
+    def answer(self, meta: PartitionMeta, answered: SliceRange) -> list[pa.RecordBatch]:
+        return [self._answers.pop((meta.partition, answered.first))]
 
     def execute(self, chunk: Chunk) -> list[pa.RecordBatch]:
         # Read first: the read costs the same whatever is decided, so the drive's time for the
