@@ -209,6 +209,21 @@ def test_a_scan_engine_runs_a_sub_plan_of_comparisons_and_columns_whole(hierarch
     assert rows > 0 and sum(d["bytes_shipped"] for d in engines) < 10 * rows  # 8 bytes a row
 
 
+def test_behind_a_server_only_drives_that_run_aggregates_answer_from_statistics(hierarchy, tpch):  # noqa: F811
+    """An aggregate every row passes: a drive that runs sub-plans whole answers it from its
+    slices' statistics; a scan engine's share is cut to a scan, whose rows its server counts."""
+    sql = "SELECT count(*) AS n FROM tpch.lineitem"
+    planned = hierarchy.query(sql, pushdown="always")
+    result = planned.execute().read_all()
+    expected = tpch.connection.execute(sql.replace("tpch.", "")).fetch_arrow_table()
+    assert_same_rows(result, expected, ordered=True)
+    drives = planned.explain(analyze=True)["analyze"]["levels"]["drives"]
+    engines = [d for d in drives if d["device"] in ("s0d1", "s1d1")]
+    others = [d for d in drives if d["device"] not in ("s0d1", "s1d1")]
+    assert engines and all(d["slices_answered"] == 0 < d["slices_scanned"] for d in engines)
+    assert others and all(d["slices_answered"] > 0 == d["bytes_read"] for d in others)
+
+
 def test_compressed_slices_are_decompressed_where_they_are_scanned(hierarchy, tpch):  # noqa: F811
     """lz4 slices: a drive that scans decompresses them; read raw, they travel compressed and
     whoever scans them pays: the servers under server pushdown, the host under none (and its

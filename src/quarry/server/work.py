@@ -261,6 +261,7 @@ def for_drive(task: Task, capabilities: Capabilities) -> Task:
         output_schema=args.raw_schema,
         key_filters=(),
         unfiltered_bytes=0,
+        statistics=(),  # its output is rows, not the aggregate statistics would answer
     )
     request = replace(task.request, args=own_args.to_json())
     return replace(
