@@ -11,6 +11,12 @@ time / quarry time, bytes the devices shipped to the host, and whether the answe
 quarry again without join keys (``join_filters=False``), time and bytes, side by side. The
 summary is the geometric mean of the ratios per scale factor (issue 14: at least 0.8 at SF 1,
 at least 1 at SF 10). Results: ``bench/results/tpch.json`` and ``.png``.
+
+Beside them, the engine's bound: DataFusion (the engine every device and the host run) over the
+same tables held in memory in one process, on every core, with no store, slices, devices or
+transport: what quarry's own machinery costs on top of its engine. Up to SF 1
+(``ENGINE_BOUND_SF_MAX``): past that the tables in memory beside the cluster's store would not
+fit this machine.
 """
 
 from __future__ import annotations
@@ -36,7 +42,9 @@ from polardb import TPCH_TABLES, same
 import quarry
 from quarry.errors import QuarryError
 
-console = Console(width=150)
+console = Console(width=170)
+ENGINE_BOUND_SF_MAX = 1.0
+BATCH_ROWS = 65_536
 
 
 def generate(sf: float, folder: Path) -> dict[int, str]:
@@ -104,7 +112,38 @@ def one_scale(sf: float, devices: int, repeat: int, numbers: list[int]) -> list[
                     )
                     bar.advance(task)
         duck.close()
+        if sf <= ENGINE_BOUND_SF_MAX:
+            console.print(f"SF {sf}: DataFusion over the tables in memory ...")
+            bound = engine_bound(folder, queries, numbers, repeat)
+            for row in rows:
+                row["datafusion_memory_s"] = bound.get(row["query"])
     return rows
+
+
+def engine_bound(
+    folder: Path, queries: dict[int, str], numbers: list[int], repeat: int
+) -> dict[int, float | None]:
+    """Each query's median seconds in DataFusion alone over the tables in memory, one process,
+    every core (None: DataFusion could not run it)."""
+    import os
+
+    import datafusion
+    import pyarrow.parquet as pq
+
+    config = datafusion.SessionConfig().with_target_partitions(len(os.sched_getaffinity(0)))
+    context = datafusion.SessionContext(config)
+    for name in TPCH_TABLES:
+        table = pq.read_table(folder / f"{name}.parquet")
+        context.register_record_batches(name, [table.to_batches(max_chunksize=BATCH_ROWS)])
+    seconds: dict[int, float | None] = {}
+    for number in numbers:
+        try:
+            seconds[number], _ = median_time(
+                repeat, lambda s=queries[number]: context.sql(s).collect()
+            )
+        except Exception:  # a query the engine alone cannot run is a result
+            seconds[number] = None
+    return seconds
 
 
 @dataclass
@@ -160,6 +199,7 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
                 r["no_join_keys_bytes_shipped"] or 0 for r in mine
             ),
             "quarry_total_s": sum(r["quarry_s"] or 0 for r in mine),
+            "geometric_mean_duckdb_over_datafusion_in_memory": _bound_mean(mine),
             "duckdb_total_s": sum(r["duckdb_s"] for r in mine),
             "all_agree": all(r["agree"] for r in mine),
             "queries": len(mine),
@@ -167,10 +207,15 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     return by_sf
 
 
+def _bound_mean(rows: list[dict[str, Any]]) -> float | None:
+    bound = [r["duckdb_s"] / r["datafusion_memory_s"] for r in rows if r.get("datafusion_memory_s")]
+    return geometric_mean(bound) if bound else None
+
+
 def report(rows: list[dict[str, Any]], summed: dict[str, Any]) -> None:
     table = Table(title="TPC-H: DuckDB on Parquet / quarry (auto), per query")
     columns = ("SF", "query", "DuckDB s", "quarry s", "DuckDB / quarry", "shipped MB")
-    for column in (*columns, "no join keys: s", "MB", "agree"):
+    for column in (*columns, "no join keys: s", "MB", "DataFusion in memory s", "agree"):
         table.add_column(column, justify="right")
     for r in rows:
         table.add_row(
@@ -184,6 +229,7 @@ def report(rows: list[dict[str, Any]], summed: dict[str, Any]) -> None:
             _shown(
                 r["no_join_keys_bytes_shipped"] and r["no_join_keys_bytes_shipped"] / 1e6, "{:.1f}"
             ),
+            "-" if r.get("datafusion_memory_s") is None else f"{r['datafusion_memory_s']:.3f}",
             "yes" if r["agree"] else "NO",
         )
     console.print(table)
@@ -196,6 +242,11 @@ def report(rows: list[dict[str, Any]], summed: dict[str, Any]) -> None:
             f"totals {s['duckdb_total_s']:.1f} s / {s['quarry_total_s']:.1f} s; "
             f"all agree: {s['all_agree']}"
         )
+        if s["geometric_mean_duckdb_over_datafusion_in_memory"] is not None:
+            console.print(
+                f"SF {sf}: the engine alone over the tables in memory: geometric mean DuckDB / "
+                f"DataFusion {s['geometric_mean_duckdb_over_datafusion_in_memory']:.2f}"
+            )
 
 
 def _shown(value: float | None, form: str) -> str:
@@ -220,6 +271,17 @@ def draw(path: Path, rows: list[dict[str, Any]], summed: dict[str, Any]) -> None
         axis.bar([i for i in x], cut, 0.27, label="quarry (auto)")
         plain = [r["no_join_keys_s"] or 0 for r in mine]
         axis.bar([i + 0.27 for i in x], plain, 0.27, label="quarry, no join keys")
+        bound = [r.get("datafusion_memory_s") for r in mine]
+        if any(bound):
+            axis.scatter(
+                list(x),
+                [b or float("nan") for b in bound],
+                marker="_",
+                s=300,
+                color="black",
+                label="DataFusion alone, tables in memory",
+                zorder=3,
+            )
         axis.set_xticks(list(x), [f"Q{r['query']}" for r in mine])
         axis.set_yscale("log")
         axis.set_ylabel("seconds (median)")
