@@ -41,10 +41,18 @@ def check(batch: pa.RecordBatch) -> None:
 
 def _check_column(column: pa.Array) -> None:
     kind = column.type
+    fixed = _FIXED_WIDTH.get(kind.id)
+    if fixed is None:  # each type id once: these checks run for every column of every slice
+        fixed = _FIXED_WIDTH[kind.id] = _fixed_width(kind)
+    if fixed:
+        return
     if kind in _OFFSETS:
         _check_offsets(column, _OFFSETS[kind], pt.is_string(kind) or pt.is_large_string(kind))
-    elif not _fixed_width(kind):
+    else:
         column.validate(full=True)
+
+
+_FIXED_WIDTH: dict[int, bool] = {}
 
 
 def _fixed_width(kind: pa.DataType) -> bool:

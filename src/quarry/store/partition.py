@@ -79,6 +79,20 @@ class PartitionMeta:
     slices: list[SliceInfo] = field(default_factory=list)
     device: str = ""
 
+    # what decoding each set of columns read needs (``codec.Columns``), made once per set
+    _columns: dict[tuple[int, ...], codec.Columns] = field(
+        default_factory=dict, repr=False, compare=False
+    )
+
+    def columns(self, indices: list[int]) -> codec.Columns:
+        """Decoding these columns (schema positions) of any slice of the partition."""
+        key = tuple(indices)
+        made = self._columns.get(key)
+        if made is None:
+            fields = [self.schema.field(i) for i in indices]
+            made = self._columns[key] = codec.Columns.of(fields, self.schema.metadata)
+        return made
+
     @property
     def rows(self) -> int:
         return sum(s.rows for s in self.slices)
@@ -511,8 +525,7 @@ def decode_read(meta: PartitionMeta, fetched: FetchedSlice) -> pa.RecordBatch:
             batch = codec.decode_slice(fetched.whole, meta.schema, info.rows)
             return batch.select(fetched.columns) if fetched.columns is not None else batch
         assert fetched.parts is not None and fetched.indices is not None
-        fields = [meta.schema.field(i) for i in fetched.indices]
-        return codec.decode_columns(fetched.parts, fields, info.rows, meta.schema.metadata)
+        return codec.decode_columns(fetched.parts, meta.columns(fetched.indices), info.rows)
     except CorruptSlice as error:
         raise CorruptSlice(
             f"slice {fetched.number} of partition {meta.partition} of "

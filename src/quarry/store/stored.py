@@ -47,11 +47,12 @@ def decode(shipped: pa.RecordBatch) -> list[pa.RecordBatch]:
         raise ProtocolError("a stored-slice stream's columns differ from its schema")
     rows = shipped.column(ROWS).to_pylist()
     columns = [shipped.column(i) for i in range(len(fields))]
+    decoding = codec.Columns.of(list(fields), fields.metadata)
     out = []
     for row, count in enumerate(rows):
         parts = [column[row].as_py() for column in columns]
         try:
-            out.append(codec.decode_columns(parts, list(fields), count, fields.metadata))
+            out.append(codec.decode_columns(parts, decoding, count))
         except CorruptSlice as error:
             raise CorruptSlice(f"a slice shipped as stored: {error}") from None
     return out
