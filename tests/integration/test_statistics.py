@@ -23,6 +23,14 @@ def stored(cluster):
         cluster.drop(name)
 
 
+def _duckdbs_in_every_mode(stored, sql: str, name: str) -> None:
+    cluster, table = stored
+    expected = duckdb_answer(table, "t", sql.format(t="t"))
+    for mode in ("always", "auto", "never"):
+        got = cluster.sql(sql.format(t=name), pushdown=mode).read_all()
+        assert_same_rows(got, expected, ordered=True, context=mode)
+
+
 def _totals(explained: dict) -> dict[str, int]:
     partitions = explained["analyze"]["partitions"]
     keys = ("slices_total", "slices_answered", "slices_scanned", "slices_pruned")
@@ -31,12 +39,9 @@ def _totals(explained: dict) -> dict[str, int]:
 
 @pytest.mark.parametrize("where", ["", " WHERE ke > 0 AND id >= 0"])
 def test_an_aggregate_every_row_passes_reads_nothing(stored, where):
-    cluster, table = stored
+    cluster, _ = stored
     sql = f"SELECT {AGGREGATE} FROM {{t}}{where}"
-    expected = duckdb_answer(table, "t", sql.format(t="t"))
-    for mode in ("always", "auto", "never"):
-        got = cluster.sql(sql.format(t="stats_plain"), pushdown=mode).read_all()
-        assert_same_rows(got, expected, ordered=True, context=mode)
+    _duckdbs_in_every_mode(stored, sql, "stats_plain")
     answered = cluster.explain(sql.format(t="stats_plain"), analyze=True, pushdown="always")
     totals = _totals(answered)
     assert totals["slices_answered"] == totals["slices_total"] > 0, totals
@@ -48,12 +53,9 @@ def test_an_aggregate_every_row_passes_reads_nothing(stored, where):
 
 
 def test_slices_that_pass_in_part_are_read_and_the_rest_answered(stored):
-    cluster, table = stored
+    cluster, _ = stored
     sql = f"SELECT {AGGREGATE} FROM {{t}} WHERE ke > {particles.ke_threshold(0.6)}"
-    expected = duckdb_answer(table, "t", sql.format(t="t"))
-    for mode in ("always", "auto", "never"):
-        got = cluster.sql(sql.format(t="stats_sorted"), pushdown=mode).read_all()
-        assert_same_rows(got, expected, ordered=True, context=mode)
+    _duckdbs_in_every_mode(stored, sql, "stats_sorted")
     totals = _totals(cluster.explain(sql.format(t="stats_sorted"), analyze=True))
     # sorted by ke: the slices above the threshold are answered, and only those across it
     # (one a partition) read
