@@ -48,10 +48,7 @@ def decode_slice(
     UTF-8, buffer sizes) because an engine may read past a bad offset.
     """
     if schema is not None and not _has_dictionary(schema):
-        batch = _decode_known(value, schema, None)
-        if rows is not None and batch.num_rows != rows:
-            raise CorruptSlice(f"slice holds {batch.num_rows} rows, metadata says {rows}")
-        return batch
+        return _with_rows(_decode_known(value, schema, None), rows)
     try:
         reader = pa.ipc.open_stream(_unpadded(value))
         batches = list(reader)
@@ -64,6 +61,11 @@ def decode_slice(
     batch = batches[0]
     if schema is not None and not batch.schema.equals(schema):
         raise CorruptSlice("slice schema differs from its partition's schema")
+    return _with_rows(batch, rows)
+
+
+def _with_rows(batch: pa.RecordBatch, rows: int | None) -> pa.RecordBatch:
+    """``batch``, if it holds the rows the metadata slice promised (None: not said)."""
     if rows is not None and batch.num_rows != rows:
         raise CorruptSlice(f"slice holds {batch.num_rows} rows, metadata says {rows}")
     return batch
@@ -182,9 +184,10 @@ def decode_columns(
     each = zip(parts, columns.singles, columns.dictionaries, columns.heads, strict=True)
     for part, single, dictionary, head in each:
         try:
-            batch = decode_slice(part, single) if dictionary else _decode_known(part, single, head)
-            if batch.num_rows != rows:
-                raise CorruptSlice(f"slice holds {batch.num_rows} rows, metadata says {rows}")
+            if dictionary:
+                batch = decode_slice(part, single, rows)
+            else:
+                batch = _with_rows(_decode_known(part, single, head), rows)
         except CorruptSlice as error:
             raise CorruptSlice(f"column {single.field(0).name}: {error}") from None
         arrays.append(batch.column(0))
