@@ -162,12 +162,31 @@ def test_coordinator_killed_during_ingest_leaves_nothing(tmp_path):
         c.ingest(particles.reader(100_000), "physics/orphan")  # the name is free again
 
 
+def test_a_small_table_lives_on_one_device_and_is_missed_by_name_when_it_is_down(tmp_path):
+    """A table that fills one row group is one partition (a stream per device costs more than
+    its scan gains); with its device down, asking for it names the devices that may hold it."""
+    from quarry.errors import QueryError
+
+    with quarry.local(devices=3, data=tmp_path / "cluster") as cluster:
+        entry = cluster.ingest(pa.table({"k": pa.array(range(1_000), pa.int64())}), "t/small")
+        assert len(entry.partitions) == 1
+        (holder,) = {d for p in entry.partitions for d in p.devices}
+        assert cluster.sql("SELECT sum(k) AS s FROM t.small").read_all().to_pylist() == [
+            {"s": 499_500}
+        ]
+        cluster.kill_device(holder)
+        with pytest.raises(QueryError, match=f"{holder} do not answer: they may hold it"):
+            cluster.sql("SELECT sum(k) AS s FROM t.small").read_all()
+
+
 def test_a_dataset_with_a_device_down_is_marked_and_a_smaller_up_is_refused(tmp_path):
     from quarry.errors import ClusterError
 
     folder = tmp_path / "cluster"
     with quarry.local(devices=3, data=folder) as cluster:
-        cluster.ingest(pa.table({"k": pa.array(range(30_000), pa.int64())}), "t/three")
+        cluster.ingest(
+            pa.table({"k": pa.array(range(30_000), pa.int64())}), "t/three", partitions=3
+        )
         cluster.kill_device("dev2")
         command = [sys.executable, "-m", "quarry", "datasets", "--cluster"]
         shown = subprocess.run(

@@ -28,6 +28,21 @@ def test_parquet_ingest_scan_and_listing(cluster, particle_table, tmp_path):
     assert "physics/parquet_particles" not in {d["dataset"] for d in cluster.datasets()}
 
 
+def test_a_small_table_gets_a_partition_per_row_group_it_fills(cluster):
+    """Every partition a query reads costs a stream: a table of a few rows is one partition, a
+    larger one a partition per row group it fills, up to four per device."""
+    from quarry.coordinator.ingest import PARTITIONS_PER_DEVICE, ROW_GROUP_BYTES
+
+    per_group = ROW_GROUP_BYTES // 8  # int64 rows
+    rows = {"t/tiny": 1_000, "t/three": 3 * per_group - 10, "t/large": 13 * per_group}
+    expected = {"t/tiny": 1, "t/three": 3, "t/large": PARTITIONS_PER_DEVICE * 3}
+    for name, count in rows.items():
+        entry = cluster.ingest(pa.table({"k": pa.array(range(count), pa.int64())}), name)
+        assert len(entry.partitions) == expected[name], name
+        assert sum(p.rows for p in entry.partitions) == count
+        cluster.drop(name)
+
+
 @pytest.mark.parametrize("kind", ["csv", "arrow", "table", "pandas"])
 def test_other_sources(cluster, kind, tmp_path):
     table = pa.table(

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import math
 import os
 import threading
 import time
@@ -104,12 +105,8 @@ def ingest(
             f"{len(devices)}"
         )
 
-    partition_count = partitions or PARTITIONS_PER_DEVICE * len(devices)
-    if partitions is None and opened.rows_total is not None and opened.bytes_total is not None:
-        # A small table fills few row groups: give it as many partitions as it can fill, but
-        # still one per device so every device can take part in scanning it.
-        groups = -(-opened.bytes_total // ROW_GROUP_BYTES)
-        partition_count = min(partition_count, max(len(devices), groups))
+    first_batch, rows = _peek(GuardedReader(opened))
+    partition_count = partitions or _partition_count(first_batch, opened.rows_total, len(devices))
     first = 0 if existing is None else max(p.partition for p in existing.partitions) + 1
     if first + partition_count > naming.PARTITIONS_MAX:
         raise IngestFailed(f"{domain}/{name} would exceed {naming.PARTITIONS_MAX} partitions")
@@ -122,7 +119,6 @@ def ingest(
         ).items()
     }
     involved = sorted({d for names in placement.values() for d in names})
-    first_batch, rows = _peek(GuardedReader(opened))
     group_rows = _group_rows(first_batch, opened.rows_total, partition_count)
     record = IngestRecord(
         id=ingest_id,
@@ -273,6 +269,20 @@ def _peek(batches: Iterable[pa.RecordBatch]) -> tuple[pa.RecordBatch | None, Ite
         if batch.num_rows:
             return batch, itertools.chain([batch], rest)
     return None, iter(())
+
+
+def _partition_count(first: pa.RecordBatch | None, rows_total: int | None, devices: int) -> int:
+    """How many partitions a new dataset gets: ``PARTITIONS_PER_DEVICE`` per device, or as many
+    row groups as a smaller table fills (at least one). Every partition a query reads costs a
+    stream, and a stream costs a device 3-7 ms of CPU whatever it holds: a table of a few rows
+    spread over every device pays that on each (TPC-H SF 1, nation, region and supplier in one
+    partition instead of four: Q2 0.165 -> 0.128 s, Q11 0.165 -> 0.108 s, Q16 0.148 -> 0.090 s,
+    Q7 0.320 -> 0.214 s)."""
+    most = PARTITIONS_PER_DEVICE * devices
+    if first is None or not rows_total:
+        return most
+    estimated = first.nbytes / first.num_rows * rows_total
+    return max(1, min(most, math.ceil(estimated / ROW_GROUP_BYTES)))
 
 
 def _group_rows(first: pa.RecordBatch | None, rows_total: int | None, partitions: int) -> int:

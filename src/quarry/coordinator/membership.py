@@ -190,5 +190,8 @@ class Membership:
             entry = self.catalog.get(f"{domain}/{name}")
         if entry is None:
             known = ", ".join(self.catalog) or "none"
-            raise DatasetNotFound(f"no dataset {domain}/{name}; datasets are: {known}")
+            down = ""
+            if self.down:  # a small dataset lives on few devices, maybe only on these
+                down = f" ({', '.join(sorted(self.down))} do not answer: they may hold it)"
+            raise DatasetNotFound(f"no dataset {domain}/{name}; datasets are: {known}{down}")
         return entry

@@ -48,7 +48,15 @@ def plan(
     top-k's instead of holding every raw row (the same work, in bounded memory)."""
     state = state or cluster.state  # one catalog for the whole cut
     key = (sql, pushdown, state.version)
-    return cluster.plans.get(key, lambda: _decompose(state.catalog, state.info, sql, pushdown))[0]
+    try:
+        return cluster.plans.get(key, lambda: _decompose(state.catalog, state.info, sql, pushdown))[
+            0
+        ]
+    except QueryError as error:
+        if cluster.down and "not found" in str(error):  # a small table lives on few devices
+            down = ", ".join(sorted(cluster.down))
+            raise QueryError(f"{error}\n({down} do not answer: they may hold it)") from None
+        raise
 
 
 def _decompose(
