@@ -119,3 +119,20 @@ def test_pairs_through_the_hosts_filter_never_wait_in_a_circle() -> None:
     assert _acyclic({sized, closing, other}) == {sized, other}
     both = {JoinFilter("a", 0, "b", 0, b"p", 0), JoinFilter("b", 0, "a", 0, b"p", 0)}
     assert len(_acyclic(both)) == 1
+
+
+def test_a_cut_goes_down_to_the_stored_column_its_key_comes_from() -> None:
+    """The probe's key column traced through its sub-plan to what the device reads: through a
+    group key and a projection that passes it on, not through a computed value."""
+    from quarry.plan import tree
+    from quarry.plan.join_filters import stored_column
+
+    def stored(sql: str) -> list[str | None]:
+        (fragment,) = decompose(sql, SCHEMAS, "always").fragments
+        plan = tree.parse_plan(fragment.stages["full"])
+        return [stored_column(plan, i) for i in range(len(fragment.output_schema))]
+
+    assert stored("SELECT k, sum(v) FROM d.big GROUP BY k")[0] == "k"
+    assert stored("SELECT v, k FROM d.big WHERE v > 1")[:2] == ["v", "k"]
+    assert stored("SELECT k + 1 AS j FROM d.big") == [None]
+    assert stored("SELECT sum(v) FROM d.big")[0] is None

@@ -296,6 +296,26 @@ def trace(rel: algebra_pb2.Rel, index: int, probe: bool) -> tuple[str, int] | No
     return None if here is None else _read(rel.read, here)
 
 
+def stored_column(plan: plan_pb2.Plan, index: int) -> str | None:
+    """The stored column that output column ``index`` of a fragment's sub-plan comes from
+    unchanged, through operators that commute with a filter on it (None: there is none). A
+    device cuts the rows it reads by a key set on that column, before the sub-plan runs,
+    instead of cutting the sub-plan's output (TPC-H Q17: lineitem's average quantity per part,
+    of 200,000 parts, is wanted for 204)."""
+    rel = tree.root_rel(plan)
+    while tree.kind(rel) != "read":
+        step = _step(rel, index, probe=True)
+        if step is None:
+            return None
+        rel, index = step
+    here = _unmapped(rel, index)
+    fields = tree.read_output_fields(rel.read)
+    names = rel.read.base_schema.names
+    if here is None or here >= len(fields) or len(names) != len(rel.read.base_schema.struct.types):
+        return None  # a nested schema numbers its names apart from its fields
+    return names[fields[here]]
+
+
 def _unmapped(rel: algebra_pb2.Rel, index: int) -> int | None:
     """Field ``index`` of ``rel`` as the operator itself numbers it (before its emit)."""
     mapping = _emit(rel)

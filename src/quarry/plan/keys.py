@@ -104,3 +104,14 @@ def keep(batch: pa.RecordBatch, cuts: Sequence[KeyCut]) -> pa.RecordBatch:
     for cut in cuts[1:]:
         mask = pc.and_(mask, cut.mask(batch.column(cut.column)))
     return batch.filter(mask)
+
+
+def keep_named(batch: pa.RecordBatch, cuts: Sequence[tuple[str, KeyCut]]) -> pa.RecordBatch:
+    """``batch`` without the rows some cut drops, each cut on the column of its name."""
+    if not cuts or not batch.num_rows:
+        return batch
+    mask = None
+    for name, cut in cuts:
+        found = cut.mask(batch.column(name))
+        mask = found if mask is None else pc.and_(mask, found)
+    return batch.filter(mask)

@@ -18,8 +18,10 @@ import pyarrow as pa
 
 from quarry.device.unit import Chunk, Skipped, Unit, conform, register
 from quarry.errors import ExecutionError, PlanNotSupported, ProtocolError, QueryError
+from quarry.plan import tree
 from quarry.plan.errors import StageError
-from quarry.plan.keys import KeyCut, keep
+from quarry.plan.join_filters import stored_column
+from quarry.plan.keys import KeyCut, keep, keep_named
 from quarry.plan.keys import decode as decode_keys
 from quarry.plan.prune import slice_may_match, slice_must_match
 from quarry.plan.rowwise import groups
@@ -127,6 +129,8 @@ class SubstraitUnit(Unit):
         self.stages = split_payload(self.args, payload)
         self.unfiltered = unfiltered_stage(self.args, payload)
         self.cuts = key_cuts(self.args, payload)
+        # on the device, cuts on a stored column cut what is read (``placed_cuts``)
+        self._input_cuts, self._output_cuts = placed_cuts(self.stages[Stage.FULL], self.cuts)
         self._answers: dict[tuple[int, int], pa.RecordBatch] = {}  # (partition, first): output
 
     @property
@@ -195,7 +199,15 @@ class SubstraitUnit(Unit):
         # decision is the work that follows it.
         batches = list(chunk.batches())
         stage, schema = self._full_for(chunk), chunk.meta.schema
-        return self.context.compute(lambda: self._kept(_run(stage, schema, batches)))
+        return self.context.compute(lambda: self._executed(stage, schema, batches))
+
+    def _executed(
+        self, stage: bytes, schema: pa.Schema, batches: list[pa.RecordBatch]
+    ) -> list[pa.RecordBatch]:
+        if self._input_cuts:
+            batches = [keep_named(batch, self._input_cuts) for batch in batches]
+        output = _run(stage, schema, (batch for batch in batches if batch.num_rows))
+        return self._kept(output, self._output_cuts)
 
     def _full_for(self, chunk: Chunk) -> bytes:
         """The whole sub-plan, without its filter when every row of the chunk passes it by its
@@ -218,11 +230,14 @@ class SubstraitUnit(Unit):
                 lambda group=group: self._kept(_host_errors(complete_group(stage, group)))
             )
 
-    def _kept(self, batches: Iterable[pa.RecordBatch]) -> list[pa.RecordBatch]:
-        """The output without the rows a join's key sets drop."""
-        if not self.cuts:
+    def _kept(
+        self, batches: Iterable[pa.RecordBatch], cuts: Sequence[KeyCut] | None = None
+    ) -> list[pa.RecordBatch]:
+        """The output without the rows a join's key sets (all of them by default) drop."""
+        cuts = self.cuts if cuts is None else cuts
+        if not cuts:
             return list(batches)
-        kept = (keep(batch, self.cuts) for batch in batches)
+        kept = (keep(batch, cuts) for batch in batches)
         return [batch for batch in kept if batch.num_rows]
 
     def filter(self, chunk: Chunk) -> dict[int, list[pa.RecordBatch]]:
@@ -232,6 +247,30 @@ class SubstraitUnit(Unit):
             filtered = self.context.compute(lambda b=batch: list(_run(stage, schema, [b])))
             out[number] = [conform(b, self.args.raw_schema) for b in filtered]
         return out
+
+
+def placed_cuts(
+    stage: bytes, cuts: Sequence[KeyCut]
+) -> tuple[list[tuple[str, KeyCut]], list[KeyCut]]:
+    """The key cuts a device applies to the rows it reads, by stored column, and those it
+    applies to the sub-plan's output. A cut goes below the sub-plan when its column comes
+    unchanged from a stored one through operators a filter on it commutes with (a group key,
+    a projection, a filter): fewer rows to aggregate, the same output."""
+    if not cuts:
+        return [], []
+    try:
+        prepared = prepare(stage)
+    except StageError:
+        return [], list(cuts)  # running it will say why
+    plan = tree.parse_plan(prepared.plan)
+    placed, after = [], []
+    for cut in cuts:
+        column = stored_column(plan, cut.column)
+        if column is None or column not in prepared.columns:
+            after.append(cut)
+        else:
+            placed.append((column, cut))
+    return placed, after
 
 
 def read_columns(stages: dict[Stage, bytes], raw_schema: pa.Schema) -> list[str]:
