@@ -66,7 +66,7 @@ class Message:
     KIND: ClassVar[str] = ""
 
     def to_json(self) -> dict[str, Any]:
-        return {f.name: _encode(getattr(self, f.name)) for f in dataclasses.fields(self)}
+        return {name: _encode(getattr(self, name)) for name in _names(type(self))}
 
     @classmethod
     def from_json(cls, body: Any, where: str | None = None) -> Self:
@@ -120,6 +120,13 @@ class _Plan:
 
     known: frozenset[str]  # field names, and the frame's own keys
     fields: tuple[tuple[str, Any, Mapping[str, Any], bool], ...]  # name, hint, bounds, required
+
+
+@functools.cache
+def _names(cls: type) -> tuple[str, ...]:
+    """A message class's field names, in order (``dataclasses.fields`` works them out anew
+    on every call: a device encodes a message for every chunk it streams)."""
+    return tuple(f.name for f in dataclasses.fields(cls))
 
 
 @functools.cache
