@@ -65,3 +65,46 @@ def test_idle_threads_are_bounded():
     time.sleep(0.1)
     idle = [t for t in threading.enumerate() if t.name == "quarry-idle"]
     assert len(idle) <= threads.IDLE_THREADS_MAX
+
+
+def test_bounded_runs_at_most_width_at_once_in_order_and_cancels_what_waits():
+    """As a ThreadPoolExecutor of that width: results and errors reach their futures, and a
+    shutdown that cancels leaves the waiting tasks unrun."""
+    running, most, order = 0, 0, []
+    lock = threading.Lock()
+    gate = threading.Event()
+
+    def task(number: int) -> int:
+        nonlocal running, most
+        with lock:
+            order.append(number)
+            running += 1
+            most = max(most, running)
+        gate.wait(5)
+        with lock:
+            running -= 1
+        if number == 3:
+            raise ValueError("three")
+        return number * 10
+
+    pool = threads.Bounded(2, "quarry-test")
+    futures = [pool.submit(task, n) for n in range(6)]
+    time.sleep(0.05)
+    assert order == [0, 1]  # the others wait their turn
+    gate.set()
+    assert [f.result(5) for f in futures if f is not futures[3]] == [0, 10, 20, 40, 50]
+    with pytest.raises(ValueError, match="three"):
+        futures[3].result(5)
+    assert most == 2 and order == list(range(6))
+
+    gate.clear()
+    began = threading.Event()
+    pool = threads.Bounded(1, "quarry-test")
+    first = pool.submit(lambda: began.set() or gate.wait(5))
+    second = pool.submit(lambda: "never")
+    assert began.wait(5)
+    pool.shutdown(cancel_futures=True)
+    gate.set()
+    assert first.result(5) is True and second.cancelled()
+    with pytest.raises(RuntimeError):
+        pool.submit(lambda: None)

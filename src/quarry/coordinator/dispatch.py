@@ -16,12 +16,13 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
 from typing import TypeVar
 
 import pyarrow as pa
 
+from quarry import threads
 from quarry.coordinator.client import DeviceClient
 from quarry.coordinator.report import WorkReport
 from quarry.coordinator.resume import DeviceLost, Progress, resume
@@ -278,7 +279,7 @@ class Dispatch:
         word), and ``progress`` says what is, so a device that stops answering leaves a task
         that resumes on a replica with nothing lost and nothing counted twice. Returns the
         device's ``WorkDone``."""
-        fetchers = ThreadPoolExecutor(FETCHERS_PER_EXCHANGE, thread_name_prefix="quarry-fetch")
+        fetchers = threads.Bounded(FETCHERS_PER_EXCHANGE, "quarry-fetch")
         fetches: list[tuple[PushedBack, Future]] = []
         pending: list[pa.RecordBatch] = []  # output of work not yet marked whole
         passed: list[PushedBack] = []  # handed on upstream: neither fetched nor done here
@@ -308,12 +309,12 @@ class Dispatch:
                     done = item
         except DeviceUnavailable as error:
             yield from self._fetched(fetches, progress, wait_for_all=True)
-            fetchers.shutdown(wait=False, cancel_futures=True)
+            fetchers.shutdown(cancel_futures=True)
             raise DeviceLost(error, progress) from None
         except BaseException:  # a device that failed mid-stream leaves no fetch running
-            fetchers.shutdown(wait=False, cancel_futures=True)
+            fetchers.shutdown(cancel_futures=True)
             raise
-        fetchers.shutdown(wait=False)
+        fetchers.shutdown()
         if done is None:
             raise ProtocolError(f"device {task.client.name}: the work stream ended unfinished")
         if done.payload_needed:
