@@ -20,6 +20,7 @@ from quarry.protocol.work import (
     ForcedDecision,
     PushedBack,
     SliceRange,
+    SliceRequest,
     WorkDone,
     WorkRequest,
     decode_stream_message,
@@ -326,3 +327,34 @@ def test_a_key_set_on_a_stored_group_key_cuts_the_rows_before_they_are_aggregate
     assert got.column(0).to_pylist() == [3, 4_000, ROWS - 1]
     assert got.column(1).to_pylist() == [1, 1, 1]
     assert sum(engine_rows) == (3 if placed else ROWS)
+
+
+@pytest.mark.parametrize("stage", [Stage.RAW, Stage.FILTER])
+def test_a_range_handed_back_ships_only_the_rows_a_key_set_keeps(runtime, stage):
+    """The host fetches a range a device handed back: raw or filtered, its rows are cut by the
+    join's key set on the device, not shipped whole for the host to cut."""
+    from quarry.coordinator.fragments import _args
+    from quarry.device.units import substrait
+    from quarry.plan import decompose
+    from quarry.plan import keys as key_sets
+
+    meta = partitions.read_meta(runtime.store, "d", "t", 0)
+    sql = "SELECT id, v FROM d.t WHERE v > 0"
+    (fragment,) = decompose(sql, {"d/t": meta.schema}, "always").fragments
+    stages = {Stage(name): data for name, data in fragment.stages.items()}
+    encoded = key_sets.encode(pa.array([5, 6, ROWS - 2], pa.int64()))
+    args = _args(fragment, stages, fragment.output_schema, [(0, encoded)], b"")
+    payload = substrait.stages_payload(stages, [encoded])
+    request = SliceRequest(
+        unit=substrait.SubstraitUnit.NAME,
+        domain="d",
+        dataset="t",
+        partition=0,
+        ranges=(SliceRange(0, len(meta.slices)),),
+        stage=stage,
+        args=args.to_json(),
+        stored=True,
+    )
+    _, batches = loop.fetch_slices(runtime, request, payload)
+    shipped = pa.Table.from_batches(list(batches))
+    assert sorted(shipped.column("id").to_pylist()) == [5, 6, ROWS - 2]

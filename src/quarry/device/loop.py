@@ -649,8 +649,7 @@ def fetch_slices(
 def _ships_as_stored(unit: Unit, meta: PartitionMeta, numbers: list[int]) -> bool:
     """A raw range ships as stored when the unit ships raw rows as they are (it adds nothing of
     its own) and every slice has a stream per column (not the first, whole format)."""
-    plain = type(unit).raw_slice is Unit.raw_slice
-    return plain and all(meta.slices[n].columns is not None for n in numbers)
+    return unit.ships_as_stored() and all(meta.slices[n].columns is not None for n in numbers)
 
 
 def stored_slices(

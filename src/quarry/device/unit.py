@@ -319,6 +319,11 @@ class Unit:
         host must know of where the rows came from)."""
         return batch.select(self.raw_schema_of(meta).names)
 
+    def ships_as_stored(self) -> bool:
+        """Whether a raw range may ship as stored, undecoded: the unit adds nothing to raw rows
+        and drops none."""
+        return type(self).raw_slice is Unit.raw_slice
+
     def finish_partition(self, meta: PartitionMeta) -> Iterable[pa.RecordBatch]:
         return ()
 

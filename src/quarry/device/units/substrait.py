@@ -240,10 +240,19 @@ class SubstraitUnit(Unit):
         kept = (keep(batch, cuts) for batch in batches)
         return [batch for batch in kept if batch.num_rows]
 
+    def raw_slice(self, meta: PartitionMeta, number: int, batch: pa.RecordBatch) -> pa.RecordBatch:
+        """A slice handed back raw, without the rows a join's key sets drop (Q8 shipped 338 MB
+        of lineitem raw, uncut, when its devices handed ranges back under load)."""
+        return super().raw_slice(meta, number, keep_named(batch, self._input_cuts))
+
+    def ships_as_stored(self) -> bool:
+        return not self._input_cuts
+
     def filter(self, chunk: Chunk) -> dict[int, list[pa.RecordBatch]]:
         stage, schema = self.stages[Stage.FILTER], chunk.meta.schema
         out = {}
         for number, batch in zip(chunk.numbers, chunk.batches(), strict=True):
+            batch = keep_named(batch, self._input_cuts)
             filtered = self.context.compute(lambda b=batch: list(_run(stage, schema, [b])))
             out[number] = [conform(b, self.args.raw_schema) for b in filtered]
         return out
