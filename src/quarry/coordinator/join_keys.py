@@ -30,7 +30,7 @@ from quarry.plan import engine, keys, merge, tree
 from quarry.plan.join_filters import JoinFilter
 from quarry.plan.memory import MemoryBudget
 
-BUILD_ROWS_MAX = keys.BUILD_ROWS_MAX  # rows a collector keeps before it gives the keys up
+BUILD_ROWS_MAX = 8 * keys.KEYS_MAX  # rows a collector keeps before it gives the keys up
 WAIT_STEP_S = 0.1  # how often a waiting probe checks whether the query was cancelled
 
 

@@ -20,13 +20,7 @@ import pyarrow.types as pt
 
 from quarry.store import checks
 
-# Distinct keys a build may send; more, and the probe goes uncut (TPC-H SF 10: 300,000
-# customers of one region cut its orders).
-KEYS_MAX = 500_000
-# Build rows a collector keeps before it gives the keys up; a larger build's dataset is never
-# a pair's build (``join_filters``): at SF 10, cutting 60 million lineitems by 1.5 million
-# orders' keys took Q3 from 2.7 to 5.1 s.
-BUILD_ROWS_MAX = 4 * KEYS_MAX
+KEYS_MAX = 250_000  # distinct keys a build may send; more, and the probe goes uncut
 LOOKUP_RANGE_MAX = 1 << 24  # integer keys spanning at most this many values get a table
 
 
