@@ -360,6 +360,27 @@ def test_a_joins_keys_cut_its_probe_and_never_the_answer(tpch_cluster, tpch, num
     assert shipped[("always", True)] < shipped[("always", False)]
 
 
+@pytest.mark.parametrize("number", [2, 11])
+def test_a_fragment_read_twice_is_cut_for_both_reads_and_never_the_answer(
+    tpch_cluster, tpch, number, monkeypatch
+):
+    """Q2 and Q11 read a fragment in the query and in its subquery (partsupp, supplier); a
+    cut of it serves both. Their probes are under the size that pays at SF 0.1: lowered here."""
+    from quarry.plan import join_filters
+
+    monkeypatch.setattr(join_filters, "PROBE_ROWS_MIN", 10_000)
+    join_filters._join_filters.cache_clear()
+    try:
+        sql = tpch.queries[number]
+        planned = tpch_cluster.query(sql, pushdown="always")
+        result = planned.execute().read_all()
+        outcomes = [f["outcome"] for f in planned.explain(True)["join_filters"]]
+    finally:
+        join_filters._join_filters.cache_clear()
+    assert_same_rows(result, tpch.expected(number), ordered=_ordered(sql), context=f"Q{number}")
+    assert outcomes and all(o.startswith("sent") for o in outcomes), outcomes
+
+
 def test_q17_ships_a_hundredth_with_the_parts_keys(tpch_cluster, tpch):
     sql = tpch.queries[17]
     cut = tpch_cluster.query(sql, pushdown="always")

@@ -147,3 +147,40 @@ def test_a_cut_goes_down_to_the_stored_column_its_key_comes_from() -> None:
     assert stored("SELECT v, k FROM d.big WHERE v > 1")[:2] == ["v", "k"]
     assert stored("SELECT k + 1 AS j FROM d.big") == [None]
     assert stored("SELECT sum(v) FROM d.big")[0] is None
+
+
+SF1_ROWS = {
+    "tpch/lineitem": 6_001_215,
+    "tpch/orders": 1_500_000,
+    "tpch/customer": 150_000,
+    "tpch/part": 200_000,
+    "tpch/partsupp": 800_000,
+    "tpch/supplier": 10_000,
+    "tpch/nation": 25,
+    "tpch/region": 5,
+}
+
+
+def _described(tpch, number: int) -> list[str]:
+    decomposition = decompose(tpch.queries[number], tpch.schemas, "always")
+    fragments = {f.name: f for f in decomposition.fragments}
+    return [
+        f"{fragments[p.probe].dataset} by {fragments[p.build].dataset}: {p.describe(fragments)}"
+        for p in join_filters(decomposition, SF1_ROWS)
+    ]
+
+
+def test_a_fragment_read_twice_is_cut_when_both_reads_are(tpch) -> None:
+    """Q2 reads partsupp's fragment in the query and in its subquery, both joined to part's
+    keys (``p_partkey = ps_partkey``); Q11 reads supplier's in both, both joined to nation."""
+    (q2,) = _described(tpch, 2)
+    assert q2.startswith("tpch/partsupp by tpch/part:") and "ps_partkey IN" in q2
+    q11 = _described(tpch, 11)
+    assert any(p.startswith("tpch/supplier by tpch/nation:") for p in q11)
+    assert sum(p.startswith("tpch/partsupp by tpch/supplier:") for p in q11) == 2
+
+
+def test_a_fragment_read_twice_is_not_cut_when_one_read_is_not(tpch) -> None:
+    """Q21's lineitem is read for the late deliveries and again in ``NOT EXISTS (... l_suppkey
+    <> ...)``: the second read needs every supplier's lines, so supplier's keys may not cut it."""
+    assert not any(p.startswith("tpch/lineitem by tpch/supplier") for p in _described(tpch, 21))

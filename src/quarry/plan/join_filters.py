@@ -17,9 +17,11 @@ only where the cut cannot change the answer:
 - between the probe fragment and the join, every operator commutes with a filter on that column:
   filters, projections that pass it on, sorts, aggregates grouping by it, inner joins, and the
   preserved side of outer, semi and anti joins (no LIMIT, no union);
-- the probe fragment is read once in the super-plan, and the build column comes unchanged from
-  a build fragment's output (its rows may be fewer by the time they reach the join: the keys are
-  then a superset, which cuts less but never wrongly).
+- every read of the probe fragment in the super-plan is cut by the same pair: the fragment's
+  rows are shared by its reads (TPC-H Q2 reads partsupp's fragment in the query and in its
+  subquery, each joined to part's keys; Q21's second read of lineitem is not, and is not cut);
+- the build column comes unchanged from a build fragment's output (its rows may be fewer by the
+  time they reach the join: the keys are then a superset, which cuts less but never wrongly).
 
 A build may also be what the super-plan makes of a fragment on the host before the join, when
 that is a filter over it (TPC-H Q18's ``IN (SELECT l_orderkey ... GROUP BY l_orderkey HAVING
@@ -52,7 +54,7 @@ wait (TPC-H SF 0.05, Q5: 0.13 s uncut, 0.19 s cut along the whole chain).
 from __future__ import annotations
 
 import functools
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -153,15 +155,17 @@ def _join_filters(
     fragments = dict(sides)
     plan = tree.parse_plan(super_plan)
     names = tree.function_names(plan)
-    reads = Counter(
-        t[0] for rel in tree.iter_rels(plan) if (t := tree.named_table(rel)) and len(t) == 1
-    )
+    rels = list(tree.iter_rels(plan))  # kept alive: a read is known by its object's id
+    reads = Counter(t[0] for rel in rels if (t := tree.named_table(rel)) and len(t) == 1)
+    covered: dict[JoinFilter, set[int]] = defaultdict(set)
+    for rel in rels:
+        if tree.kind(rel) == "join":
+            for pair, read in _pairs(rel.join, names, plan):
+                covered[pair].add(id(read))
     found = {
         pair
-        for rel in tree.iter_rels(plan)
-        if tree.kind(rel) == "join"
-        for pair in _pairs(rel.join, names, plan)
-        if reads[pair.probe] == 1 and _sizes_pay(pair, fragments)
+        for pair, at in covered.items()
+        if len(at) == reads[pair.probe] and _sizes_pay(pair, fragments)
     }
     kept = _ending_large(_selective(found, fragments), fragments)
     return tuple(sorted(_acyclic(kept), key=_order))
@@ -233,7 +237,8 @@ def _ending_large(pairs: set[JoinFilter], fragments: Mapping[str, _Side]) -> set
 
 def _pairs(
     join: algebra_pb2.JoinRel, names: Mapping[int, str], plan: plan_pb2.Plan | None = None
-) -> list[JoinFilter]:
+) -> list[tuple[JoinFilter, algebra_pb2.Rel]]:
+    """The pairs this join makes, each with the read of the probe fragment it cuts there."""
     sides = _CUT_SIDES.get(join.type, ())
     found = []
     for low, high in _equalities(join, names) if sides else []:
@@ -244,8 +249,8 @@ def _pairs(
             if build is None:
                 continue
             through = _through(*ends[build_side], plan)
-            for probe in _probes(*ends[probe_side], names):
-                found.append(JoinFilter(probe[0], probe[1], build[0], build[1], *through))
+            for (name, column), read in _probes(*ends[probe_side], names):
+                found.append((JoinFilter(name, column, build[0], build[1], *through), read))
     return found
 
 
@@ -283,11 +288,14 @@ def _through(
     return tree.make_plan(plan, rel).SerializeToString(), index
 
 
-def _probes(rel: algebra_pb2.Rel, index: int, names: Mapping[int, str]) -> list[tuple[str, int]]:
-    """Every fragment column a filter on field ``index`` of ``rel`` can move to: the one it
-    comes from, and through an inner join's ``a = b``, the other side's too."""
+def _probes(
+    rel: algebra_pb2.Rel, index: int, names: Mapping[int, str]
+) -> list[tuple[tuple[str, int], algebra_pb2.Rel]]:
+    """Every fragment column a filter on field ``index`` of ``rel`` can move to, each with the
+    read it is found at: the one it comes from, and through an inner join's ``a = b``, the
+    other side's too."""
     found = []
-    probe = trace(rel, index, probe=True)
+    probe = _traced(rel, index, probe=True)
     if probe is not None:
         found.append(probe)
     for join, side, column in _inner_joins_on_path(rel, index):
@@ -295,9 +303,9 @@ def _probes(rel: algebra_pb2.Rel, index: int, names: Mapping[int, str]) -> list[
             mine, other, other_rel = (
                 (low, high, join.right) if side == "left" else (high, low, join.left)
             )
-            if mine == column and (partner := trace(other_rel, other, probe=True)) is not None:
+            if mine == column and (partner := _traced(other_rel, other, probe=True)) is not None:
                 found.append(partner)
-    return list(dict.fromkeys(found))
+    return found
 
 
 def _inner_joins_on_path(
@@ -323,13 +331,22 @@ def _inner_joins_on_path(
 def trace(rel: algebra_pb2.Rel, index: int, probe: bool) -> tuple[str, int] | None:
     """The fragment and output column that field ``index`` of ``rel`` comes from unchanged;
     with ``probe``, only through operators that commute with a filter on it."""
+    found = _traced(rel, index, probe)
+    return None if found is None else found[0]
+
+
+def _traced(
+    rel: algebra_pb2.Rel, index: int, probe: bool
+) -> tuple[tuple[str, int], algebra_pb2.Rel] | None:
+    """``trace``, with the read it ends at."""
     while tree.kind(rel) != "read":
         step = _step(rel, index, probe)
         if step is None:
             return None
         rel, index = step
     here = _unmapped(rel, index)
-    return None if here is None else _read(rel.read, here)
+    column = None if here is None else _read(rel.read, here)
+    return None if column is None else (column, rel)
 
 
 def stored_column(plan: plan_pb2.Plan, index: int) -> str | None:
