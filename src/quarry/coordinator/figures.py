@@ -49,6 +49,8 @@ def sample_subplan(cluster: Membership, fragment: Fragment, entry: DatasetEntry)
     full_s, full_out = timed(Stage.FULL)
     filter_s, filter_out = timed(Stage.FILTER)
     raw_bytes = _ipc_bytes([b.select(fragment.raw_schema.names) for b in batches])
+    rows = max(1, sum(b.num_rows for b in batches))
+    kept = max(1, sum(b.num_rows for b in filter_out)) / rows  # none kept: fewer than one
     return SubPlanFigures(
         full_s_per_byte=full_s / stored_bytes,
         filter_s_per_byte=filter_s / stored_bytes,
@@ -56,6 +58,7 @@ def sample_subplan(cluster: Membership, fragment: Fragment, entry: DatasetEntry)
         filter_ratio=_ipc_bytes(filter_out) / stored_bytes,
         output_ratio=_ipc_bytes(full_out) / stored_bytes,
         read_ratio=read / stored_bytes,
+        kept_rows=min(1.0, kept),
     )
 
 

@@ -15,10 +15,10 @@ from typing import TYPE_CHECKING, Any
 from quarry.coordinator.dispatch import Task
 from quarry.coordinator.figures import device_figures, sample_subplan
 from quarry.coordinator.settled import Key
-from quarry.cost.model import Choice, HostFigures, choose
+from quarry.cost.model import Choice, HostFigures, SubPlanFigures, choose
 from quarry.cost.told import told
 from quarry.device.unit import Unit, host_emulator
-from quarry.errors import DeviceUnavailable, QueryError
+from quarry.errors import DeviceUnavailable, ExecutionError, QueryError
 from quarry.plan import engine
 from quarry.plan.capabilities import per_dataset
 from quarry.plan.decompose import Decomposition, Fragment, decompose
@@ -148,7 +148,7 @@ def choose_cuts(
         for p in entry.partitions:
             device = device_for(cluster, entry, p)
             stored[device] = stored.get(device, 0) + p.bytes_stored
-        figures = _figures(cluster, fragment, entry)
+        figures = sampled(cluster, fragment, entry)
         devices = device_figures(cluster, entry, stored, loads or {})
         # A fragment that only filters has identical filter and full stages: the filter cut
         # would cost an extra fetch for the same work.
@@ -205,7 +205,7 @@ def fragment_key(fragment: Fragment, entry: DatasetEntry) -> Key:
     return (fragment.stages[Stage.FULL], entry.version)
 
 
-def _figures(cluster: Membership, fragment: Fragment, entry: DatasetEntry) -> Any:
+def sampled(cluster: Membership, fragment: Fragment, entry: DatasetEntry) -> SubPlanFigures:
     """Sampling costs a slice fetch and two local runs; a repeated query on unchanged data
     reuses what it learnt (like a plan cache), so auto stays cheap."""
     key = fragment_key(fragment, entry)
@@ -216,3 +216,21 @@ def _figures(cluster: Membership, fragment: Fragment, entry: DatasetEntry) -> An
             cluster.figures_cache.clear()
         cluster.figures_cache[key] = figures
     return figures
+
+
+def kept_rows(cluster: Membership, decomposition: Decomposition) -> dict[str, float]:
+    """Per filtered fragment, the rows its filter keeps per row read, as a slice sampled on the
+    host says (the join filters size a build by it: ``join_filters``). A sub-plan that fails on
+    the sample is not estimated: its error is the query's, and comes when it runs."""
+    kept = {}
+    for fragment in decomposition.fragments:
+        if not (fragment.device_filter or fragment.host_filter):
+            continue
+        entry = cluster.entry(fragment.dataset)
+        if entry.unavailable or not entry.rows:
+            continue
+        try:
+            kept[fragment.name] = sampled(cluster, fragment, entry).kept_rows
+        except ExecutionError:
+            continue
+    return kept

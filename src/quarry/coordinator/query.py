@@ -320,7 +320,8 @@ class Query:
         if not self.join_filters or len(self.decomposition.fragments) < 2:
             return ()
         rows = {name: entry.rows for name, entry in self.cluster.catalog.items()}
-        return join_filters(self.decomposition, rows)
+        kept = planning.kept_rows(self.cluster, self.decomposition)
+        return join_filters(self.decomposition, rows, kept)
 
     def _tasks(
         self, fragment: Fragment, key_sets: list[tuple[int, bytes]] | None = None

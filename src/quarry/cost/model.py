@@ -62,6 +62,7 @@ class SubPlanFigures:
     filter_ratio: float  # bytes left after the filter per stored byte
     output_ratio: float  # full sub-plan output bytes per stored byte
     read_ratio: float = 1.0  # bytes read off the store (the touched columns) per stored byte
+    kept_rows: float = 1.0  # rows the filter stage keeps per row read
 
 
 @dataclass(frozen=True)

@@ -179,9 +179,33 @@ def register_batches(
     """
     dealt: list[list[pa.RecordBatch]] = [[] for _ in range(max(partitions, 1))]
     for index, batch in enumerate(batches):
-        dealt[index % len(dealt)].append(batch)
+        dealt[index % len(dealt)].append(aligned(batch))
     filled = [partition for partition in dealt if partition]
     ctx.register_record_batches(reference, filled or [[empty_batch(schema)]])
+
+
+WIDE_ALIGNMENT = 16  # what the engine needs of a 128-bit value's buffer (decimal128's i128)
+
+
+def aligned(batch: pa.RecordBatch) -> pa.RecordBatch:
+    """``batch`` with each column of 128-bit values whose buffer is not on a 16-byte boundary
+    copied to one. Batches that arrive over Flight lie where the IPC stream put them, on 8
+    bytes; handed such a decimal column, the engine realigns it itself, far slower than a copy
+    (320,000 rows of two decimals: 32 ms against 1 ms; TPC-H SF 1 Q9 spent a fifth of the
+    host's CPU there)."""
+    columns = batch.columns
+    if not any(_misaligned(column) for column in columns):
+        return batch
+    copied = [pa.concat_arrays([c, c[:0]]) if _misaligned(c) else c for c in columns]
+    return pa.RecordBatch.from_arrays(copied, schema=batch.schema)
+
+
+def _misaligned(column: pa.Array) -> bool:
+    kind = column.type
+    if not pa.types.is_decimal(kind) or kind.bit_width < 128:
+        return False
+    values = column.buffers()[1]
+    return values is not None and values.address % WIDE_ALIGNMENT != 0
 
 
 def spooled_names(reference: str) -> tuple[str, ...]:

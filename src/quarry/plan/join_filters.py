@@ -33,22 +33,25 @@ its filter leaves is known only when they are in, so its size is not weighed (mo
 ``a = b`` a filter on ``a`` is one on ``b`` too: a probe column found on one side of such a join
 is also found on the other (Q18 cuts both orders and the lineitems joined to them).
 
-Which pairs pay: the build's dataset is at least ``PROBE_ROWS_RATIO`` times smaller, and its
-fragment is filtered (or is itself cut by a join filter): an unfiltered build's keys are all of
-them. The probe waits for its build; TPC-H SF 1 Q3, Q4 and Q10, cutting lineitem by the keys of
-a quarter as many orders, are faster for it all the same (0.32 -> 0.18 s, 0.16 -> 0.10 s,
-0.29 -> 0.20 s): shipping and joining the rows a cut drops costs the host more than the wait.
-Q8 is the exception seen: its lineitem, cut by 1,451 parts already, also waits along a chain of
-four fragments for its orders' keys (0.22 -> 0.27 s). At SF 10 lineitem holds 59,986,052 rows,
-just under four times 15 million orders, so that pair is not made, and it should not be: with
-the key limit raised to let 1.5 million orders' keys through, Q3 took 5.1 s against 2.7. A rule
-that says so rather than by a hair needs the build's size after its filter, known only once it
-is in; and a third of the probe instead of a quarter, with builds bounded at 2 million rows,
-lost SF 10's Q20 its cut of lineitem by partsupp's keys (partsupp is cut by part's first).
-The smaller build also keeps the pairs acyclic. A probe waits for its build, so a pair must
-end, through builds that are probes in turn (Q5: region, nation, supplier, lineitem), at a
-probe of at least ``PROBE_ROWS_MIN`` rows: below that, shipping it whole costs less than the
-wait (TPC-H SF 0.05, Q5: 0.13 s uncut, 0.19 s cut along the whole chain).
+Which pairs pay is weighed on the rows each side outputs, estimated: a fragment's dataset's
+rows, times the share of them its filter keeps on a slice the host samples (``planning.
+kept_rows``, the cost model's sample), times, for each cut chosen before, the share its build
+keeps of its own dataset. A pair pays when its build is filtered or cut (an unfiltered build's
+keys are all of them), its estimated rows are at most ``keys.KEYS_MAX`` (more keys are not
+sent, and the probe would have waited for nothing), and at most a ``PROBE_ROWS_RATIO``th of
+the probe's own output. The probe waits for its build; TPC-H SF 1 Q3, Q4 and Q10, cutting
+lineitem by the keys of a quarter as many orders, are faster for it all the same (0.32 -> 0.18
+s, 0.16 -> 0.10 s, 0.29 -> 0.20 s): shipping and joining the rows a cut drops costs the host
+more than the wait. Sizing by datasets alone, as this module first did, missed Q12 (a filter
+keeps one lineitem in 200, whose keys cut orders four times smaller) and at SF 10 made pairs
+whose keys came out too many to send (1.5 million orders' keys for Q3's lineitem: 5.1 s
+against 2.7 with the limit raised to let them through). A fifth, not a quarter: Q9's orders,
+cut by the 320,000 lineitems of green parts (a 4.7th of orders), took 0.47 s against 0.39
+uncut; Q5's, cut by 30,000 customers' keys (a 7.8th), are faster for it. The estimate is a
+sample's: a wrong one costs the probe its wait, never the answer. A pair must end, through
+builds that are probes in turn (Q5: region, nation, supplier, lineitem), at a probe of at least
+``PROBE_ROWS_MIN`` rows: below that, shipping it whole costs less than the wait (TPC-H SF 0.05,
+Q5: 0.13 s uncut, 0.19 s cut along the whole chain).
 """
 
 from __future__ import annotations
@@ -60,11 +63,11 @@ from dataclasses import dataclass
 
 from substrait import algebra_pb2, plan_pb2
 
-from quarry.plan import expressions, tree
+from quarry.plan import expressions, keys, tree
 from quarry.plan.decompose import Decomposition, Fragment
 from quarry.protocol.stage import Stage
 
-PROBE_ROWS_RATIO = 4
+PROBE_ROWS_RATIO = 5
 PROBE_ROWS_MIN = 500_000
 SHAPES_KEPT_MAX = 256  # super-plans whose pairs are kept
 J = algebra_pb2.JoinRel
@@ -115,10 +118,15 @@ class JoinFilter:
         return f"{self.probe}.{probe} IN (keys of {self.build}.{build}{after})"
 
 
-def join_filters(decomposition: Decomposition, rows: Mapping[str, int]) -> tuple[JoinFilter, ...]:
-    """The pairs worth cutting, for datasets of ``rows`` rows. Worked out once per super-plan
-    and what they depend on of its fragments (``_Side``): walking the super-plan for every
-    query took a sixth of the host's CPU on TPC-H's small queries."""
+def join_filters(
+    decomposition: Decomposition,
+    rows: Mapping[str, int],
+    kept: Mapping[str, float] | None = None,
+) -> tuple[JoinFilter, ...]:
+    """The pairs worth cutting, for datasets of ``rows`` rows of which each fragment's filter
+    keeps the share ``kept`` says (by fragment name; all of them when it does not say). Worked
+    out once per super-plan and what they depend on of its fragments (``_Side``): walking the
+    super-plan for every query took a sixth of the host's CPU on TPC-H's small queries."""
     if len(decomposition.fragments) < 2:
         return ()
     sides = tuple(
@@ -130,6 +138,7 @@ def join_filters(decomposition: Decomposition, rows: Mapping[str, int]) -> tuple
                 tuple(f.device_stages),
                 bool(f.device_filter or f.host_filter),
                 rows.get(f.dataset, 0),
+                (kept or {}).get(f.name, 1.0),
             ),
         )
         for f in decomposition.fragments
@@ -145,7 +154,13 @@ class _Side:
     capabilities: str
     device_stages: tuple[Stage, ...]
     filtered: bool
-    rows: int
+    rows: int  # its dataset's
+    kept: float  # the share of them its filter keeps
+
+    @property
+    def own(self) -> float:
+        """The rows it outputs, cut by no key set."""
+        return self.rows * self.kept
 
 
 @functools.lru_cache(maxsize=SHAPES_KEPT_MAX)
@@ -165,50 +180,85 @@ def _join_filters(
     found = {
         pair
         for pair, at in covered.items()
-        if len(at) == reads[pair.probe] and _sizes_pay(pair, fragments)
+        if len(at) == reads[pair.probe] and _may_cut(pair, fragments)
     }
-    kept = _ending_large(_selective(found, fragments), fragments)
-    return tuple(sorted(_acyclic(kept), key=_order))
+    chosen = _ending_large(_chosen(found, fragments), fragments)
+    return tuple(sorted(chosen, key=_order))
 
 
 def _order(pair: JoinFilter) -> tuple:
     return (pair.probe, pair.probe_column, pair.build, pair.build_column)
 
 
-def _sizes_pay(pair: JoinFilter, fragments: Mapping[str, _Side]) -> bool:
+def _may_cut(pair: JoinFilter, fragments: Mapping[str, _Side]) -> bool:
     if pair.probe == pair.build or pair.probe not in fragments or pair.build not in fragments:
         return False
-    probe, build = fragments[pair.probe], fragments[pair.build]
-    if probe.capabilities != "full" or Stage.FULL not in probe.device_stages:
-        return False  # a scan engine runs the filter stage only: its stream is not the output
-    if pair.through:
-        return True  # how many keys the host's filter leaves is known once they are in
-    return probe.rows >= PROBE_ROWS_RATIO * max(build.rows, 1)
+    probe = fragments[pair.probe]
+    # a scan engine runs the filter stage only: its stream is not the output
+    return probe.capabilities == "full" and Stage.FULL in probe.device_stages
 
 
-def _selective(pairs: set[JoinFilter], fragments: Mapping[str, _Side]) -> set[JoinFilter]:
-    """Pairs whose build is filtered, or cut by a pair kept (to a fixed point)."""
-    cut = {name for name, f in fragments.items() if f.filtered}
+def _chosen(found: set[JoinFilter], fragments: Mapping[str, _Side]) -> set[JoinFilter]:
+    """Pairs through the host's filter first (their keys are what a HAVING leaves: Q18's 57
+    orders); then, one at a time, the sized pair that pays with the smallest build, its rows
+    estimated with the cuts chosen so far, until none pays. A probe column is cut once: a
+    second build is most often cut by the same keys as the first (Q17's two lineitem
+    fragments, each cut by part's), and would only make the probe wait longer. A pair that
+    would make probes wait for each other in a circle is left out (Q18's lineitem aggregate
+    waiting for the orders its HAVING cuts)."""
     kept: set[JoinFilter] = set()
-    while True:
-        more = {p for p in pairs - kept if p.build in cut or p.through}
-        if not more:
-            return kept
-        kept |= more
-        cut |= {p.probe for p in more}
-
-
-def _acyclic(pairs: set[JoinFilter]) -> set[JoinFilter]:
-    """The pairs without one that would make probes wait for each other in a circle. Sized
-    pairs cannot (each build is smaller than its probe); a pair through the host's filter is
-    not sized, and comes first: its keys are what a HAVING leaves (Q18: 57 orders), where a
-    sized pair's are what a filter leaves of a smaller table. A sized pair that would close a
-    circle with them is left out (Q18's lineitem aggregate waiting for the orders it cuts)."""
-    kept: set[JoinFilter] = set()
-    for pair in sorted(pairs, key=lambda p: (not p.through, _order(p))):
+    for pair in sorted((p for p in found if p.through), key=_order):
         if not _waits_for(kept, pair.build, pair.probe):
             kept.add(pair)
-    return kept
+    while True:
+        estimates = _estimates(kept, fragments)
+        cut = {(p.probe, p.probe_column) for p in kept}
+        paying = [
+            (estimates[p.build], _order(p), p)
+            for p in found - kept
+            if not p.through
+            and (p.probe, p.probe_column) not in cut
+            and _pays(p, estimates, kept, fragments)
+            and not _waits_for(kept, p.build, p.probe)
+        ]
+        if not paying:
+            return kept
+        kept.add(min(paying)[2])
+
+
+def _pays(
+    pair: JoinFilter,
+    estimates: Mapping[str, float],
+    kept: set[JoinFilter],
+    fragments: Mapping[str, _Side],
+) -> bool:
+    """The build is filtered or cut (an uncut build's keys are all of them), its keys may be
+    sent, and they are at most a ``PROBE_ROWS_RATIO``th of the rows its probe ships uncut."""
+    build = fragments[pair.build]
+    if not (build.filtered or any(p.probe == pair.build for p in kept)):
+        return False
+    rows = estimates[pair.build]
+    return rows <= keys.KEYS_MAX and fragments[pair.probe].own >= PROBE_ROWS_RATIO * rows
+
+
+def _estimates(kept: set[JoinFilter], fragments: Mapping[str, _Side]) -> dict[str, float]:
+    """Each fragment's rows after its filter and the cuts ``kept``: a cut keeps the share of
+    its probe that its build keeps of its own dataset (the build column a key of it, its rows
+    spread evenly). A cut through the host's filter is not estimated."""
+    found: dict[str, float] = {}
+
+    def estimate(name: str) -> float:
+        if name not in found:
+            side = fragments[name]
+            rows = side.own
+            for pair in kept:
+                if pair.probe == name and not pair.through:
+                    build = fragments[pair.build]
+                    rows *= min(1.0, estimate(pair.build) / max(build.rows, 1))
+            found[name] = rows
+        return found[name]
+
+    return {name: estimate(name) for name in fragments}
 
 
 def _waits_for(pairs: set[JoinFilter], probe: str, build: str) -> bool:

@@ -20,7 +20,7 @@ import pyarrow.types as pt
 
 from quarry.store import checks
 
-KEYS_MAX = 250_000  # distinct keys a build may send; more, and the probe goes uncut
+KEYS_MAX = 500_000  # distinct keys a build may send; more, and the probe goes uncut
 LOOKUP_RANGE_MAX = 1 << 24  # integer keys spanning at most this many values get a table
 
 
