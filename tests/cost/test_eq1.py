@@ -34,6 +34,7 @@ from quarry.cost.model import (
     SubPlanFigures,
     choose,
     estimate,
+    handback_s,
     host_share,
 )
 from quarry.device.controller import Adaptive
@@ -118,6 +119,23 @@ def test_a_fast_device_gets_the_whole_sub_plan() -> None:
     assert choice.estimates["full"].seconds == pytest.approx(0.101)
 
 
+def test_ranges_handed_back_cost_a_fetch_each_whatever_their_size() -> None:
+    """A small fragment in many ranges: per byte, the host's four cores make handing it back
+    the cheapest cut, but every range handed back is a fetch and a run on the host, and those
+    outweigh the bytes (TPC-H Q2's part, supplier and nation). A large one is priced as
+    before: the fixed costs are nothing beside its bytes."""
+    small = [replace(_device(compute_factor=1.0), stored_bytes=4 << 20, handbacks=16)]
+    assert choose(small, FIGURES, HostFigures(4)).cut == "full"
+    per_byte_only = [replace(small[0], handbacks=0)]
+    assert choose(per_byte_only, FIGURES, HostFigures(4)).cut != "full"
+    raw = estimate("raw", small, FIGURES, HostFigures(4))
+    device_s, host_s = handback_s(16, 4)
+    assert raw.per_device_s["d0"] == pytest.approx(transfer_s(2 << 20, GB) + device_s)
+    assert raw.host_s == pytest.approx((4 << 20) * 1e-9 / 4 + host_s)
+    large = [replace(_device(compute_factor=4.0), handbacks=64)]
+    assert choose(large, FIGURES, HostFigures(4)).cut == "raw"
+
+
 # ---- the device's run-time decision --------------------------------------------------------
 
 
@@ -168,6 +186,21 @@ def test_device_controller_pushes_back_when_the_host_path_is_cheaper() -> None:
     stage, reason, retry_after_s = controller.stage_for(0)
     assert stage == "raw"
     assert retry_after_s is not None
+
+
+def test_device_controller_prices_a_range_handed_back_by_its_fixed_costs() -> None:
+    """A device that would hand back a small range pays its fetch and the host's run on it,
+    spread over the range's bytes: on 4 KB the fixed costs make running it cheaper."""
+    controller = _controller()
+    for _ in range(3):
+        controller.observe("full", stored_bytes=1000, output_bytes=10, seconds=20e-6)
+    large, small = controller.costs(handback_bytes=1 << 30), controller.costs(handback_bytes=4096)
+    device_s, completer_s = handback_s(1)
+    fixed_s = (device_s + on_host_share(completer_s, 0.5)) / 4096
+    assert small["raw"] == pytest.approx(controller.costs()["raw"] + fixed_s)
+    assert large["raw"] < large["full"] < small["raw"]
+    assert controller.stage_for(0, slice_bytes=256, remaining_bytes=4096)[0] == "full"
+    assert controller.stage_for(0, slice_bytes=1 << 26, remaining_bytes=1 << 30)[0] == "raw"
 
 
 # ---- the capacity planner (CSDPLAN Eq. 1, 3, 5, 7) -----------------------------------------

@@ -358,3 +358,60 @@ def test_a_range_handed_back_ships_only_the_rows_a_key_set_keeps(runtime, stage)
     _, batches = loop.fetch_slices(runtime, request, payload)
     shipped = pa.Table.from_batches(list(batches))
     assert sorted(shipped.column("id").to_pylist()) == [5, 6, ROWS - 2]
+
+
+class Together(Echo):
+    """Echo whose chunks may run at once; each waits, a bounded time, for another to run beside
+    it, so a loop that ran them one at a time fails here instead of passing slowly."""
+
+    NAME = "test.together"
+    CHUNKS_AT_ONCE = True
+    met = None
+    fail_at = None
+
+    def execute(self, chunk: Chunk):
+        if chunk.numbers[0] == self.fail_at:
+            raise ValueError(f"chunk at slice {chunk.numbers[0]} broke")
+        if chunk.numbers[0] < 2 * self.CHUNK_SLICES_MAX:  # the first two chunks meet
+            type(self).met.wait(timeout=10)
+        return super().execute(chunk)
+
+
+@pytest.fixture
+def together(runtime, monkeypatch):
+    import threading
+
+    from quarry.device import unit
+
+    monkeypatch.setitem(unit.REGISTRY, Together.NAME, Together)
+    Together.met = threading.Barrier(2)
+    Together.fail_at = None
+    runtime.emulator = Emulator(replace(get_profile("host"), name="two-cores", cores=2))
+    return runtime
+
+
+def test_a_drive_runs_chunks_of_one_partition_on_all_its_cores(together):
+    """One partition on a two-core drive: its chunks run two at once (the first two wait for
+    each other), and every row still ships once with every slice counted once."""
+    writer = _run(together, unit=Together.NAME)
+    assert not Together.met.broken
+    ids = pa.concat_arrays([b["id"] for b in writer.batches])
+    assert sorted(ids.to_pylist()) == list(range(ROWS))
+    (report,) = writer.done.partitions
+    m = report.metrics
+    assert m.slices_total == m.slices_scanned == m.slices_executed == _slices(together)
+    assert m.rows_read == m.rows_shipped == ROWS
+    assert [(d.first, d.end, d.stage) for d in report.decisions] == [
+        (0, _slices(together), Stage.FULL)
+    ]
+
+
+def test_a_chunk_that_fails_among_others_fails_the_work_with_its_error(together):
+    """A chunk that breaks while others run: the work ends with its error, after the others
+    have stopped writing, and no WorkDone claims the partition done."""
+    Together.fail_at = 3 * Together.CHUNK_SLICES_MAX
+    writer = Writer()
+    request = WorkRequest(unit=Together.NAME, domain="d", dataset="t", partitions=(0,))
+    with pytest.raises(ValueError, match="chunk at slice 9 broke"):
+        loop.run_work(together, request, b"", writer)
+    assert not any(isinstance(m, WorkDone) for m in writer.messages)

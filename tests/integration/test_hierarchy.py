@@ -32,22 +32,23 @@ def _ordered(sql: str) -> bool:
 
 
 def _each_slice_pushed_back(cluster, rng: random.Random, share: float) -> dict:
-    """Forced decisions: about ``share`` of the slices handed back raw or filtered, half of
-    those passed on by their server to the host (``to_host``), the others completed by it."""
+    """Forced decisions: about ``share`` of the slices handed back raw or filtered, every
+    other one of a dataset's passed on by its server to the host (``to_host``), the others
+    completed by it (alternating, so a dataset of few slices has both kinds)."""
     decisions = {}
     for name, entry in cluster.catalog.items():
+        to_host = rng.random() < 0.5
         for p in entry.partitions:
             if p.slices:
-                decisions[(name, p.partition)] = [
-                    {
-                        "first": n,
-                        "end": n + 1,
-                        "stage": rng.choice(["raw", "filter"]),
-                        "to_host": rng.random() < 0.5,
-                    }
-                    for n in range(p.slices)
-                    if rng.random() < share
-                ]
+                forced = []
+                for n in range(p.slices):
+                    if rng.random() < share:
+                        stage = rng.choice(["raw", "filter"])
+                        forced.append(
+                            {"first": n, "end": n + 1, "stage": stage, "to_host": to_host}
+                        )
+                        to_host = not to_host
+                decisions[(name, p.partition)] = forced
     return decisions
 
 

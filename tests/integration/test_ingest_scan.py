@@ -30,7 +30,7 @@ def test_parquet_ingest_scan_and_listing(cluster, particle_table, tmp_path):
 
 def test_a_small_table_gets_a_partition_per_row_group_it_fills(cluster):
     """Every partition a query reads costs a stream: a table of a few rows is one partition, a
-    larger one a partition per row group it fills, up to four per device."""
+    larger one a partition per row group it fills, up to one per device."""
     from quarry.coordinator.ingest import PARTITIONS_PER_DEVICE, ROW_GROUP_BYTES
 
     per_group = ROW_GROUP_BYTES // 8  # int64 rows

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import math
 import time
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
 from quarry.cost.model import DeviceFigures, SubPlanFigures
+from quarry.device.controller import PUSHBACK_NOTICE_SLICES
 from quarry.device.units.substrait import read_columns, run_on_host
 from quarry.protocol.control import LoadStatus
 from quarry.protocol.stage import Stage
@@ -86,8 +88,11 @@ def device_figures(
     device's load as ``loads`` says (its pulse before this query), else asked now."""
     figures = []
     partitions: dict[str, int] = {}
+    handbacks: dict[str, int] = {}  # one fetch per notice a device sends of what it hands back
     for p in entry.partitions:
         partitions[p.devices[0]] = partitions.get(p.devices[0], 0) + 1
+        ranges = max(1, math.ceil(p.slices / PUSHBACK_NOTICE_SLICES))
+        handbacks[p.devices[0]] = handbacks.get(p.devices[0], 0) + ranges
     for name, stored_bytes in sorted(stored.items()):
         client = cluster.devices[name]
         profile = cluster.info[name].profile
@@ -111,6 +116,7 @@ def device_figures(
                 if profile.external_bytes_per_s
                 else None,
                 cpu_busy=load.cpu_busy,
+                handbacks=handbacks.get(name, partitions.get(name, 1)),
             )
         )
     return figures

@@ -19,6 +19,15 @@ from quarry.cost.eq1 import device_path_s, transfer_s
 from quarry.protocol.stage import STAGES_BY_DATA_SHIPPED, Stage
 
 LINK_BYTES_PER_S_DEFAULT = 2.0e9  # loopback Flight on a small machine, when nothing is measured
+# What a range handed back costs whatever its size (``handback_s``): the host opens a stream to
+# fetch it, the device answers it, and the host runs the rest of the sub-plan over it. Measured
+# on this project's 2-core machine with the host profile: a stream costs a device about 2 ms of
+# CPU (a 1,000-row aggregate over 4 partitions took 14 ms of device CPU a query, over 16 took
+# 37), and an engine run on the host about 1 ms. Per-byte prices alone made the model hand back
+# small fragments (TPC-H Q2: part filtered on the devices, supplier and nation raw), each
+# range a stream of its own, and lose to running them whole (SF 1: auto 0.51, always 0.56).
+HANDBACK_DEVICE_S = 0.002
+HANDBACK_HOST_S = 0.001
 CUTS = STAGES_BY_DATA_SHIPPED  # full, filter, raw: in order of data moved, least first
 CHOICE_TOLERANCE = 0.10
 
@@ -35,6 +44,8 @@ class DeviceFigures:
     internal_bytes_per_s: float | None
     external_bytes_per_s: float | None
     cpu_busy: float = 0.0  # 0..1
+    # ranges this device's slices go back in when it hands all of them back: one fetch each
+    handbacks: int = 0
 
     @property
     def link_bytes_per_s(self) -> float:
@@ -44,6 +55,12 @@ class DeviceFigures:
 def link_bytes_per_s(external_bytes_per_s: float | None) -> float:
     """The device -> host link the model prices: measured or profiled, else the default."""
     return external_bytes_per_s or LINK_BYTES_PER_S_DEFAULT
+
+
+def handback_s(ranges: int, completer_cores: float = 1.0) -> tuple[float, float]:
+    """Fixed seconds of ``ranges`` handed back: the device's (each a stream it answers) and the
+    completer's (each an engine run, spread over its cores)."""
+    return ranges * HANDBACK_DEVICE_S, ranges * HANDBACK_HOST_S / max(completer_cores, 1e-6)
 
 
 def host_share(host_cores: int, devices: int) -> float:
@@ -117,6 +134,7 @@ def estimate(
     per_device: dict[str, float] = {}
     total_bytes = sum(d.stored_bytes for d in devices)
     shipped_total = 0.0
+    handbacks = 0
     for d in devices:
         read_bytes = d.stored_bytes * f.read_ratio
         read_s = read_bytes / d.internal_bytes_per_s if d.internal_bytes_per_s else 0.0
@@ -131,6 +149,9 @@ def estimate(
             shipped_bytes = d.stored_bytes * f.raw_ratio
         # reading, computing and shipping overlap slice by slice; the slowest stage paces it
         device_s = device_path_s(work_s, transfer_s(shipped_bytes, d.link_bytes_per_s))
+        if cut is not Stage.FULL:  # every range handed back is a fetch, whatever its size
+            device_s += handback_s(d.handbacks)[0]
+            handbacks += d.handbacks
         per_device[d.name] = max(read_s, device_s)
         shipped_total += shipped_bytes
     cores = max(1, host.cores) / host.compute_factor
@@ -143,6 +164,7 @@ def estimate(
         host_s = total_bytes * remaining / cores
     else:
         host_s = total_bytes * f.full_s_per_byte / cores
+    host_s += handback_s(handbacks, cores)[1]
     # Eq. 1 adds CT_host to the transfer; over several devices the host completes one
     # device's rows while the others still ship, so the wall time is the longer of the two
     slowest = max(per_device.values(), default=0.0)

@@ -22,8 +22,11 @@ from quarry.cost.eq1 import (
     host_path_s_per_byte,
     on_host_share,
 )
+from quarry.cost.model import handback_s
 from quarry.protocol.stage import Skip, Stage
 from quarry.protocol.work import Decision, HostCost, Policy
+
+PUSHBACK_NOTICE_SLICES = 16  # slices handed back are announced in groups: a fetch each
 
 
 class Annotation:
@@ -90,8 +93,10 @@ class Adaptive:
                 self.probing = False
                 del samples[:-1]  # the probe is the news: judge by it alone
 
-    def costs(self) -> dict[Stage, float] | None:
-        """Seconds per stored byte of each choice, from the recent measurements."""
+    def costs(self, handback_bytes: int = 0) -> dict[Stage, float] | None:
+        """Seconds per stored byte of each choice, from the recent measurements. A range handed
+        back of ``handback_bytes`` (0: not known) also costs a fetch and a run on the host
+        whatever its size (``cost.model.handback_s``), spread over its bytes."""
         full, filtered = self.samples[Stage.FULL], self.samples[Stage.FILTER]
         if not full and not filtered:
             return None
@@ -110,11 +115,17 @@ class Adaptive:
         filter_s = median([s for s, _ in filtered]) if filtered else full_s
         out_ratio = median([o for _, o in full]) if full else self.host.filter_ratio
         filter_ratio = median([o for _, o in filtered]) if filtered else self.host.filter_ratio
+        fixed_s_per_byte = 0.0
+        if handback_bytes > 0:
+            device_s, completer_s = handback_s(1)
+            completer_s = on_host_share(completer_s, self.host.host_share)
+            fixed_s_per_byte = (device_s + completer_s) / handback_bytes
         return {
             Stage.FULL: device_path_s_per_byte(full_s, out_ratio, bw),
-            Stage.RAW: host_path_s_per_byte(self.host.raw_ratio, bw, host_s),
+            Stage.RAW: host_path_s_per_byte(self.host.raw_ratio, bw, host_s) + fixed_s_per_byte,
             # the host then finishes the sub-plan on what passed the filter
-            Stage.FILTER: cut_s_per_byte(filter_s, filter_ratio, bw, host_rest_s),
+            Stage.FILTER: cut_s_per_byte(filter_s, filter_ratio, bw, host_rest_s)
+            + fixed_s_per_byte,
         }
 
     def probe_worth_it(self, slice_bytes: int, remaining_bytes: int) -> bool:
@@ -175,7 +186,8 @@ class Adaptive:
                     "executed: probing whether the device can take the work back",
                     None,
                 )
-            costs = self.costs()
+            handback_bytes = min(remaining_bytes, PUSHBACK_NOTICE_SLICES * slice_bytes)
+            costs = self.costs(handback_bytes)
             if costs is not None:
                 best = min(costs, key=costs.__getitem__)
                 if (

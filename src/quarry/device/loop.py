@@ -16,15 +16,21 @@ import resource
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import pyarrow as pa
 from pyarrow import flight
 
+from quarry import threads
 from quarry.device.admission import SMALL_BYTES_MAX, Admission
-from quarry.device.controller import Adaptive, Annotation, Controllers
+from quarry.device.controller import (  # pushed-back slices go in groups: the host starts early
+    PUSHBACK_NOTICE_SLICES,
+    Adaptive,
+    Annotation,
+    Controllers,
+)
 from quarry.device.emulation import Emulator
 from quarry.device.parked import Parked
 from quarry.device.unit import (
@@ -63,9 +69,8 @@ from quarry.tally import Tally
 # on threads shared by every request (a bounded pool: a busy device queues its read-aheads).
 READ_AHEAD_THREADS_MAX = 8
 _READ_AHEAD = ThreadPoolExecutor(READ_AHEAD_THREADS_MAX, thread_name_prefix="quarry-read-ahead")
-PARTITIONS_AT_ONCE_MAX = 8  # a request's partitions run at once, at most one per drive core
+CHUNKS_AT_ONCE_MAX = 8  # a request's chunks run at once, at most one per drive core
 TRACE_ENTRIES_MAX = 100_000  # per-chunk timings kept when a request asks for a trace
-PUSHBACK_NOTICE_SLICES = 16  # announce pushed-back slices in groups so the host starts early
 METAS_KEPT_MAX = 1024  # partitions' metadata kept between requests (``Metas``)
 
 
@@ -187,6 +192,15 @@ class Counters:
         self.read.add(chunk.read_time)
         self.decode.add(chunk.decode_time)
 
+    def add(self, other: Counters) -> None:
+        """Another count of the same partition's work (a chunk counted on its own thread)."""
+        for name, value in vars(other).items():
+            mine = getattr(self, name)
+            if isinstance(mine, Tally):
+                mine.add(value)
+            else:
+                setattr(self, name, mine + value)
+
     def add_computed(self, before: Tally, after: Tally) -> None:
         """The unit's compute on this thread between two readings of ``computed_here``."""
         self.execute.wall_s += after.wall_s - before.wall_s
@@ -205,6 +219,48 @@ class Counters:
             ship_cpu_s=self.ship.cpu_s,
         )
         return WorkMetrics(**counts, device_cpu_s=cpu_s, wall_s=wall_s, times=times)
+
+
+class ChunkSlots:
+    """A request's chunks on the drive's cores at once, each on a kept thread.
+
+    Partitions are where data lives; cores are how much of it a drive works on at once. A
+    request's chunks, of every partition it names, share ``width`` slots (the drive's cores):
+    a drive with one partition of a dataset uses every core, and a request over many small
+    partitions does not pay a thread per partition. The deciding thread waits for a free slot
+    before it hands a chunk over, so it decides at most ``width`` chunks ahead of what it has
+    measured, and the drive holds at most ``width`` chunks' rows at once. The first error of a
+    chunk is raised to the decider at its next hand-over, or by ``wait``.
+    """
+
+    def __init__(self, width: int) -> None:
+        assert width >= 1
+        self.width = width
+        self._free = threading.Semaphore(width)
+        self._running: list[Future[None]] = []
+
+    def run(self, work: Callable[[], None]) -> None:
+        self._free.acquire()
+        self._running = [f for f in self._running if not f.done() or f.exception() is not None]
+        failed = next((f for f in self._running if f.done()), None)
+        if failed is not None:
+            self._free.release()
+            failed.result()
+        self._running.append(threads.submit(self._released, work, name="quarry-chunk"))
+
+    def _released(self, work: Callable[[], None]) -> None:
+        try:
+            work()
+        finally:
+            self._free.release()
+
+    def wait(self) -> None:
+        """Every chunk handed over has run (none is left writing to the stream); the first
+        error of any is raised."""
+        for future in self._running:
+            future.exception()
+        for future in self._running:
+            future.result()
 
 
 class PartitionRun:
@@ -247,6 +303,7 @@ class PartitionRun:
         self.pushed_stage = Stage.RAW
         self.started = time.perf_counter()
         self._ahead: tuple[list[int], Future[Chunk]] | None = None
+        self._counting = threading.Lock()  # chunks run at once add their counts one at a time
 
     @property
     def partition(self) -> int:
@@ -259,8 +316,15 @@ class PartitionRun:
     # ---- the loop ------------------------------------------------------------------------------
 
     def run(
-        self, controller: Adaptive | None, stream: Stream, trace: list[TraceEntry] | None
+        self,
+        controller: Adaptive | None,
+        stream: Stream,
+        trace: list[TraceEntry] | None,
+        slots: ChunkSlots | None = None,
     ) -> None:
+        """Decide every range, run the chunks (here, one read ahead; or in ``slots``, on the
+        drive's cores at once) and announce what goes back. With ``slots``, chunks may still
+        be running when this returns: ``slots.wait`` says when they are done."""
         # stored bytes of every candidate slice from each position on: the work left
         remaining = [0] * (len(self.candidates) + 1)
         for index in range(len(self.candidates) - 1, -1, -1):
@@ -275,9 +339,14 @@ class PartitionRun:
             numbers = self._chunk(position, stage, controller)
             position += len(numbers)
             if stage is Stage.FULL:
-                chunk = self._new_chunk(numbers)
-                self._read_ahead(position, controller)
-                self._execute(chunk, reason, controller, stream, trace)
+                self.annotation.record(Decision(numbers[0], numbers[-1] + 1, Stage.FULL, reason))
+                if slots is None:
+                    chunk = self._new_chunk(numbers)
+                    self._read_ahead(position, controller)
+                    self._execute(chunk, controller, stream, trace)
+                else:
+                    chunk = self._fresh_chunk(numbers)
+                    slots.run(functools.partial(self._execute, chunk, controller, stream, trace))
             else:
                 self._push_back(numbers, stage, reason, retry, controller, stream)
         self._drop_ahead()
@@ -375,25 +444,29 @@ class PartitionRun:
     def _execute(
         self,
         chunk: Chunk,
-        reason: str,
         controller: Adaptive | None,
         stream: Stream,
         trace: list[TraceEntry] | None,
     ) -> None:
+        """Run one chunk and stream its output (on any thread: it is counted on its own and
+        added to the partition's counts once done)."""
         numbers = chunk.numbers
         context = self.unit.context
         started, drive_before = time.perf_counter(), context.drive_s_here
         computed_before = context.computed_here
         outputs = list(self.unit.execute(chunk))
         drive_s = context.drive_s_here - drive_before
-        self.counters.add_computed(computed_before, context.computed_here)
-        shipped = stream.batches(outputs, self.unit.output_schema, self.counters)
+        counted = Counters()
+        counted.add_computed(computed_before, context.computed_here)
+        shipped = stream.batches(outputs, self.unit.output_schema, counted)
         if self.unit.RESUMABLE:  # everything this range yields is out: the host may count it
-            with self.counters.ship.timing():
+            with counted.ship.timing():
                 stream.message(ChunkDone(self.partition, numbers[0], numbers[-1] + 1))
-        self.counters.add_read(chunk)
-        self.counters.slices_executed += len(numbers)
-        self.counters.drive_s += drive_s
+        counted.add_read(chunk)
+        counted.slices_executed += len(numbers)
+        counted.drive_s += drive_s
+        with self._counting:
+            self.counters.add(counted)
         if controller is not None:
             # the drive's own time: emulated compute, and shipping at its link's rate
             link_s = shipped / controller.host.link_bytes_per_s
@@ -410,7 +483,6 @@ class PartitionRun:
                     shipped,
                 )
             )
-        self.annotation.record(Decision(numbers[0], numbers[-1] + 1, Stage.FULL, reason))
 
     def _push_back(
         self,
@@ -431,7 +503,8 @@ class PartitionRun:
             self._filter_now(numbers, controller)
         self.pushed_stage = stage
         self.pushed.extend(numbers)
-        self.counters.slices_pushed_back += len(numbers)
+        with self._counting:
+            self.counters.slices_pushed_back += len(numbers)
         self.annotation.record(Decision(numbers[0], numbers[-1] + 1, stage, reason, retry))
 
     def _filter_now(self, numbers: list[int], controller: Adaptive | None) -> None:
@@ -442,9 +515,11 @@ class PartitionRun:
         computed_before = self.unit.context.computed_here
         outputs = self.unit.filter(chunk)
         drive_s = self.unit.context.drive_s_here - drive_before
-        self.counters.add_computed(computed_before, self.unit.context.computed_here)
-        self.counters.add_read(chunk)
-        self.counters.drive_s += drive_s
+        counted = Counters(drive_s=drive_s)
+        counted.add_computed(computed_before, self.unit.context.computed_here)
+        counted.add_read(chunk)
+        with self._counting:  # chunks of this partition may still be running
+            self.counters.add(counted)
         filtered = sum(pa.ipc.get_record_batch_size(b) for bs in outputs.values() for b in bs)
         if controller is not None:
             link_s = filtered / controller.host.link_bytes_per_s
@@ -556,22 +631,27 @@ def _run_admitted(
     controller = _controller(runtime, request)
     trace: list[TraceEntry] | None = [] if request.trace else None
 
-    def one(run: PartitionRun) -> None:
-        run.run(controller, stream, trace)
+    def finished(run: PartitionRun) -> None:
         stream.batches(
             _computed(context, run.counters, lambda: unit.finish_partition(run.meta)),
             unit.output_schema,
             run.counters,
         )
 
-    at_once = _partitions_at_once(runtime, unit, controller, len(runs))
+    at_once = _chunks_at_once(runtime, unit)
     if at_once > 1:
-        with ThreadPoolExecutor(at_once, thread_name_prefix="quarry-partition") as pool:
-            for future in [pool.submit(one, run) for run in runs]:
-                future.result()
+        slots = ChunkSlots(at_once)
+        try:
+            for run in runs:
+                run.run(controller, stream, trace, slots)
+        finally:
+            slots.wait()
+        for run in runs:
+            finished(run)
     else:
         for run in runs:
-            one(run)
+            run.run(controller, stream, trace)
+            finished(run)
     stream.batches(
         _computed(context, runs[-1].counters, unit.finish), unit.output_schema, runs[-1].counters
     )
@@ -587,17 +667,15 @@ def _run_admitted(
     stream.message(done)
 
 
-def _partitions_at_once(
-    runtime: Runtime, unit: Unit, controller: Adaptive | None, partitions: int
-) -> int:
-    """A drive's cores each take a partition of a request when its unit keeps no state across
-    partitions: the drive's cores work at once, as its compute factor per core assumes. The
-    query's controller is shared by every partition (and every stream) of the query on the
-    drive, and takes their measurements as they come."""
-    if not unit.PARTITIONS_AT_ONCE:
+def _chunks_at_once(runtime: Runtime, unit: Unit) -> int:
+    """A drive's cores each take a chunk of a request when its unit keeps no state across
+    chunks: the drive's cores work at once, as its compute factor per core assumes. The
+    query's controller is shared by every chunk (and every stream) of the query on the drive,
+    and takes their measurements as they come."""
+    if not unit.CHUNKS_AT_ONCE:
         return 1
     cores = runtime.emulator.profile.cores or host_cores()
-    return max(1, min(cores, partitions, PARTITIONS_AT_ONCE_MAX))
+    return max(1, min(cores, CHUNKS_AT_ONCE_MAX))
 
 
 def _computed(context: UnitContext, counters: Counters, produce) -> list[pa.RecordBatch]:

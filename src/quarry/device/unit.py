@@ -261,9 +261,10 @@ class Unit:
     # each chunk done, so a host can resume the rest on a replica if this device dies. A unit
     # that carries state (genes: one Combine at the end) is resumed from its start.
     RESUMABLE: ClassVar[bool] = False
-    # The unit keeps no state across partitions, so a drive may run a request's partitions at
-    # once, one per core (its ``execute`` and ``filter`` are safe from several threads).
-    PARTITIONS_AT_ONCE: ClassVar[bool] = False
+    # The unit keeps no state across chunks, so a drive may run a request's chunks at once,
+    # one per core, whatever partitions they come from (its ``execute`` is safe from several
+    # threads; ``loop.ChunkSlots``).
+    CHUNKS_AT_ONCE: ClassVar[bool] = False
     # Who may run it: reading kinds of work need a reader's token; code that computes on the
     # device beyond a query (kernels, offloaded programs) an admin's.
     ROLE: ClassVar[Role] = Role.READER

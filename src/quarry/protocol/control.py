@@ -63,6 +63,9 @@ class HelloReply(Message):
     # it refuses work and scans asked under another generation than its own (``generation``
     # of WorkRequest and ScanRequest): a coordinator need not ask its pulse first
     checks_generation: bool = False
+    # drives that hold partitions behind it: 1 for a device, its drives' for a storage server
+    # (an ingest deals a table's partitions over drives, not over what the host sees)
+    drives: int = bounded(low=1, high=1 << 16, default=1)
 
 
 # ---- what a device holds --------------------------------------------------------------------

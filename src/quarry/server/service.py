@@ -150,6 +150,7 @@ class StorageServer(Service):
                     internal_bytes_per_s=profile.internal_bytes_per_s,
                     external_bytes_per_s=profile.external_bytes_per_s,
                     cpu_busy=drive.load_status().cpu_busy,
+                    handbacks=count[name],  # at least a fetch per partition handed back
                 )
             )
         return figures
@@ -213,6 +214,12 @@ class StorageServer(Service):
         return [call(drive) for drive in self.ordered_drives()]
 
     # ---- actions ----------------------------------------------------------------------------
+
+    def _hello_reply(self) -> control.HelloReply:
+        """Its own, with the drives behind it (a drive that does not answer counts as one)."""
+        info = self.drives.info
+        drives = sum(info[name].drives if name in info else 1 for name in self.drives.devices)
+        return replace(super()._hello_reply(), drives=max(1, drives))
 
     def _actions(self) -> dict[str, tuple[type[Message], Callable[[Any, bytes], Any]]]:
         first = self.ordered_drives()[0]  # the server's own keys live on its first drive

@@ -121,7 +121,7 @@ class SubstraitUnit(Unit):
     CHUNK_SLICES_MAX = 16
     CHUNK_READ_BYTES = 16 << 20
     RESUMABLE = True
-    PARTITIONS_AT_ONCE = True
+    CHUNKS_AT_ONCE = True
 
     def __init__(self, request, payload, context):
         super().__init__(request, payload, context)
