@@ -102,8 +102,13 @@ class Emulator:
             yield
         finally:
             self._slots.release()
+            ended = time.monotonic()
             with self._lock:
-                self._busy.append(Busy(started, time.monotonic()))
+                self._busy.append(Busy(started, ended))
+                # only the window counts: a drive busy with many small chunks would otherwise
+                # sum up to the deque's bound at every load reading (10 ms a reading at 100,000)
+                while self._busy[0].ended < ended - BUSY_WINDOW_S:
+                    self._busy.popleft()
 
     def run(self, work: Callable[[], T]) -> T:
         """Run device work in a slot, then hold the slot as long as the emulated drive would."""
