@@ -29,6 +29,7 @@ from quarry.cost.eq1 import (
     transfer_s,
 )
 from quarry.cost.model import (
+    UNIT_RUN_DEVICE_S,
     DeviceFigures,
     HostFigures,
     SubPlanFigures,
@@ -100,12 +101,14 @@ def test_estimate_prices_each_cut_with_eq1() -> None:
     full, filtered, raw = (
         estimate(c, devices, FIGURES, HostFigures(4)) for c in ("full", "filter", "raw")
     )
-    # full: 4 s of device compute, 1 MB shipped
-    assert full.seconds == pytest.approx(device_path_s(4.0, transfer_s(1e6, GB)))
-    assert full.seconds == pytest.approx(4.001)
+    # full: 4 s of device compute, 1 MB shipped, and its one engine run's fixed cost
+    run_s = UNIT_RUN_DEVICE_S
+    assert full.seconds == pytest.approx(device_path_s(4.0, transfer_s(1e6, GB)) + run_s)
+    assert full.seconds == pytest.approx(4.003)
     # filter: 1.6 s on the device, 100 MB shipped; the host's 0.15 s overlaps the shipping
-    assert filtered.per_device_s["d0"] == pytest.approx(device_path_s(1.6, transfer_s(1e8, GB)))
-    assert (filtered.seconds, filtered.host_s) == pytest.approx((1.7, 0.15))
+    filter_s = device_path_s(1.6, transfer_s(1e8, GB)) + run_s
+    assert filtered.per_device_s["d0"] == pytest.approx(filter_s)
+    assert (filtered.seconds, filtered.host_s) == pytest.approx((1.702, 0.15))
     # raw: 500 MB shipped, the host's 0.25 s on four cores overlaps it
     assert raw.seconds == pytest.approx(host_path_s(transfer_s(5e8, GB), 0.0))
     assert (raw.seconds, raw.host_s) == pytest.approx((0.5, 0.25))
@@ -116,7 +119,7 @@ def test_a_fast_device_gets_the_whole_sub_plan() -> None:
     devices = [_device(compute_factor=0.1)]
     choice = choose(devices, FIGURES, HostFigures(4))
     assert choice.cut == "full"
-    assert choice.estimates["full"].seconds == pytest.approx(0.101)
+    assert choice.estimates["full"].seconds == pytest.approx(0.103)
 
 
 def test_ranges_handed_back_cost_a_fetch_each_whatever_their_size() -> None:
@@ -272,7 +275,7 @@ def test_the_hosts_ingress_and_speed_bound_every_cut_that_ships_to_it() -> None:
     devices = [_device(compute_factor=4.0)]
     narrow = HostFigures(4, link_bytes_per_s=0.1 * GB)
     assert estimate("raw", devices, FIGURES, narrow).seconds == pytest.approx(5.0)  # 500 MB
-    assert estimate("full", devices, FIGURES, narrow).seconds == pytest.approx(4.001)
+    assert estimate("full", devices, FIGURES, narrow).seconds == pytest.approx(4.003)
     assert choose(devices, FIGURES, narrow).cut == "filter"  # 100 MB in 1 s, beside 1.7 s
     slow = HostFigures(1, compute_factor=20.0)
     assert estimate("raw", devices, FIGURES, slow).host_s == pytest.approx(20.0)  # 1 GB x 1 ns x 20

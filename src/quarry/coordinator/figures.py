@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import time
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 import pyarrow as pa
 
@@ -117,6 +118,23 @@ def device_figures(
                 else None,
                 cpu_busy=load.cpu_busy,
                 handbacks=handbacks.get(name, partitions.get(name, 1)),
+                shares_host=shares_host(client.address, profile),
             )
         )
     return figures
+
+
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1", "[::1]")
+
+
+def shares_host(address: str, profile: Any) -> bool:
+    """An unemulated device on this machine computes on the host's own cores (the embedded
+    default): its work and the host's add up there, they do not overlap."""
+    host = urlsplit(address).hostname or ""
+    unemulated = (
+        profile.cores is None
+        and profile.compute_factor == 1.0
+        and profile.internal_bytes_per_s is None
+        and profile.external_bytes_per_s is None
+    )
+    return unemulated and host in LOOPBACK_HOSTS

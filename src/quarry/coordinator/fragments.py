@@ -76,6 +76,13 @@ def fragment_tasks(
     if not partitions:
         return []
     host = _host_unit(entry.domain, entry.name, fragment, host_stages, key_sets)
+    # the host reads the slices: under never, and where the model starts a short fragment raw
+    # (``planning.scans_raw``) unless a join's key sets or forced decisions need the devices
+    scanned = pushdown == "never" or (
+        fragment.name in cuts.scans
+        and not key_sets
+        and not any(dataset == fragment.dataset for dataset, _ in (forced or {}))
+    )
     held: dict[str, list[PartitionEntry]] = {}
     for p in partitions:
         held.setdefault(device_for(cluster, entry, p), []).append(p)
@@ -105,7 +112,7 @@ def fragment_tasks(
                 host=host,
                 payload=payload,
                 label=fragment.name,
-                host_only=pushdown == "never",
+                host_only=scanned,
                 complete_output_from=complete_from,
                 replicas={p.partition: replicas_of(cluster, p, device) for p in mine},
                 stored_raw=entry.compression != "none",

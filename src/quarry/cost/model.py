@@ -19,15 +19,17 @@ from quarry.cost.eq1 import device_path_s, transfer_s
 from quarry.protocol.stage import STAGES_BY_DATA_SHIPPED, Stage
 
 LINK_BYTES_PER_S_DEFAULT = 2.0e9  # loopback Flight on a small machine, when nothing is measured
-# What a range handed back costs whatever its size (``handback_s``): the host opens a stream to
-# fetch it, the device answers it, and the host runs the rest of the sub-plan over it. Measured
-# on this project's 2-core machine with the host profile: a stream costs a device about 2 ms of
-# CPU (a 1,000-row aggregate over 4 partitions took 14 ms of device CPU a query, over 16 took
-# 37), and an engine run on the host about 1 ms. Per-byte prices alone made the model hand back
-# small fragments (TPC-H Q2: part filtered on the devices, supplier and nation raw), each
-# range a stream of its own, and lose to running them whole (SF 1: auto 0.51, always 0.56).
-HANDBACK_DEVICE_S = 0.002
-HANDBACK_HOST_S = 0.001
+# What a cut costs whatever its size: the engine runs and streams it makes. Measured on this
+# project's 2-core machine with the host profile, a table of 1,000 rows, one partition a device:
+# a device costs 2.2 ms of its CPU to run a unit of work over a partition (its loop, an engine
+# run, its report), 0.6 ms to answer a stream that only reads and ships (a scan, a fetch of a
+# range handed back), and the host about 1 ms for an engine run over what came back. Per-byte
+# prices alone made the model hand small fragments back in many ranges, each a stream of its
+# own (TPC-H Q2: part filtered on the devices, supplier and nation raw: SF 1 auto 0.51 against
+# 0.56 with every device running everything).
+UNIT_RUN_DEVICE_S = 0.002  # per partition a device runs the unit over
+STREAM_DEVICE_S = 0.0006  # per stream a device only reads and ships on
+HOST_RUN_S = 0.001  # per engine run of the completer over a range that came back
 CUTS = STAGES_BY_DATA_SHIPPED  # full, filter, raw: in order of data moved, least first
 CHOICE_TOLERANCE = 0.10
 
@@ -46,6 +48,9 @@ class DeviceFigures:
     cpu_busy: float = 0.0  # 0..1
     # ranges this device's slices go back in when it hands all of them back: one fetch each
     handbacks: int = 0
+    # the device computes on the completer's own cores (an unemulated device on the same
+    # machine: the embedded default): its work and the completer's add up on those cores
+    shares_host: bool = False
 
     @property
     def link_bytes_per_s(self) -> float:
@@ -58,9 +63,9 @@ def link_bytes_per_s(external_bytes_per_s: float | None) -> float:
 
 
 def handback_s(ranges: int, completer_cores: float = 1.0) -> tuple[float, float]:
-    """Fixed seconds of ``ranges`` handed back: the device's (each a stream it answers) and the
-    completer's (each an engine run, spread over its cores)."""
-    return ranges * HANDBACK_DEVICE_S, ranges * HANDBACK_HOST_S / max(completer_cores, 1e-6)
+    """Fixed seconds of ``ranges`` handed back: the device's (a stream each) and the
+    completer's (an engine run each, spread over its cores)."""
+    return ranges * STREAM_DEVICE_S, ranges * HOST_RUN_S / max(completer_cores, 1e-6)
 
 
 def host_share(host_cores: int, devices: int) -> float:
@@ -120,41 +125,48 @@ def device_full_s_per_byte(d: DeviceFigures, f: SubPlanFigures) -> float:
 
 
 def _device_compute_s(d: DeviceFigures, host_s_per_byte: float) -> float:
-    parallel = max(1, min(d.cores or 1, d.partitions))
+    """Wall seconds of the device's compute: its CPU seconds over its cores, which take its
+    chunks at once whatever partitions they come from (``device.loop.ChunkSlots``)."""
+    return _device_cpu_s(d, host_s_per_byte) / max(1, d.cores or 1)
+
+
+def _device_cpu_s(d: DeviceFigures, host_s_per_byte: float) -> float:
     share = max(1e-3, 1.0 - d.cpu_busy)
-    return d.stored_bytes * host_s_per_byte * d.compute_factor / share / parallel
+    return d.stored_bytes * host_s_per_byte * d.compute_factor / share
 
 
 def estimate(
     cut: Stage, devices: list[DeviceFigures], f: SubPlanFigures, host: HostFigures
 ) -> Estimate:
     """Wall seconds of one cut: the slowest device, the host's own work, or everything shipped
-    through the host's ingress, whichever is longest."""
+    through the host's ingress, whichever is longest. Devices that share the host's cores
+    (``shares_host``) add their work, streams included, to the host's on those cores."""
     cut = Stage(cut)
     per_device: dict[str, float] = {}
     total_bytes = sum(d.stored_bytes for d in devices)
-    shipped_total = 0.0
+    shipped_total = shared_s = 0.0
     handbacks = 0
-    for d in devices:
-        read_bytes = d.stored_bytes * f.read_ratio
-        read_s = read_bytes / d.internal_bytes_per_s if d.internal_bytes_per_s else 0.0
-        if cut is Stage.FULL:
-            work_s = _device_compute_s(d, f.full_s_per_byte)
-            shipped_bytes = d.stored_bytes * f.output_ratio
-        elif cut is Stage.FILTER:
-            work_s = _device_compute_s(d, f.filter_s_per_byte)
-            shipped_bytes = d.stored_bytes * f.filter_ratio
-        else:
-            work_s = 0.0
-            shipped_bytes = d.stored_bytes * f.raw_ratio
-        # reading, computing and shipping overlap slice by slice; the slowest stage paces it
-        device_s = device_path_s(work_s, transfer_s(shipped_bytes, d.link_bytes_per_s))
-        if cut is not Stage.FULL:  # every range handed back is a fetch, whatever its size
-            device_s += handback_s(d.handbacks)[0]
-            handbacks += d.handbacks
-        per_device[d.name] = max(read_s, device_s)
-        shipped_total += shipped_bytes
     cores = max(1, host.cores) / host.compute_factor
+    for d in devices:
+        read_s = (
+            d.stored_bytes * f.read_ratio / d.internal_bytes_per_s
+            if d.internal_bytes_per_s
+            else 0.0
+        )
+        s_per_byte, shipped_ratio = _device_share(cut, f)
+        shipped_bytes = d.stored_bytes * shipped_ratio
+        ranges = 0 if cut is Stage.FULL else d.handbacks
+        runs = 0 if cut is Stage.RAW else d.partitions
+        fixed_s = runs * UNIT_RUN_DEVICE_S + handback_s(ranges)[0]
+        link_s = transfer_s(shipped_bytes, d.link_bytes_per_s)
+        if d.shares_host:  # its cores are the host's: every second of it is the host's too
+            shared_s += _device_cpu_s(d, s_per_byte) + fixed_s + link_s
+            per_device[d.name] = read_s
+        else:  # reading, computing and shipping overlap slice by slice; the slowest paces it
+            work_s = _device_compute_s(d, s_per_byte)
+            per_device[d.name] = max(read_s, device_path_s(work_s, link_s) + fixed_s)
+        shipped_total += shipped_bytes
+        handbacks += ranges
     if cut is Stage.FULL:
         host_s = 0.0
     elif cut is Stage.FILTER:
@@ -164,12 +176,21 @@ def estimate(
         host_s = total_bytes * remaining / cores
     else:
         host_s = total_bytes * f.full_s_per_byte / cores
-    host_s += handback_s(handbacks, cores)[1]
+    host_s += handback_s(handbacks, cores)[1] + shared_s / cores
     # Eq. 1 adds CT_host to the transfer; over several devices the host completes one
     # device's rows while the others still ship, so the wall time is the longer of the two
     slowest = max(per_device.values(), default=0.0)
     ingress_s = shipped_total / host.link_bytes_per_s if host.link_bytes_per_s else 0.0
     return Estimate(cut, max(slowest, host_s, ingress_s), per_device, host_s)
+
+
+def _device_share(cut: Stage, f: SubPlanFigures) -> tuple[float, float]:
+    """A device's seconds per stored byte and bytes shipped per stored byte under ``cut``."""
+    if cut is Stage.FULL:
+        return f.full_s_per_byte, f.output_ratio
+    if cut is Stage.FILTER:
+        return f.filter_s_per_byte, f.filter_ratio
+    return 0.0, f.raw_ratio
 
 
 def choose(
