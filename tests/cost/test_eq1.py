@@ -29,6 +29,8 @@ from quarry.cost.eq1 import (
     transfer_s,
 )
 from quarry.cost.model import (
+    HOST_RUN_S,
+    STREAM_DEVICE_S,
     UNIT_RUN_DEVICE_S,
     DeviceFigures,
     HostFigures,
@@ -137,6 +139,29 @@ def test_ranges_handed_back_cost_a_fetch_each_whatever_their_size() -> None:
     assert raw.host_s == pytest.approx((4 << 20) * 1e-9 / 4 + host_s)
     large = [replace(_device(compute_factor=4.0), handbacks=64)]
     assert choose(large, FIGURES, HostFigures(4)).cut == "raw"
+
+
+def test_devices_on_the_hosts_own_cores_add_their_work_to_the_hosts() -> None:
+    """The embedded default: four unemulated devices on a 2-core machine. Their work does not
+    overlap the host's, it adds up on the same cores; so a table of a few kilobytes is cheapest
+    read by the host (a stream each, one engine run each), where four separate machines would
+    each run it at once; and a large one is cheapest run whole on them, nothing shipped."""
+    tiny = [
+        replace(_device(1.0), name=f"d{i}", stored_bytes=4096, handbacks=1, shares_host=True)
+        for i in range(4)
+    ]
+    host = HostFigures(2)
+    raw, full = estimate("raw", tiny, FIGURES, host), estimate("full", tiny, FIGURES, host)
+    run_s, stream_s = UNIT_RUN_DEVICE_S, STREAM_DEVICE_S
+    assert full.seconds == pytest.approx(4 * (run_s + 4096e-9 + transfer_s(4.096, GB)) / 2)
+    assert raw.seconds == pytest.approx(
+        (4 * 4096e-9 + 4 * HOST_RUN_S + 4 * (stream_s + transfer_s(2048, GB))) / 2
+    )
+    assert choose(tiny, FIGURES, host).cut == "raw"
+    apart = [replace(d, shares_host=False) for d in tiny]
+    assert choose(apart, FIGURES, host).cut == "full"  # four machines run it at once
+    large = [replace(d, stored_bytes=1 << 30) for d in tiny]
+    assert choose(large, FIGURES, host).cut == "full"
 
 
 # ---- the device's run-time decision --------------------------------------------------------

@@ -160,7 +160,9 @@ def choose_cuts(
         choice = _started(cluster, cuts, fragment, entry, choose(devices, figures, host, allowed))
         for name, cost in told(devices, figures, host, choice.cut).items():
             cuts.host_costs[(fragment.name, name)] = cost
-        if scans_raw(choice):
+        # a storage server chooses its drives' cut on its own figures: it gets the work
+        servers = any(cluster.info[name].role == "server" for name in stored)
+        if scans_raw(choice) and not servers:
             cuts.scans.add(fragment.name)
             cuts.choices[fragment.name]["runs_as"] = "scan: the host reads the slices"
     return cuts
