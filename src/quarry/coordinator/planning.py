@@ -129,8 +129,16 @@ class Cuts:
     # fragment -> (what ``settled`` keeps it under, the model's own cut)
     model_cuts: dict[str, tuple[Key, Stage]] = field(default_factory=dict)
     # fragments that start raw and end before a device would first probe to take them back:
-    # the host reads their slices itself (a scan stream each), no work exchange (``scans_raw``)
+    # the host reads their slices itself (a scan stream each), no work exchange (``scans_raw``),
+    # unless a join's keys cut them (``scanned``)
     scans: set[str] = field(default_factory=set)
+
+    def scanned(self, probes: set[str]) -> None:
+        """Of the fragments that may be read as scans, those a join's keys cut are not: the
+        devices cut them before they ship. The others say so in EXPLAIN."""
+        self.scans -= probes
+        for name in self.scans:
+            self.choices[name]["runs_as"] = "scan: the host reads the slices"
 
     def host_cost(self, fragment: str, device: str) -> HostCost | None:
         return self.host_costs.get((fragment, device))
@@ -164,7 +172,6 @@ def choose_cuts(
         servers = any(cluster.info[name].role == "server" for name in stored)
         if scans_raw(choice) and not servers:
             cuts.scans.add(fragment.name)
-            cuts.choices[fragment.name]["runs_as"] = "scan: the host reads the slices"
     return cuts
 
 

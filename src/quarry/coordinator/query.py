@@ -276,6 +276,9 @@ class Query:
             cancelled=self.cancelled,
         )
         self.clocks.run_started(len(self.decomposition.fragments))
+        pairs = self._pairs()
+        probes = {pair.probe for pair in pairs}
+        self.cuts.scanned(probes)
         tasks = {f.name: self._tasks(f) for f in self.decomposition.fragments}
         inputs_in = None
         if checked_by_devices:
@@ -284,8 +287,6 @@ class Query:
             checking = {name for name in checking if state.expected(name)}
             self.check = self.cluster.check(set(self.cluster.devices) - checking, state)
             inputs_in = self._inputs_in
-        pairs = self._pairs()
-        probes = {pair.probe for pair in pairs}
         outputs = {name: self._output(name, ts) for name, ts in tasks.items() if name not in probes}
 
         dispatch = self.dispatch
@@ -354,6 +355,7 @@ class Query:
     def explain(self, analyze: bool) -> dict[str, Any]:
         if not analyze and not self.started:
             self._planned_on_catalog()  # shown as it would run on the catalog as it is
+            self.cuts.scanned({pair.probe for pair in self._pairs()})
         body = explaining.explain(self.sql, self.pushdown, self.decomposition, self.cuts.choices)
         body["join_filters"] = self._join_filters_shown(analyze)
         if analyze:
