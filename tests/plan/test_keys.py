@@ -21,6 +21,10 @@ def _expected(values: pa.Array, key_set: pa.Array) -> list[bool]:
         (pa.array([1, 5, None, 7, -3, 10**6], pa.int64()), pa.array([5, 7, None, -3], pa.int64())),
         (pa.array([1, 2, 3], pa.int32()), pa.array([2, 3, 2**40], pa.int64())),  # cast fails
         (pa.array([1, 2**40, 3], pa.int64()), pa.array([3, 2**40], pa.int64())),  # wide range
+        (  # wide range, nulls, keys out of the values' range on both ends
+            pa.array([None, -(2**40), 0, 2**41, 7, 2**40 + 1], pa.int64()),
+            pa.array([2**41, -(2**50), 7, None, 2**60, 2**41], pa.int64()),
+        ),
         (pa.array(["a", None, "c"]), pa.array(["c", "z"])),
         (pa.array([1, 2, 3], pa.uint32()), pa.array([], pa.int64())),
     ],

@@ -239,13 +239,19 @@ class ChunkSlots:
         self._free = threading.Semaphore(width)
         self._running: list[Future[None]] = []
 
-    def run(self, work: Callable[[], None]) -> None:
+    def run(self, work: Callable[[], None], last: bool = False) -> None:
+        """Run ``work`` in a slot once one is free. The request's ``last`` chunk runs on the
+        deciding thread, which has nothing left to decide (a request of one chunk, the common
+        small one, then hands nothing to another thread)."""
         self._free.acquire()
         self._running = [f for f in self._running if not f.done() or f.exception() is not None]
         failed = next((f for f in self._running if f.done()), None)
         if failed is not None:
             self._free.release()
             failed.result()
+        if last:
+            self._released(work)
+            return
         self._running.append(threads.submit(self._released, work, name="quarry-chunk"))
 
     def _released(self, work: Callable[[], None]) -> None:
@@ -321,6 +327,7 @@ class PartitionRun:
         stream: Stream,
         trace: list[TraceEntry] | None,
         slots: ChunkSlots | None = None,
+        last: bool = False,
     ) -> None:
         """Decide every range, run the chunks (here, one read ahead; or in ``slots``, on the
         drive's cores at once) and announce what goes back. With ``slots``, chunks may still
@@ -346,7 +353,11 @@ class PartitionRun:
                     self._execute(chunk, controller, stream, trace)
                 else:
                     chunk = self._fresh_chunk(numbers)
-                    slots.run(functools.partial(self._execute, chunk, controller, stream, trace))
+                    work = functools.partial(self._execute, chunk, controller, stream, trace)
+                    final = last and position >= len(self.candidates)
+                    if final:  # the host may fetch what went back while this one runs
+                        self._flush(stream)
+                    slots.run(work, last=final)
             else:
                 self._push_back(numbers, stage, reason, retry, controller, stream)
         self._drop_ahead()
@@ -642,8 +653,8 @@ def _run_admitted(
     if at_once > 1:
         slots = ChunkSlots(at_once)
         try:
-            for run in runs:
-                run.run(controller, stream, trace, slots)
+            for number, run in enumerate(runs, 1):
+                run.run(controller, stream, trace, slots, last=number == len(runs))
         finally:
             slots.wait()
         for run in runs:
