@@ -1,6 +1,7 @@
 """TPC-H on a quarry cluster beside DuckDB on the same tables as Parquet files, per query.
 
     python bench/tpch.py [--sf 1,10] [--devices 4] [--repeat 3] [--queries 1,2,...]
+                         [--tables DIR]
 
 For each scale factor DuckDB generates the eight tables (``dbgen``, spilling to a file) and
 writes one Parquet file per table. DuckDB then answers the 22 queries over views of those files
@@ -22,6 +23,7 @@ fit this machine.
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import sys
 import tempfile
@@ -68,14 +70,29 @@ def on_parquet(folder: Path) -> duckdb.DuckDBPyConnection:
     return connection
 
 
-def one_scale(sf: float, devices: int, repeat: int, numbers: list[int]) -> list[dict[str, Any]]:
+def generated(sf: float, folder: Path) -> dict[int, str]:
+    """The tables in ``folder``, generated there unless an earlier run left them (with the
+    queries' text beside them)."""
+    texts = folder / "queries.json"
+    if texts.exists() and all((folder / f"{name}.parquet").exists() for name in TPCH_TABLES):
+        console.print(f"SF {sf}: the tables in {folder}")
+        return {int(n): q for n, q in json.loads(texts.read_text()).items()}
+    folder.mkdir(parents=True, exist_ok=True)
+    console.print(f"SF {sf}: generating with DuckDB ...")
+    started = time.perf_counter()
+    queries = generate(sf, folder)
+    texts.write_text(json.dumps(queries))
+    console.print(f"  {time.perf_counter() - started:.0f} s")
+    return queries
+
+
+def one_scale(
+    sf: float, devices: int, repeat: int, numbers: list[int], tables: Path | None = None
+) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="tpch-") as tmp:
-        folder = Path(tmp)
-        console.print(f"SF {sf}: generating with DuckDB ...")
-        started = time.perf_counter()
-        queries = generate(sf, folder)
-        console.print(f"  {time.perf_counter() - started:.0f} s")
+        folder = tables / f"sf{sf:g}" if tables is not None else Path(tmp)
+        queries = generated(sf, folder)
         duck = on_parquet(folder)
         with quarry.local(devices=devices) as cluster:
             started = time.perf_counter()
@@ -299,12 +316,15 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--queries", default=",".join(str(n) for n in range(1, 23)))
     parser.add_argument("--name", default="tpch")
+    parser.add_argument(
+        "--tables", type=Path, help="keep the generated Parquet files here (sfN/), and reuse them"
+    )
     args = parser.parse_args()
     numbers = [int(n) for n in args.queries.split(",")]
     started = time.perf_counter()
     rows = []
     for sf in (float(s) for s in args.sf.split(",")):
-        rows.extend(one_scale(sf, args.devices, args.repeat, numbers))
+        rows.extend(one_scale(sf, args.devices, args.repeat, numbers, args.tables))
     summed = summary(rows)
     report(rows, summed)
     write_json(
