@@ -25,6 +25,7 @@ import json
 import pickle
 import struct
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Iterator
@@ -87,9 +88,21 @@ def ipc(table: pa.Table) -> bytes:
     return sink.getvalue().to_pybytes()
 
 
+# CPython 3.11's parser keeps its recursion depth where two threads parsing at once trip over
+# each other ("SystemError: AST constructor recursion depth mismatch", python/cpython#106905):
+# the host completes several streams' handed-back slices at once, each unit compiling the
+# program, so parsing and compiling take turns.
+_COMPILING = threading.Lock()
+
+
 def compile_steps(header: Header) -> Any:
     """The statements to run, in the program's order, compiled with their own line numbers (an
     error names the line of the user's file); a reduction's line binds its partial instead."""
+    with _COMPILING:
+        return _compiled(header)
+
+
+def _compiled(header: Header) -> Any:
     tree = ast.parse(header.source, filename=header.path)
     wanted = set(header.lines) | {int(n) for n in header.partials}
     body: list[ast.stmt] = []
