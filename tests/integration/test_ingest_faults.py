@@ -47,11 +47,16 @@ def faulty(tmp_path_factory):
 
 
 def _settled(cluster) -> None:
-    """Wait until no device holds anything pending (the lease, then a janitor pass)."""
+    """Wait until no device holds anything pending (the lease, then a janitor pass) or still
+    reads rows of a coordinator that died (they may arrive after it is gone)."""
     deadline = time.monotonic() + SETTLE_S_MAX
-    while any(client.stats().pending_partitions for client in cluster.live_devices()):
+    while any(_busy(client.stats()) for client in cluster.live_devices()):
         assert time.monotonic() < deadline, "pending partitions outlived their lease"
         time.sleep(0.2)
+
+
+def _busy(stats) -> bool:
+    return bool(stats.pending_partitions or stats.ingesting)
 
 
 def _complete_or_absent(cluster, dataset: str, table: pa.Table) -> str:

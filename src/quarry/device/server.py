@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator
@@ -243,6 +244,8 @@ class DeviceServer(Service):
             self.name, admission.exchanges_for(profile.cores), admission.queued_bytes_default()
         )
         self.runtime = loop.Runtime(self.store, Emulator(profile), self.name, self.admission)
+        self._ingesting = 0  # ingest streams open now (``StatsReply.ingesting``)
+        self._ingesting_lock = threading.Lock()
         # Pending ingests it took part in before it stopped: committed or aborted as their
         # deciders say, then watched while their coordinators renew them.
         peer_token = mint(security.secret, Role.DEVICE) if security.secret else None
@@ -351,6 +354,7 @@ class DeviceServer(Service):
             pending_partitions=sum(
                 1 for k in self.store.list(naming.PENDING_PREFIX) if k.count("/") == 3
             ),
+            ingesting=self._ingesting,
             **self._admitted(),
         )
 
@@ -380,7 +384,13 @@ class DeviceServer(Service):
         kind, header, _ = frame.decode(descriptor.command)
         auth.authorize(context, kind)
         if kind == Put.PARTITION:
-            reply: Message = self._put_partition(ingest.PutPartition.from_json(header), reader)
+            with self._ingesting_lock:
+                self._ingesting += 1
+            try:
+                reply: Message = self._put_partition(ingest.PutPartition.from_json(header), reader)
+            finally:
+                with self._ingesting_lock:
+                    self._ingesting -= 1
         elif kind == Put.UPDATE_SLICE:
             reply = self._update_slice(ingest.UpdateSlice.from_json(header), reader)
         else:

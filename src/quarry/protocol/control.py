@@ -193,6 +193,9 @@ class StatsReply(Message):
     file_bytes: int = bounded(low=0)
     partitions: int = bounded(low=0, default=0)
     pending_partitions: int = bounded(low=0, default=0)
+    # ingest streams open now: rows of a coordinator that died may still be arriving, and a
+    # pending partition may appear after ``pending_partitions`` read 0
+    ingesting: int = bounded(low=0, default=0)
     # admission (device/admission.py): work running now, its bound, and since start how much
     # was admitted and how much refused as busy
     running: int = bounded(low=0, default=0)

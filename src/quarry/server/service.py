@@ -290,6 +290,7 @@ class StorageServer(Service):
             file_bytes=sum(s.file_bytes for s in stats),
             partitions=sum(s.partitions for s in stats),
             pending_partitions=sum(s.pending_partitions for s in stats),
+            ingesting=sum(s.ingesting for s in stats),
             **self._admitted(),
         )
 
