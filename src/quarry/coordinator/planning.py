@@ -21,8 +21,9 @@ from quarry.device.unit import Unit, host_emulator
 from quarry.errors import DeviceUnavailable, ExecutionError, QueryError
 from quarry.plan import engine
 from quarry.plan.capabilities import per_dataset
-from quarry.plan.decompose import Decomposition, Fragment, decompose
+from quarry.plan.decompose import Decomposition, Fragment, alike_renames, decompose, read_once
 from quarry.plan.errors import PlanError
+from quarry.plan.join_filters import JoinFilter, join_filters
 from quarry.plan.superplan import HostPace
 from quarry.protocol.control import LoadStatus
 from quarry.protocol.stage import Stage
@@ -72,11 +73,51 @@ def _decompose(
         kinds = {name: hello.profile.capabilities for name, hello in info.items()}
         capabilities = per_dataset(holders, kinds)
     try:
-        decomposition = decompose(sql, tables, pushdown="always", capabilities=capabilities)
+        decomposition = decompose(
+            sql, tables, pushdown="always", capabilities=capabilities, share=False
+        )
     except PlanError as error:
         raise QueryError(str(error)) from None
     decomposition.pushdown = pushdown
     return decomposition
+
+
+def shared(
+    cluster: Membership, decomposition: Decomposition, cut_by_keys: bool
+) -> tuple[Decomposition, tuple[JoinFilter, ...]]:
+    """The decomposition with alike fragments read once, and the join pairs that cut it.
+
+    Two reads of a dataset the same way share one fragment (Q21's lineitem l1 and l3) unless
+    sharing leaves it uncut where reads of their own would be cut: a pair must cut every read
+    of a fragment, and the cut of one read may be wrong for the other. Q21's l1 is cut by the
+    suppliers of one nation (4% of them) and its l3 by l1's order keys; shared, neither was,
+    and Q21 shipped every row of both (1.6 GB at SF 10, past its super-plan's memory). A
+    shared fragment that some pair cuts stays shared (Q2's partsupp, both reads cut by part's
+    keys): cutting its reads apart would scan it twice for cuts that only make it wait."""
+    whole = read_once(decomposition, alike_renames(decomposition))
+    if not cut_by_keys:
+        return whole, ()
+    pairs = _pairs_of(cluster, whole)
+    cut = {pair.probe for pair in pairs}
+    uncut = [group for group in decomposition.alike if group[0] not in cut]
+    if not uncut:
+        return whole, pairs
+    apart = {pair.probe for pair in _pairs_of(cluster, decomposition)}
+    split = [group for group in uncut if apart & set(group)]
+    if not split:
+        return whole, pairs
+    renames = {
+        name: group[0] for group in decomposition.alike if group not in split for name in group[1:]
+    }
+    kept = read_once(decomposition, renames)
+    return kept, _pairs_of(cluster, kept)
+
+
+def _pairs_of(cluster: Membership, decomposition: Decomposition) -> tuple[JoinFilter, ...]:
+    if len(decomposition.fragments) < 2:
+        return ()
+    rows = {name: entry.rows for name, entry in cluster.catalog.items()}
+    return join_filters(decomposition, rows, kept_rows(cluster, decomposition))
 
 
 def device_for(cluster: Membership, entry: DatasetEntry, partition: PartitionEntry) -> str:

@@ -34,7 +34,7 @@ from quarry.errors import (
     QueryError,
 )
 from quarry.plan.decompose import Fragment
-from quarry.plan.join_filters import JoinFilter, join_filters
+from quarry.plan.join_filters import JoinFilter
 from quarry.plan.superplan import SortMergeRerun, run_super
 from quarry.plan.superplan import streams as planning_streams
 from quarry.tally import Tally, process_seconds
@@ -81,6 +81,7 @@ class Query:
         # stays the baseline of no pushdown at all
         self.join_filters = join_filters and pushdown != "never"
         self.collectors: list[join_keys.KeyCollector] = []
+        self.pairs: tuple[JoinFilter, ...] = ()
         self.query_id = uuid.uuid4().hex
         self.cancelled = threading.Event()  # ``cancel``: every run of this query stops
         self.dispatch = Dispatch(cancelled=self.cancelled)
@@ -116,16 +117,22 @@ class Query:
         raise AssertionError("unreachable")
 
     def _cut(self) -> tuple[Any, planning.Cuts]:
+        """The cut, alike fragments read once where no join's keys cut them apart (and the
+        pairs that cut them: ``pairs``), and under auto where each fragment starts."""
         if self.pushdown != "auto":
-            plan = planning.plan(self.cluster, self.sql, self.pushdown, self.state)
+            plan = self._shared(planning.plan(self.cluster, self.sql, self.pushdown, self.state))
             return plan, planning.Cuts()
         # the cost model reads each device's load: as it said it lately, or its pulse now
         loads = self.cluster.recent_loads()
         if loads is None:
             self._catalog_holds()
             loads = self.check.loads() if self.check is not None else {}
-        decomposition = planning.plan(self.cluster, self.sql, self.pushdown, self.state)
-        return decomposition, planning.choose_cuts(self.cluster, decomposition, loads)
+        plan = self._shared(planning.plan(self.cluster, self.sql, self.pushdown, self.state))
+        return plan, planning.choose_cuts(self.cluster, plan, loads)
+
+    def _shared(self, decomposition: Any) -> Any:
+        decomposition, self.pairs = planning.shared(self.cluster, decomposition, self.join_filters)
+        return decomposition
 
     def _catalog_holds(self, again: bool = False) -> bool:
         """Every device's pulse against the catalog planned on (asked once per catalog, or
@@ -318,11 +325,8 @@ class Query:
             raise CatalogChanged("the catalog changed while the query ran: it runs again")
 
     def _pairs(self) -> tuple[JoinFilter, ...]:
-        if not self.join_filters or len(self.decomposition.fragments) < 2:
-            return ()
-        rows = {name: entry.rows for name, entry in self.cluster.catalog.items()}
-        kept = planning.kept_rows(self.cluster, self.decomposition)
-        return join_filters(self.decomposition, rows, kept)
+        """Which fragments a join cuts by another's keys (found as the cut was: ``_shared``)."""
+        return self.pairs
 
     def _tasks(
         self, fragment: Fragment, key_sets: list[tuple[int, bytes]] | None = None

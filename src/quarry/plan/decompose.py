@@ -22,6 +22,7 @@ mix of stages the slices came back in.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
@@ -49,6 +50,7 @@ STAGES = (Stage.RAW, Stage.FILTER, Stage.FULL)  # the order their bytes travel i
 ROW_RULES: tuple[Rule, ...] = (push_projection, push_filter)
 ROW_RULE_ROUNDS_MAX = 64
 PRODUCER_MESSAGE_CHARS_MAX = 200
+SHAPES_KEPT_MAX = 256  # super-plans whose reads were renamed, kept
 
 
 def push_rows(cut: Cut) -> Cut:
@@ -121,6 +123,9 @@ class Decomposition:
     fragments: list[Fragment]
     output_schema: pa.Schema
     pushdown: str = "always"
+    # groups of fragments whose sub-plans are alike (two reads of one dataset, the same way):
+    # one of each group may be read for all (``read_once``), unless join keys cut them apart
+    alike: tuple[tuple[str, ...], ...] = ()
 
     def fragment(self, name: str) -> Fragment:
         for fragment in self.fragments:
@@ -198,6 +203,7 @@ def decompose(
     pushdown: str = "always",
     capabilities: Mapping[str, Capabilities | str] | None = None,
     selectivity: SelectivityEstimate | None = None,
+    share: bool = True,
 ) -> Decomposition:
     """Cut `sql` into a super-plan and sub-plans.
 
@@ -207,7 +213,9 @@ def decompose(
     name ("full", "scan_filter"); the coordinator passes the intersection when a dataset spans
     profiles; missing means full. `selectivity`, if given, estimates a filter conjunct's
     selectivity from its description (`split_predicate_by_capability.describe`); when it
-    returns None, textbook defaults apply.
+    returns None, textbook defaults apply. With `share`, alike sub-plans are read once
+    (``read_once``); without, each read keeps its own fragment, for a caller that decides which
+    may share (a join's keys may cut them apart: ``coordinator.planning.shared``).
     """
     if pushdown not in PUSHDOWN_MODES:
         raise PlanError(f"pushdown must be one of {', '.join(PUSHDOWN_MODES)}, got {pushdown!r}")
@@ -215,7 +223,8 @@ def decompose(
     rules = RULES if pushdown == "always" else ()
     for rule in rules:
         cut = rule(cut)
-    return finalize(cut, output, pushdown)
+    decomposition = finalize(cut, output, pushdown)
+    return read_once(decomposition, alike_renames(decomposition)) if share else decomposition
 
 
 def plan_cut(
@@ -294,34 +303,26 @@ class _Built:
 
 
 def finalize(cut: Cut, output: pa.Schema, pushdown: str) -> Decomposition:
-    """Stages for every fragment, typed placeholders in the super-plan, invariants checked."""
-    built: list[_Built] = []
-    canonical: dict[tuple, str] = {}
-    renames: dict[str, str] = {}
-    for draft in cut.fragments:
-        item = _build_fragment(cut, draft)
+    """Stages for every fragment, typed placeholders in the super-plan, invariants checked.
+    Every read keeps its own fragment; those with alike sub-plans are grouped (``alike``)."""
+    built = [_build_fragment(cut, draft) for draft in cut.fragments]
+    groups: dict[tuple, list[str]] = {}
+    for item in built:
         key = (
             item.fragment.dataset,
             item.hidden,
             *(item.fragment.stages[stage] for stage in STAGES),
         )
-        if key in canonical:
-            # Identical sub-plans (Q21 reads lineitem thrice, twice alike): ship one, read twice.
-            renames[draft.name] = canonical[key]
-            continue
-        canonical[key] = draft.name
-        built.append(item)
+        groups.setdefault(key, []).append(item.draft.name)
 
     super_plan = tree.copy_plan(cut.plan)
     by_name = {item.draft.name: item for item in built}
     typed = {name: _typed_read(name, item.fragment.output_schema) for name, item in by_name.items()}
     for rel in list(tree.iter_rels(super_plan)):
         names = tree.named_table(rel)
-        if names is None or len(names) != 1:
+        if names is None or len(names) != 1 or names[0] not in by_name:
             continue
-        name = renames.get(names[0], names[0])
-        if name not in by_name:
-            continue
+        name = names[0]
         # A read planned by DataFusion over the fragment table (the host half of a split
         # aggregate) may select some of its fields: keep that selection.
         mask = None
@@ -339,7 +340,48 @@ def finalize(cut: Cut, output: pa.Schema, pushdown: str) -> Decomposition:
     assert schema.types == output.types, (
         f"decomposition changed the result types: {schema.types} != {output.types}"
     )
-    return Decomposition(super_plan.SerializeToString(), fragments, output, pushdown)
+    alike = tuple(tuple(names) for names in groups.values() if len(names) > 1)
+    return Decomposition(super_plan.SerializeToString(), fragments, output, pushdown, alike)
+
+
+def alike_renames(decomposition: Decomposition) -> dict[str, str]:
+    """Every fragment of an alike group read as the group's first."""
+    return {name: group[0] for group in decomposition.alike for name in group[1:]}
+
+
+def read_once(decomposition: Decomposition, renames: Mapping[str, str]) -> Decomposition:
+    """The decomposition with each fragment of ``renames`` read as the one it names, whose
+    sub-plan is alike (Q21 reads lineitem thrice, twice alike: ship one, read it twice). Reads
+    are renamed in the super-plan; the fragments read for others are gone."""
+    if not renames:
+        return decomposition
+    for name, kept in renames.items():
+        assert any(name in group and kept in group for group in decomposition.alike), name
+    pairs = tuple(sorted(renames.items()))
+    fragments = [f for f in decomposition.fragments if f.name not in renames]
+    left = {f.name for f in fragments}
+    alike = tuple(
+        g
+        for g in (tuple(n for n in group if n in left) for group in decomposition.alike)
+        if len(g) > 1
+    )
+    return Decomposition(
+        _renamed(decomposition.super_plan, pairs),
+        fragments,
+        decomposition.output_schema,
+        decomposition.pushdown,
+        alike,
+    )
+
+
+@functools.lru_cache(maxsize=SHAPES_KEPT_MAX)
+def _renamed(super_plan: bytes, renames: tuple[tuple[str, str], ...]) -> bytes:
+    plan, to = tree.parse_plan(super_plan), dict(renames)
+    for rel in tree.iter_rels(plan):
+        names = tree.named_table(rel)
+        if names is not None and len(names) == 1 and names[0] in to:
+            tree.set_named_table(rel, [to[names[0]]])
+    return plan.SerializeToString()
 
 
 def _host_frame(super_plan: plan_pb2.Plan, fragments: list[Fragment]):
