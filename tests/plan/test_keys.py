@@ -25,6 +25,15 @@ def _expected(values: pa.Array, key_set: pa.Array) -> list[bool]:
             pa.array([None, -(2**40), 0, 2**41, 7, 2**40 + 1], pa.int64()),
             pa.array([2**41, -(2**50), 7, None, 2**60, 2**41], pa.int64()),
         ),
+        (  # a range for a bit per value, values at both ends of int64 and just past the keys
+            pa.array([-(2**63), 2**63 - 1, -1, 0, 2**25, 2**25 + 1, None, 12345], pa.int64()),
+            pa.array([0, 2**25, 12345, None], pa.int64()),
+        ),
+        (  # keys at both ends of int64: no table, a search
+            pa.array([-(2**63), 2**63 - 1, 0, 1], pa.int64()),
+            pa.array([-(2**63), 2**63 - 1, 1], pa.int64()),
+        ),
+        (pa.array(range(-5, 30), pa.int64()).slice(7, 20), pa.array([3, 4, 22, 40])),  # offset
         (pa.array(["a", None, "c"]), pa.array(["c", "z"])),
         (pa.array([1, 2, 3], pa.uint32()), pa.array([], pa.int64())),
     ],
