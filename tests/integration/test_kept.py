@@ -259,3 +259,33 @@ def test_a_small_table_under_auto_is_read_by_the_host_and_a_large_one_run_on_the
     finally:
         cluster.drop("t/kept")
         cluster.drop("t/large")
+
+
+def test_a_small_scan_over_several_devices_is_completed_in_one_engine_run(cluster, monkeypatch):
+    """The host reads a table of a few kilobytes from three devices and completes it in one run
+    of its engine, not one per device; a table past one run's bytes is completed per device, on
+    the host's cores at once. DuckDB's answer both ways."""
+    from quarry.device.units import substrait
+
+    runs: list[int] = []
+    complete_group = substrait.complete_group
+
+    def counted(stage, group):
+        runs.append(sum(batch.num_rows for batch in group))
+        return complete_group(stage, group)
+
+    monkeypatch.setattr(substrait, "complete_group", counted)
+    cluster.ingest(_table(300, 1.0), "t/kept", partitions=3)
+    cluster.ingest(_table(600_000, 0.5), "t/large", partitions=3)
+    try:
+        assert _answer(cluster, pushdown="never") == _expected(300, 1.0)
+        assert runs == [300]
+        runs.clear()
+        sql = SUM_BY_GROUP.replace("t.kept", "t.large")
+        answer, expected = _answer(cluster, sql, pushdown="never"), _expected(600_000, 0.5)
+        assert [row["g"] for row in answer] == [row["g"] for row in expected]
+        assert [row["s"] for row in answer] == pytest.approx([row["s"] for row in expected])
+        assert len(runs) >= 3 and sum(runs) == 600_000
+    finally:
+        cluster.drop("t/kept")
+        cluster.drop("t/large")

@@ -26,7 +26,7 @@ from quarry import threads
 from quarry.coordinator.client import DeviceClient
 from quarry.coordinator.report import WorkReport
 from quarry.coordinator.resume import DeviceLost, Progress, resume
-from quarry.coordinator.streams import merge
+from quarry.coordinator.streams import Merged, merge
 from quarry.device.unit import Unit
 from quarry.errors import DeviceUnavailable, PlanNotSupported, ProtocolError
 from quarry.protocol.control import LoadStatus
@@ -60,6 +60,9 @@ class Task:
     failovers: int = 0  # how often this task has moved already
     # raw slices travel as stored (a compressed dataset): this side decompresses them
     stored_raw: bool = False
+    # a scan (``host_only``) of rows few enough for one engine run: the slices of every such
+    # task of a fragment are completed together, once (``Dispatch.run``), not once per task
+    complete_once: bool = False
 
 
 class Dispatch:
@@ -133,8 +136,10 @@ class Dispatch:
 
     def run(
         self, tasks: list[Task], workers: int, queue_items_max: int, name: str = "quarry-work"
-    ) -> Iterator[pa.RecordBatch]:
+    ) -> Merged[pa.RecordBatch]:
         """Every task's completed output, interleaved as it arrives, through a bounded queue."""
+        if len(tasks) > 1 and all(task.complete_once for task in tasks):
+            return self._completed_once(tasks, workers, queue_items_max, name)
         return merge(
             [(lambda task=task: self.stream(task)) for task in tasks],
             workers=max(1, workers),
@@ -142,6 +147,30 @@ class Dispatch:
             name=name,
             cancelled=self.cancelled,
         )
+
+    def _completed_once(
+        self, tasks: list[Task], workers: int, queue_items_max: int, name: str
+    ) -> Merged[pa.RecordBatch]:
+        """Scans whose rows make one engine run: their streams read at once, their slices
+        completed together by the reader, in one run (a 1,000-row table on four devices took
+        four runs of the host's engine, about 0.5 ms of CPU each, and the super-plan's fifth)."""
+        raw = merge(
+            [(lambda task=task: self._host_raw(task)) for task in tasks],
+            workers=max(1, workers),
+            queue_items_max=queue_items_max,
+            name=name,
+            cancelled=self.cancelled,
+        )
+        host = tasks[0].host
+
+        def completed() -> Iterator[pa.RecordBatch]:
+            try:
+                yield from self._complete(host, Stage.RAW, raw)
+                yield from self._finish(host)
+            finally:
+                raw.close()
+
+        return Merged(completed(), threading.Event())
 
     # ---- one task -----------------------------------------------------------------------------
 
@@ -168,10 +197,12 @@ class Dispatch:
         yield from host.finish()  # a unit's last output: small (side statistics, or nothing)
 
     def _host_only(self, task: Task) -> Iterator[pa.RecordBatch]:
+        yield from self._complete(task.host, Stage.RAW, self._host_raw(task))
+
+    def _host_raw(self, task: Task) -> Iterator[pa.RecordBatch]:
+        """The task's partitions' slices as stored, each counted as it comes."""
         for partition in task.request.partitions:
-            report = self.report(task, partition)
-            raw = self._raw_slices(task, partition, report)  # each slice counted as it comes
-            yield from self._complete(task.host, Stage.RAW, raw)
+            yield from self._raw_slices(task, partition, self.report(task, partition))
 
     def _raw_slices(
         self, task: Task, partition: int, report: WorkReport

@@ -23,6 +23,7 @@ from quarry.device.units.substrait import (
 )
 from quarry.plan.decompose import Fragment
 from quarry.plan.statistics import SliceStatistic
+from quarry.plan.superplan import COMPLETION_GROUP_BYTES_MAX
 from quarry.protocol.stage import Stage
 from quarry.protocol.work import ForcedDecision, Policy, WorkRequest
 
@@ -83,6 +84,8 @@ def fragment_tasks(
         and not key_sets
         and not any(dataset == fragment.dataset for dataset, _ in (forced or {}))
     )
+    # rows few enough for one engine run on the host: completed together (``Task.complete_once``)
+    once = scanned and sum(p.bytes_arrow for p in partitions) <= COMPLETION_GROUP_BYTES_MAX
     held: dict[str, list[PartitionEntry]] = {}
     for p in partitions:
         held.setdefault(device_for(cluster, entry, p), []).append(p)
@@ -113,6 +116,7 @@ def fragment_tasks(
                 payload=payload,
                 label=fragment.name,
                 host_only=scanned,
+                complete_once=once,
                 complete_output_from=complete_from,
                 replicas={p.partition: replicas_of(cluster, p, device) for p in mine},
                 stored_raw=entry.compression != "none",
