@@ -1,6 +1,6 @@
 """Host memory of super-plans: each query's peak RSS in a fresh process, beside the budget.
 
-    python bench/memory.py [--rows 20000000] [--devices 4] [--budget-mib 384]
+    python bench/memory.py [--rows 20000000] [--devices 4] [--budget-mib N]
 
 A local cluster (``quarry.local``) in a temporary folder holds ``--rows`` particles (id, x, y,
 z, ke), ingested from a Parquet file written chunk by chunk. For each query

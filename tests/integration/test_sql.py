@@ -446,6 +446,20 @@ def test_a_build_with_too_many_keys_sends_none(tpch_cluster, tpch, monkeypatch):
     assert outcomes and all(o.startswith("not sent") for o in outcomes), outcomes
 
 
+def test_a_build_whose_keys_take_too_many_bytes_sends_none(tpch_cluster, tpch, monkeypatch):
+    """Few keys may still be many bytes (text): past the wire's bound none are sent, and the
+    answer is the uncut one."""
+    from quarry.plan import keys
+
+    monkeypatch.setattr(keys, "KEY_SET_BYTES_MAX", 64)
+    sql = tpch.queries[17]
+    planned = tpch_cluster.query(sql, pushdown="always")
+    result = planned.execute().read_all()
+    assert_same_rows(result, tpch.expected(17), ordered=_ordered(sql), context="Q17, no keys")
+    outcomes = [f["outcome"] for f in planned.explain(True)["join_filters"]]
+    assert outcomes and all(o.startswith("not sent") and "MiB" in o for o in outcomes), outcomes
+
+
 def test_a_build_through_the_hosts_filter_too_large_to_hold_sends_none(
     tpch_cluster, tpch, monkeypatch
 ):

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import pytest
 
 from quarry.plan import keys
@@ -12,14 +11,16 @@ from quarry.plan.keys import KeyCut, keep
 
 
 def _expected(values: pa.Array, key_set: pa.Array) -> list[bool]:
-    return pc.is_in(values, value_set=key_set.drop_null()).to_pylist()
+    """The rows whose value equals a key, compared as values whatever their types."""
+    wanted = {key for key in key_set.to_pylist() if key is not None}
+    return [value is not None and value in wanted for value in values.to_pylist()]
 
 
 @pytest.mark.parametrize(
     "values, key_set",
     [
         (pa.array([1, 5, None, 7, -3, 10**6], pa.int64()), pa.array([5, 7, None, -3], pa.int64())),
-        (pa.array([1, 2, 3], pa.int32()), pa.array([2, 3, 2**40], pa.int64())),  # cast fails
+        (pa.array([1, 2, 3], pa.int32()), pa.array([2, 3, 2**40], pa.int64())),  # a key past int32
         (pa.array([1, 2**40, 3], pa.int64()), pa.array([3, 2**40], pa.int64())),  # wide range
         (  # wide range, nulls, keys out of the values' range on both ends
             pa.array([None, -(2**40), 0, 2**41, 7, 2**40 + 1], pa.int64()),
@@ -39,12 +40,7 @@ def _expected(values: pa.Array, key_set: pa.Array) -> list[bool]:
     ],
 )
 def test_a_cut_keeps_exactly_the_rows_whose_key_is_in_the_set(values, key_set) -> None:
-    mask = KeyCut(0, key_set).mask(values).to_pylist()
-    try:
-        expected = _expected(values, key_set.cast(values.type))
-    except pa.ArrowInvalid:
-        expected = [True] * len(values)  # keys that do not fit the column: no cut at all
-    assert mask == expected
+    assert KeyCut(0, key_set).mask(values).to_pylist() == _expected(values, key_set)
 
 
 def test_keep_ands_several_cuts_and_keys_travel_as_ipc() -> None:
@@ -55,6 +51,8 @@ def test_keep_ands_several_cuts_and_keys_travel_as_ipc() -> None:
     )
     first = keys.decode(keys.encode(pa.array([1, 2, 3, 50])))
     second = keys.decode(keys.encode(pa.array([0, 9])))
+    assert first.type == pa.int32(), "64-bit keys that fit in 32 bits travel as 32"
+    assert keys.decode(keys.encode(pa.array([1, 2**31]))).type == pa.int64()
     kept = keep(batch, [KeyCut(0, first), KeyCut(1, second)])
     a, b = batch.column(0).to_numpy(), batch.column(1).to_numpy()
     assert kept.num_rows == int((np.isin(a, [1, 2, 3, 50]) & np.isin(b, [0, 9])).sum())

@@ -317,7 +317,10 @@ EXPLAINED = {
 def test_explain_says_how_the_host_holds_data(data, name: str) -> None:
     text = decompose(QUERIES[name], _schemas(data)).explain()
     line = text.splitlines()[1]
-    assert line.startswith("super-plan (host): streams fragments into a spool of at most 96 MiB")
+    spool_mib = MemoryBudget.of().spool_memory_bytes_max // MIB
+    assert line.startswith(
+        f"super-plan (host): streams fragments into a spool of at most {spool_mib} MiB"
+    )
     assert "the rest on disk" in line
     for words in EXPLAINED[name]:
         assert words in line
@@ -338,6 +341,18 @@ def test_explain_tells_partials_from_raw_rows(data) -> None:
     never = decompose(sql, _schemas(data), pushdown="never").explain().splitlines()[1]
     assert "aggregates partials" in always
     assert "aggregate spills beyond the budget" in never
+
+
+def test_a_query_holds_a_share_of_the_machine_between_bounds() -> None:
+    """Four long queries at once hold a quarter of the machine; a small machine still gets
+    enough for a spilled sort to merge, a large one no more than one query can use."""
+    from quarry.plan.memory import query_host_memory_bytes
+
+    gib = 1024 * MIB
+    assert query_host_memory_bytes(24 * gib) == 1536 * MIB
+    assert query_host_memory_bytes(2 * gib) == 512 * MIB
+    assert query_host_memory_bytes(0) == 512 * MIB
+    assert query_host_memory_bytes(1024 * gib) == 4 * gib
 
 
 def test_the_budget_comes_from_the_environment(data, monkeypatch) -> None:

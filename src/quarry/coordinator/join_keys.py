@@ -41,6 +41,7 @@ class KeyCollector:
         self.pair = pair
         self.done = threading.Event()
         self.keys: pa.Array | None = None
+        self.encoded: bytes | None = None  # the keys on the wire (``plan.keys``), once sent
         self.outcome = "the build fragment did not finish"
         self._parts: list[pa.Array | pa.RecordBatch] | None = []
         self._rows = 0
@@ -107,13 +108,21 @@ class KeyCollector:
             parts = [run_through(self.pair, parts)]  # type: ignore[arg-type]
         if not parts:
             self.keys = pa.array([], pa.int64())
+            self.encoded = keys.encode(self.keys)
             self.outcome = "sent: 0 keys (the build is empty)"
             return
         unique = pc.unique(pa.chunked_array(parts)).drop_null()
         if len(unique) > keys.KEYS_MAX:
             self.outcome = f"not sent: {len(unique):,} keys, over {keys.KEYS_MAX:,}"
             return
-        self.keys = unique
+        encoded = keys.encode(unique)
+        if len(encoded) > keys.KEY_SET_BYTES_MAX:
+            self.outcome = (
+                f"not sent: {len(unique):,} keys take {len(encoded) >> 20} MiB, over "
+                f"{keys.KEY_SET_BYTES_MAX >> 20}"
+            )
+            return
+        self.keys, self.encoded = unique, encoded
         self.outcome = f"sent: {len(unique):,} keys"
 
     def wait(self, stop: threading.Event, cancelled: threading.Event) -> bool:
@@ -126,6 +135,7 @@ class KeyCollector:
                 return False
         if self._leader is not None:
             self.keys, self.outcome = self._leader.keys, self._leader.outcome
+            self.encoded = self._leader.encoded
             self._completed = self._leader.completed
             self.done.set()
         return self._completed
@@ -173,8 +183,8 @@ class Deferred(Iterator[pa.RecordBatch]):
         for collector in self.collectors:
             if not collector.wait(self._stop, self.cancelled):
                 return
-            if collector.keys is not None:
-                key_sets.append((collector.pair.probe_column, keys.encode(collector.keys)))
+            if collector.encoded is not None:
+                key_sets.append((collector.pair.probe_column, collector.encoded))
         self._started = self.start(key_sets)
         yield from self._started
 

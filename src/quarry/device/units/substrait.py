@@ -21,7 +21,7 @@ from quarry.errors import ExecutionError, PlanNotSupported, ProtocolError, Query
 from quarry.plan import tree
 from quarry.plan.errors import StageError
 from quarry.plan.join_filters import stored_column
-from quarry.plan.keys import KeyCut, keep, keep_named
+from quarry.plan.keys import KEY_SET_BYTES_MAX, KeyCut, keep, keep_named
 from quarry.plan.keys import decode as decode_keys
 from quarry.plan.prune import slice_may_match, slice_must_match
 from quarry.plan.rowwise import groups
@@ -36,7 +36,6 @@ from quarry.store.partition import PartitionMeta, read_bytes
 STAGE_BYTES_MAX = 64 << 20
 PREDICATES_MAX = 10_000
 KEY_FILTERS_MAX = 16
-KEY_BYTES_MAX = 16 << 20
 
 
 @dataclass(frozen=True)
@@ -45,7 +44,7 @@ class KeyFilter(Message):
     follows the stages in the payload, ``key_bytes`` long: a join's build keys."""
 
     column: int = bounded(low=0, high=1 << 20)
-    key_bytes: int = bounded(low=1, high=KEY_BYTES_MAX)
+    key_bytes: int = bounded(low=1, high=KEY_SET_BYTES_MAX)
 
 
 @dataclass(frozen=True)
