@@ -40,8 +40,7 @@ class KeyCollector:
     def __init__(self, pair: JoinFilter):
         self.pair = pair
         self.done = threading.Event()
-        self.keys: pa.Array | None = None
-        self.encoded: bytes | None = None  # the keys on the wire (``plan.keys``), once sent
+        self.encoded: bytes | None = None  # the keys on the wire (``plan.keys``), if sent
         self.outcome = "the build fragment did not finish"
         self._parts: list[pa.Array | pa.RecordBatch] | None = []
         self._rows = 0
@@ -107,8 +106,7 @@ class KeyCollector:
         if self.pair.through:
             parts = [run_through(self.pair, parts)]  # type: ignore[arg-type]
         if not parts:
-            self.keys = pa.array([], pa.int64())
-            self.encoded = keys.encode(self.keys)
+            self.encoded = keys.encode(pa.array([], pa.int64()))
             self.outcome = "sent: 0 keys (the build is empty)"
             return
         unique = pc.unique(pa.chunked_array(parts)).drop_null()
@@ -122,7 +120,7 @@ class KeyCollector:
                 f"{keys.KEY_SET_BYTES_MAX >> 20}"
             )
             return
-        self.keys, self.encoded = unique, encoded
+        self.encoded = encoded
         self.outcome = f"sent: {len(unique):,} keys"
 
     def wait(self, stop: threading.Event, cancelled: threading.Event) -> bool:
@@ -134,8 +132,7 @@ class KeyCollector:
             if stop.is_set():
                 return False
         if self._leader is not None:
-            self.keys, self.outcome = self._leader.keys, self._leader.outcome
-            self.encoded = self._leader.encoded
+            self.encoded, self.outcome = self._leader.encoded, self._leader.outcome
             self._completed = self._leader.completed
             self.done.set()
         return self._completed

@@ -22,7 +22,7 @@ from quarry.store import checks
 
 # distinct keys a build may send; more, and the probe goes uncut. TPC-H SF 10 Q3's 1.4
 # million orders cut its lineitem fragment from 1.3 GB shipped to 63 MB (3.6 s to 2.1); 2
-# million 64-bit keys are the most a key set's bytes (``KEY_BYTES_MAX``, 16 MiB) hold.
+# million 64-bit keys are the most a key set's bytes (``KEY_SET_BYTES_MAX``, 16 MiB) hold.
 KEYS_MAX = 2_000_000
 KEY_SET_BYTES_MAX = 16 << 20  # a key set on the wire: wider keys (text) may reach it first
 # integer keys spanning at most this many values get a table of a bit each (64 MiB at most;

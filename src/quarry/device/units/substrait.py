@@ -114,11 +114,10 @@ class SubstraitUnit(Unit):
     NAME = "substrait"
     STAGES = frozenset({Stage.FULL, Stage.FILTER, Stage.RAW})
     # One DataFusion run per chunk: its setup costs the same whatever it reads, so a chunk
-    # holds about CHUNK_READ_BYTES of the columns read, up to CHUNK_SLICES_MAX slices. A narrow
-    # read (sum(ke): one column of five) runs 16 slices at once, a whole-row read four 4 MiB
-    # slices as before (20M rows, 4 devices: sum(ke) 0.14 to 0.10 s). 64 MiB and 64 slices
-    # rather than 16 and 16: TPC-H SF 1, four times fewer runs, Q6 0.149 to 0.104 s, Q15 0.105
-    # to 0.078, Q18 0.73 to 0.61 (seven runs each, one cluster).
+    # holds about CHUNK_READ_BYTES of the columns read, up to CHUNK_SLICES_MAX slices: a narrow
+    # read (sum(ke): one column of five) 64 slices at once, a whole-row read sixteen 4 MiB
+    # slices. 64 MiB and 64 slices rather than 16 and 16: four times fewer runs, TPC-H SF 1
+    # Q6 0.149 to 0.104 s, Q15 0.105 to 0.078, Q18 0.73 to 0.61 (seven runs each, one cluster).
     CHUNK_SLICES_MAX = 64
     CHUNK_READ_BYTES = 64 << 20
     RESUMABLE = True
