@@ -486,3 +486,21 @@ def test_a_build_that_fails_ends_the_query_with_its_error(tpch_cluster):
     with pytest.raises(QueryError, match="[Dd]ivi"):
         planned.execute().read_all()
     assert time.perf_counter() - started < 30
+
+
+def test_filter_conjuncts_go_in_the_order_a_sampled_slice_ranks_them(tpch_cluster, tpch):
+    """Q12's lineitem filter, ranked by what one stored slice keeps of each conjunct: the
+    receipt date's upper bound (two fifths of the rows) first, where the textbook's guesses (a
+    third for every comparison) put ``l_shipdate < l_commitdate`` (half) first; the shipping
+    modes (string comparisons) last. A conjunct that fails on the sample leaves the textbook's
+    guess, and the query its own error."""
+    sql = tpch.queries[12]
+    query = tpch_cluster.query(sql, pushdown="always")
+    assert_same_rows(query.execute().read_all(), tpch.expected(12), ordered=_ordered(sql))
+    (lineitem,) = [f for f in query.explain(False)["fragments"] if f["dataset"] == "tpch/lineitem"]
+    assert lineitem["device_filter"][0] == "(l_receiptdate < DATE '1995-01-01')"
+    assert "l_shipmode" in lineitem["device_filter"][-1]
+    assert "l_receiptdate < Date32" in lineitem["plan"].split("AND")[0]  # the full stage's too
+    failing = "SELECT count(*) FROM tpch.nation WHERE n_nationkey > 1 AND CAST(n_name AS INT) > 3"
+    with pytest.raises(QueryError, match="(?i)cast"):
+        tpch_cluster.sql(failing, pushdown="always").read_all()

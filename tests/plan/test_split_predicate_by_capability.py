@@ -3,9 +3,10 @@ re-checks the full predicate."""
 
 from __future__ import annotations
 
-from quarry.plan import Capabilities, decompose
+from quarry.plan import Capabilities, decompose, expressions, run_stage, tree
 from quarry.plan.decompose import push_rows
 from quarry.plan.rules.split_predicate_by_capability import split_predicate_by_capability
+from quarry.protocol.stage import Stage
 
 from .harness import assert_same_rows, cut_after, execute
 
@@ -67,6 +68,43 @@ def test_selectivity_estimates_reorder(small) -> None:
     assert any(
         c["predicate"] == {"column": "k", "op": "=", "value": 3, "type": "int"} for c in seen
     )
+
+
+def test_the_full_stage_filters_in_the_same_order(small) -> None:
+    """Devices run the full stage most: its filter of the rows as stored takes the ranked order
+    too. Each conjunct is estimated once, and comes with a stage that counts what it keeps."""
+    sql = "SELECT id, x FROM t WHERE s = 'apple' AND k = 3 AND x > 0"
+    shares = {"x > 0": 0.01, "s = 'apple'": 0.5, "k = 3": 0.9}  # textbook: k, x, s
+    asked = []
+
+    def estimate(conjunct: dict) -> float | None:
+        text = _bare(conjunct["sql"])
+        asked.append(text)
+        kept = run_stage(conjunct["stage"], small.table.schema, small.table.to_batches())
+        counted = small.expected(f"SELECT id FROM t WHERE {text}")
+        assert sum(b.num_rows for b in kept) == len(counted)
+        return shares[text]
+
+    decomposition = decompose(sql, small.schemas, selectivity=estimate)
+    (fragment,) = decomposition.fragments
+    assert sorted(asked) == sorted(shares)
+    assert [_bare(c) for c in fragment.device_filter] == ["x > 0", "s = 'apple'", "k = 3"]
+    plan = tree.parse_plan(fragment.stages[Stage.FULL])
+    (row_filter,) = [rel for rel in tree.iter_rels(plan) if tree.kind(rel) == "filter"]
+    read = next(rel for rel in tree.iter_rels(plan) if tree.kind(rel) == "read")
+    names, fields = tree.function_names(plan), tree.read_field_names(read.read)
+    full_order = [
+        _bare(expressions.render(c, names, fields))
+        for c in expressions.conjuncts(row_filter.filter.condition, names)
+    ]
+    assert full_order == ["x > 0", "s = 'apple'", "k = 3"]
+    for choice in ("full", "random"):
+        actual = execute(decomposition, small.data, choice, seed=3)
+        assert_same_rows(actual, small.expected(sql), ordered=False, context=choice)
+
+
+def _bare(text: str) -> str:
+    return text.strip("()").replace(" 0.0", " 0")
 
 
 def test_capability_rules(small) -> None:

@@ -12,7 +12,7 @@ import pyarrow as pa
 from quarry.cost.model import DeviceFigures, SubPlanFigures
 from quarry.device.controller import PUSHBACK_NOTICE_SLICES
 from quarry.device.units.substrait import read_columns, run_on_host
-from quarry.protocol.control import LoadStatus
+from quarry.protocol.control import LoadStatus, PartitionDescription
 from quarry.protocol.stage import Stage
 from quarry.store.partition import column_bytes
 
@@ -28,14 +28,27 @@ def _ipc_bytes(batches: list[pa.RecordBatch]) -> int:
     return sum(pa.ipc.get_record_batch_size(b) for b in batches)
 
 
+def sample_slice(
+    cluster: Membership, entry: DatasetEntry
+) -> tuple[list[pa.RecordBatch], PartitionDescription]:
+    """The slice the host samples a dataset by (the first of its largest partition), as stored,
+    with its partition's description; kept per dataset version (``Membership.slices``) for the
+    sub-plans and filters of every query over it."""
+
+    def fetch() -> tuple[list[pa.RecordBatch], PartitionDescription]:
+        partition = max(entry.partitions, key=lambda p: p.rows)
+        device = next(cluster.devices[d] for d in partition.devices if d not in cluster.down)
+        reader = device.scan(entry.domain, entry.name, partition.partition, first=0, end=1)
+        batches = device.guard(lambda: [c.data for c in reader])
+        return batches, device.describe(entry.domain, entry.name, partition.partition)
+
+    return cluster.slices.get((entry.qualified, entry.version), fetch)[0]
+
+
 def sample_subplan(cluster: Membership, fragment: Fragment, entry: DatasetEntry) -> SubPlanFigures:
     """Run the fragment's stages on one real slice on the host, timing them (ActivePy's
     sampling phase, one slice instead of four scaled inputs: a slice is already small)."""
-    partition = max(entry.partitions, key=lambda p: p.rows)
-    device = next(cluster.devices[d] for d in partition.devices if d not in cluster.down)
-    reader = device.scan(entry.domain, entry.name, partition.partition, first=0, end=1)
-    batches = device.guard(lambda: [c.data for c in reader])
-    meta = device.describe(entry.domain, entry.name, partition.partition)
+    batches, meta = sample_slice(cluster, entry)
     stored_bytes = max(1, meta.slices[0].bytes_stored)
     first = meta.slices[0]
     needed = read_columns(fragment.stages, fragment.raw_schema)

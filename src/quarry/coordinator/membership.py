@@ -28,6 +28,9 @@ from quarry.protocol.control import HelloReply, LoadStatus, PulseReply
 from quarry.store import naming
 
 PROBE_WORKERS_MAX = 16
+# sampled slices kept (one per dataset version a query planned over lately): a TPC-H lineitem
+# slice of every column is about 5 MB
+SAMPLE_SLICES_KEPT_MAX = 16
 # ``auto``'s cost model reads each device's load: one a pulse said this recently is as good as
 # a new one (a device's load is its slots' use over the last two seconds, BUSY_WINDOW_S), so a
 # query need not wait for its own pulse to choose its cut
@@ -70,6 +73,7 @@ class Membership:
         self.settled = Settled()  # auto: where the devices settled past the model's cut
         self.workload = Workload()  # the host's turns for long queries
         self.plans: Kept[Any] = Kept()  # planning.plan's decompositions, per catalog version
+        self.slices: Kept[Any] = Kept(SAMPLE_SLICES_KEPT_MAX)  # figures.sample_slice's
         self.loads = Loads()  # each device's last said load
         self._refresh_lock = threading.Lock()
         self.refresh()

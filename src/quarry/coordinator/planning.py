@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from quarry.coordinator.dispatch import Task
 from quarry.coordinator.figures import device_figures, sample_subplan
+from quarry.coordinator.selectivity import SampledSelectivity
 from quarry.coordinator.settled import Key
 from quarry.cost.model import Choice, HostFigures, SubPlanFigures, choose
 from quarry.cost.told import told
@@ -50,9 +51,10 @@ def plan(
     state = state or cluster.state  # one catalog for the whole cut
     key = (sql, pushdown, state.version)
     try:
-        return cluster.plans.get(key, lambda: _decompose(state.catalog, state.info, sql, pushdown))[
-            0
-        ]
+        estimate = SampledSelectivity(cluster, state.catalog)
+        return cluster.plans.get(
+            key, lambda: _decompose(state.catalog, state.info, sql, pushdown, estimate)
+        )[0]
     except QueryError as error:
         if cluster.down and "not found" in str(error):  # a small table lives on few devices
             down = ", ".join(sorted(cluster.down))
@@ -61,7 +63,11 @@ def plan(
 
 
 def _decompose(
-    catalog: dict[str, DatasetEntry], info: dict[str, Any], sql: str, pushdown: str
+    catalog: dict[str, DatasetEntry],
+    info: dict[str, Any],
+    sql: str,
+    pushdown: str,
+    selectivity: SampledSelectivity | None = None,
 ) -> Decomposition:
     tables = {name: entry.schema for name, entry in catalog.items()}
     capabilities = None
@@ -74,7 +80,12 @@ def _decompose(
         capabilities = per_dataset(holders, kinds)
     try:
         decomposition = decompose(
-            sql, tables, pushdown="always", capabilities=capabilities, share=False
+            sql,
+            tables,
+            pushdown="always",
+            capabilities=capabilities,
+            selectivity=selectivity,
+            share=False,
         )
     except PlanError as error:
         raise QueryError(str(error)) from None
