@@ -10,6 +10,7 @@ import pyarrow as pa
 import pytest
 
 import quarry
+from quarry.coordinator import planning
 from quarry.errors import DeviceUnavailable, QueryError
 from quarry.samples import particles
 from tests.plan.harness import assert_same_rows, duckdb_answer
@@ -472,6 +473,27 @@ def test_a_build_through_the_hosts_filter_too_large_to_hold_sends_none(
     shown = planned.explain(True)["join_filters"]
     outcomes = [f["outcome"] for f in shown if "after the host's filter" in f["filter"]]
     assert outcomes and all(o.startswith("not sent") and "MiB" in o for o in outcomes), outcomes
+
+
+def test_a_build_through_the_hosts_filter_runs_on_every_host_core(tpch_cluster, tpch, monkeypatch):
+    """Q18's HAVING over the partial sums of every order runs while every probe waits for it:
+    on the host's cores (the super-plan's), the same keys as on one."""
+    from quarry.coordinator import join_keys
+
+    runs = []
+    real = join_keys.run_through
+
+    def counted(pair, batches, cores=1):
+        keys_here = real(pair, batches, cores)
+        runs.append((cores, sorted(keys_here.to_pylist()), sorted(real(pair, batches).to_pylist())))
+        return keys_here
+
+    monkeypatch.setattr(join_keys, "run_through", counted)
+    sql = tpch.queries[18]
+    result = tpch_cluster.sql(sql, pushdown="always").read_all()
+    assert_same_rows(result, tpch.expected(18), ordered=_ordered(sql), context="Q18")
+    assert runs and all(cores == planning.host_pace().cores for cores, _, _ in runs)
+    assert all(on_cores == on_one and on_one for _, on_cores, on_one in runs)
 
 
 def test_a_build_that_fails_ends_the_query_with_its_error(tpch_cluster):

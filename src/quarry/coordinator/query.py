@@ -304,9 +304,9 @@ class Query:
             fragment = self.decomposition.fragment(name)
             return self._output(name, self._tasks(fragment, key_sets))
 
-        self.collectors = join_keys.wire(outputs, pairs, start_probe, self.cancelled)
-        timed = {name: self.clocks.fragment_output(output) for name, output in outputs.items()}
         pace, clock = planning.host_pace(), self.clocks.super_plan
+        self.collectors = join_keys.wire(outputs, pairs, start_probe, self.cancelled, pace.cores)
+        timed = {name: self.clocks.fragment_output(output) for name, output in outputs.items()}
         result = run_super(
             self.decomposition,
             timed,
