@@ -484,9 +484,9 @@ def test_a_build_through_the_hosts_filter_runs_on_every_host_core(tpch_cluster, 
     real = join_keys.run_through
 
     def counted(pair, batches, cores=1):
-        keys_here = real(pair, batches, cores)
-        runs.append((cores, sorted(keys_here.to_pylist()), sorted(real(pair, batches).to_pylist())))
-        return keys_here
+        here, on_one = real(pair, batches, cores), real(pair, batches)
+        runs.append((cores, sorted(here.to_pylist(), key=str), sorted(on_one.to_pylist(), key=str)))
+        return here
 
     monkeypatch.setattr(join_keys, "run_through", counted)
     sql = tpch.queries[18]

@@ -12,7 +12,7 @@ from __future__ import annotations
 import decimal
 import math
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -72,8 +72,11 @@ def execute(
     prune: bool = True,
     partitions: int = PARTITIONS,
     chunks_per_partition: int = CHUNKS_PER_PARTITION,
+    computed: Callable[[Mapping[str, list[pa.RecordBatch]]], Mapping[bytes, pa.Table]]
+    | None = None,
 ) -> pa.Table:
-    """The query's answer; `stage_choice` is "full" or "random" (forced partial push-back)."""
+    """The query's answer; `stage_choice` is "full" or "random" (forced partial push-back).
+    ``computed`` makes, from the fragments' outputs, parts of the super-plan already run."""
     rng = random.Random(seed)
     outputs: dict[str, list[pa.RecordBatch]] = {}
     for fragment in decomposition.fragments:
@@ -102,7 +105,8 @@ def execute(
         if pushed_back or not done:
             done.extend(complete(fragment, pushed_back))
         outputs[fragment.name] = done
-    return run_super(decomposition, outputs).read_all()
+    parts = None if computed is None else (lambda: computed(outputs))
+    return run_super(decomposition, outputs, computed=parts).read_all()
 
 
 def _answered(fragment, piece: pa.Table) -> pa.RecordBatch | None:

@@ -42,6 +42,9 @@ class KeyCollector:
         self.cores = cores  # the host's, for the part of the super-plan a through pair runs
         self.done = threading.Event()
         self.encoded: bytes | None = None  # the keys on the wire (``plan.keys``), if sent
+        # a through pair's part of the super-plan, run over the whole build: the super-plan
+        # reads it instead of running the part again (``plan.computed``)
+        self.computed: pa.Table | None = None
         self.outcome = "the build fragment did not finish"
         self._parts: list[pa.Array | pa.RecordBatch] | None = []
         self._rows = 0
@@ -104,8 +107,9 @@ class KeyCollector:
         return f"not sent: the build has more than {BUILD_ROWS_MAX:,} rows"
 
     def _distinct(self, parts: list[pa.Array | pa.RecordBatch]) -> None:
-        if self.pair.through:
-            parts = [run_through(self.pair, parts, self.cores)]  # type: ignore[arg-type]
+        if self.pair.through and parts:
+            self.computed = run_through(self.pair, parts, self.cores)  # type: ignore[arg-type]
+            parts = [self.computed.column(self.pair.through_column).combine_chunks()]
         if not parts:
             self.encoded = keys.encode(pa.array([], pa.int64()))
             self.outcome = "sent: 0 keys (the build is empty)"
@@ -134,6 +138,7 @@ class KeyCollector:
                 return False
         if self._leader is not None:
             self.encoded, self.outcome = self._leader.encoded, self._leader.outcome
+            self.computed = self._leader.computed
             self._completed = self._leader.completed
             self.done.set()
         return self._completed
@@ -149,19 +154,19 @@ def through_bytes_max() -> int:
     return MemoryBudget.of().spool_memory_bytes_max
 
 
-def run_through(pair: JoinFilter, batches: list[pa.RecordBatch], cores: int = 1) -> pa.Array:
-    """The column ``through_column`` of the pair's part of the super-plan, run over the
+def run_through(pair: JoinFilter, batches: list[pa.RecordBatch], cores: int = 1) -> pa.Table:
+    """The pair's part of the super-plan (its keys are column ``through_column``), run over the
     build fragment's rows (in memory: they are at most ``through_bytes_max``) on ``cores``
     partitions. Every probe waits for it and the devices have nothing else to do: TPC-H SF 10
     Q18 merges 15 million partial sums here, 5 s of its 10 on one partition."""
     plan = tree.parse_plan(pair.through)
     ctx = engine.session(cores)
     merge.register_merge_functions(ctx, tuple(tree.function_names(plan).values()))
-    if not batches:
-        return pa.array([], pa.int64())
     engine.register_batches(ctx, pair.build, batches[0].schema, batches, cores)
-    table = engine.consume(ctx, plan).to_arrow_table()
-    return table.column(pair.through_column).combine_chunks()
+    frame = engine.consume(ctx, plan)
+    table = frame.to_arrow_table()
+    declared = frame.schema()  # the part's types as the super-plan has them (no view types)
+    return table if table.schema.equals(declared) else table.cast(declared)
 
 
 @dataclass

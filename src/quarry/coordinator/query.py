@@ -314,8 +314,17 @@ class Query:
             clock=clock,
             inputs_in=inputs_in,
             reran=self.clocks.super_plan_reran,
+            computed=self._computed,
         )
         return outputs, result
+
+    def _computed(self) -> dict[bytes, pa.Table]:
+        """The parts of the super-plan the host ran for a build's keys, with their output."""
+        return {
+            c.pair.through: c.computed
+            for c in self.collectors
+            if c.pair.through and c.computed is not None
+        }
 
     def _inputs_in(self) -> None:
         """Every fragment's output is in: the devices that sent none of it must say the catalog

@@ -135,7 +135,7 @@ class Decomposition:
 
     def super_display(self) -> str:
         plan = tree.parse_plan(self.super_plan)
-        return _host_frame(plan, self.fragments).logical_plan().display_indent()
+        return host_frame(plan, self.fragments).logical_plan().display_indent()
 
     def explain(self) -> str:
         from quarry.plan.passthrough import passthrough_fragment
@@ -317,7 +317,7 @@ def finalize(cut: Cut, output: pa.Schema, pushdown: str) -> Decomposition:
 
     super_plan = tree.copy_plan(cut.plan)
     by_name = {item.draft.name: item for item in built}
-    typed = {name: _typed_read(name, item.fragment.output_schema) for name, item in by_name.items()}
+    typed = {name: typed_read(name, item.fragment.output_schema) for name, item in by_name.items()}
     for rel in list(tree.iter_rels(super_plan)):
         names = tree.named_table(rel)
         if names is None or len(names) != 1 or names[0] not in by_name:
@@ -336,7 +336,7 @@ def finalize(cut: Cut, output: pa.Schema, pushdown: str) -> Decomposition:
             rel.read.projection.CopyFrom(mask)
 
     fragments = [item.fragment for item in built]
-    schema = _host_frame(super_plan, fragments).schema()
+    schema = host_frame(super_plan, fragments).schema()
     assert schema.types == output.types, (
         f"decomposition changed the result types: {schema.types} != {output.types}"
     )
@@ -384,16 +384,23 @@ def _renamed(super_plan: bytes, renames: tuple[tuple[str, str], ...]) -> bytes:
     return plan.SerializeToString()
 
 
-def _host_frame(super_plan: plan_pb2.Plan, fragments: list[Fragment]):
-    """The super-plan in a host context whose fragment tables are empty (for types, display)."""
+def host_frame(
+    super_plan: plan_pb2.Plan,
+    fragments: list[Fragment],
+    tables: Mapping[str, pa.Schema] | None = None,
+):
+    """The super-plan in a host context whose fragment tables (and ``tables``) are empty (for
+    types, display)."""
     ctx = engine.session()
     merge.register_merge_functions(ctx, tree.function_names(super_plan).values())
     for fragment in fragments:
         engine.register_batches(ctx, fragment.name, fragment.output_schema, [])
+    for name, schema in (tables or {}).items():
+        engine.register_batches(ctx, name, schema, [])
     return engine.consume(ctx, super_plan)
 
 
-def _typed_read(name: str, schema: pa.Schema) -> algebra_pb2.Rel:
+def typed_read(name: str, schema: pa.Schema) -> algebra_pb2.Rel:
     """A read of the fragment's table typed exactly as DataFusion's producer types it."""
     ctx = engine.session()
     engine.register_batches(ctx, name, schema, [])

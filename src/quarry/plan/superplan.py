@@ -26,6 +26,7 @@ import pyarrow as pa
 
 from quarry.errors import HostMemoryExceeded
 from quarry.plan import engine, merge, tree
+from quarry.plan.computed import register_computed, substituted
 from quarry.plan.decompose import Decomposition, Fragment
 from quarry.plan.memory import (
     SUPER_PLAN_MEMORY_BYTES_MAX,
@@ -150,6 +151,7 @@ def run_super(
     clock: Tally | None = None,
     inputs_in: Callable[[], object] | None = None,
     reran: Callable[[SortMergeRerun], object] | None = None,
+    computed: Callable[[], Mapping[bytes, pa.Table]] | None = None,
 ) -> pa.RecordBatchReader:
     """Run the super-plan over each fragment's (completed) output; the result streams.
 
@@ -170,7 +172,9 @@ def run_super(
     once every fragment's output is in and before the super-plan runs on them (the coordinator
     checks there that its catalog held), for a super-plan that reads them whole first.
     ``reran`` is told when a hash join did not fit and the super-plan ran again with sort-merge
-    joins (`SortMergeRerun`).
+    joins (`SortMergeRerun`). ``computed``, asked then too, gives the parts of the super-plan
+    the host already ran, by their plan's bytes, with their output: those are read, not run
+    again (`computed.substituted`).
     """
     pace = pace or machine_pace()
     clock = clock if clock is not None else Tally()
@@ -192,7 +196,13 @@ def run_super(
     return pa.RecordBatchReader.from_batches(
         schema,
         _run(
-            decomposition, fragment_outputs, budget, temp_directory, pace, clock, inputs_in, reran
+            decomposition,
+            fragment_outputs,
+            budget,
+            temp_directory,
+            pace,
+            clock,
+            _Hooks(inputs_in, reran, computed),
         ),
     )
 
@@ -233,8 +243,7 @@ def _run(
     temp_directory: str | Path | None,
     pace: HostPace,
     clock: Tally,
-    inputs_in: Callable[[], object] | None,
-    reran: Callable[[SortMergeRerun], object] | None,
+    hooks: _Hooks,
 ) -> Iterator[pa.RecordBatch]:
     partitions = pace.cores
     with Spool(budget.spool_memory_bytes_max, temp_directory, partitions) as spool:
@@ -244,25 +253,28 @@ def _run(
                 for f in decomposition.fragments
             }
         )
-        if inputs_in is not None:
-            inputs_in()
+        if hooks.inputs_in is not None:
+            hooks.inputs_in()
         _check_spooled(spooled)
+        tables: dict[str, pa.Table] = {}
+        if hooks.computed is not None:
+            decomposition, tables = substituted(decomposition, hooks.computed())
         kept = temp_directory is None  # spills of a kept session go where it was made
         with clock.timing(process=True):
             if kept:
                 ctx = _take_session(partitions, budget.pool_bytes)
             else:
                 ctx = engine.session(partitions, budget.pool_bytes, spool.directory)
-            _register(ctx, decomposition, spooled, partitions)
+            _register(ctx, decomposition, spooled, partitions, tables)
         exhausted = yield from _run_as_planned(ctx, decomposition, budget, pace, clock)
         if exhausted is None:
             if kept:  # read to its end: the session goes back, holding none of this query's rows
-                _give_back(ctx, spooled, partitions, budget.pool_bytes)
+                _give_back(ctx, [*spooled, *tables], partitions, budget.pool_bytes)
             return
         del ctx  # the failed run's session and whatever its operators still held
-        if reran is not None:
-            reran(SortMergeRerun(exhausted, budget.pool_bytes))
-        yield from _run_sort_merge(decomposition, spooled, budget, pace, clock)
+        if hooks.reran is not None:
+            hooks.reran(SortMergeRerun(exhausted, budget.pool_bytes))
+        yield from _run_sort_merge(decomposition, spooled, budget, pace, clock, tables)
 
 
 def _run_as_planned(
@@ -293,6 +305,7 @@ def _run_sort_merge(
     budget: MemoryBudget,
     pace: HostPace,
     clock: Tally,
+    tables: Mapping[str, pa.Table],
 ) -> Iterator[pa.RecordBatch]:
     """The super-plan once more over the same spooled inputs, its equi-joins as sort-merge
     joins, whose sorts spill: slower than hash joins, but held to the budget. Its session is
@@ -300,7 +313,7 @@ def _run_sort_merge(
     partitions = max(pace.cores, engine.SORT_MERGE_PARTITIONS_MIN)
     with clock.timing(process=True):
         ctx = engine.sort_merge_session(partitions, budget.pool_bytes)
-        _register(ctx, decomposition, spooled, partitions)
+        _register(ctx, decomposition, spooled, partitions, tables)
         engine.share_sort_reservations(ctx, decomposition.super_plan, partitions, budget.pool_bytes)
     try:
         yield from _execute(ctx, decomposition, pace, clock)
@@ -329,12 +342,14 @@ def _register(
     decomposition: Decomposition,
     spooled: Mapping[str, SpooledFragment],
     partitions: int,
+    tables: Mapping[str, pa.Table],
 ) -> None:
     merge.register_merge_functions(ctx, functions_of(decomposition.super_plan))
     for name, output in spooled.items():
         engine.register_spooled(
             ctx, name, output.schema, output.batches, output.directory, partitions
         )
+    register_computed(ctx, tables, partitions)
 
 
 def _execute(
@@ -347,13 +362,20 @@ def _execute(
         yield conform(batch.to_pyarrow(), schema)
 
 
-def _give_back(
-    ctx: Any, spooled: Mapping[str, SpooledFragment], partitions: int, pool_bytes: int
-) -> None:
-    for name in spooled:
+def _give_back(ctx: Any, names: Iterable[str], partitions: int, pool_bytes: int) -> None:
+    for name in names:
         for registered in engine.spooled_names(name):
             ctx.deregister_table(registered)
     _give_session(partitions, pool_bytes, ctx)
+
+
+@dataclass(frozen=True)
+class _Hooks:
+    """What the caller is told, or asked, between the inputs' arrival and the super-plan."""
+
+    inputs_in: Callable[[], object] | None = None
+    reran: Callable[[SortMergeRerun], object] | None = None
+    computed: Callable[[], Mapping[bytes, pa.Table]] | None = None
 
 
 # Super-plan sessions kept between queries, each used by one query at a time: a fresh session
