@@ -228,3 +228,35 @@ def test_without_a_replica_a_kill_is_a_clear_error_never_a_wrong_answer(replicat
     print(f"replicas=1: {answered} answered right, {len(refused)} clear errors: {refused[:2]}")
     assert refused, "no kill landed mid-query"
     cluster.drop("physics/single")
+
+
+def test_a_filter_planned_while_its_sampled_slice_is_down_is_a_clear_error_then_right(
+    replicated,
+):
+    """Planning counts each conjunct on a sampled slice: with the device holding that slice
+    dead and no replica, the query says which device, as any query over the partition would;
+    once it is back, the same query (planned anew) answers right."""
+    cluster, _ = replicated
+    table = particles.table(50_000, seed=9)
+    cluster.ingest(table, "physics/sampled", replicas=1)
+    entry = cluster.entry("physics/sampled")
+    victim = max(entry.partitions, key=lambda p: p.rows).devices[0]
+    sql = "SELECT count(*) AS n FROM physics.sampled WHERE ke > 1.0 AND x < 0.5"
+    con = duckdb.connect()
+    con.register("tbl", table)
+    expected = con.execute(sql.replace("physics.sampled", "tbl")).fetch_arrow_table()
+    cluster.kill_device(victim)
+    try:
+        with pytest.raises(QuarryError, match=victim):
+            cluster.sql(sql, pushdown="always").read_all()
+    finally:
+        cluster.restart_device(victim)
+    cluster.refresh()
+    again = sql + " AND y > -100"
+    assert_same_rows(
+        cluster.sql(again, pushdown="always").read_all(),
+        con.execute(again.replace("physics.sampled", "tbl")).fetch_arrow_table(),
+        ordered=False,
+    )
+    assert_same_rows(cluster.sql(sql, pushdown="always").read_all(), expected, ordered=False)
+    cluster.drop("physics/sampled")

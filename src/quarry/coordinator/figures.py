@@ -12,6 +12,7 @@ import pyarrow as pa
 from quarry.cost.model import DeviceFigures, SubPlanFigures
 from quarry.device.controller import PUSHBACK_NOTICE_SLICES
 from quarry.device.units.substrait import read_columns, run_on_host
+from quarry.errors import DeviceUnavailable
 from quarry.protocol.control import LoadStatus, PartitionDescription
 from quarry.protocol.stage import Stage
 from quarry.store.partition import column_bytes
@@ -37,7 +38,10 @@ def sample_slice(
 
     def fetch() -> tuple[list[pa.RecordBatch], PartitionDescription]:
         partition = max(entry.partitions, key=lambda p: p.rows)
-        device = next(cluster.devices[d] for d in partition.devices if d not in cluster.down)
+        live = [cluster.devices[d] for d in partition.devices if d not in cluster.down]
+        if not live:
+            raise DeviceUnavailable(f"no replica of {entry.qualified}'s sampled slice answers")
+        device = live[0]
         reader = device.scan(entry.domain, entry.name, partition.partition, first=0, end=1)
         batches = device.guard(lambda: [c.data for c in reader])
         return batches, device.describe(entry.domain, entry.name, partition.partition)
