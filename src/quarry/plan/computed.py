@@ -15,7 +15,7 @@ from dataclasses import replace
 import pyarrow as pa
 
 from quarry.plan import engine, tree
-from quarry.plan.decompose import Decomposition, host_frame, typed_read
+from quarry.plan.decompose import Decomposition, Fragment, host_frame, typed_read
 
 COMPUTED_PREFIX = "__quarry_computed_"
 
@@ -26,18 +26,21 @@ def substituted(
     """The decomposition whose super-plan reads each part ``computed`` holds (by its plan's
     bytes) as a table of its output, and those tables by name. A part the super-plan does not
     hold, or whose table's types are not the part's, is left to run as it was."""
+    if not computed:  # most queries: nothing to parse
+        return decomposition, {}
     plan = tree.parse_plan(decomposition.super_plan)
     tables: dict[str, pa.Table] = {}
     for part, table in sorted(computed.items()):
         name = f"{COMPUTED_PREFIX}{len(tables)}"
-        if _types(part, decomposition) != table.schema.types:
+        if _types(part, decomposition.fragments) != table.schema.types:
             continue
         if _read_instead(plan, part, name, table.schema):
             tables[name] = table
     if not tables:
         return decomposition, {}
     changed = replace(decomposition, super_plan=plan.SerializeToString())
-    if _output_types(changed, tables) != decomposition.output_schema.types:
+    extra = {name: table.schema for name, table in tables.items()}
+    if _types(changed.super_plan, changed.fragments, extra) != decomposition.output_schema.types:
         return decomposition, {}
     return changed, tables
 
@@ -61,23 +64,14 @@ def _read_instead(plan, part: bytes, name: str, schema: pa.Schema) -> bool:
         found = True
 
 
-def _types(part: bytes, decomposition: Decomposition) -> list:
-    """The types of a part of the super-plan's output, as DataFusion plans it."""
+def _types(
+    plan: bytes, fragments: list[Fragment], tables: Mapping[str, pa.Schema] | None = None
+) -> list[pa.DataType]:
+    """The types of a plan's output over the fragments' tables (and ``tables``), as DataFusion
+    plans it; none when it does not plan (the part then stays as it was)."""
     try:
-        return host_frame(tree.parse_plan(part), decomposition.fragments).schema().types
-    except Exception:  # DataFusion raises plain Exceptions: the part stays as it was
-        return []
-
-
-def _output_types(decomposition: Decomposition, tables: Mapping[str, pa.Table]) -> list:
-    extra = {name: table.schema for name, table in tables.items()}
-    try:
-        return (
-            host_frame(tree.parse_plan(decomposition.super_plan), decomposition.fragments, extra)
-            .schema()
-            .types
-        )
-    except Exception:  # DataFusion raises plain Exceptions: the part stays as it was
+        return host_frame(tree.parse_plan(plan), fragments, tables).schema().types
+    except Exception:  # DataFusion raises plain Exceptions
         return []
 
 
