@@ -51,16 +51,10 @@ def split_predicate_by_capability(cut: Cut) -> Cut:
     for fragment in cut.fragments:
         if not fragment.raw_conjuncts:
             continue
-        supported = [
-            c for c in fragment.raw_conjuncts if fragment.capabilities.supports_predicate(c, names)
-        ]
-        fragment.host_conjuncts = [
-            c
-            for c in fragment.raw_conjuncts
-            if not fragment.capabilities.supports_predicate(c, names)
-        ]
         ordered = order_conjuncts(cut, fragment, fragment.raw_conjuncts)
-        fragment.device_conjuncts = [c for c in ordered if any(c is s for s in supported)]
+        supported = [fragment.capabilities.supports_predicate(c, names) for c in ordered]
+        fragment.device_conjuncts = [c for c, ok in zip(ordered, supported) if ok]
+        fragment.host_conjuncts = [c for c, ok in zip(ordered, supported) if not ok]
         _order_row_filter(cut, fragment, ordered)
         if fragment.host_conjuncts:
             fragment.notes.append(
