@@ -9,7 +9,7 @@ import duckdb
 import pytest
 
 import quarry
-from quarry.device.admission import EXCHANGES_ENV
+from quarry.device.admission import EXCHANGES_ENV, SMALL_BYTES_MAX
 from quarry.samples import particles
 
 QUERIES = [
@@ -51,3 +51,21 @@ def test_a_busy_device_slows_callers_down_and_changes_no_answer(monkeypatch):
             assert row == pytest.approx(want, rel=1e-9)
     assert scans == [table.num_rows] * 2
     assert retries > 0  # the bound was met, and waited out
+
+
+def test_a_small_tables_scan_does_not_wait_behind_a_large_one(monkeypatch):
+    """A query reads nation beside lineitem: the small read takes the small lane, so a device
+    whose slots hold long scans still answers it at once."""
+    monkeypatch.setenv(EXCHANGES_ENV, "1")
+    with quarry.local(devices=1) as cluster:
+        cluster.ingest(particles.table(400_000, seed=3), "physics/large", partitions=1)
+        cluster.ingest(particles.table(50, seed=4), "physics/small", partitions=1)
+        (large,) = cluster.entry("physics/large").partitions
+        assert large.bytes_stored > SMALL_BYTES_MAX
+        (device,) = cluster.devices.values()
+        held = device.scan("physics", "large", 0)  # its slot is held until the stream ends
+        assert cluster.status()[0]["running"] == 1
+        small = device.scan("physics", "small", 0)
+        assert sum(b.num_rows for b in device.batches(small)) == 50
+        assert sum(b.num_rows for b in device.batches(held)) == 400_000
+        assert cluster.status()[0]["refused"] == 0  # neither waited for the other

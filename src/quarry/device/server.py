@@ -477,19 +477,16 @@ class DeviceServer(Service):
         elif kind == Get.SCAN:
             scan = work.ScanRequest.from_json(header)
             self._check_generation(scan.generation)
-            started = self.admission.enter()
-            try:
-                schema, scanned = self._scan(scan)
-            except BaseException:
-                self.admission.leave(started)
-                raise
-            batches = self.admission.stream(scanned, started)
+            schema, scanned, read = self._scan(scan)  # nothing read yet
+            small = read <= admission.SMALL_BYTES_MAX  # a nation table: not behind lineitem
+            batches = self.admission.stream(scanned, self.admission.enter(small), small)
         else:
             raise ProtocolError(f"unknown ticket {kind!r}")
         return flight.GeneratorStream(schema, _typed_errors(batches))
 
-    def _scan(self, request: work.ScanRequest) -> tuple[pa.Schema, Iterator[pa.RecordBatch]]:
-        """Raw slices, through the profile's internal and external bandwidth limits."""
+    def _scan(self, request: work.ScanRequest) -> tuple[pa.Schema, Iterable[pa.RecordBatch], int]:
+        """Raw slices, through the profile's internal and external bandwidth limits, read as
+        they are taken; and how many stored bytes that reads (its admission lane)."""
         meta = self.runtime.metas.read(
             self.store, request.domain, request.dataset, request.partition
         )
@@ -505,8 +502,9 @@ class DeviceServer(Service):
         )
         end = len(meta.slices) if request.end is None else min(request.end, len(meta.slices))
         numbers = range(request.first, end)
+        read = sum(partitions.read_bytes(meta, n, columns) for n in numbers)
         if request.stored and all(meta.slices[n].columns is not None for n in numbers):
-            return loop.stored_slices(self.runtime, meta, numbers, schema.names)
+            return (*loop.stored_slices(self.runtime, meta, numbers, schema.names), read)
 
         def batches() -> Iterator[pa.RecordBatch]:
             for number in range(request.first, end):
@@ -515,7 +513,7 @@ class DeviceServer(Service):
                 self.emulator.ship(pa.ipc.get_record_batch_size(batch))
                 yield batch
 
-        return schema, batches()
+        return schema, batches(), read
 
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
