@@ -33,6 +33,7 @@ from substrait import algebra_pb2, plan_pb2
 from quarry.plan import engine, expressions, merge, tree
 from quarry.plan.capabilities import Capabilities
 from quarry.plan.cut import Cut, FragmentDraft, SelectivityEstimate, initial_cut
+from quarry.plan.decimal_scale import align_decimal_literals
 from quarry.plan.errors import PlanError
 from quarry.plan.rules.holistic import holistic
 from quarry.plan.rules.push_filter import push_filter
@@ -266,6 +267,7 @@ def plan_cut(
             f"the query cannot be expressed as a Substrait plan: {reason}"
             "\nhint: only SELECT queries run on quarry"
         ) from None
+    align_decimal_literals(plan)
     return initial_cut(plan, catalog, ctx, resolved, selectivity), output
 
 
