@@ -64,3 +64,20 @@ def test_a_malformed_or_oversized_key_set_is_refused(monkeypatch) -> None:
     monkeypatch.setattr(keys, "KEYS_MAX", 2)
     with pytest.raises(ValueError, match="at most 2"):
         keys.decode(keys.encode(pa.array([1, 2, 3])))
+
+
+@pytest.mark.parametrize(
+    "chunks, kind",
+    [
+        ([[3, 1, None, 3], [1, 2**40, -(2**63)], []], pa.int64()),
+        ([[7, 7, 7], [None]], pa.int32()),
+        ([[None, None]], pa.int64()),
+        ([[1, 2], [2, 3]], pa.uint64()),
+        ([["b", None, "a"], ["b"]], pa.string()),
+    ],
+)
+def test_distinct_keys_are_each_non_null_value_once(chunks, kind) -> None:
+    values = pa.chunked_array([pa.array(c, kind) for c in chunks], kind)
+    unique = keys.distinct(values)
+    assert unique.type == kind and unique.null_count == 0
+    assert sorted(unique.to_pylist()) == sorted({v for c in chunks for v in c if v is not None})

@@ -23,7 +23,6 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from quarry.errors import QueryCancelled
 from quarry.plan import engine, keys, merge, tree
@@ -114,7 +113,7 @@ class KeyCollector:
             self.encoded = keys.encode(pa.array([], pa.int64()))
             self.outcome = "sent: 0 keys (the build is empty)"
             return
-        unique = pc.unique(pa.chunked_array(parts)).drop_null()
+        unique = keys.distinct(pa.chunked_array(parts))
         if len(unique) > keys.KEYS_MAX:
             self.outcome = f"not sent: {len(unique):,} keys, over {keys.KEYS_MAX:,}"
             return

@@ -33,6 +33,19 @@ BYTE_RANGE_MAX = 1 << 24
 INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
 
 
+def distinct(values: pa.ChunkedArray) -> pa.Array:
+    """The distinct non-null values, in no particular order. Integers go through pandas' hash
+    table: Arrow's ``unique`` took 166 ms over TPC-H SF 10 Q3's 1.46 million order keys, the
+    host's whole work between the orders and the lineitem waves, where pandas takes 55."""
+    import pandas as pd  # here: only the coordinator collects keys, and devices start faster
+
+    present = values.drop_null()
+    if not _fits_int64(present.type) or not len(present):
+        return pc.unique(present) if len(present) else pa.array([], present.type)
+    numbers = present.to_numpy()  # no nulls: the integers as they are
+    return pa.array(pd.unique(numbers), present.type)
+
+
 def encode(keys: pa.Array) -> bytes:
     """One batch of one column; 64-bit integers that fit in 32 bits go as 32 (half the bytes
     to every probe device; the cut compares values, not types)."""
