@@ -11,7 +11,7 @@ ending with the build's error.
 A pair ``through`` the host's filter (``HAVING``) keeps the build's whole rows (at most the
 spool's share of the host's memory budget) and runs that part of the super-plan over them once
 they are in; the keys are its output's. Pairs through the same part of the same build share one
-run (``follow``).
+run, and pairs of the same column of the same build one key set (``follow``).
 
 What each pair did (keys sent, or why not) is reported in EXPLAIN ANALYZE (``outcome``).
 """
@@ -229,12 +229,15 @@ def wire(
 
 
 def _share_runs(collectors: Sequence[KeyCollector]) -> None:
-    """Collectors through the same part of the same build follow the first of them: the part
-    runs once (Q18 cuts orders and lineitem by the same HAVING)."""
+    """Collectors of the same keys follow the first of them, which collects them once: those
+    through the same part of the same build (the part runs once: Q18 cuts orders and lineitem
+    by the same HAVING), and those of the same column of the same build (Q21 cuts two lineitem
+    fragments by the order keys of a third: at SF 10, 1.4 million keys made distinct twice, one
+    after the other, 0.1 and 0.4 s before the second probe could start)."""
     leaders: dict[tuple[str, bytes, int], KeyCollector] = {}
     for collector in collectors:
         pair = collector.pair
-        if pair.through:
-            leader = leaders.setdefault((pair.build, pair.through, pair.through_column), collector)
-            if leader is not collector:
-                collector.follow(leader)
+        column = pair.through_column if pair.through else pair.build_column
+        leader = leaders.setdefault((pair.build, pair.through, column), collector)
+        if leader is not collector:
+            collector.follow(leader)
