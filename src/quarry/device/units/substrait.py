@@ -110,6 +110,9 @@ def key_cuts(args: SubstraitArgs, payload: bytes) -> list[KeyCut]:
     return cuts
 
 
+ENGINE_BATCH_ROWS = 8192  # DataFusion's batch size: rows handed on as they are come no larger
+
+
 @register
 class SubstraitUnit(Unit):
     NAME = "substrait"
@@ -226,7 +229,7 @@ class SubstraitUnit(Unit):
         the predicate. The key sets cut its output as they cut the device's."""
         if self._reads_only:
             for group in groups(batches, COMPLETION_GROUP_BYTES_MAX):
-                yield from self._kept([self._as_read(b) for b in group if b.num_rows])
+                yield from self._kept([part for b in group for part in self._as_read(b)])
             return
         stage = self.stages[Stage.FULL]
         for group in groups(batches, COMPLETION_GROUP_BYTES_MAX):
@@ -243,9 +246,12 @@ class SubstraitUnit(Unit):
         TPC-H Q2 completes five such fragments)."""
         return self.stages.get(Stage.RAW) == self.stages[Stage.FULL]
 
-    def _as_read(self, batch: pa.RecordBatch) -> pa.RecordBatch:
-        """A slice as read, as the sub-plan's output: its columns in order, typed as declared."""
-        return typed(batch.select(self.args.raw_schema.names), self.args.output_schema)
+    def _as_read(self, batch: pa.RecordBatch) -> list[pa.RecordBatch]:
+        """A slice as read, as the sub-plan's output: its columns in order, typed as declared,
+        in batches of at most the engine's (a reader streams a large answer as it did)."""
+        batch = typed(batch.select(self.args.raw_schema.names), self.args.output_schema)
+        rows = batch.num_rows
+        return [batch.slice(at, ENGINE_BATCH_ROWS) for at in range(0, rows, ENGINE_BATCH_ROWS)]
 
     def _kept(
         self, batches: Iterable[pa.RecordBatch], cuts: Sequence[KeyCut] | None = None
