@@ -477,16 +477,16 @@ class DeviceServer(Service):
         elif kind == Get.SCAN:
             scan = work.ScanRequest.from_json(header)
             self._check_generation(scan.generation)
-            schema, scanned, read = self._scan(scan)  # nothing read yet
-            small = read <= admission.SMALL_BYTES_MAX  # a nation table: not behind lineitem
+            schema, scanned, small = self._scan(scan)  # nothing read yet
             batches = self.admission.stream(scanned, self.admission.enter(small), small)
         else:
             raise ProtocolError(f"unknown ticket {kind!r}")
         return flight.GeneratorStream(schema, _typed_errors(batches))
 
-    def _scan(self, request: work.ScanRequest) -> tuple[pa.Schema, Iterable[pa.RecordBatch], int]:
+    def _scan(self, request: work.ScanRequest) -> tuple[pa.Schema, Iterable[pa.RecordBatch], bool]:
         """Raw slices, through the profile's internal and external bandwidth limits, read as
-        they are taken; and how many stored bytes that reads (its admission lane)."""
+        they are taken; and whether they are small work (admission's small lane: a nation
+        table does not wait behind lineitem's streams)."""
         meta = self.runtime.metas.read(
             self.store, request.domain, request.dataset, request.partition
         )
@@ -502,9 +502,9 @@ class DeviceServer(Service):
         )
         end = len(meta.slices) if request.end is None else min(request.end, len(meta.slices))
         numbers = range(request.first, end)
-        read = sum(partitions.read_bytes(meta, n, columns) for n in numbers)
+        small = _at_most(meta, numbers, columns, admission.SMALL_BYTES_MAX)
         if request.stored and all(meta.slices[n].columns is not None for n in numbers):
-            return (*loop.stored_slices(self.runtime, meta, numbers, schema.names), read)
+            return (*loop.stored_slices(self.runtime, meta, numbers, schema.names), small)
 
         def batches() -> Iterator[pa.RecordBatch]:
             for number in range(request.first, end):
@@ -513,7 +513,18 @@ class DeviceServer(Service):
                 self.emulator.ship(pa.ipc.get_record_batch_size(batch))
                 yield batch
 
-        return schema, batches(), read
+        return schema, batches(), small
+
+
+def _at_most(meta: PartitionMeta, numbers: range, columns: list[str] | None, limit: int) -> bool:
+    """Whether slices ``numbers`` hold at most ``limit`` stored bytes of ``columns`` (counted
+    until they pass it: a partition of lineitem has thousands of slices)."""
+    read = 0
+    for number in numbers:
+        read += partitions.read_bytes(meta, number, columns)
+        if read > limit:
+            return False
+    return True
 
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")

@@ -6,7 +6,7 @@ of the column goes through a rescaling kernel, though only the literal needed it
 here as Decimal128(22, 2), 100, the literal is already there. Its integer digits (20) and its
 scale are those of the operation's result, so the result's type is unchanged, and with it every
 type above it: the rewrite changes no answer, no output schema, only the work (TPC-H Q1's device
-stage, three such literals: 73 to 59 ms of CPU per million rows).
+stage, two such literals: 73 to 59 ms of CPU per million rows).
 
 Only addition and subtraction: their result's scale is the larger operand's, which the plan
 states (the function's output type). A product's scale is the sum of its operands', so a
