@@ -65,7 +65,7 @@ from rich.console import Console
 from rich.table import Table
 
 import quarry
-from quarry.coordinator.calibrate import calibrate_device
+from quarry.coordinator.admin.calibrate import calibrate_device
 from quarry.device.profile import get_profile
 from quarry.device.unit import host_cores, set_host_profile
 from quarry.device.units.substrait import read_columns, run_on_host

@@ -130,10 +130,11 @@ def test_the_device_loop_exists_once():
 
 def test_the_host_dispatch_exists_once():
     """Only the dispatch opens work exchanges and fetches pushed-back ranges."""
-    assert _constructed("SliceRequest") == {"quarry.coordinator.dispatch"}
+    assert _constructed("SliceRequest") == {"quarry.coordinator.dispatch.dispatch"}
     assert _constructed("work", methods_only=True) == {
-        "quarry.coordinator.dispatch",
-        "quarry.coordinator.client",  # DeviceClient.program: one device, nothing pushed back
+        "quarry.coordinator.dispatch.dispatch",
+        # DeviceClient.program: one device, nothing pushed back
+        "quarry.coordinator.membership.device_client",
     }
 
 

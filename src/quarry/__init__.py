@@ -23,7 +23,7 @@ def __getattr__(name: str):
 
         return getattr(cluster, name)
     if name == "local":
-        from quarry.coordinator.local import local
+        from quarry.coordinator.processes.local import local
 
         return local
     raise AttributeError(f"module 'quarry' has no attribute {name!r}")

@@ -114,7 +114,7 @@ def up(
     (the cluster's credentials are made in the data folder, owner-readable only). With
     --servers, a hierarchy: storage servers, each in front of drives of its own."""
     from quarry.coordinator.cluster import Cluster, write_cluster_file
-    from quarry.coordinator.local import CLUSTER_FILE, start_local, stop_pid
+    from quarry.coordinator.processes.local import CLUSTER_FILE, start_local, stop_pid
 
     file = data / CLUSTER_FILE
     if file.exists():
@@ -136,7 +136,7 @@ def up(
         get_profile(host_profile, profiles)  # fail fast, before any process starts
     below: list[Any] = []
     if servers or layout:
-        from quarry.coordinator.local import hierarchy_layout, start_tree
+        from quarry.coordinator.processes.local import hierarchy_layout, start_tree
 
         data.mkdir(parents=True, exist_ok=True)
         kinds = drive_profile or profile
@@ -191,7 +191,7 @@ def up(
 def down(cluster: ClusterOption = None) -> None:
     """Stop the devices of a cluster started with `quarry up`."""
     from quarry.coordinator.cluster import read_cluster_file
-    from quarry.coordinator.local import stop_device
+    from quarry.coordinator.processes.local import stop_device
     from quarry.flightsql import process as flight_sql
 
     file = cluster_file(cluster)
@@ -289,7 +289,7 @@ def serve(
     token (quarry token create) and runs with its role; read-only (docs/flightsql.md)."""
     import logging
 
-    from quarry.coordinator.query import PUSHDOWNS
+    from quarry.coordinator.query.run import PUSHDOWNS
     from quarry.flightsql.serve import Options
     from quarry.flightsql.serve import serve as serve_endpoint
 
@@ -605,7 +605,7 @@ def _print_explain(report: dict[str, Any]) -> None:
     if turn and turn["waited_s"] >= 0.001:
         console.print(f"waited {turn['waited_s']:.3f} s for a host turn (long queries take turns)")
     if "time" in analyzed:
-        from quarry.coordinator.timing import QueryTime
+        from quarry.coordinator.query.timing import QueryTime
 
         for line in QueryTime.from_json(analyzed["time"]).render():
             console.print(line, highlight=False, markup=False)
@@ -808,7 +808,7 @@ def _watch(c: Any, after_s: float, bandwidth_bytes_per_s: float) -> None:
 def device_restart(name: str, cluster: ClusterOption = None) -> None:
     """Start a stopped device of this cluster again, on its data and address."""
     from quarry.coordinator.cluster import read_cluster_file, write_cluster_file
-    from quarry.coordinator.local import restart_detached
+    from quarry.coordinator.processes.local import restart_detached
 
     file = cluster_file(cluster)
     devices = read_cluster_file(file)
@@ -831,7 +831,7 @@ def device_remove(
 ) -> None:
     """Take a device out of the cluster for good (then `quarry repair` restores replicas)."""
     from quarry.coordinator.cluster import read_cluster_file, write_cluster_file
-    from quarry.coordinator.local import stop_device
+    from quarry.coordinator.processes.local import stop_device
 
     file = cluster_file(cluster)
     devices = read_cluster_file(file)

@@ -29,8 +29,8 @@ from quarry.capacity.measure import (
     run_host,
 )
 from quarry.capacity.model import HostConfig
-from quarry.coordinator.calibrate import CALIBRATION_KEY
-from quarry.coordinator.local import LocalCluster
+from quarry.coordinator.admin.calibrate import CALIBRATION_KEY
+from quarry.coordinator.processes.local import LocalCluster
 from quarry.device.emulation import BUCKET_BURST_S
 from quarry.errors import DatasetNotFound, QuarryError
 

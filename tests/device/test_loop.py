@@ -247,7 +247,7 @@ def test_the_drive_time_is_the_emulated_compute(runtime):
 def test_a_chunk_every_row_of_which_passes_runs_without_the_filter(runtime, monkeypatch):
     """``id`` rises through the slices: the chunks past the threshold run the unfiltered stage,
     the one across it the whole sub-plan, and the sum is every passing row's."""
-    from quarry.coordinator.fragments import _args
+    from quarry.coordinator.query.fragments import _args
     from quarry.device.units.substrait import SubstraitUnit, stages_payload
     from quarry.plan import decompose
 
@@ -291,7 +291,7 @@ def test_a_key_set_on_a_stored_group_key_cuts_the_rows_before_they_are_aggregate
     """TPC-H Q17 asks for lineitem's average quantity per part for 204 of 200,000 parts: the
     device aggregates the rows of those parts only. A key on a computed column still cuts the
     output. The answer is the same either way."""
-    from quarry.coordinator.fragments import _args
+    from quarry.coordinator.query.fragments import _args
     from quarry.device.units import substrait
     from quarry.plan import decompose
     from quarry.plan import keys as key_sets
@@ -333,7 +333,7 @@ def test_a_key_set_on_a_stored_group_key_cuts_the_rows_before_they_are_aggregate
 def test_a_range_handed_back_ships_only_the_rows_a_key_set_keeps(runtime, stage):
     """The host fetches a range a device handed back: raw or filtered, its rows are cut by the
     join's key set on the device, not shipped whole for the host to cut."""
-    from quarry.coordinator.fragments import _args
+    from quarry.coordinator.query.fragments import _args
     from quarry.device.units import substrait
     from quarry.plan import decompose
     from quarry.plan import keys as key_sets

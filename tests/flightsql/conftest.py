@@ -16,7 +16,7 @@ from pyarrow import flight
 import quarry
 from quarry.auth.credentials import Credentials
 from quarry.auth.tokens import Role
-from quarry.coordinator.local import LocalCluster
+from quarry.coordinator.processes.local import LocalCluster
 from quarry.flightsql.serve import start
 from quarry.flightsql.server import FlightSqlServer
 from quarry.samples import particles

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
-from quarry.coordinator.catalog import DatasetEntry
+from quarry.coordinator.membership.catalog import DatasetEntry
 from quarry.errors import ProtocolError
 from quarry.flightsql import catalog, messages, sqlinfo
 

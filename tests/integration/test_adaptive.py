@@ -36,7 +36,7 @@ def test_calibration_finds_the_kinetic_figures():
         assert host["external_bytes_per_s"]["expected"] is None  # unlimited: nothing to meet
         assert 0.8 < host["compute_factor"]["measured"] < 1.25
         # stored with the cluster: a fresh coordinator reads it back from the device
-        from quarry.coordinator.calibrate import stored
+        from quarry.coordinator.admin.calibrate import stored
 
         assert stored(cluster.devices["dev0"])["compute_factor"]["expected"] == 15.0
 
@@ -125,8 +125,8 @@ def test_a_repeated_query_starts_where_its_devices_settled(monkeypatch):
     devices measure, settle on ``full``, and the same query next time starts there. The answer
     is the same at every start. The devices are priced as machines of their own: on the host's
     cores, doing part of the work there is never cheaper than doing all of it."""
-    from quarry.coordinator import figures
-    from quarry.coordinator.planning import fragment_key
+    from quarry.coordinator.query import cost_inputs as figures
+    from quarry.coordinator.query.planning import fragment_key
     from quarry.cost.model import SubPlanFigures
 
     monkeypatch.setattr(figures, "shares_host", lambda address, profile: False)

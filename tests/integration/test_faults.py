@@ -12,8 +12,8 @@ import pytest
 
 import quarry
 from quarry import protocol
-from quarry.coordinator.client import DeviceClient
-from quarry.coordinator.membership import client_of
+from quarry.coordinator.membership.device_client import DeviceClient
+from quarry.coordinator.membership.membership import client_of
 from quarry.errors import (
     DeviceUnavailable,
     IngestFailed,

@@ -31,7 +31,7 @@ def test_parquet_ingest_scan_and_listing(cluster, particle_table, tmp_path):
 def test_a_small_table_gets_a_partition_per_row_group_it_fills(cluster):
     """Every partition a query reads costs a stream: a table of a few rows is one partition, a
     larger one a partition per row group it fills, up to one per device."""
-    from quarry.coordinator.ingest import PARTITIONS_PER_DEVICE, ROW_GROUP_BYTES
+    from quarry.coordinator.ingest.atomic import PARTITIONS_PER_DEVICE, ROW_GROUP_BYTES
 
     per_group = ROW_GROUP_BYTES // 8  # int64 rows
     rows = {"t/tiny": 1_000, "t/three": 3 * per_group - 10, "t/large": 13 * per_group}

@@ -14,8 +14,8 @@ import pytest
 import quarry
 from quarry.auth.credentials import Credentials
 from quarry.auth.tokens import Role, mint, new_secret
-from quarry.coordinator.client import DeviceClient
 from quarry.coordinator.cluster import Cluster
+from quarry.coordinator.membership.device_client import DeviceClient
 from quarry.errors import DeviceUnavailable, Forbidden, QuarryError, Unauthenticated
 from quarry.protocol.control import CalibratePart
 from quarry.samples import particles

@@ -10,7 +10,7 @@ import pyarrow as pa
 import pytest
 
 import quarry
-from quarry.coordinator import planning
+from quarry.coordinator.query import planning
 from quarry.errors import DeviceUnavailable, QueryError
 from quarry.samples import particles
 from tests.plan.harness import assert_same_rows, duckdb_answer
@@ -213,7 +213,7 @@ def test_bad_sql_is_a_clear_error(particle_cluster, sql, words):
 
 def test_device_that_cannot_run_a_sub_plan(particle_cluster, monkeypatch):
     """The device answers with an error naming the operator; the host runs that part itself."""
-    from quarry.coordinator import fragments
+    from quarry.coordinator.query import fragments
     from quarry.protocol.stage import Stage
 
     original = fragments.device_stages
@@ -485,7 +485,7 @@ def test_a_build_through_the_hosts_filter_too_large_to_hold_sends_none(
     tpch_cluster, tpch, monkeypatch
 ):
     """Q18's build is kept whole to run its HAVING; past the bound it sends nothing."""
-    from quarry.coordinator import join_keys
+    from quarry.coordinator.query import join_keys
 
     monkeypatch.setattr(join_keys, "through_bytes_max", lambda: 1024)
     sql = tpch.queries[18]
@@ -500,7 +500,7 @@ def test_a_build_through_the_hosts_filter_too_large_to_hold_sends_none(
 def test_a_build_through_the_hosts_filter_runs_on_every_host_core(tpch_cluster, tpch, monkeypatch):
     """Q18's HAVING over the partial sums of every order runs while every probe waits for it:
     on the host's cores (the super-plan's), the same keys as on one."""
-    from quarry.coordinator import join_keys
+    from quarry.coordinator.query import join_keys
 
     runs = []
     real = join_keys.run_through

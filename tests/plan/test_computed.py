@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from quarry.coordinator.join_keys import run_through
+from quarry.coordinator.query.join_keys import run_through
 from quarry.plan import decompose, tree
 from quarry.plan.computed import COMPUTED_PREFIX, substituted
 from quarry.plan.join_filters import join_filters

@@ -7,7 +7,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from quarry.coordinator.fragments import _host_unit
+from quarry.coordinator.query.fragments import _host_unit
 from quarry.device.units.substrait import SubstraitUnit
 from quarry.plan import decompose, keys
 from quarry.plan import stage as stage_module

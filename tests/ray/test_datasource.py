@@ -107,7 +107,7 @@ def test_a_predicate_sql_cannot_say_is_evaluated_by_the_read_task(cluster_and_ra
 
 
 def test_only_row_local_queries_are_read_by_partition(cluster_and_ray):
-    from quarry.coordinator.partition_read import read_partition
+    from quarry.coordinator.reads.partition_read import read_partition
     from quarry.errors import QueryError
 
     cluster, _ = cluster_and_ray

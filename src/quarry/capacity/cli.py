@@ -459,7 +459,7 @@ def _measure_cluster(
             "inputs": measurement.inputs.to_dict(),
             "runs": measurement.to_dict(),
         }
-    from quarry.coordinator.calibrate import stored
+    from quarry.coordinator.admin.calibrate import stored
 
     single = measuring.single_device(live, device)
     try:

@@ -38,8 +38,8 @@ from quarry.device.unit import host_emulator
 from quarry.errors import DatasetNotFound, DeviceUnavailable
 
 if TYPE_CHECKING:
-    from quarry.coordinator.catalog import DatasetEntry
     from quarry.coordinator.cluster import Cluster
+    from quarry.coordinator.membership.catalog import DatasetEntry
 
 DOMAIN = "capacity"
 REPEAT_MAX = 100
@@ -122,7 +122,7 @@ def _pagerank_block_pages(pages: int, row_bytes: Callable[[int], float]) -> tupl
     Ingest deals rows to partitions round-robin in groups of about ROW_GROUP_BYTES; a block that
     is a whole number of groups can be ordered so that each partition receives one whole block.
     """
-    from quarry.coordinator.ingest import ROW_GROUP_BYTES
+    from quarry.coordinator.ingest.atomic import ROW_GROUP_BYTES
 
     for width in sorted(range(max(2, pages // 2), 2 * pages + 1), key=lambda w: abs(w - pages)):
         group = max(1, int(ROW_GROUP_BYTES / row_bytes(width)))

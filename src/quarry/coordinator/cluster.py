@@ -14,22 +14,22 @@ from typing import Any, Self
 
 import pyarrow as pa
 
-from quarry.coordinator.calibrate import calibrate, calibrate_host
-from quarry.coordinator.catalog import DatasetEntry
-from quarry.coordinator.fragments import Forced
-from quarry.coordinator.ingest import ingest
-from quarry.coordinator.membership import Membership
-from quarry.coordinator.order import source_order
-from quarry.coordinator.query import Query
-from quarry.coordinator.repair import (
+from quarry.coordinator.admin.calibrate import calibrate, calibrate_host
+from quarry.coordinator.admin.repair import (
     BANDWIDTH_BYTES_PER_S_DEFAULT,
     Deficit,
     RepairReport,
     deficits,
     repair,
 )
-from quarry.coordinator.sample import Sample, sample
-from quarry.coordinator.streams import merge
+from quarry.coordinator.dispatch.streams import merge
+from quarry.coordinator.ingest.atomic import ingest
+from quarry.coordinator.membership.catalog import DatasetEntry
+from quarry.coordinator.membership.membership import Membership
+from quarry.coordinator.query.fragments import Forced
+from quarry.coordinator.query.run import Query
+from quarry.coordinator.reads.sample import Sample, sample
+from quarry.coordinator.reads.source_order import source_order
 from quarry.errors import ClusterError, DeviceUnavailable
 
 CLUSTER_FILE_FORMAT = 1
@@ -113,7 +113,7 @@ class Cluster(Membership):
 
         Devices stream in parallel, so batches of different partitions interleave;
         ``ordered=True`` gives the rows in the order of the source they were ingested from
-        (``order.py``), as a program reading that file would see them.
+        (``reads.source_order``), as a program reading that file would see them.
         """
         entry = self.entry(dataset)
         if entry.unavailable:
@@ -231,7 +231,7 @@ class Cluster(Membership):
         decisions: Forced | None = None,
         **options: Any,
     ) -> Query:
-        """A planned query (``quarry.coordinator.query.Query``): ``execute()``, ``explain()``.
+        """A planned query (``quarry.coordinator.query.run.Query``): ``execute()``, ``explain()``.
 
         ``decisions`` forces device decisions per (dataset, partition), e.g.
         ``{("physics/particles", 0): [{"first": 0, "end": 3, "stage": "raw"}]}``.

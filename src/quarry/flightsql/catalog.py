@@ -16,7 +16,7 @@ from collections.abc import Iterable
 
 import pyarrow as pa
 
-from quarry.coordinator.catalog import DatasetEntry
+from quarry.coordinator.membership.catalog import DatasetEntry
 from quarry.errors import QueryError
 from quarry.flightsql import messages
 from quarry.flightsql.messages import optional

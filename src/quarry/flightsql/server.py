@@ -29,7 +29,7 @@ from typing import Any
 import pyarrow as pa
 from pyarrow import flight
 
-from quarry.coordinator.query import Query
+from quarry.coordinator.query.run import Query
 from quarry.errors import ProtocolError, QueryCancelled, QueryError
 from quarry.flightsql import auth, catalog, messages, parameters, sqlinfo
 from quarry.flightsql.errors import mapped, mapped_stream

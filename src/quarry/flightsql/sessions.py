@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from quarry.coordinator.cluster import Cluster
-from quarry.coordinator.settled import Settled
-from quarry.coordinator.workload import Workload
+from quarry.coordinator.query.host_admission import Workload
+from quarry.coordinator.query.settled_cuts import Settled
 from quarry.errors import ClusterError
 
 SESSIONS_MAX = 32

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 import pyarrow as pa
 
-from quarry.coordinator.query import Query
+from quarry.coordinator.query.run import Query
 from quarry.errors import ClusterError, QueryCancelled, QueryError
 from quarry.flightsql.handles import Handle, Kind
 from quarry.flightsql.messages import CancelStatus

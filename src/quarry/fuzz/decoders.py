@@ -129,7 +129,7 @@ def _mtx_bytes() -> bytes:
 
 def read_any_file(kind: str, folder: Path) -> Callable[[bytes], None]:
     """What ingest does with a file of ``kind``: open it and read every row."""
-    from quarry.coordinator.sources import GuardedReader, open_source
+    from quarry.coordinator.ingest.sources import GuardedReader, open_source
 
     suffix = {"parquet": ".parquet", "csv": ".csv", "arrow": ".arrow", "h5ad": ".h5ad"}
 

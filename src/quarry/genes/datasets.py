@@ -46,8 +46,8 @@ from quarry.progress import Bar
 from quarry.store import naming
 
 if TYPE_CHECKING:
-    from quarry.coordinator.catalog import DatasetEntry
     from quarry.coordinator.cluster import Cluster
+    from quarry.coordinator.membership.catalog import DatasetEntry
 
 DESCRIPTION_KEY = "quarry.genes"
 DESCRIPTION_FORMAT = 1

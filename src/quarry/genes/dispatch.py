@@ -6,7 +6,7 @@ needs (group 0: the group, group 1: the reference). How it gets them is the push
 - `always`: every device runs the unit of work `genes.accumulate` over its partitions (from its
   cache where it can) and ships side statistics; slices it pushes back (forced by `push_back`)
   the host fetches raw and completes with the same unit (the one host dispatch,
-  `quarry.coordinator.dispatch`).
+  `quarry.coordinator.dispatch.dispatch`).
 - `auto`: the same, but each device decides per slice, at run time, whether running Accumulate
   pays off against shipping the slice (ActivePy Eq. 1 with the host's measured Accumulate cost;
   `quarry.device.controller.Adaptive`).
@@ -28,8 +28,8 @@ import numpy as np
 import pyarrow as pa
 from scipy import sparse
 
-from quarry.coordinator.dispatch import Dispatch, Task
-from quarry.coordinator.planning import replicas_of
+from quarry.coordinator.dispatch.dispatch import Dispatch, Task
+from quarry.coordinator.query.planning import replicas_of
 from quarry.cost.model import host_share, link_bytes_per_s
 from quarry.device.unit import host_context, host_cores
 from quarry.errors import DeviceUnavailable

@@ -24,8 +24,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from quarry.coordinator.dispatch import Dispatch
-from quarry.coordinator.planning import partition_task
+from quarry.coordinator.dispatch.dispatch import Dispatch
+from quarry.coordinator.query.planning import partition_task
 from quarry.cost.model import host_share
 from quarry.device.unit import host_context, host_cores
 from quarry.offload import profile, values, worker

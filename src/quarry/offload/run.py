@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from quarry.coordinator.figures import calibration_of, measured
+from quarry.coordinator.query.cost_inputs import calibration_of, measured
 from quarry.device.unit import host_cores
 from quarry.offload import profile
 from quarry.offload.assign import Cut, assign

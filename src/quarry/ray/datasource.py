@@ -193,7 +193,7 @@ def _read(
     """One read task: the partition's rows, as tables of the stream's batches; then what moved,
     to the datasource's tally."""
     import quarry
-    from quarry.coordinator.partition_read import read_partition
+    from quarry.coordinator.reads.partition_read import read_partition
 
     cluster = quarry.connect(cluster_file)
     try:

@@ -24,8 +24,8 @@ import pyarrow as pa
 from pyarrow import flight
 
 from quarry import auth
-from quarry.coordinator.client import DeviceClient, _finish_put
-from quarry.coordinator.membership import Membership
+from quarry.coordinator.membership.device_client import DeviceClient, _finish_put
+from quarry.coordinator.membership.membership import Membership
 from quarry.cost.model import DeviceFigures, HostFigures
 from quarry.device import admission, calibration
 from quarry.device.admission import Admission

@@ -22,9 +22,9 @@ from typing import TYPE_CHECKING, Protocol
 
 import pyarrow as pa
 
-from quarry.coordinator.dispatch import Dispatch, Task
-from quarry.coordinator.report import WorkReport
-from quarry.coordinator.streams import merge
+from quarry.coordinator.dispatch.dispatch import Dispatch, Task
+from quarry.coordinator.dispatch.report import WorkReport
+from quarry.coordinator.dispatch.streams import merge
 from quarry.cost import eq1
 from quarry.cost.model import CUTS, DeviceFigures, HostFigures
 from quarry.device.loop import cpu_seconds
@@ -58,8 +58,8 @@ from quarry.tally import Tally
 if TYPE_CHECKING:
     from pyarrow import flight
 
-    from quarry.coordinator.client import DeviceClient
-    from quarry.coordinator.membership import Membership
+    from quarry.coordinator.membership.device_client import DeviceClient
+    from quarry.coordinator.membership.membership import Membership
     from quarry.device.admission import Admission
     from quarry.device.emulation import Emulator
 

@@ -1,0 +1,4 @@
+"""Who is in a cluster and what they hold: the devices (``membership``), the typed client of
+each (``device_client``), the catalog rebuilt from what they say (``catalog``), whether it still
+holds (``freshness``) and where a dataset's partitions go (``placement``). No central metadata
+server: ask the devices again and the same catalog comes back."""

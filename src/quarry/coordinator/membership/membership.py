@@ -1,0 +1,201 @@
+"""Who is in a cluster and what they hold: the devices, which answer, and the catalog.
+
+The catalog is a cache rebuilt from what the devices say they hold (no central metadata
+server). Everything the coordinator does over a cluster (ingest, SQL, gene statistics,
+calibration) is a function over a ``Membership``; ``quarry.coordinator.cluster.Cluster`` puts
+those functions behind one handle for users.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any
+
+from quarry import threads
+from quarry.auth.credentials import read_private
+from quarry.coordinator.membership import catalog as catalog_module
+from quarry.coordinator.membership.catalog import DatasetEntry
+from quarry.coordinator.membership.device_client import DeviceClient
+from quarry.coordinator.membership.freshness import CatalogCheck, CatalogState, Loads
+from quarry.coordinator.query.host_admission import Workload
+from quarry.coordinator.query.plan_cache import Kept
+from quarry.coordinator.query.settled_cuts import Settled
+from quarry.errors import ClusterError, DatasetNotFound, DeviceUnavailable, ProtocolError
+from quarry.protocol.control import HelloReply, LoadStatus, PulseReply
+from quarry.store import naming
+
+PROBE_WORKERS_MAX = 16
+# sampled slices kept (one per dataset version a query planned over lately): a TPC-H lineitem
+# slice of every column is about 5 MB
+SAMPLE_SLICES_KEPT_MAX = 16
+# ``auto``'s cost model reads each device's load: one a pulse said this recently is as good as
+# a new one (a device's load is its slots' use over the last two seconds, BUSY_WINDOW_S), so a
+# query need not wait for its own pulse to choose its cut
+LOADS_FRESH_S = 0.5
+
+
+def client_of(spec: dict[str, Any]) -> DeviceClient:
+    """A device's client from its cluster-file entry, with the credentials the entry names: a
+    token inline or in a file (owner-readable), and the CA its TLS certificate must chain to."""
+    token = spec.get("token")
+    if token is None and spec.get("token_file"):
+        token = read_private(Path(spec["token_file"])).decode().strip()
+    root_ca = read_private(Path(spec["ca_file"])) if spec.get("ca_file") else None
+    return DeviceClient(spec["name"], spec["address"], token=token, root_ca=root_ca)
+
+
+def _pulse(client: DeviceClient) -> PulseReply | None:
+    """A device's pulse; None from a device that predates them (its catalog is read anew
+    before every query, as it always was)."""
+    try:
+        return client.pulse()
+    except ProtocolError:
+        return None
+
+
+class Membership:
+    def __init__(self, devices: list[dict[str, Any]], source: str | None = None):
+        if not devices:
+            raise ClusterError("a cluster needs at least one device")
+        names = [d["name"] for d in devices]
+        if len(set(names)) != len(names):
+            raise ClusterError(f"device names must be unique, got {names}")
+        self.spec = devices
+        self.source = source
+        self.devices = {d["name"]: client_of(d) for d in devices}
+        # the catalog and what it was read from, replaced whole by ``refresh`` (freshness.py)
+        self.state = CatalogState()
+        self.calibration_cache: dict[str, dict[str, Any]] = {}
+        self.figures_cache: dict[tuple[bytes, str], Any] = {}  # auto's sampled sub-plan costs
+        self.settled = Settled()  # auto: where the devices settled past the model's cut
+        self.workload = Workload()  # the host's turns for long queries
+        self.plans: Kept[Any] = Kept()  # planning.plan's decompositions, per catalog version
+        self.slices: Kept[Any] = Kept(SAMPLE_SLICES_KEPT_MAX)  # figures.sample_slice's
+        self.loads = Loads()  # each device's last said load
+        self._refresh_lock = threading.Lock()
+        self.refresh()
+
+    # the parts of the current state, as every function over a cluster reads them
+    @property
+    def catalog(self) -> dict[str, DatasetEntry]:
+        return self.state.catalog
+
+    @property
+    def info(self) -> dict[str, HelloReply]:
+        return self.state.info
+
+    @property
+    def down(self) -> dict[str, str]:
+        return self.state.down
+
+    @property
+    def catalog_version(self) -> int:
+        return self.state.version
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({len(self.devices)} devices, {len(self.catalog)} datasets)"
+
+    def close(self) -> None:
+        for client in self.devices.values():
+            client.close()
+
+    def each(self, call: Any) -> dict[str, Any]:
+        """Call every device in parallel; a device that does not answer is recorded as down."""
+        if len(self.devices) == 1:  # nothing to overlap: this thread asks
+            ((name, client),) = self.devices.items()
+            try:
+                return {name: call(client)}
+            except DeviceUnavailable as error:
+                return {name: error}
+        return {name: future.result() for name, future in self.each_started(call).items()}
+
+    def each_started(self, call: Any, names: list[str] | None = None) -> dict[str, Future]:
+        """``each``, under way (over ``names``, all by default): per device a future of its
+        answer (or of the ``DeviceUnavailable`` it raised), at most ``PROBE_WORKERS_MAX`` calls
+        at once, so a device that takes its time to answer does not hold up the others."""
+        names = sorted(self.devices) if names is None else names
+        futures: dict[str, Future] = {name: Future() for name in names}
+
+        def run(name: str) -> None:
+            future = futures[name]
+            try:
+                future.set_result(call(self.devices[name]))
+            except DeviceUnavailable as error:
+                future.set_result(error)
+            except BaseException as error:
+                future.set_exception(error)
+
+        tasks = [(lambda name=name: run(name)) for name in futures]
+        threads.lanes(tasks, PROBE_WORKERS_MAX, "quarry-probe")
+        return futures
+
+    def refresh(self) -> None:
+        """Rebuild the catalog from the devices' own metadata (no central metadata server)."""
+        with self._refresh_lock:
+            down: dict[str, str] = {}
+            info = dict(self.info)
+            inventories, generations = {}, {}
+            partial = set()  # storage servers with drives down: what they miss is lost, for now
+            for name, result in self.each(lambda c: (c.hello(), c.inventory_reply())).items():
+                if isinstance(result, Exception):
+                    down[name] = str(result)
+                    continue
+                info[name], reply = result
+                inventories[name] = reply.partitions
+                generations[name] = reply.generation
+                if reply.drives_down:
+                    partial.add(name)
+            catalog = catalog_module.build(
+                inventories, frozenset(down) | frozenset(partial), frozenset(self.devices)
+            )
+            self.state = CatalogState(self.state.version + 1, catalog, info, down, generations)
+
+    def check(
+        self, devices: Iterable[str] | None = None, state: CatalogState | None = None
+    ) -> CatalogCheck:
+        """Pulses of ``devices`` (all by default) against ``state`` (the current one by
+        default), under way while a query goes on (``CatalogCheck``); none asked: a check that
+        holds."""
+        names = sorted(self.devices if devices is None else devices)
+        answers = self.each_started(_pulse, names) if names else None
+        return CatalogCheck(self, state or self.state, answers)
+
+    def checked(self) -> CatalogCheck:
+        """A check already answered: the catalog was just read from the devices."""
+        return CatalogCheck(self, self.state, None)
+
+    def loads_seen(self, loads: dict[str, LoadStatus]) -> None:
+        self.loads.seen(loads)
+
+    def recent_loads(self) -> dict[str, LoadStatus] | None:
+        """Every live device's load as it said it at most ``LOADS_FRESH_S`` ago, or None."""
+        return self.loads.recent([c.name for c in self.live_devices()], LOADS_FRESH_S)
+
+    def forget_loads(self) -> None:
+        """A load was just started on a device: the next query asks again."""
+        self.loads.forget()
+
+    def live_devices(self) -> list[DeviceClient]:
+        return [c for n, c in sorted(self.devices.items()) if n not in self.down]
+
+    def device(self, name: str) -> DeviceClient:
+        if name not in self.devices:
+            raise ClusterError(f"no device named {name!r}; devices are {sorted(self.devices)}")
+        return self.devices[name]
+
+    def entry(self, dataset: str) -> DatasetEntry:
+        domain, name = naming.split_dataset(dataset)
+        entry = self.catalog.get(f"{domain}/{name}")
+        if entry is None:
+            self.refresh()
+            entry = self.catalog.get(f"{domain}/{name}")
+        if entry is None:
+            known = ", ".join(self.catalog) or "none"
+            down = ""
+            if self.down:  # a small dataset lives on few devices, maybe only on these
+                down = f" ({', '.join(sorted(self.down))} do not answer: they may hold it)"
+            raise DatasetNotFound(f"no dataset {domain}/{name}; datasets are: {known}{down}")
+        return entry

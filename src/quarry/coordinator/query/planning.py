@@ -1,0 +1,312 @@
+"""A query's plan on the host: the cut into super-plan and sub-plans, and where each starts.
+
+``plan`` decomposes the SQL against the catalog, for what the devices holding each dataset can
+evaluate (the intersection of their profiles). Under ``pushdown="auto"`` ``choose_cuts`` then
+asks the one cost model (ActivePy Eq. 1 over calibrated figures, each device's load and one
+sampled slice) where each fragment should start: ``full``, ``filter`` or ``raw``; the devices
+adapt from there at run time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
+
+from quarry.coordinator.dispatch.dispatch import Task
+from quarry.coordinator.query.cost_inputs import device_figures, sample_subplan
+from quarry.coordinator.query.selectivity import SampledSelectivity
+from quarry.coordinator.query.settled_cuts import Key
+from quarry.cost.model import Choice, HostFigures, SubPlanFigures, choose
+from quarry.cost.told import told
+from quarry.device.unit import Unit, host_emulator
+from quarry.errors import DeviceUnavailable, ExecutionError, QueryError
+from quarry.plan import engine
+from quarry.plan.capabilities import per_dataset
+from quarry.plan.decompose import Decomposition, Fragment, alike_renames, decompose, read_once
+from quarry.plan.errors import PlanError
+from quarry.plan.join_filters import JoinFilter, join_filters
+from quarry.plan.superplan import HostPace
+from quarry.protocol.control import LoadStatus
+from quarry.protocol.stage import Stage
+from quarry.protocol.work import HostCost, Policy, WorkRequest
+
+if TYPE_CHECKING:
+    from quarry.coordinator.membership.catalog import DatasetEntry, PartitionEntry
+    from quarry.coordinator.membership.freshness import CatalogState
+    from quarry.coordinator.membership.membership import Membership
+
+FIGURES_CACHE_MAX = 256
+
+
+def plan(
+    cluster: Membership, sql: str, pushdown: str, state: CatalogState | None = None
+) -> Decomposition:
+    """The largest cut the devices can take (``auto`` plans as ``always`` and starts lower),
+    over the catalog as ``state`` holds it (the current one by default); kept per catalog
+    version (``plan_cache``), so a repeated query is not cut again.
+
+    ``never`` plans the same cut for the host alone: devices ship raw slices and the host runs
+    each sub-plan over them as they arrive, so the super-plan merges partial aggregates and
+    top-k's instead of holding every raw row (the same work, in bounded memory)."""
+    state = state or cluster.state  # one catalog for the whole cut
+    key = (sql, pushdown, state.version)
+    try:
+        estimate = SampledSelectivity(cluster, state.catalog)
+        return cluster.plans.get(
+            key, lambda: _decompose(state.catalog, state.info, sql, pushdown, estimate)
+        )[0]
+    except QueryError as error:
+        if cluster.down and "not found" in str(error):  # a small table lives on few devices
+            down = ", ".join(sorted(cluster.down))
+            raise QueryError(f"{error}\n({down} do not answer: they may hold it)") from None
+        raise
+
+
+def _decompose(
+    catalog: dict[str, DatasetEntry],
+    info: dict[str, Any],
+    sql: str,
+    pushdown: str,
+    selectivity: SampledSelectivity | None = None,
+) -> Decomposition:
+    tables = {name: entry.schema for name, entry in catalog.items()}
+    capabilities = None
+    if pushdown != "never":
+        holders = {
+            name: [d for p in entry.partitions for d in p.devices]
+            for name, entry in catalog.items()
+        }
+        kinds = {name: hello.profile.capabilities for name, hello in info.items()}
+        capabilities = per_dataset(holders, kinds)
+    try:
+        decomposition = decompose(
+            sql,
+            tables,
+            pushdown="always",
+            capabilities=capabilities,
+            selectivity=selectivity,
+            share=False,
+        )
+    except PlanError as error:
+        raise QueryError(str(error)) from None
+    decomposition.pushdown = pushdown
+    return decomposition
+
+
+def shared(
+    cluster: Membership, decomposition: Decomposition, cut_by_keys: bool
+) -> tuple[Decomposition, tuple[JoinFilter, ...]]:
+    """The decomposition with alike fragments read once, and the join pairs that cut it.
+
+    Two reads of a dataset the same way share one fragment (Q21's lineitem l1 and l3) unless
+    sharing leaves it uncut where reads of their own would be cut: a pair must cut every read
+    of a fragment, and the cut of one read may be wrong for the other. Q21's l1 is cut by the
+    suppliers of one nation (4% of them) and its l3 by l1's order keys; shared, neither was,
+    and Q21 shipped every row of both (1.6 GB at SF 10, past its super-plan's memory). A
+    shared fragment that some pair cuts stays shared (Q2's partsupp, both reads cut by part's
+    keys): cutting its reads apart would scan it twice for cuts that only make it wait."""
+    whole = read_once(decomposition, alike_renames(decomposition))
+    if not cut_by_keys:
+        return whole, ()
+    pairs = _pairs_of(cluster, whole)
+    cut = {pair.probe for pair in pairs}
+    uncut = [group for group in decomposition.alike if group[0] not in cut]
+    if not uncut:
+        return whole, pairs
+    apart = {pair.probe for pair in _pairs_of(cluster, decomposition)}
+    split = [group for group in uncut if apart & set(group)]
+    if not split:
+        return whole, pairs
+    renames = {
+        name: group[0] for group in decomposition.alike if group not in split for name in group[1:]
+    }
+    kept = read_once(decomposition, renames)
+    return kept, _pairs_of(cluster, kept)
+
+
+def _pairs_of(cluster: Membership, decomposition: Decomposition) -> tuple[JoinFilter, ...]:
+    if len(decomposition.fragments) < 2:
+        return ()
+    rows = {name: entry.rows for name, entry in cluster.catalog.items()}
+    return join_filters(decomposition, rows, kept_rows(cluster, decomposition))
+
+
+def device_for(cluster: Membership, entry: DatasetEntry, partition: PartitionEntry) -> str:
+    """The replica that serves a partition: the first in placement order that answers."""
+    for name in partition.devices:
+        if name not in cluster.down:
+            return name
+    raise DeviceUnavailable(
+        f"no replica of partition {partition.partition} of {entry.qualified} answers "
+        f"(held by {', '.join(partition.devices)})"
+    )
+
+
+def replicas_of(cluster: Membership, partition: PartitionEntry, chosen: str) -> list[Any]:
+    """The other replicas of a partition, in placement order: where its work goes if the
+    chosen device stops answering mid-way."""
+    return [
+        cluster.devices[name]
+        for name in partition.devices
+        if name != chosen and name not in cluster.down
+    ]
+
+
+def partition_task(
+    cluster: Membership,
+    entry: DatasetEntry,
+    partition: PartitionEntry,
+    request: WorkRequest,
+    host: Unit,
+    **options: Any,
+) -> Task:
+    """One partition's work, on the replica that serves it, with the others to go on on."""
+    device = device_for(cluster, entry, partition)
+    return Task(
+        client=cluster.devices[device],
+        replicas={partition.partition: replicas_of(cluster, partition, device)},
+        request=request,
+        host=host,
+        label=entry.qualified,
+        **options,
+    )
+
+
+@dataclass
+class Cuts:
+    """Where each fragment starts, and what each device is told of the host's costs."""
+
+    choices: dict[str, dict[str, Any]] = field(default_factory=dict)  # fragment -> choice
+    host_costs: dict[tuple[str, str], HostCost] = field(default_factory=dict)
+    # fragment -> (what ``settled_cuts`` keeps it under, the model's own cut)
+    model_cuts: dict[str, tuple[Key, Stage]] = field(default_factory=dict)
+    # fragments that start raw and end before a device would first probe to take them back:
+    # the host reads their slices itself (a scan stream each), no work exchange (``scans_raw``),
+    # unless a join's keys cut them (``scanned``)
+    scans: set[str] = field(default_factory=set)
+
+    def scanned(self, probes: set[str]) -> None:
+        """Of the fragments that may be read as scans, those a join's keys cut are not: the
+        devices cut them before they ship. The others say so in EXPLAIN."""
+        self.scans -= probes
+        for name in self.scans:
+            self.choices[name]["runs_as"] = "scan: the host reads the slices"
+
+    def host_cost(self, fragment: str, device: str) -> HostCost | None:
+        return self.host_costs.get((fragment, device))
+
+
+def choose_cuts(
+    cluster: Membership, decomposition: Decomposition, loads: dict[str, LoadStatus] | None = None
+) -> Cuts:
+    """pushdown="auto": the cost model picks each fragment's cut; devices start from it.
+    ``loads``: each device's, as its pulse said (a device missing is asked)."""
+    cuts = Cuts()
+    host = host_figures()
+    for fragment in decomposition.fragments:
+        entry = cluster.entry(fragment.dataset)
+        if entry.unavailable or entry.rows == 0:
+            continue
+        stored: dict[str, int] = {}
+        for p in entry.partitions:
+            device = device_for(cluster, entry, p)
+            stored[device] = stored.get(device, 0) + p.bytes_stored
+        figures = sampled(cluster, fragment, entry)
+        devices = device_figures(cluster, entry, stored, loads or {})
+        # A fragment that only filters has identical filter and full stages: the filter cut
+        # would cost an extra fetch for the same work.
+        identical = fragment.stages[Stage.FILTER] == fragment.stages[Stage.FULL]
+        allowed = (Stage.FULL, Stage.RAW) if identical else (Stage.FULL, Stage.FILTER, Stage.RAW)
+        choice = _started(cluster, cuts, fragment, entry, choose(devices, figures, host, allowed))
+        for name, cost in told(devices, figures, host, choice.cut).items():
+            cuts.host_costs[(fragment.name, name)] = cost
+        # a storage server chooses its drives' cut on its own figures: it gets the work
+        servers = any(cluster.info[name].role == "server" for name in stored)
+        if scans_raw(choice) and not servers:
+            cuts.scans.add(fragment.name)
+    return cuts
+
+
+def scans_raw(choice: Choice, probe_after_s: float = Policy().probe_after_s) -> bool:
+    """A fragment the model starts raw and expects to end before a device's first probe to
+    take the work back (``Policy.probe_after_s``) is read by the host as a scan: no device would
+    run any of it, and a scan stream costs a device a quarter of a work exchange (0.6 against
+    2.2 ms of CPU; a 1,000-row aggregate on 4 devices took 11.9 ms a query under auto, 7.4
+    reading the slices)."""
+    return choice.cut is Stage.RAW and choice.estimates[Stage.RAW].seconds < probe_after_s
+
+
+def _started(
+    cluster: Membership, cuts: Cuts, fragment: Fragment, entry: DatasetEntry, choice: Choice
+) -> Choice:
+    """The model's choice, or where the devices settled past it in the last run (``settled_cuts``);
+    either way recorded for EXPLAIN, and the model's own cut kept for what this run teaches."""
+    key = fragment_key(fragment, entry)
+    cuts.choices[fragment.name] = choice.to_json()
+    cuts.model_cuts[fragment.name] = (key, choice.cut)
+    start = cluster.settled.start(key, choice.cut, choice.estimates)  # the cuts it weighed
+    if start is None:
+        return choice
+    cuts.choices[fragment.name].update(
+        cut=start.value,
+        model_cut=choice.cut.value,
+        started="where the devices settled in the last run",
+    )
+    return replace(choice, cut=start)
+
+
+def host_figures() -> HostFigures:
+    """The host as its profile sets it (``quarry.local(host_profile=)``, ``quarry up
+    --host-profile``), or this machine as it is."""
+    profile = host_emulator().profile
+    return HostFigures(
+        cores=profile.cores or 1,
+        compute_factor=profile.compute_factor,
+        link_bytes_per_s=profile.external_bytes_per_s,
+    )
+
+
+def host_pace() -> HostPace:
+    """The super-plan's share of the host: DataFusion on the profile's cores (no more than this
+    machine has), each batch stretched by the profile's compute factor."""
+    emulator = host_emulator()
+    cores = min(emulator.cores or engine.cpu_count(), engine.cpu_count())
+    slower = emulator.profile.compute_factor != 1.0 or emulator.background_load() > 0
+    return HostPace(cores, emulator.stretch if slower else None)
+
+
+def fragment_key(fragment: Fragment, entry: DatasetEntry) -> Key:
+    """A fragment over one version of its data (its whole sub-plan's bytes and the version): what
+    the sampled figures and where the devices settled are kept under."""
+    return (fragment.stages[Stage.FULL], entry.version)
+
+
+def sampled(cluster: Membership, fragment: Fragment, entry: DatasetEntry) -> SubPlanFigures:
+    """Sampling costs a slice fetch and two local runs; a repeated query on unchanged data
+    reuses what it learnt (like a plan cache), so auto stays cheap."""
+    key = fragment_key(fragment, entry)
+    figures = cluster.figures_cache.get(key)
+    if figures is None:
+        figures = sample_subplan(cluster, fragment, entry)
+        if len(cluster.figures_cache) >= FIGURES_CACHE_MAX:
+            cluster.figures_cache.clear()
+        cluster.figures_cache[key] = figures
+    return figures
+
+
+def kept_rows(cluster: Membership, decomposition: Decomposition) -> dict[str, float]:
+    """Per filtered fragment, the rows its filter keeps per row read, as a slice sampled on the
+    host says (the join filters size a build by it: ``join_filters``). A sub-plan that fails on
+    the sample is not estimated: its error is the query's, and comes when it runs."""
+    kept = {}
+    for fragment in decomposition.fragments:
+        if not (fragment.device_filter or fragment.host_filter):
+            continue
+        entry = cluster.entry(fragment.dataset)
+        if entry.unavailable or not entry.rows:
+            continue
+        try:
+            kept[fragment.name] = sampled(cluster, fragment, entry).kept_rows
+        except ExecutionError:
+            continue
+    return kept
