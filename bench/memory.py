@@ -34,11 +34,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import png_path, write_json
 
 import quarry
+from quarry import settings
 from quarry.plan.memory import (
     QUERY_HOST_MEMORY_BYTES_MAX,
     SPOOL_MEMORY_SHARE,
     SUPER_PLAN_MEMORY_BYTES_MAX,
-    SUPER_PLAN_MEMORY_ENV,
 )
 from quarry.samples import particles
 
@@ -103,7 +103,7 @@ def child(cluster_file: str, sql: str, pushdown: str) -> dict[str, Any]:
 
 
 def run_child(cluster_file: Path, sql: str, pushdown: str, budget_mib: int) -> dict[str, Any]:
-    environment = {**os.environ, SUPER_PLAN_MEMORY_ENV: str(budget_mib)}
+    environment = {**os.environ, settings.SUPER_PLAN_MEMORY_MIB.name: str(budget_mib)}
     command = [sys.executable, __file__, "--child", str(cluster_file), sql, pushdown]
     done = subprocess.run(
         command, env=environment, capture_output=True, text=True, timeout=CHILD_TIMEOUT_S

@@ -47,6 +47,7 @@ from rich.console import Console
 from rich.table import Table
 
 import quarry
+from quarry import settings
 from quarry.errors import QuarryError
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -56,7 +57,7 @@ from load import duckdb_with_tpch
 NAME = "polardb"
 # The host's memory for the super-plan: at SF 1, no pushdown brings whole tables to the host and
 # a join's build side outgrows the 384 MiB default (this machine has 24 GiB).
-os.environ.setdefault("QUARRY_SUPER_PLAN_MEMORY_MIB", "4096")
+os.environ.setdefault(settings.SUPER_PLAN_MEMORY_MIB.name, "4096")
 console = Console(width=150)
 SCANS = {
     "TS-1": "SELECT l_partkey, l_extendedprice, l_discount FROM tpch.lineitem "

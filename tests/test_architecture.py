@@ -143,3 +143,44 @@ def test_every_kind_of_work_is_a_unit():
 
     for name in ("substrait", "sample", "genes.accumulate", "capacity.count", "capacity.pagerank"):
         assert name == lookup(name).NAME
+
+
+SETTINGS = "quarry.settings"
+BENCH = SRC.parents[1] / "bench"
+
+
+def _docstrings(tree: ast.AST) -> set[int]:
+    """The string nodes that are docstrings: they document a variable, they cannot read one."""
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
+            body = node.body
+            if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+                found.add(id(body[0].value))
+    return found
+
+
+def _quarry_strings(path: Path) -> list[str]:
+    """Where a file names a ``QUARRY_`` variable in a string that is not a docstring."""
+    tree = ast.parse(path.read_text())
+    skipped = _docstrings(tree)
+    return [
+        f"{path.relative_to(SRC.parents[1])}:{node.lineno}: {node.value!r}"
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant)
+        and isinstance(node.value, str)
+        and "QUARRY_" in node.value
+        and id(node) not in skipped
+    ]
+
+
+def test_every_quarry_variable_is_read_through_the_settings_module():
+    """Only quarry.settings names a QUARRY_ variable in code. A read elsewhere
+    (``os.environ.get("QUARRY_...")``, ``os.getenv``, ``os.environ[...]``, a constant holding
+    the name) needs the name as a string, so none may appear outside docstrings; a message
+    names a variable as ``settings.X.name``, so renaming one is a change in one place. The
+    benchmarks are held to the same."""
+    files = [p for m, p in MODULES.items() if m != SETTINGS] + sorted(BENCH.glob("*.py"))
+    offences = [found for path in files for found in _quarry_strings(path)]
+    assert offences == []
+    assert _quarry_strings(MODULES[SETTINGS]), "the settings module names the variables"

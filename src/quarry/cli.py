@@ -14,6 +14,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
+from quarry import settings
 from quarry.cli_common import (
     DEFAULT_DATA,
     ClusterOption,
@@ -159,7 +160,9 @@ def up(
     cluster = Cluster(started, source=str(file))
     _print_status(cluster.status())
     cluster.close()
-    console.print(f"cluster file: {file}  (export QUARRY_CLUSTER={file} to use it from elsewhere)")
+    console.print(
+        f"cluster file: {file}  (export {settings.CLUSTER.name}={file} to use it from elsewhere)"
+    )
     if flight_sql_port is not None:
         from quarry.flightsql import process as flight_sql
 

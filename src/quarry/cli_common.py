@@ -16,7 +16,6 @@ have in common lives here, and this module imports none of them:
 from __future__ import annotations
 
 import json
-import os
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -27,13 +26,13 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from quarry import settings
 from quarry.errors import QuarryError
 
 if TYPE_CHECKING:
     from quarry.coordinator.cluster import Cluster
 
 DEFAULT_DATA = ".quarry"
-CLUSTER_FILE_ENV = "QUARRY_CLUSTER"
 # Exit code 2 is what click gives a wrong option, and what quarry has always given an error the
 # user can fix: scripts tell these apart from a crash (1) or Ctrl-C (130).
 EXIT_USER_ERROR = 2
@@ -42,7 +41,8 @@ EXIT_INTERRUPTED = 130
 ClusterOption = Annotated[
     Path | None,
     typer.Option(
-        "--cluster", help="cluster file (default: $QUARRY_CLUSTER or .quarry/cluster.json)"
+        "--cluster",
+        help=f"cluster file (default: ${settings.CLUSTER.name} or {settings.CLUSTER.default})",
     ),
 ]
 JsonOption = Annotated[bool, typer.Option("--json", help="print JSON")]
@@ -55,7 +55,7 @@ def cluster_file(path: Path | None) -> Path:
     """The cluster file a command uses: `--cluster`, else $QUARRY_CLUSTER, else the default."""
     if path is not None:
         return path
-    return Path(os.environ.get(CLUSTER_FILE_ENV, f"{DEFAULT_DATA}/cluster.json"))
+    return settings.CLUSTER.get()
 
 
 def open_cluster(path: Path | None) -> Cluster:

@@ -46,6 +46,14 @@ class SourceError(QuarryError, ValueError):
     code = "source_error"
 
 
+class SettingError(QuarryError, ValueError):
+    """A ``QUARRY_*`` environment variable whose value is not of its type or is out of its
+    bounds: the message names the variable, the value and what is allowed
+    (``quarry.settings``, docs/configuration.md)."""
+
+    code = "setting_error"
+
+
 class ValueTooLarge(QuarryError, ValueError):
     code = "value_too_large"
 

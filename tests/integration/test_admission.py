@@ -9,8 +9,9 @@ import duckdb
 import pytest
 
 import quarry
-from quarry.device.admission import EXCHANGES_ENV, SMALL_BYTES_MAX
+from quarry.device.admission import SMALL_BYTES_MAX
 from quarry.samples import particles
+from quarry.settings import DEVICE_EXCHANGES_MAX
 
 QUERIES = [
     "SELECT count(*) AS n, sum(ke) AS ke FROM physics.particles WHERE ke > {x}",
@@ -20,7 +21,8 @@ QUERIES = [
 
 def test_a_busy_device_slows_callers_down_and_changes_no_answer(monkeypatch):
     table = particles.table(40_000, seed=9)
-    monkeypatch.setenv(EXCHANGES_ENV, "1")  # the devices started below take one at a time
+    # the devices started below take one at a time
+    monkeypatch.setenv(DEVICE_EXCHANGES_MAX.name, "1")
     with quarry.local(devices=2, profile="kinetic") as cluster:  # slow drives: long exchanges
         cluster.ingest(table, "physics/particles", partitions=4)
 
@@ -56,7 +58,7 @@ def test_a_busy_device_slows_callers_down_and_changes_no_answer(monkeypatch):
 def test_a_small_tables_scan_does_not_wait_behind_a_large_one(monkeypatch):
     """A query reads nation beside lineitem: the small read takes the small lane, so a device
     whose slots hold long scans still answers it at once."""
-    monkeypatch.setenv(EXCHANGES_ENV, "1")
+    monkeypatch.setenv(DEVICE_EXCHANGES_MAX.name, "1")
     with quarry.local(devices=1) as cluster:
         cluster.ingest(particles.table(400_000, seed=3), "physics/large", partitions=1)
         cluster.ingest(particles.table(50, seed=4), "physics/small", partitions=1)

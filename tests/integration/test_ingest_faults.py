@@ -17,9 +17,9 @@ import pyarrow as pa
 import pytest
 
 import quarry
-from quarry.device.faults import FAULT_FILE_ENV
 from quarry.errors import QuarryError
 from quarry.samples import particles
+from quarry.settings import FAULT_FILE, INGEST_LEASE_S
 
 ROUNDS = 10
 LEASE_S = 2.0  # short leases, so that what a coordinator left behind goes within seconds
@@ -32,9 +32,10 @@ def faulty(tmp_path_factory):
     folder = tmp_path_factory.mktemp("ingest-faults")
     fault_file = folder / "fault"
     fault_file.write_text("")
-    saved = {k: os.environ.get(k) for k in (FAULT_FILE_ENV, "QUARRY_INGEST_LEASE_S")}
-    os.environ[FAULT_FILE_ENV] = str(fault_file)
-    os.environ["QUARRY_INGEST_LEASE_S"] = str(LEASE_S)
+    # set for the whole module (monkeypatch is per test), and put back after
+    saved = {k: os.environ.get(k) for k in (FAULT_FILE.name, INGEST_LEASE_S.name)}
+    os.environ[FAULT_FILE.name] = str(fault_file)
+    os.environ[INGEST_LEASE_S.name] = str(LEASE_S)
     try:
         with quarry.local(devices=3, data=folder / "cluster") as cluster:
             yield cluster, fault_file

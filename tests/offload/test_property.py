@@ -21,6 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from quarry.offload.run import plan
+from quarry.settings import PROPERTY_EXAMPLES
 
 from .programs import plain, under_quarry
 
@@ -93,7 +94,7 @@ def programs(draw) -> str:
 
 
 @settings(
-    max_examples=int(__import__("os").environ.get("QUARRY_PROPERTY_EXAMPLES", "5")),
+    max_examples=PROPERTY_EXAMPLES.get() or 5,
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )

@@ -12,14 +12,13 @@ agree to 1e-9 relative.
 
 from __future__ import annotations
 
-import os
-
 import duckdb
 import pyarrow as pa
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from quarry.plan import decompose
+from quarry.settings import PROPERTY_EXAMPLES
 
 from .harness import assert_same_rows, execute
 
@@ -58,7 +57,7 @@ SCHEMA = pa.schema(
     ]
 )
 # More examples for a bug hunt: QUARRY_PROPERTY_EXAMPLES=2000 pytest tests/plan/test_property.py
-EXAMPLES = int(os.environ.get("QUARRY_PROPERTY_EXAMPLES", "150"))
+EXAMPLES = PROPERTY_EXAMPLES.get() or 150
 # Sums of 1/8-multiples are exact; the tolerance covers variance algorithms only.
 FLOAT_ABSOLUTE = 1e-9
 

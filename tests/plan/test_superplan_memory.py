@@ -12,10 +12,11 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from quarry.errors import HostMemoryExceeded, QuarryError, QueryError
+from quarry.errors import HostMemoryExceeded, QuarryError, QueryError, SettingError
 from quarry.plan import decompose, run_stage, run_super, superplan
-from quarry.plan.memory import SUPER_PLAN_MEMORY_ENV, MemoryBudget, memory_summary
+from quarry.plan.memory import MemoryBudget, memory_summary
 from quarry.plan.superplan import SortMergeRerun
+from quarry.settings import SUPER_PLAN_MEMORY_MIB
 
 from .harness import assert_same_rows
 
@@ -247,7 +248,7 @@ def test_a_join_that_does_not_fit_even_as_a_sort_merge_join_is_one_clear_error(
     assert len(reruns) == 1, "one run again, no more"
     assert "budget of 16 MiB" in message
     assert "not even run again as a sort-merge join that spills" in message
-    assert f"{SUPER_PLAN_MEMORY_ENV}=" in message
+    assert f"{SUPER_PLAN_MEMORY_MIB.name}=" in message
     assert "DataFusion error" not in message and "Traceback" not in message
     del reader
     gc.collect()
@@ -266,7 +267,7 @@ def test_a_cross_join_over_budget_is_one_clear_error(data, tmp_path: Path) -> No
     message = str(caught.value)
     assert reruns == [], "a cross join has no sort-merge form to run again as"
     assert "budget of 16 MiB" in message and "join's build side" in message
-    assert f"{SUPER_PLAN_MEMORY_ENV}=" in message
+    assert f"{SUPER_PLAN_MEMORY_MIB.name}=" in message
     assert "DataFusion error" not in message and "Traceback" not in message
     del reader
     gc.collect()
@@ -356,14 +357,14 @@ def test_a_query_holds_a_share_of_the_machine_between_bounds() -> None:
 
 
 def test_the_budget_comes_from_the_environment(data, monkeypatch) -> None:
-    monkeypatch.setenv(SUPER_PLAN_MEMORY_ENV, "64")
+    monkeypatch.setenv(SUPER_PLAN_MEMORY_MIB.name, "64")
     decomposition = decompose(QUERIES["top-k"], _schemas(data))
     assert MemoryBudget.of().bytes_max == 64 * MIB
     assert "spool of at most 16 MiB in memory" in memory_summary(decomposition)
     assert "48 MiB spill pool" in memory_summary(decomposition)
-    monkeypatch.setenv(SUPER_PLAN_MEMORY_ENV, "lots")
-    with pytest.raises(QueryError, match="whole number of MiB"):
+    monkeypatch.setenv(SUPER_PLAN_MEMORY_MIB.name, "lots")
+    with pytest.raises(SettingError, match="QUARRY_SUPER_PLAN_MEMORY_MIB='lots'.*whole number"):
         run_super(decomposition, _outputs(decomposition, data))
-    monkeypatch.delenv(SUPER_PLAN_MEMORY_ENV)
+    monkeypatch.delenv(SUPER_PLAN_MEMORY_MIB.name)
     with pytest.raises(QueryError, match="at least 8 MiB"):
         run_super(decomposition, _outputs(decomposition, data), memory_bytes_max=MIB)

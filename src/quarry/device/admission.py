@@ -29,32 +29,30 @@ import threading
 import time
 from collections.abc import Iterable, Iterator
 
+from quarry import settings
 from quarry.errors import DeviceBusy
 
 WAIT_S = 0.05  # a short queue at the door before refusing
 EXCHANGES_PER_CORE = 2
 EXCHANGES_MIN = 4
-QUEUED_BYTES_MAX_DEFAULT = 256 << 20
 RETRY_AFTER_MS_MIN = 5
 RETRY_AFTER_MS_MAX = 2_000
 RETRY_AFTER_MS_UNKNOWN = 20
 RECENT_EXCHANGES = 32
 SMALL_BYTES_MAX = 8 << 20
-EXCHANGES_ENV = "QUARRY_DEVICE_EXCHANGES_MAX"
-QUEUED_MIB_ENV = "QUARRY_DEVICE_QUEUED_MIB_MAX"
 
 
 def exchanges_for(cores: int | None) -> int:
     """The default bound: two streams per core (one computing while one ships), at least 4."""
-    configured = os.environ.get(EXCHANGES_ENV)
-    if configured:
-        return max(1, int(configured))
+    configured = settings.DEVICE_EXCHANGES_MAX.get()
+    if configured is not None:
+        return configured
     return max(EXCHANGES_MIN, EXCHANGES_PER_CORE * (cores or os.cpu_count() or 1))
 
 
 def queued_bytes_default() -> int:
-    configured = os.environ.get(QUEUED_MIB_ENV)
-    return int(float(configured) * (1 << 20)) if configured else QUEUED_BYTES_MAX_DEFAULT
+    """$QUARRY_DEVICE_QUEUED_MIB_MAX in bytes (256 MiB unset); a fraction of a byte is one."""
+    return max(1, int(settings.DEVICE_QUEUED_MIB_MAX.get() * (1 << 20)))
 
 
 class Lane:

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import os
 
-FAULT_FILE_ENV = "QUARRY_FAULT_FILE"
+from quarry import settings
+
 CRASH_EXIT_CODE = 137  # what a SIGKILL looks like to a parent
 
 
 def hit(device: str, point: str) -> None:
-    path = os.environ.get(FAULT_FILE_ENV)
-    if not path:
+    path = settings.FAULT_FILE.get()
+    if path is None:
         return
     try:
         with open(path) as file:

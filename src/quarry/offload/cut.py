@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from quarry import settings
 from quarry.coordinator.dispatch.dispatch import Dispatch
 from quarry.coordinator.query.planning import partition_task
 from quarry.cost.model import host_share
@@ -170,15 +171,13 @@ def _needs(lines: Sequence[Line], first: int, end: int) -> tuple[tuple[int, ...]
 
 
 def limits() -> dict[str, Any]:
-    """The worker's limits, when set in the environment (else the unit's defaults)."""
-    found: dict[str, Any] = {}
-    if os.environ.get("QUARRY_OFFLOAD_CPU_S"):
-        found["cpu_s"] = int(os.environ["QUARRY_OFFLOAD_CPU_S"])
-    if os.environ.get("QUARRY_OFFLOAD_MEMORY_MIB"):
-        found["memory_bytes"] = int(os.environ["QUARRY_OFFLOAD_MEMORY_MIB"]) << 20
-    if os.environ.get("QUARRY_OFFLOAD_CHUNK_S"):
-        found["chunk_wall_s"] = float(os.environ["QUARRY_OFFLOAD_CHUNK_S"])
-    return found
+    """The worker's limits: $QUARRY_OFFLOAD_CPU_S, $QUARRY_OFFLOAD_MEMORY_MIB and
+    $QUARRY_OFFLOAD_CHUNK_S, unset the offload unit's defaults."""
+    return {
+        "cpu_s": settings.OFFLOAD_CPU_S.get(),
+        "memory_bytes": settings.OFFLOAD_MEMORY_MIB.get() << 20,
+        "chunk_wall_s": settings.OFFLOAD_CHUNK_S.get(),
+    }
 
 
 def geometry_of(entry: Any) -> dict[str, Geometry]:

@@ -18,6 +18,7 @@ from typing import Any
 
 from substrait import algebra_pb2
 
+from quarry import settings
 from quarry.errors import QueryError
 from quarry.plan import tree
 from quarry.plan.rowwise import GROUP_BYTES_MAX, rowwise_fragment
@@ -52,7 +53,6 @@ def query_host_memory_bytes(machine_bytes: int) -> int:
 QUERY_HOST_MEMORY_BYTES_MAX = query_host_memory_bytes(machine_memory_bytes())
 COMPLETION_MEMORY_BYTES = 128 * MIB  # set aside for completion, queues and the scans' buffers
 SUPER_PLAN_MEMORY_BYTES_MAX = QUERY_HOST_MEMORY_BYTES_MAX - COMPLETION_MEMORY_BYTES
-SUPER_PLAN_MEMORY_ENV = "QUARRY_SUPER_PLAN_MEMORY_MIB"
 # The spool's in-memory share is 1 / SPOOL_MEMORY_SHARE of the budget; the pool gets the rest.
 SPOOL_MEMORY_SHARE = 4
 SUPER_PLAN_MEMORY_BYTES_MIN = 8 * MIB  # below this a spilled sort cannot even merge its runs
@@ -90,19 +90,8 @@ class MemoryBudget:
 
 def default_memory_bytes_max() -> int:
     """$QUARRY_SUPER_PLAN_MEMORY_MIB in MiB if set, else `SUPER_PLAN_MEMORY_BYTES_MAX`."""
-    text = os.environ.get(SUPER_PLAN_MEMORY_ENV, "").strip()
-    if not text:
-        return SUPER_PLAN_MEMORY_BYTES_MAX
-    try:
-        mib = int(text)
-    except ValueError:
-        mib = 0
-    if mib <= 0:
-        raise QueryError(
-            f"{SUPER_PLAN_MEMORY_ENV}={text!r}: give the super-plan's host memory budget as a "
-            f"whole number of MiB, e.g. {SUPER_PLAN_MEMORY_ENV}=2048"
-        )
-    return mib * MIB
+    mib = settings.SUPER_PLAN_MEMORY_MIB.get()
+    return SUPER_PLAN_MEMORY_BYTES_MAX if mib is None else mib * MIB
 
 
 JOIN_RELS = ("join", "cross", "hash_join", "merge_join", "nested_loop_join")

@@ -24,15 +24,12 @@ from typing import Any
 
 import pyarrow as pa
 
+from quarry import settings
 from quarry.errors import HostMemoryExceeded
 from quarry.plan import engine, merge, tree
 from quarry.plan.computed import register_computed, substituted
 from quarry.plan.decompose import Decomposition, Fragment
-from quarry.plan.memory import (
-    SUPER_PLAN_MEMORY_BYTES_MAX,
-    SUPER_PLAN_MEMORY_ENV,
-    MemoryBudget,
-)
+from quarry.plan.memory import SUPER_PLAN_MEMORY_BYTES_MAX, MemoryBudget
 from quarry.plan.passthrough import SHAPES_KEPT_MAX, passthrough_fragment
 from quarry.plan.rowwise import groups, rowwise_fragment
 from quarry.plan.spool import MIB, Spool, SpooledFragment, rows_in_files
@@ -432,9 +429,10 @@ def _exceeded_message(consumer: str, budget: MemoryBudget, sort_merge: bool = Fa
     else:
         what = f"{consumer or 'an operator'} could not spill enough to fit"
         also = ""
+    variable = settings.SUPER_PLAN_MEMORY_MIB.name
     return (
         f"the host part of this query needs more memory than its budget of "
         f"{budget.bytes_max // MIB} MiB ({budget.pool_bytes // MIB} MiB for DataFusion): {what}. "
-        f"Raise the budget with {SUPER_PLAN_MEMORY_ENV}=<MiB> in the environment of the process "
+        f"Raise the budget with {variable}=<MiB> in the environment of the process "
         f"that runs the query (default {SUPER_PLAN_MEMORY_BYTES_MAX // MIB}){also}."
     )

@@ -8,18 +8,17 @@ between half and one and a half times the device's figure, and longer after each
 
 from __future__ import annotations
 
-import os
 import random
 import threading
 import time
 from collections.abc import Callable
 from typing import TypeVar
 
+from quarry import settings
 from quarry.errors import DeviceBusy
 
 T = TypeVar("T")
 
-BUSY_WAIT_S_MAX = float(os.environ.get("QUARRY_BUSY_WAIT_S", "120"))
 GROWTH = 1.5  # each further refusal waits this much longer
 GROWTH_MAX = 8.0
 _JITTER = random.Random()  # one for the process: seeding one per call costs more than the call
@@ -45,8 +44,9 @@ def retrying(
     wait_s_max: float | None = None,
     sleep: Callable[[float], None] = time.sleep,
 ) -> T:
-    """``call()``, again after each ``DeviceBusy`` until it runs or the waits reach the bound."""
-    bound = BUSY_WAIT_S_MAX if wait_s_max is None else wait_s_max
+    """``call()``, again after each ``DeviceBusy`` until it runs or the waits reach the bound
+    (``wait_s_max``, else $QUARRY_BUSY_WAIT_S, read now so that a bad value fails at once)."""
+    bound = settings.BUSY_WAIT_S.get() if wait_s_max is None else wait_s_max
     waited, growth = 0.0, 1.0
     while True:
         try:
@@ -56,7 +56,7 @@ def retrying(
             if waited + pause > bound:
                 raise DeviceBusy(
                     f"{busy}; still busy after {waited:.1f} s of retries (the bound is "
-                    f"{bound:g} s, $QUARRY_BUSY_WAIT_S)",
+                    f"{bound:g} s, ${settings.BUSY_WAIT_S.name})",
                     retry_after_ms=busy.retry_after_ms,
                 ) from None
             sleep(pause)

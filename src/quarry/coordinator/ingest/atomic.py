@@ -16,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import itertools
 import math
-import os
 import threading
 import time
 import uuid
@@ -26,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
+from quarry import settings
 from quarry.coordinator.ingest.sources import GuardedReader, open_source
 from quarry.coordinator.membership.catalog import DatasetEntry
 from quarry.coordinator.membership.device_client import DeviceClient, finish_put
@@ -44,7 +44,7 @@ from quarry.errors import (
 )
 from quarry.progress import Bar
 from quarry.protocol.control import IngestRecord
-from quarry.protocol.ingest import LEASE_S_DEFAULT, PutPartition, Renew, Renewed
+from quarry.protocol.ingest import PutPartition, Renew, Renewed
 from quarry.store import naming
 from quarry.store.codec import check_compression, rows_per_slice
 
@@ -59,7 +59,6 @@ ROW_GROUP_BYTES = 1 << 20  # rows travel to a partition in groups of whole rows,
 # CPU each, measured on a 1,000-row aggregate (4 partitions 14 ms a query, 16 partitions 29 ms).
 PARTITIONS_PER_DEVICE = 1
 MODES = ("create", "append")
-LEASE_ENV = "QUARRY_INGEST_LEASE_S"
 # errors that say what the user must change, not that the ingest broke: raised as they are
 PASSED_ON = (SourceError, SchemaMismatch, DatasetExists, Forbidden, Unauthenticated)
 RENEWALS_PER_LEASE = 3  # a lease is renewed this often before it would run out
@@ -221,8 +220,7 @@ def _slice_rows(rows: pa.Table | None, kv_bytes_max: int) -> int | None:
 def lease_seconds() -> float:
     """How long a pending partition outlives a coordinator that stopped renewing it
     ($QUARRY_INGEST_LEASE_S, for experiments and tests; the protocol's default otherwise)."""
-    text = os.environ.get(LEASE_ENV, "").strip()
-    return float(text) if text else LEASE_S_DEFAULT
+    return settings.INGEST_LEASE_S.get()
 
 
 class Renewer:

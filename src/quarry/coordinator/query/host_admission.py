@@ -21,12 +21,10 @@ import re
 import threading
 import time
 
+from quarry import settings
 from quarry.errors import ClusterError
 
-SHORT_S = float(os.environ.get("QUARRY_SHORT_QUERY_S", "0.25"))
 SLOTS_PER_CORE = 2
-SLOTS_ENV = "QUARRY_HOST_QUERIES_MAX"
-WAIT_S_MAX = float(os.environ.get("QUARRY_HOST_QUEUE_S", "900"))
 SHAPES_MAX = 1024  # remembered query shapes, the least recently used forgotten
 
 _LITERALS = re.compile(r"'(?:[^']|'')*'|\b\d+(?:\.\d+)?(?:[eE][-+]?\d+)?\b")
@@ -38,9 +36,9 @@ def shape(sql: str) -> str:
 
 
 def slots_default() -> int:
-    configured = os.environ.get(SLOTS_ENV)
-    if configured:
-        return max(1, int(configured))
+    configured = settings.HOST_QUERIES_MAX.get()
+    if configured is not None:
+        return configured
     return SLOTS_PER_CORE * (os.cpu_count() or 1)
 
 
@@ -62,9 +60,10 @@ class Slot:
 
 
 class Workload:
-    def __init__(self, slots: int | None = None, short_s: float = SHORT_S):
+    def __init__(self, slots: int | None = None, short_s: float | None = None):
         self.slots = slots or slots_default()
-        self.short_s = short_s
+        self.short_s = settings.SHORT_QUERY_S.get() if short_s is None else short_s
+        self.wait_s_max = settings.HOST_QUEUE_S.get()
         self._slots = threading.BoundedSemaphore(self.slots)
         self._lock = threading.Lock()
         self._least: collections.OrderedDict[str, float] = collections.OrderedDict()
@@ -87,11 +86,11 @@ class Workload:
                 self.short += 1
                 return Slot(None)
         started = time.perf_counter()
-        if not self._slots.acquire(timeout=WAIT_S_MAX):
+        if not self._slots.acquire(timeout=self.wait_s_max):
             raise ClusterError(
-                f"the host ran {self.slots} long queries for {WAIT_S_MAX:g} s without a free "
-                f"slot; try again later (${SLOTS_ENV} sets the slots, $QUARRY_HOST_QUEUE_S the "
-                "wait)"
+                f"the host ran {self.slots} long queries for {self.wait_s_max:g} s without a "
+                f"free slot; try again later (${settings.HOST_QUERIES_MAX.name} sets the slots, "
+                f"${settings.HOST_QUEUE_S.name} the wait)"
             )
         waited_s = time.perf_counter() - started
         with self._lock:
