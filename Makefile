@@ -3,8 +3,9 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+PYTEST_ARGS ?=
 
-.PHONY: demo test env lint bench clean
+.PHONY: demo test test-fast env r lint bench clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -17,9 +18,18 @@ env: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/quarry demo
 
+# Everything, the slow tier included. Tests that need R are skipped, in one line, where
+# Rscript is missing (`make r` installs it; CI does so first).
 test: $(STAMP)
+	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+# The inner loop: every test but those marked slow.
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -q -m "not slow" $(PYTEST_ARGS)
+
+# R and reticulate from Debian's packages (needs root or sudo), for examples/r and its test.
+r:
 	bash scripts/install-r.sh
-	$(BIN)/python -m pytest -q
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests bench

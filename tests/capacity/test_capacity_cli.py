@@ -94,6 +94,7 @@ def test_bad_input_exits_2_naming_the_field(arguments: tuple, field: str) -> Non
     assert f"{field}:" in result.output
 
 
+@pytest.mark.slow
 def test_sweep_writes_pngs_and_json(tmp_path: Path) -> None:
     result = invoke("sweep", "--out", str(tmp_path), "--factor-max", "8")
     assert result.exit_code == 0, result.output

@@ -58,6 +58,7 @@ def test_a_large_answer_streams_in_batches(endpoint):
     assert_same_rows(result, endpoint.duckdb(sql), ordered=False)
 
 
+@pytest.mark.slow
 def test_ten_million_rows_stream_through_adbc(endpoint):
     """A 10M-row answer arrives as a stream of batches, every row once, as DuckDB has them."""
     import duckdb

@@ -104,6 +104,7 @@ def test_a_client_cancelling_its_fetch_frees_the_stream(endpoint):
         assert cursor.fetchall() == [(200,)]
 
 
+@pytest.mark.slow
 def test_a_query_over_the_endpoints_time_bound_is_cancelled(endpoint):
     bounded = start(endpoint.cluster.cluster_file, Options(query_seconds_max=1.0))
     try:

@@ -33,6 +33,7 @@ def _alive(pid: int) -> bool:
     return state != "Z"
 
 
+@pytest.mark.slow
 def test_up_serves_flight_sql_and_down_stops_it(tmp_path):
     """And ``quarry serve`` off loopback without TLS refuses to start, with one line."""
     _quarry("up", "--devices", "2", "--detach", "--flight-sql-port", "0", cwd=tmp_path)

@@ -51,6 +51,7 @@ def names_on(cluster, prefix: str) -> set[str]:
     return {e["dataset"] for e in cluster.datasets() if e["dataset"].startswith(prefix)}
 
 
+@pytest.mark.slow
 def test_blocks_store_the_rows_and_ranking_of_the_whole_matrix(genes_cluster):
     matrix = mixed_matrix(seed=7, genes=150, cells=120)
     whole = genes.ingest(genes_cluster, matrix, "lab/whole", metadata={"lab": "x"})
@@ -154,6 +155,7 @@ def test_a_failing_reader_leaves_nothing_stored(genes_cluster):
     assert not names_on(genes_cluster, "lab/flaky")
 
 
+@pytest.mark.slow
 def test_blocks_may_take_longer_than_a_call_to_devices(genes_cluster):
     """A put stream lasts as long as its blocks take to make or read, past any call's
     deadline (here cut to 1 s, the ingest taking about 3 s)."""
@@ -260,6 +262,7 @@ STREAM_SCRIPT = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_memory_is_bounded_by_a_block_not_by_the_matrix():
     """The ingesting process's peak resident memory grows by far less than the matrix while
     it stores 200 blocks, after storing two (which pays for one block in flight)."""

@@ -221,6 +221,7 @@ def test_the_summary_says_which_slices_ran_and_which_came_back(genes_cluster, st
     assert covered == [0, *range(3, partition.slices)]
 
 
+@pytest.mark.slow
 def test_a_kinetic_device_pushes_back_when_the_host_is_cheaper(tmp_path):
     """auto: a 15x slower drive measures its first slices, then ships the rest raw."""
     import quarry

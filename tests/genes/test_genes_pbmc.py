@@ -44,6 +44,7 @@ def test_pbmc68k_reduced_ships_inside_scanpy(pbmc_adata):
     assert pbmc_adata.X.dtype == np.float32
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method, equal_var", [("welch", False), ("student", True)])
 @pytest.mark.parametrize(
     "layout",

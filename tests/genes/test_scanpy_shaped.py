@@ -49,6 +49,7 @@ def assert_like_scanpy(ours: pd.DataFrame, theirs: dict, columns=("scores", "pva
                 np.testing.assert_allclose(got, expected, rtol=RTOL, atol=1e-6, err_msg=group)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("tie_correct", [False, True])
 def test_wilcoxon_against_the_rest_equals_scanpy(
     genes_cluster, stored_pbmc, pbmc_adata, tie_correct
@@ -181,6 +182,7 @@ def sparse_ties(genes_cluster):
     return adata
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("pushdown", ["always", "never"])
 def test_wilcoxon_on_a_sparse_matrix_with_ties_equals_scanpy(genes_cluster, sparse_ties, pushdown):
     adata = sparse_ties

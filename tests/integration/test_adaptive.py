@@ -19,6 +19,7 @@ SQL = (
 )
 
 
+@pytest.mark.slow
 def test_calibration_finds_the_kinetic_figures():
     with quarry.local(devices=2, profile=["kinetic", "host"]) as cluster:
         reports = {r["device"]: r for r in cluster.calibrate()}
@@ -41,6 +42,7 @@ def test_calibration_finds_the_kinetic_figures():
         assert stored(cluster.devices["dev0"])["compute_factor"]["expected"] == 15.0
 
 
+@pytest.mark.slow
 def test_background_load_is_bounded_and_visible(tmp_path):
     with quarry.local(devices=1, profile="kinetic", data=tmp_path / "c") as cluster:
         env = {**os.environ, "QUARRY_CLUSTER": str(cluster.cluster_file)}
@@ -89,6 +91,7 @@ def test_auto_avoids_a_busy_device_and_answers_right():
         assert choice["estimates_s"]["full"] > choice["estimates_s"][choice["cut"]]
 
 
+@pytest.mark.slow
 def test_device_pushes_back_when_load_arrives_after_planning():
     """The host planned to push down; the drive got busy; the drive declines the rest."""
     with quarry.local(devices=2) as cluster:

@@ -19,6 +19,7 @@ QUERIES = [
 ]
 
 
+@pytest.mark.slow
 def test_a_busy_device_slows_callers_down_and_changes_no_answer(monkeypatch):
     table = particles.table(40_000, seed=9)
     # the devices started below take one at a time

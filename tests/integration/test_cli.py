@@ -5,6 +5,7 @@ import os
 import re
 
 import pyarrow.parquet as pq
+import pytest
 from typer.testing import CliRunner
 
 import quarry
@@ -18,6 +19,7 @@ CUTS = ("full", "filter", "raw")
 _quarry = run_quarry
 
 
+@pytest.mark.slow
 def test_up_ingest_datasets_scan_down(tmp_path):
     path = tmp_path / "particles.parquet"
     table = particles.table(1_000_000, seed=11)
@@ -56,6 +58,7 @@ def test_up_ingest_datasets_scan_down(tmp_path):
     assert gone.returncode == 2 and "no cluster file" in gone.stderr
 
 
+@pytest.mark.slow
 def test_up_with_storage_servers_and_down_stops_every_process(tmp_path):
     """`quarry up --servers`: the host sees the servers, EXPLAIN ANALYZE shows each server's
     drives below it, and `quarry down` stops servers and drives."""
@@ -85,6 +88,7 @@ def test_up_with_storage_servers_and_down_stops_every_process(tmp_path):
     assert not [pid for pid in pids if is_device(pid)], "a server or drive still runs"
 
 
+@pytest.mark.slow
 def test_up_with_a_layout_three_levels_deep(tmp_path):
     """`quarry up --layout`: a server in front of a drive and of another server; EXPLAIN ANALYZE
     indents each level under the one above, and `quarry down` stops all five processes."""
@@ -121,6 +125,7 @@ def test_errors_are_one_clear_line(tmp_path):
     assert "Traceback" not in done.stderr
 
 
+@pytest.mark.slow
 def test_up_with_one_profile_per_device(tmp_path):
     wrong = _quarry(
         "up", "--devices", "3", "--profile", "host,kinetic", "--detach", cwd=tmp_path, check=False

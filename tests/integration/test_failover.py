@@ -55,6 +55,7 @@ def _failovers(explain: dict) -> list[dict]:
     return [f for d in explain["analyze"]["devices"] for f in d.get("failovers", [])]
 
 
+@pytest.mark.slow
 def test_a_device_killed_mid_query_fails_over_to_its_replica(replicated, tpch):  # noqa: F811
     cluster, particle_expected = replicated
     rng = random.Random(12)
@@ -142,6 +143,7 @@ def test_a_scan_goes_on_from_the_next_slice_on_a_replica(replicated):
     assert len(ids) == entry.rows and len(set(ids)) == entry.rows  # each row once
 
 
+@pytest.mark.slow
 def test_gene_statistics_fail_over_to_replicas(replicated):
     from quarry import genes
     from tests.genes.test_genes_cluster import assert_same_bits, mixed_matrix
@@ -193,6 +195,7 @@ def _while_it_works(cluster, victim: str, admitted: int, thread: threading.Threa
         time.sleep(0.005)
 
 
+@pytest.mark.slow
 def test_without_a_replica_a_kill_is_a_clear_error_never_a_wrong_answer(replicated):
     cluster, _ = replicated
     table = particles.table(400_000, seed=8)
@@ -230,6 +233,7 @@ def test_without_a_replica_a_kill_is_a_clear_error_never_a_wrong_answer(replicat
     cluster.drop("physics/single")
 
 
+@pytest.mark.slow
 def test_a_filter_planned_while_its_sampled_slice_is_down_is_a_clear_error_then_right(
     replicated,
 ):

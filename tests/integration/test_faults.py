@@ -109,6 +109,7 @@ def _key_counts(cluster) -> dict[str, int]:
     return {name: client.stats().keys for name, client in cluster.devices.items()}
 
 
+@pytest.mark.slow
 def test_device_killed_during_ingest():
     with quarry.local(devices=3) as c:
         before = _key_counts(c)
@@ -132,6 +133,7 @@ def test_device_killed_during_ingest():
         assert all(client.stats().pending_partitions == 0 for client in c.devices.values())
 
 
+@pytest.mark.slow
 def test_coordinator_killed_during_ingest_leaves_nothing(tmp_path):
     """The ingesting process dies mid-stream: nothing is visible, and the devices clean up when
     its lease runs out, with no restart; the name can be ingested again."""
@@ -182,6 +184,7 @@ def test_a_small_table_lives_on_one_device_and_is_missed_by_name_when_it_is_down
             cluster.sql("SELECT sum(k) AS s FROM t.small").read_all()
 
 
+@pytest.mark.slow
 def test_a_dataset_with_a_device_down_is_marked_and_a_smaller_up_is_refused(tmp_path):
     from quarry.errors import ClusterError
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import random
 
+import pytest
+
 from quarry.fuzz import live, workers
 from quarry.fuzz.core import Outcomes
 from quarry.samples import particles
@@ -29,6 +31,7 @@ def _no_bugs(name: str, outcomes: Outcomes) -> None:
     assert not outcomes.unclear, (name, outcomes.examples)
 
 
+@pytest.mark.slow
 def test_every_decoder_and_reader_refuses_malformed_input_clearly():
     totals = workers.run(workers.chunks(PLAN, 1_000, seed=11), workers=2)
     assert {name: o.inputs for name, o in totals.items()} == PLAN

@@ -72,6 +72,7 @@ def test_the_host_sees_the_servers_and_each_partition_once(hierarchy, tpch):  # 
     assert {p.devices[0] for p in lineitem.partitions} == {"s0", "s1"}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("pushdown", ["never", "always", "auto"])
 @pytest.mark.parametrize("number", TPCH_QUERIES)
 def test_tpch_on_a_hierarchy_matches_duckdb(hierarchy, tpch, number, pushdown):  # noqa: F811
@@ -114,6 +115,7 @@ def test_what_drives_push_back_their_server_completes(hierarchy, tpch, number): 
     assert all(p["bytes_shipped_raw"] == 0 for p in partitions)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("number", TPCH_QUERIES)
 def test_push_back_at_each_level(hierarchy, tpch, number):  # noqa: F811
     """Forced push-back at both levels: some ranges the drives hand back are completed by their
@@ -194,6 +196,7 @@ def test_a_scan_engine_behind_a_server_gets_only_its_comparisons(hierarchy, tpch
     assert all(d["bytes_shipped"] < d["bytes_read"] / 5 for d in engines)  # about 1/80 pass
 
 
+@pytest.mark.slow
 def test_a_scan_engine_runs_a_sub_plan_of_comparisons_and_columns_whole(hierarchy, tpch):  # noqa: F811
     """POLARDB's TS-5: a comparison of two stored columns, one column selected. The ScaleFlux
     drive runs all of it, so it ships only the selected column of the rows that pass (not the
@@ -287,6 +290,7 @@ def replicated(tmp_path_factory):
         yield cluster, con.execute(PARTICLE_SQL).fetch_arrow_table()
 
 
+@pytest.mark.slow
 def test_a_drive_killed_mid_query_behind_a_server(replicated):
     """Killed while the query runs: the answer is right (the host went on with the replica
     behind the other server), or the error names the drive and its server."""
@@ -329,6 +333,7 @@ def three_levels(tpch):  # noqa: F811
         yield cluster
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("number", [1, 4, 6, 12])
 def test_three_levels_answer_like_duckdb_whatever_each_level_does(three_levels, tpch, number):  # noqa: F811
     assert sorted(three_levels.devices) == ["d0", "s0"]
@@ -364,6 +369,7 @@ def test_push_back_at_each_of_three_levels(three_levels, tpch):  # noqa: F811
         assert sum(p["slices_pushed_back"] for p in partitions if p["device"] == "s0") > 0
 
 
+@pytest.mark.slow
 def test_under_auto_a_server_chooses_its_drives_cut_on_its_own_figures(tmp_path_factory):
     """The host sees a slow server and would have it hand everything back raw; the server,
     in front of drives faster than itself, has them run the whole sub-plan: each level picks

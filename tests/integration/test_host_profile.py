@@ -19,6 +19,7 @@ external_bytes_per_s = {INGRESS_BYTES_PER_S}
 """
 
 
+@pytest.mark.slow
 def test_the_hosts_ingress_caps_every_device_stream_into_it(tmp_path):
     profiles = tmp_path / "profiles.toml"
     profiles.write_text(PROFILES)
@@ -40,6 +41,7 @@ def test_the_hosts_ingress_caps_every_device_stream_into_it(tmp_path):
     assert host_emulator().external is None  # the machine as it is, once the cluster closed
 
 
+@pytest.mark.slow
 def test_quarry_up_names_the_host_profile_for_every_coordinator(tmp_path):
     from quarry.device.unit import set_host_profile
 
@@ -70,6 +72,7 @@ external_bytes_per_s = 40e6
 """
 
 
+@pytest.mark.slow
 def test_calibration_measures_the_hosts_profile_beside_the_drives(tmp_path):
     """quarry calibrate measures the host's compute factor (the kernel in one of its slots
     against the machine's own) and its ingress (devices streaming into it at once), each

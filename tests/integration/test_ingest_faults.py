@@ -88,6 +88,7 @@ def _again(cluster, dataset: str, table: pa.Table, state: str) -> None:
     assert _complete_or_absent(cluster, dataset, table) == "complete"
 
 
+@pytest.mark.slow
 def test_a_device_dying_at_any_phase_of_an_ingest(faulty):
     cluster, fault_file = faulty
     rng = random.Random(5)
@@ -133,6 +134,7 @@ def test_a_device_dying_at_any_phase_of_an_ingest(faulty):
     assert ("commit", "complete") in states
 
 
+@pytest.mark.slow
 def test_the_coordinator_dying_at_random_moments(faulty):
     cluster, _ = faulty
     rng = random.Random(9)

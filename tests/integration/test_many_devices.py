@@ -40,6 +40,7 @@ def test_sixteen_kinetic_drives_start_at_once_and_stay_lean(kinetic_cluster):
     assert max(idle.values()) < IDLE_RSS_MIB_MAX, idle  # no coordinator, no engine until used
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("select", ["*", "sum(ke) AS ke_sum"])
 def test_kinetic_pipes_queries_match_duckdb_in_every_mode(kinetic_cluster, select):
     cluster, _, _ = kinetic_cluster

@@ -86,6 +86,7 @@ def tiny_cluster(request, tmp_path_factory):
         yield cluster
 
 
+@pytest.mark.slow
 @settings(
     max_examples=EXAMPLES,
     deadline=None,

@@ -8,12 +8,14 @@ import os
 import signal
 
 import pyarrow.parquet as pq
+import pytest
 
 import quarry
 from quarry.samples import particles
 from tests.integration.test_cli import _quarry
 
 
+@pytest.mark.slow
 def test_repair_restores_every_partition_from_the_survivors():
     table = particles.table(300_000, seed=8)
     with quarry.local(devices=4) as cluster:
@@ -42,6 +44,7 @@ def test_repair_restores_every_partition_from_the_survivors():
         assert cluster.scan("physics/particles").read_all().num_rows == 300_000
 
 
+@pytest.mark.slow
 def test_status_remove_repair_and_restart_from_the_command_line(tmp_path):
     path = tmp_path / "particles.parquet"
     pq.write_table(particles.table(200_000, seed=9), path)

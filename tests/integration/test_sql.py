@@ -22,6 +22,7 @@ def _ordered(sql: str) -> bool:
     return "order by" in sql.lower().rsplit(")", 1)[-1]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("pushdown", ["never", "always"])
 @pytest.mark.parametrize("number", TPCH_QUERIES)
 def test_tpch_matches_duckdb(tpch_cluster, tpch, number, pushdown):
@@ -61,6 +62,7 @@ def test_tpch_with_random_device_push_back(tpch_cluster, tpch, number):
     assert sum(d["slices_pushed_back"] for d in report["devices"]) > 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("number", TPCH_QUERIES)
 def test_tpch_on_kinetic_and_scaleflux_under_load(mixed_cluster, tpch, number):
     """Issue 4: every profile, every decision: emulated load on the kinetic drives, auto."""
@@ -76,6 +78,7 @@ def test_tpch_on_kinetic_and_scaleflux_under_load(mixed_cluster, tpch, number):
     )
 
 
+@pytest.mark.slow
 def test_scaleflux_pushes_only_supported_conjuncts(mixed_cluster, tpch):
     sql = (
         "SELECT count(*) AS n, sum(l_quantity) AS q FROM tpch.lineitem "
@@ -174,6 +177,7 @@ def test_zone_maps_prune_slices(particle_cluster):
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("low", [-5, 333_333, 999_999])
 def test_slices_every_row_of_which_passes_run_without_the_filter_and_answer_the_same(
     particle_cluster, low
@@ -235,6 +239,7 @@ def test_device_that_cannot_run_a_sub_plan(particle_cluster, monkeypatch):
     assert fallbacks and all("cannot" in f and "host ran" in f for f in fallbacks)
 
 
+@pytest.mark.slow
 def test_device_dying_mid_query_fails_naming_it():
     with quarry.local(devices=2, profile="kinetic") as cluster:
         cluster.ingest(particles.reader(2_000_000), "physics/particles")
@@ -269,6 +274,7 @@ def test_result_is_a_record_batch_reader(particle_cluster):
     assert sorted(reader.read_all().column("id").to_pylist()) == list(range(10))
 
 
+@pytest.mark.slow
 def test_a_filter_scan_streams_and_can_be_closed_early(particle_cluster):
     sql = "SELECT id, ke FROM particles WHERE ke > 0.5"
     planned = particle_cluster.query(sql, pushdown="always")
@@ -321,6 +327,7 @@ def test_a_range_filtered_on_the_device_and_shipped_is_counted_once(particle_clu
     assert row["slices_executed"] == partition.slices - 2
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("pushdown", ["never", "always", "auto"])
 def test_division_by_zero_is_one_line_on_the_cli(particle_cluster, pushdown):
     import subprocess
@@ -338,6 +345,7 @@ def test_division_by_zero_is_one_line_on_the_cli(particle_cluster, pushdown):
 JOIN_KEY_QUERIES = [5, 8, 9, 17, 18, 20]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("number", JOIN_KEY_QUERIES)
 def test_a_joins_keys_cut_its_probe_and_never_the_answer(tpch_cluster, tpch, number):
     """The keys of a filtered build fragment go to the devices of the large one: the same

@@ -93,6 +93,7 @@ def programs(draw) -> str:
     return HEADER + "\n".join([*lines, reduction, tail, printed])
 
 
+@pytest.mark.slow
 @settings(
     max_examples=PROPERTY_EXAMPLES.get() or 5,
     deadline=None,

@@ -48,6 +48,7 @@ def stored(cluster, tmp_path_factory):
     cluster.drop("offload/particles")
 
 
+@pytest.mark.slow
 def test_a_program_prints_what_it_prints_plainly(stored, cluster):
     folder, script, args = stored
     expected = plain(script, args)
@@ -55,6 +56,7 @@ def test_a_program_prints_what_it_prints_plainly(stored, cluster):
     assert under_quarry(script, cluster, args) == expected
 
 
+@pytest.mark.slow
 def test_a_mount_serves_another_path_and_a_bad_one_is_refused(stored, cluster, tmp_path):
     folder, script, args = stored
     elsewhere = str(tmp_path / "not-here.parquet")  # no such file: only the mount serves it
@@ -92,6 +94,7 @@ def test_the_sampling_phase_estimates_every_line(stored, cluster):
     assert planned.lines[-1].pinned and planned.lines[-1].number not in planned.cut.device_lines
 
 
+@pytest.mark.slow
 def test_the_command_line_runs_and_explains(stored, cluster):
     folder, script, args = stored
     command = [sys.executable, "-m", "quarry", "run", "--cluster", str(cluster.cluster_file)]
@@ -150,6 +153,7 @@ print(hot.iloc[[0, 5, -1]].to_string())
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("offload", ["device", "auto", "host"])
 def test_lines_run_on_the_devices_give_the_plain_output(stored, cluster, offload):
     folder, _, args = stored
@@ -186,6 +190,7 @@ def test_offloaded_code_needs_the_admin_role(stored, cluster):
 LATE = "df[df.ke > limit] if df.index.max() < 50_000 else "
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("line", "message"),
     [
@@ -208,6 +213,7 @@ def test_a_failing_or_runaway_line_on_a_device_is_named_and_the_device_serves_on
     assert counted["n"][0].as_py() == 60_000  # the devices serve on
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("migrate", ["force", "never", "auto"])
 def test_slices_migrated_to_the_host_give_the_plain_output(stored, cluster, migrate):
     folder, _, args = stored

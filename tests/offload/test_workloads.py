@@ -33,6 +33,7 @@ def stored(cluster, tmp_path_factory):
         cluster.drop(name)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(workloads.PROGRAMS))
 def test_a_workload_prints_what_it_prints_plainly_whatever_the_cut(stored, cluster, name):
     script, args = workloads.script(name), workloads.argv(name, stored)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import duckdb
 import pyarrow as pa
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -128,6 +129,7 @@ def queries(draw, templates: tuple[str, ...] = AGGREGATES) -> str:
     return f"SELECT {', '.join([*groups, *measures])} FROM t{where}{group_by}"
 
 
+@pytest.mark.slow
 @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     table=tables(),

@@ -54,6 +54,7 @@ def test_only_filters_and_projections_run_row_by_row(table, sql, pushdown, rowwi
         assert "runs row by row" in text or "pass-through" in text
 
 
+@pytest.mark.slow
 def test_the_answer_streams_before_the_input_ends_and_equals_duckdb(table):
     sql = "SELECT id, ke * 2 AS k FROM t WHERE ke > 3"
     decomposition = _plan(table, sql, "never")

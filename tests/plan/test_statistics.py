@@ -153,6 +153,7 @@ def statistics_queries(draw) -> str:
     return f"SELECT {', '.join(measures)} FROM t{where}"
 
 
+@pytest.mark.slow
 @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     table=tables(),

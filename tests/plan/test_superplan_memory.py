@@ -79,6 +79,7 @@ QUERIES = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("pushdown", ["never", "always"])
 @pytest.mark.parametrize("name", list(QUERIES))
 def test_answers_in_a_tiny_budget(data, tmp_path: Path, name: str, pushdown: str) -> None:

@@ -19,6 +19,7 @@ QUERIES = range(1, 23)
 UNORDERED = {6, 14, 17, 19}  # a single row each
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["never", "always", "random"])
 @pytest.mark.parametrize("number", QUERIES)
 def test_tpch_matches_duckdb(tpch, number: int, mode: str) -> None:

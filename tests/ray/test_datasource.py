@@ -39,6 +39,7 @@ def duck(table: pa.Table, sql: str) -> pa.Table:
     return connection.execute(sql).fetch_arrow_table()
 
 
+@pytest.mark.slow
 def test_one_task_per_partition_ships_only_the_selected_rows_and_columns(cluster_and_ray):
     cluster, table = cluster_and_ray
     source = QuarryDatasource(cluster.cluster_file, "physics/particles", columns=["id", "ke"],
@@ -72,6 +73,7 @@ def test_rays_filter_and_select_are_pushed_into_the_query(cluster_and_ray, capsy
     assert "Filter" not in optimized and "Project" not in optimized
 
 
+@pytest.mark.slow
 def test_a_group_by_in_ray_equals_duckdbs(cluster_and_ray):
     cluster, table = cluster_and_ray
     ds = read_dataset(cluster.cluster_file, "physics/particles", columns=["id", "ke"],
@@ -84,6 +86,7 @@ def test_a_group_by_in_ray_equals_duckdbs(cluster_and_ray):
     np.testing.assert_allclose(got["sum(ke)"], expected["s"], rtol=1e-12)
 
 
+@pytest.mark.slow
 def test_an_aggregate_in_ray_over_the_pushed_scan(cluster_and_ray):
     cluster, table = cluster_and_ray
     ds = read_dataset(cluster.cluster_file, "physics/particles", filter="ke > 1")
@@ -98,6 +101,7 @@ def test_ray_expressions_become_quoted_typed_sql():
     assert sql_of(col("id").is_in([1, 2])) == '("id" IN (1, 2))'
 
 
+@pytest.mark.slow
 def test_a_predicate_sql_cannot_say_is_evaluated_by_the_read_task(cluster_and_ray):
     cluster, table = cluster_and_ray
     ds = read_dataset(cluster.cluster_file, "physics/particles", columns=["id", "ke"])
