@@ -258,6 +258,8 @@ def decomposition_snapshot(decomposition: Decomposition) -> CutSnapshot:
             pushed=tuple(f.pushed),
             notes=tuple(f.notes),
             predicates=tuple(f.predicates),
+            device_filter=tuple(f.device_filter),
+            host_filter=tuple(f.host_filter),
             plan=f.stages[Stage.FULL],
         )
         for f in decomposition.fragments

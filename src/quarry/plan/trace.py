@@ -29,6 +29,11 @@ class FragmentSnapshot:
     pushed: tuple[str, ...]
     notes: tuple[str, ...] = ()
     predicates: tuple[dict, ...] = ()  # zone-map predicates (``prune_slices``)
+    # the filter stage's conjuncts and those only the host checks, once
+    # ``split_predicate_by_capability`` chose them (None before): a draft's as Expression
+    # bytes, rendered when asked; a finished fragment's as the text it already holds
+    device_filter: tuple[bytes | str, ...] | None = None
+    host_filter: tuple[bytes | str, ...] = ()
     rel: bytes = b""  # a draft's relation: its functions are declared by the super-plan
     plan: bytes = b""  # or a finished fragment's whole sub-plan, with its own declarations
 
@@ -68,6 +73,10 @@ def cut_snapshot(cut: Cut) -> CutSnapshot:
             pushed=tuple(draft.pushed),
             notes=tuple(draft.notes),
             predicates=tuple(draft.predicates),
+            device_filter=None
+            if draft.device_conjuncts is None
+            else tuple(c.SerializeToString() for c in draft.device_conjuncts),
+            host_filter=tuple(c.SerializeToString() for c in draft.host_conjuncts),
             rel=draft.rel.SerializeToString(),
         )
         for draft in cut.fragments
@@ -85,11 +94,34 @@ def _render_fragment(fragment: FragmentSnapshot, super_names: Mapping[int, str])
     pushed = ", ".join(fragment.pushed) or "nothing"
     lines = [f"{fragment.name} <- {fragment.dataset}: pushed {pushed}"]
     lines += render_rel(rel, names, 1)
+    fields = _read_fields(rel)
+    if fragment.device_filter is not None:
+        shown = " AND ".join(_conjunct(c, names, fields) for c in fragment.device_filter)
+        lines.append(_clipped(f"{INDENT}filter stage: {shown or 'none'}"))
+    if fragment.host_filter:
+        shown = " AND ".join(_conjunct(c, names, fields) for c in fragment.host_filter)
+        lines.append(_clipped(f"{INDENT}host re-checks: {shown}"))
     if fragment.predicates:
         shown = " AND ".join(_predicate(p) for p in fragment.predicates)
         lines.append(_clipped(f"{INDENT}zone-map predicates: {shown}"))
     lines += [_clipped(f"{INDENT}note: {note}") for note in fragment.notes]
     return lines
+
+
+def _read_fields(rel: algebra_pb2.Rel) -> list[str] | None:
+    """The columns a fragment's one read reads, by which its raw conjuncts name fields."""
+    reads = [r for r in tree.iter_rels(rel) if tree.kind(r) == "read"]
+    if len(reads) != 1 or not reads[0].read.base_schema.names:
+        return None
+    return tree.read_field_names(reads[0].read)
+
+
+def _conjunct(conjunct: bytes | str, names: Mapping[int, str], fields: Sequence[str] | None) -> str:
+    if isinstance(conjunct, str):
+        return conjunct
+    expression = algebra_pb2.Expression()
+    expression.ParseFromString(conjunct)
+    return expressions.render(expression, names, fields)
 
 
 def _predicate(predicate: Mapping) -> str:
@@ -137,7 +169,7 @@ def _describe(rel: algebra_pb2.Rel, names: Mapping[int, str]) -> str:
         return f"filter {expressions.render(rel.filter.condition, names, fields)}"
     if kind == "project":
         shown = ", ".join(expressions.render(e, names, fields) for e in rel.project.expressions)
-        return f"project {shown}"
+        return f"project {shown}".rstrip()
     if kind == "aggregate":
         return _describe_aggregate(rel.aggregate, names, fields)
     if kind == "sort":
