@@ -258,7 +258,8 @@ def decomposition_snapshot(decomposition: Decomposition) -> CutSnapshot:
             pushed=tuple(f.pushed),
             notes=tuple(f.notes),
             predicates=tuple(f.predicates),
-            device_filter=tuple(f.device_filter),
+            # (None: no conjunct to split, as a draft before split_predicate_by_capability)
+            device_filter=tuple(f.device_filter) if f.device_filter or f.host_filter else None,
             host_filter=tuple(f.host_filter),
             plan=f.stages[Stage.FULL],
         )

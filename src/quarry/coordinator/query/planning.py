@@ -113,14 +113,14 @@ def shared(
         return rewritten(decomposition, (read_once,)), ()
     found: dict[tuple[bytes, tuple[str, ...]], tuple[JoinFilter, ...]] = {}
 
-    def pairs(cut: Decomposition) -> tuple[JoinFilter, ...]:
-        # the rule and this function ask of the same cut: sampled once
-        key = (cut.super_plan, tuple(f.name for f in cut.fragments))
+    def pairs(candidate: Decomposition) -> tuple[JoinFilter, ...]:
+        # the rule and this function ask of the same decomposition: found once
+        key = (candidate.super_plan, tuple(f.name for f in candidate.fragments))
         if key not in found:
-            found[key] = _pairs_of(cluster, cut)
+            found[key] = _pairs_of(cluster, candidate)
         return found[key]
 
-    kept = rewritten(decomposition, shared_rules(lambda cut: {p.probe for p in pairs(cut)}))
+    kept = rewritten(decomposition, shared_rules(lambda d: {pair.probe for pair in pairs(d)}))
     return kept, pairs(kept)
 
 
