@@ -24,6 +24,9 @@ INDENT = "  "
 
 @dataclass(frozen=True)
 class FragmentSnapshot:
+    """One fragment as a rule left it: bytes and tuples, since the next rule changes the draft
+    in place."""
+
     name: str
     dataset: str
     pushed: tuple[str, ...]
