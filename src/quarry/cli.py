@@ -460,6 +460,9 @@ def sql(
     format: Annotated[str, typer.Option(help="table, json, csv or parquet")] = "table",
     explain: Annotated[bool, typer.Option(help="show the cut: super-plan and sub-plans")] = False,
     analyze: Annotated[bool, typer.Option(help="run it and show what each device did")] = False,
+    verbose: Annotated[
+        bool, typer.Option(help="with --explain: the rules that fired, each with the cut after it")
+    ] = False,
     output: Annotated[Path | None, typer.Option(help="write the result here")] = None,
     max_rows: Annotated[int, typer.Option(help="rows shown in table format")] = 50,
     cluster: ClusterOption = None,
@@ -472,12 +475,14 @@ def sql(
         raise QuarryError(f"--format must be table, json, csv or parquet, not {format!r}")
     if format == "parquet" and output is None:
         raise QuarryError("--format parquet needs --output FILE")
+    if verbose and not (explain or analyze):
+        raise QuarryError("--verbose shows the rules behind the cut: add --explain (or --analyze)")
     c = open_cluster(cluster)
     planned = c.query(query, pushdown)
     result = None
     if analyze or not explain:
         result = planned.execute().read_all()
-    report = planned.explain(analyze) if (explain or analyze) else None
+    report = planned.explain(analyze, verbose) if (explain or analyze) else None
     c.close()
     if format == "json":
         body: dict[str, Any] = {}
@@ -489,6 +494,8 @@ def sql(
         return
     if report is not None:
         _print_explain(report)
+        if "rules" in report:
+            _print_rules(report["rules"])
     if result is None:
         return
     if format == "parquet":
@@ -612,6 +619,17 @@ def _print_explain(report: dict[str, Any]) -> None:
 
         for line in QueryTime.from_json(analyzed["time"]).render():
             console.print(line, highlight=False, markup=False)
+
+
+def _print_rules(fired: list[dict[str, str]]) -> None:
+    """EXPLAIN VERBOSE: each rule that fired, in order, and the cut it left."""
+    console.rule(f"rules that fired, in order ({len(fired)})")
+    if not fired:
+        console.print("none: the cut is the plan as DataFusion made it", highlight=False)
+    for number, step in enumerate(fired, 1):
+        console.print(f"rule {number}: {step['rule']}", highlight=False, markup=False)
+        for line in step["plan"].splitlines():
+            console.print(f"  {line}", highlight=False, markup=False, soft_wrap=True)
 
 
 CUTS_SHOWN = STAGES_BY_DATA_SHIPPED  # the cost model's cuts, least data moved first

@@ -186,3 +186,35 @@ def test_an_error_is_one_line_however_long(tmp_path):
     done = _quarry("status", "--cluster", str(missing), cwd=tmp_path, check=False)
     assert done.returncode == 2
     assert done.stderr.count("\n") == 1 and str(missing) in done.stderr, done.stderr
+
+
+def test_explain_verbose_lists_the_rules_that_fired_in_order(tmp_path):
+    """`quarry sql --explain --verbose`: after the cut, each rule that fired, in order, with the
+    cut it left; the same list under ``rules`` in JSON; --verbose alone says what it needs."""
+    path = tmp_path / "particles.parquet"
+    pq.write_table(particles.table(20_000, seed=14), path)
+    _quarry("up", "--devices", "2", "--detach", cwd=tmp_path)
+    try:
+        _quarry("ingest", str(path), "--dataset", "physics/particles", cwd=tmp_path)
+        sql = "SELECT count(*) AS n FROM particles WHERE ke > 10"
+        shown = _quarry(
+            "sql", sql, "--pushdown", "always", "--explain", "--verbose", cwd=tmp_path
+        ).stdout
+        as_json = _quarry(
+            "sql", sql, "--explain", "--verbose", "--format", "json", cwd=tmp_path
+        ).stdout
+        alone = _quarry("sql", sql, "--verbose", cwd=tmp_path, check=False)
+    finally:
+        _quarry("down", cwd=tmp_path)
+    rules = ["push_filter", "push_projection", "split_predicate_by_capability"]
+    rules += ["split_aggregate", "prune_slices"]
+    listed = re.findall(r"^rule (\d+): (\w+)$", shown, re.MULTILINE)
+    assert listed == [(str(n), rule) for n, rule in enumerate(rules, 1)], shown
+    assert shown.index("sub-plan __quarry_fragment_0") < shown.index("rule 1: push_filter")
+    after_split = shown.split("rule 4: split_aggregate", 1)[1].split("rule 5:", 1)[0]
+    assert "aggregate: count(1)" in after_split and "filter (ke > 10.0)" in after_split, shown
+    assert "zone-map predicates: ke > 10.0" in shown.split("rule 5: prune_slices", 1)[1]
+    steps = json.loads(as_json)["explain"]["rules"]
+    assert [step["rule"] for step in steps] == rules
+    assert all(step["plan"].startswith("super-plan:") for step in steps)
+    assert alone.returncode == 2 and "--explain" in alone.stderr

@@ -141,6 +141,21 @@ def test_explain_shows_the_cut(particle_cluster):
     assert "analyze" not in report
 
 
+def test_explain_verbose_lists_the_rules_that_fired_also_for_a_kept_plan(particle_cluster):
+    """EXPLAIN VERBOSE: the rules that fired, in order, each with the cut it left; the plan the
+    plan cache keeps shows the same, and a plain EXPLAIN shows none."""
+    sql = "SELECT sum(ke) AS total FROM particles WHERE ke > 3"
+    first = particle_cluster.explain(sql, pushdown="always", verbose=True)
+    hits = particle_cluster.plans.hits
+    again = particle_cluster.explain(sql, pushdown="always", verbose=True)
+    assert particle_cluster.plans.hits == hits + 1  # planned once, kept
+    rules = ["push_filter", "split_predicate_by_capability", "split_aggregate", "prune_slices"]
+    assert [step["rule"] for step in first["rules"]] == rules
+    assert again["rules"] == first["rules"]
+    assert "partial_aggregate" in first["rules"][2]["plan"]
+    assert "rules" not in particle_cluster.explain(sql, pushdown="always")
+
+
 def test_explain_analyze_reports_every_device(particle_cluster):
     report = particle_cluster.explain("SELECT sum(ke) FROM particles WHERE ke > 2", analyze=True)[
         "analyze"
@@ -398,17 +413,20 @@ def test_reads_alike_are_kept_apart_when_join_keys_cut_them_apart(tpch_cluster, 
     apart = tpch_cluster.query(sql, pushdown="always")
     result = apart.execute().read_all()
     assert_same_rows(result, tpch.expected(21), ordered=_ordered(sql), context="Q21")
-    explained = apart.explain(analyze=True)
+    explained = apart.explain(analyze=True, verbose=True)
     lineitem = [f for f in explained["fragments"] if f["dataset"] == "tpch/lineitem"]
     assert len(lineitem) == 3
+    rules = [step["rule"] for step in explained["rules"]]
+    assert rules[-1] == "split_alike_by_join_keys" and "read_once" not in rules, rules
     sent = [f["filter"] for f in explained["join_filters"] if f["outcome"].startswith("sent")]
     probes = {text.split(".")[0] for text in sent}
     assert len(probes & {f["name"] for f in lineitem}) >= 2, (sent, lineitem)
     shared = tpch_cluster.query(sql, pushdown="always", join_filters=False)
     shared.execute().read_all()
-    assert (
-        len([f for f in shared.explain(False)["fragments"] if f["dataset"] == "tpch/lineitem"]) == 2
-    )
+    explained_shared = shared.explain(False, verbose=True)
+    fragments = explained_shared["fragments"]
+    assert len([f for f in fragments if f["dataset"] == "tpch/lineitem"]) == 2
+    assert explained_shared["rules"][-1]["rule"] == "read_once"
     shipped = explained["analyze"]["bytes_shipped"]
     assert shipped < shared.explain(analyze=True)["analyze"]["bytes_shipped"]
 

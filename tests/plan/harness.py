@@ -208,12 +208,14 @@ def assert_same_rows(
 def cut_after(
     sql: str, schemas: Mapping[str, pa.Schema], *rules, capabilities: Mapping | None = None
 ):
-    """The cut of `sql` after the row rules and then `rules` (each tested on its own)."""
+    """The cut of `sql` after `rules`, in order, as the optimizer runs them (each rule tested
+    on its own, after the row rules it needs)."""
     from quarry.plan.decompose import plan_cut
+    from quarry.plan.optimizer import optimize
+    from quarry.plan.trace import cut_snapshot
 
-    cut, _ = plan_cut(sql, schemas, capabilities)
-    for rule in rules:
-        cut = rule(cut)
+    cut, _, _ = plan_cut(sql, schemas, capabilities)
+    cut, _ = optimize(cut, rules, cut_snapshot, copy=lambda cut: cut.copy())
     return cut
 
 

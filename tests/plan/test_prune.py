@@ -10,11 +10,12 @@ import pyarrow as pa
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from quarry.plan import decompose, slice_may_match, slice_must_match
+from quarry.plan import RULES, decompose, slice_may_match, slice_must_match
 from quarry.plan.prune import decode_value
+from quarry.plan.rules.prune_slices import prune_slices
 from quarry.store.zonemap import zone_map as stored_zone_map
 
-from .harness import zone_map
+from .harness import assert_same_rows, execute, zone_map
 
 ZONE = {
     "a": {"min": 10, "max": 20, "null_count": 0, "rows": 100},
@@ -108,6 +109,22 @@ def test_predicates_are_plain_json(small) -> None:
     assert by_column["i"]["op"] == ">"  # literal on the left: flipped
     assert by_column["x"] == {"column": "x", "op": "is_not_null"}
     assert len(decoded) == 5  # i * 2 < 100 is not a simple conjunct
+
+
+def test_prune_slices_is_the_rule_that_gives_devices_their_predicates(small) -> None:
+    """Without it a fragment has no zone-map predicates, so no slice is skipped or run
+    unfiltered; the answer is the same either way."""
+    sql = "SELECT sum(x) AS total FROM t WHERE i > 3 AND k < 5"
+    (fragment,) = decompose(sql, small.schemas).fragments
+    assert [p["column"] for p in fragment.predicates] == ["i", "k"] and fragment.unfiltered
+    assert RULES[-1] is prune_slices
+    without = decompose(sql, small.schemas, rules=RULES[:-1])
+    (bare,) = without.fragments
+    assert bare.predicates == [] and bare.unfiltered == b""
+    assert (bare.pushed, bare.device_filter) == (fragment.pushed, fragment.device_filter)
+    assert "prune_slices" not in [step.rule for step in without.fired]
+    for decomposition in (decompose(sql, small.schemas), without):
+        assert_same_rows(execute(decomposition, small.data), small.expected(sql), ordered=False)
 
 
 OPS = ("=", "!=", "<", "<=", ">", ">=")

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 from quarry.plan import decompose, tree
+from quarry.plan.cut import Cut
+from quarry.plan.optimizer import optimize
 from quarry.plan.rules.push_filter import push_filter
+from quarry.plan.trace import cut_snapshot
 
 from .harness import assert_same_rows, cut_after, execute, kinds_down
 
@@ -21,12 +24,14 @@ def test_filter_moves_into_the_fragment(small) -> None:
     assert fragment.pushed[-1] == "filter"
 
 
-def test_the_rule_does_not_mutate_its_input(small) -> None:
+def test_the_rule_changes_the_optimizers_copy_not_its_input(small) -> None:
     before = cut_after("SELECT id FROM t WHERE i > 3", small.schemas)
     plan_bytes = before.plan.SerializeToString()
-    push_filter(before)
+    after, fired = optimize(before, (push_filter,), cut_snapshot, copy=Cut.copy)
     assert before.plan.SerializeToString() == plan_bytes
     assert kinds_down(before.fragments[0].rel) == ["read"]
+    assert kinds_down(after.fragments[0].rel) == ["filter", "read"]
+    assert [step.rule for step in fired] == ["push_filter"]
 
 
 def test_subquery_conjunct_stays_on_the_host(small) -> None:

@@ -253,12 +253,14 @@ class Cluster(Membership):
         analyze: bool = False,
         pushdown: str = "auto",
         decisions: Forced | None = None,
+        verbose: bool = False,
     ) -> dict[str, Any]:
-        """The cut (super-plan and sub-plans); with ``analyze``, what each device did."""
+        """The cut (super-plan and sub-plans); with ``analyze``, what each device did; with
+        ``verbose``, the rules that fired, in order, each with the cut after it (``rules``)."""
         planned = self.query(sql, pushdown, decisions)
         if analyze:
             planned.execute().read_all()
-        return planned.explain(analyze)
+        return planned.explain(analyze, verbose)
 
     # ---- cluster file -------------------------------------------------------------------------
 

@@ -7,7 +7,14 @@ calls `run_super`.
 
 from quarry.errors import HostMemoryExceeded
 from quarry.plan.capabilities import Capabilities
-from quarry.plan.decompose import RULES, Decomposition, Fragment, decompose
+from quarry.plan.decompose import (
+    DECOMPOSITION_RULES,
+    PLAN_RULES,
+    RULES,
+    Decomposition,
+    Fragment,
+    decompose,
+)
 from quarry.plan.errors import PlanError, StageError
 from quarry.plan.memory import SUPER_PLAN_MEMORY_BYTES_MAX
 from quarry.plan.prune import slice_may_match, slice_must_match
@@ -15,6 +22,8 @@ from quarry.plan.stage import run_stage
 from quarry.plan.superplan import complete, run_super
 
 __all__ = [
+    "DECOMPOSITION_RULES",
+    "PLAN_RULES",
     "RULES",
     "SUPER_PLAN_MEMORY_BYTES_MAX",
     "Capabilities",

@@ -39,6 +39,8 @@ class FragmentDraft:
     raw_conjuncts: list[algebra_pb2.Expression] = field(default_factory=list)
     device_conjuncts: list[algebra_pb2.Expression] | None = None  # filter stage, in order
     host_conjuncts: list[algebra_pb2.Expression] = field(default_factory=list)
+    # raw conjuncts a zone map can judge, JSON-serializable (``prune_slices``)
+    predicates: list[dict] = field(default_factory=list)
     pushed: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     open: bool = True  # whether operators above may still move in
@@ -67,7 +69,7 @@ class Cut:
     selectivity: SelectivityEstimate | None = None
 
     def copy(self) -> Cut:
-        """A deep copy of the plan and drafts; rules never mutate the cut they were given."""
+        """A deep copy of the plan and drafts: the one the optimizer's rules change in place."""
         return Cut(
             tree.copy_plan(self.plan),
             copy.deepcopy(self.fragments),

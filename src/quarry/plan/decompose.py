@@ -1,9 +1,17 @@
 """Decomposition: SQL in, a host super-plan and one Substrait sub-plan per stored-dataset read out.
 
 The coordinator plans the SQL with DataFusion against empty tables that have the stored datasets'
-schemas, converts the optimized plan to Substrait, and cuts it with `RULES`: each read of a
-stored dataset becomes a fragment, and each rule moves operators from the super-plan into the
-fragment below them. The super-plan reads each fragment's output as a table named after it.
+schemas, converts the optimized plan to Substrait, and cuts it: each read of a stored dataset
+becomes a fragment, and each rule moves operators from the super-plan into the fragment below
+them. The super-plan reads each fragment's output as a table named after it.
+
+Every rewrite is a named rule (``rules/``) in one of three ordered lists, run by
+``optimizer.optimize``, which records the rules that fired (EXPLAIN VERBOSE):
+
+- ``PLAN_RULES``, over the query's Substrait plan before the cut (``decimal_scale``);
+- ``RULES``, over the cut (the pushdowns; ``pushdown="never"`` runs none);
+- ``DECOMPOSITION_RULES``, over the finished decomposition (``read_once``; the coordinator runs
+  ``split_alike_by_join_keys`` first, ``coordinator.query.planning.shared_rules``).
 
 Every fragment has three stages, so a device can decide at run time how much to do and the host
 can finish the rest (DESIGN.md §3, Skytether §4 "flexibility"):
@@ -22,9 +30,8 @@ mix of stages the slices came back in.
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
 
 import pyarrow as pa
 from datafusion import SQLOptions
@@ -33,49 +40,45 @@ from substrait import algebra_pb2, plan_pb2
 from quarry.plan import engine, expressions, merge, tree
 from quarry.plan.capabilities import Capabilities
 from quarry.plan.cut import Cut, FragmentDraft, SelectivityEstimate, initial_cut
-from quarry.plan.decimal_scale import align_decimal_literals
 from quarry.plan.errors import PlanError
+from quarry.plan.optimizer import Fired, optimize
+from quarry.plan.rules import Fixpoint, Rule
+from quarry.plan.rules.decimal_scale import decimal_scale
 from quarry.plan.rules.holistic import holistic
+from quarry.plan.rules.prune_slices import prune_slices
 from quarry.plan.rules.push_filter import push_filter
 from quarry.plan.rules.push_limit import push_limit
 from quarry.plan.rules.push_projection import push_projection
+from quarry.plan.rules.read_once import read_once
 from quarry.plan.rules.split_aggregate import split_aggregate
 from quarry.plan.rules.split_predicate_by_capability import split_predicate_by_capability
 from quarry.plan.statistics import SliceStatistic, answerable
+from quarry.plan.trace import CutSnapshot, FragmentSnapshot, cut_snapshot, plan_snapshot
 from quarry.protocol.stage import Stage
 
-Rule = Callable[[Cut], Cut]
 PUSHDOWN_MODES = ("never", "always")
 STAGES = (Stage.RAW, Stage.FILTER, Stage.FULL)  # the order their bytes travel in
-# Filters and projections interleave in DataFusion plans; moving one can expose the other.
-ROW_RULES: tuple[Rule, ...] = (push_projection, push_filter)
-ROW_RULE_ROUNDS_MAX = 64
 PRODUCER_MESSAGE_CHARS_MAX = 200
-SHAPES_KEPT_MAX = 256  # super-plans whose reads were renamed, kept
 
+PlanRules = Sequence[Rule[plan_pb2.Plan]]
+CutRules = Sequence[Rule[Cut] | Fixpoint[Cut]]
+DecompositionRules = Sequence[Rule["Decomposition"]]
 
-def push_rows(cut: Cut) -> Cut:
-    """push_projection and push_filter until neither moves anything."""
-    for _ in range(ROW_RULE_ROUNDS_MAX):
-        before = _fingerprint(cut)
-        for rule in ROW_RULES:
-            cut = rule(cut)
-        if _fingerprint(cut) == before:
-            return cut
-    raise AssertionError("row rules did not settle")
-
-
-def _fingerprint(cut: Cut) -> bytes:
-    return cut.plan.SerializeToString(deterministic=True)
-
-
-RULES: tuple[Rule, ...] = (
+PLAN_RULES: PlanRules = (decimal_scale,)
+# Filters and projections interleave in DataFusion plans; moving one can expose the other, so
+# they run in turn until neither moves anything. Each round that changes something moves at
+# least one operator down, so a plan settles in far fewer rounds than this.
+ROW_RULE_ROUNDS_MAX = 64
+push_rows = Fixpoint("push_rows", (push_projection, push_filter), ROW_RULE_ROUNDS_MAX)
+RULES: CutRules = (
     push_rows,
     split_predicate_by_capability,
     holistic,
     split_aggregate,
     push_limit,
+    prune_slices,
 )
+DECOMPOSITION_RULES: DecompositionRules = (read_once,)
 
 
 @dataclass
@@ -127,6 +130,9 @@ class Decomposition:
     # groups of fragments whose sub-plans are alike (two reads of one dataset, the same way):
     # one of each group may be read for all (``read_once``), unless join keys cut them apart
     alike: tuple[tuple[str, ...], ...] = ()
+    # the rules that changed the plan, the cut or this, in order, each with what it left
+    # (EXPLAIN VERBOSE; rendered only when asked)
+    fired: tuple[Fired, ...] = field(default=(), compare=False, repr=False)
 
     def fragment(self, name: str) -> Fragment:
         for fragment in self.fragments:
@@ -204,7 +210,9 @@ def decompose(
     pushdown: str = "always",
     capabilities: Mapping[str, Capabilities | str] | None = None,
     selectivity: SelectivityEstimate | None = None,
-    share: bool = True,
+    rules: CutRules | None = None,
+    plan_rules: PlanRules = PLAN_RULES,
+    decomposition_rules: DecompositionRules = DECOMPOSITION_RULES,
 ) -> Decomposition:
     """Cut `sql` into a super-plan and sub-plans.
 
@@ -214,18 +222,50 @@ def decompose(
     name ("full", "scan_filter"); the coordinator passes the intersection when a dataset spans
     profiles; missing means full. `selectivity`, if given, estimates a filter conjunct's
     selectivity from its description (`split_predicate_by_capability.describe`); when it
-    returns None, textbook defaults apply. With `share`, alike sub-plans are read once
-    (``read_once``); without, each read keeps its own fragment, for a caller that decides which
-    may share (a join's keys may cut them apart: ``coordinator.planning.shared``).
+    returns None, textbook defaults apply.
+
+    The rules run in three ordered lists: `plan_rules` over the Substrait plan, `rules` over the
+    cut (by default `RULES` under "always" and none under "never"), `decomposition_rules` over
+    the finished decomposition (by default ``read_once``: alike sub-plans are read once; ``()``
+    leaves each read its own fragment, for a caller that decides which may share, as a join's
+    keys may cut them apart: ``coordinator.query.planning.shared_rules``). The result carries
+    the rules that fired, in order (``Decomposition.fired``).
     """
     if pushdown not in PUSHDOWN_MODES:
         raise PlanError(f"pushdown must be one of {', '.join(PUSHDOWN_MODES)}, got {pushdown!r}")
-    cut, output = plan_cut(sql, tables, capabilities, selectivity)
-    rules = RULES if pushdown == "always" else ()
-    for rule in rules:
-        cut = rule(cut)
+    if rules is None:
+        rules = RULES if pushdown == "always" else ()
+    cut, output, plan_fired = plan_cut(sql, tables, capabilities, selectivity, plan_rules)
+    cut, cut_fired = optimize(cut, rules, cut_snapshot, copy=Cut.copy)
     decomposition = finalize(cut, output, pushdown)
-    return read_once(decomposition, alike_renames(decomposition)) if share else decomposition
+    decomposition.fired = (*plan_fired, *cut_fired)
+    return rewritten(decomposition, decomposition_rules)
+
+
+def rewritten(decomposition: Decomposition, rules: DecompositionRules) -> Decomposition:
+    """``decomposition`` after ``rules``, its ``fired`` extended by those that fired. The rules
+    build a new decomposition: the one given, perhaps the plan cache's, is left as it was."""
+    result, fired = optimize(decomposition, rules, decomposition_snapshot)
+    return replace(result, fired=(*result.fired, *fired)) if fired else result
+
+
+def decomposition_snapshot(decomposition: Decomposition) -> CutSnapshot:
+    """The decomposition as EXPLAIN VERBOSE shows it after a rule: its bytes, not copied."""
+    fragments = tuple(
+        FragmentSnapshot(
+            name=f.name,
+            dataset=f.dataset,
+            pushed=tuple(f.pushed),
+            notes=tuple(f.notes),
+            predicates=tuple(f.predicates),
+            # (None: no conjunct to split, as a draft before split_predicate_by_capability)
+            device_filter=tuple(f.device_filter) if f.device_filter or f.host_filter else None,
+            host_filter=tuple(f.host_filter),
+            plan=f.stages[Stage.FULL],
+        )
+        for f in decomposition.fragments
+    )
+    return CutSnapshot(decomposition.super_plan, fragments, decomposition.alike)
 
 
 def plan_cut(
@@ -233,8 +273,10 @@ def plan_cut(
     tables: Mapping[str, pa.Schema],
     capabilities: Mapping[str, Capabilities | str] | None = None,
     selectivity: SelectivityEstimate | None = None,
-) -> tuple[Cut, pa.Schema]:
-    """The starting cut of `sql` (before any rule) and the query's output schema."""
+    plan_rules: PlanRules = PLAN_RULES,
+) -> tuple[Cut, pa.Schema, tuple[Fired, ...]]:
+    """The starting cut of `sql` (after `plan_rules`, before any cut rule), the query's output
+    schema, and the plan rules that fired."""
     try:
         catalog = engine.Catalog(dict(tables))
         resolved = {
@@ -267,8 +309,9 @@ def plan_cut(
             f"the query cannot be expressed as a Substrait plan: {reason}"
             "\nhint: only SELECT queries run on quarry"
         ) from None
-    align_decimal_literals(plan)
-    return initial_cut(plan, catalog, ctx, resolved, selectivity), output
+    # the plan DataFusion just produced: nobody else holds it, so the rules change it as it is
+    plan, fired = optimize(plan, plan_rules, plan_snapshot)
+    return initial_cut(plan, catalog, ctx, resolved, selectivity), output, fired
 
 
 def _clean(message: str) -> str:
@@ -344,46 +387,6 @@ def finalize(cut: Cut, output: pa.Schema, pushdown: str) -> Decomposition:
     )
     alike = tuple(tuple(names) for names in groups.values() if len(names) > 1)
     return Decomposition(super_plan.SerializeToString(), fragments, output, pushdown, alike)
-
-
-def alike_renames(decomposition: Decomposition) -> dict[str, str]:
-    """Every fragment of an alike group read as the group's first."""
-    return {name: group[0] for group in decomposition.alike for name in group[1:]}
-
-
-def read_once(decomposition: Decomposition, renames: Mapping[str, str]) -> Decomposition:
-    """The decomposition with each fragment of ``renames`` read as the one it names, whose
-    sub-plan is alike (Q21 reads lineitem thrice, twice alike: ship one, read it twice). Reads
-    are renamed in the super-plan; the fragments read for others are gone."""
-    if not renames:
-        return decomposition
-    for name, kept in renames.items():
-        assert any(name in group and kept in group for group in decomposition.alike), name
-    pairs = tuple(sorted(renames.items()))
-    fragments = [f for f in decomposition.fragments if f.name not in renames]
-    left = {f.name for f in fragments}
-    alike = tuple(
-        g
-        for g in (tuple(n for n in group if n in left) for group in decomposition.alike)
-        if len(g) > 1
-    )
-    return Decomposition(
-        _renamed(decomposition.super_plan, pairs),
-        fragments,
-        decomposition.output_schema,
-        decomposition.pushdown,
-        alike,
-    )
-
-
-@functools.lru_cache(maxsize=SHAPES_KEPT_MAX)
-def _renamed(super_plan: bytes, renames: tuple[tuple[str, str], ...]) -> bytes:
-    plan, to = tree.parse_plan(super_plan), dict(renames)
-    for rel in tree.iter_rels(plan):
-        names = tree.named_table(rel)
-        if names is not None and len(names) == 1 and names[0] in to:
-            tree.set_named_table(rel, [to[names[0]]])
-    return plan.SerializeToString()
 
 
 def host_frame(
@@ -474,11 +477,7 @@ def _build_fragment(cut: Cut, draft: FragmentDraft) -> _Built:
     output_schema = pa.schema(
         [pa.field(n, f.type, f.nullable) for n, f in zip(output_names, output)]
     )
-    predicates = [
-        p
-        for c in draft.raw_conjuncts
-        if (p := expressions.simple_predicate(c, names, raw_fields)) is not None
-    ]
+    predicates = list(draft.predicates)  # ``prune_slices``: none when it did not run
     unfiltered, bare = b"", None
     if predicates and len(predicates) == len(draft.raw_conjuncts) and not nothing_pushed:
         bare = _without_row_filter(full_rel)

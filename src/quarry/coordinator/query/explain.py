@@ -1,5 +1,6 @@
 """EXPLAIN and EXPLAIN ANALYZE of a query: the cut, the cost model's choice, and afterwards what
-each device did (its decisions, slices, rows and bytes read and shipped, CPU seconds)."""
+each device did (its decisions, slices, rows and bytes read and shipped, CPU seconds). EXPLAIN
+VERBOSE adds the rules that fired, in order, each with the cut it left (``rules``)."""
 
 from __future__ import annotations
 
@@ -14,11 +15,14 @@ def explain(
     pushdown: str,
     decomposition: Decomposition,
     choices: dict[str, Any],
+    verbose: bool = False,
 ) -> dict[str, Any]:
     body = {"query": sql, **decomposition.to_json(), "pushdown": pushdown}
     body["plan"] = decomposition.explain()
     if choices:
         body["cost_model"] = choices
+    if verbose:  # rendered now, from the bytes each rule left: only when asked
+        body["rules"] = [fired.to_json() for fired in decomposition.fired]
     return body
 
 

@@ -9,6 +9,7 @@ adapt from there at run time.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
@@ -22,9 +23,17 @@ from quarry.device.unit import Unit, host_emulator
 from quarry.errors import DeviceUnavailable, ExecutionError, QueryError
 from quarry.plan import engine
 from quarry.plan.capabilities import per_dataset
-from quarry.plan.decompose import Decomposition, Fragment, alike_renames, decompose, read_once
+from quarry.plan.decompose import (
+    Decomposition,
+    DecompositionRules,
+    Fragment,
+    decompose,
+    rewritten,
+)
 from quarry.plan.errors import PlanError
 from quarry.plan.join_filters import JoinFilter, join_filters
+from quarry.plan.rules.read_once import read_once
+from quarry.plan.rules.split_alike_by_join_keys import split_alike_by_join_keys
 from quarry.plan.superplan import HostPace
 from quarry.protocol.control import LoadStatus
 from quarry.protocol.stage import Stage
@@ -85,7 +94,7 @@ def _decompose(
             pushdown="always",
             capabilities=capabilities,
             selectivity=selectivity,
-            share=False,
+            decomposition_rules=(),  # which alike reads share depends on the join pairs: shared
         )
     except PlanError as error:
         raise QueryError(str(error)) from None
@@ -96,32 +105,29 @@ def _decompose(
 def shared(
     cluster: Membership, decomposition: Decomposition, cut_by_keys: bool
 ) -> tuple[Decomposition, tuple[JoinFilter, ...]]:
-    """The decomposition with alike fragments read once, and the join pairs that cut it.
-
-    Two reads of a dataset the same way share one fragment (Q21's lineitem l1 and l3) unless
-    sharing leaves it uncut where reads of their own would be cut: a pair must cut every read
-    of a fragment, and the cut of one read may be wrong for the other. Q21's l1 is cut by the
-    suppliers of one nation (4% of them) and its l3 by l1's order keys; shared, neither was,
-    and Q21 shipped every row of both (1.6 GB at SF 10, past its super-plan's memory). A
-    shared fragment that some pair cuts stays shared (Q2's partsupp, both reads cut by part's
-    keys): cutting its reads apart would scan it twice for cuts that only make it wait."""
-    whole = read_once(decomposition, alike_renames(decomposition))
+    """The decomposition after ``shared_rules`` (alike fragments read once, unless a join's
+    keys cut their reads apart), and the join pairs that cut it. The catalog decides which
+    fragments a join's keys cut (``_pairs_of``); the rules decide the rewrite. Without
+    ``cut_by_keys``, every alike group is read once."""
     if not cut_by_keys:
-        return whole, ()
-    pairs = _pairs_of(cluster, whole)
-    cut = {pair.probe for pair in pairs}
-    uncut = [group for group in decomposition.alike if group[0] not in cut]
-    if not uncut:
-        return whole, pairs
-    apart = {pair.probe for pair in _pairs_of(cluster, decomposition)}
-    split = [group for group in uncut if apart & set(group)]
-    if not split:
-        return whole, pairs
-    renames = {
-        name: group[0] for group in decomposition.alike if group not in split for name in group[1:]
-    }
-    kept = read_once(decomposition, renames)
-    return kept, _pairs_of(cluster, kept)
+        return rewritten(decomposition, (read_once,)), ()
+    found: dict[tuple[bytes, tuple[str, ...]], tuple[JoinFilter, ...]] = {}
+
+    def pairs(candidate: Decomposition) -> tuple[JoinFilter, ...]:
+        # the rule and this function ask of the same decomposition: found once
+        key = (candidate.super_plan, tuple(f.name for f in candidate.fragments))
+        if key not in found:
+            found[key] = _pairs_of(cluster, candidate)
+        return found[key]
+
+    kept = rewritten(decomposition, shared_rules(lambda d: {pair.probe for pair in pairs(d)}))
+    return kept, pairs(kept)
+
+
+def shared_rules(cut_by: Callable[[Decomposition], Collection[str]]) -> DecompositionRules:
+    """In order: keep apart the alike reads a join's keys cut (``cut_by``: the fragments they
+    cut), then read the alike groups left once."""
+    return (split_alike_by_join_keys(cut_by), read_once)
 
 
 def _pairs_of(cluster: Membership, decomposition: Decomposition) -> tuple[JoinFilter, ...]:

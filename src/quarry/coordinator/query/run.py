@@ -365,11 +365,16 @@ class Query:
 
     # ---- what it did --------------------------------------------------------------------------
 
-    def explain(self, analyze: bool) -> dict[str, Any]:
+    def explain(self, analyze: bool, verbose: bool = False) -> dict[str, Any]:
+        """The cut; with ``analyze``, what each device did; with ``verbose``, the rules that
+        fired, in order, each with the cut after it (kept with the plan: a plan from the plan
+        cache shows them too)."""
         if not analyze and not self.started:
             self._planned_on_catalog()  # shown as it would run on the catalog as it is
             self.cuts.scanned({pair.probe for pair in self._pairs()})
-        body = explaining.explain(self.sql, self.pushdown, self.decomposition, self.cuts.choices)
+        body = explaining.explain(
+            self.sql, self.pushdown, self.decomposition, self.cuts.choices, verbose
+        )
         body["join_filters"] = self._join_filters_shown(analyze)
         if analyze:
             reports = self.dispatch.sorted_reports()

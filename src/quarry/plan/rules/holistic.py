@@ -14,7 +14,7 @@ from substrait import algebra_pb2
 
 from quarry.plan import expressions, tree
 from quarry.plan.cut import Cut, FragmentDraft
-from quarry.plan.rules import rewrite_sites
+from quarry.plan.rules import Rule, rewrite_sites
 from quarry.plan.rules.split_aggregate import group_count, plan_measure
 
 _DISTINCT = algebra_pb2.AggregateFunction.AGGREGATION_INVOCATION_DISTINCT
@@ -33,8 +33,11 @@ DUPLICATE_INSENSITIVE = frozenset({"min", "max", "bool_and", "bool_or", "approx_
 DUPLICATE_INSENSITIVE_WHEN_DISTINCT = frozenset({"count", "sum", "avg"})
 
 
-def holistic(cut: Cut) -> Cut:
-    return rewrite_sites(cut, "aggregate", _handle)
+def _holistic(cut: Cut) -> tuple[Cut, bool]:
+    return cut, rewrite_sites(cut, "aggregate", _handle)
+
+
+holistic = Rule("holistic", _holistic)
 
 
 def holistic_measures(cut: Cut, aggregate: algebra_pb2.AggregateRel) -> list[str]:

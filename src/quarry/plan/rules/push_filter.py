@@ -11,11 +11,14 @@ from substrait import algebra_pb2
 
 from quarry.plan import expressions, tree
 from quarry.plan.cut import Cut, FragmentDraft, placeholder
-from quarry.plan.rules import rewrite_sites
+from quarry.plan.rules import Rule, rewrite_sites
 
 
-def push_filter(cut: Cut) -> Cut:
-    return rewrite_sites(cut, "filter", _absorb_filter)
+def _push_filter(cut: Cut) -> tuple[Cut, bool]:
+    return cut, rewrite_sites(cut, "filter", _absorb_filter)
+
+
+push_filter = Rule("push_filter", _push_filter)
 
 
 def _absorb_filter(cut: Cut, rel: algebra_pb2.Rel, fragment: FragmentDraft) -> bool:

@@ -11,12 +11,15 @@ from substrait import algebra_pb2
 
 from quarry.plan import tree
 from quarry.plan.cut import Cut, FragmentDraft
-from quarry.plan.rules import rewrite_sites
+from quarry.plan.rules import Rule, rewrite_sites
 
 
-def push_limit(cut: Cut) -> Cut:
-    cut = rewrite_sites(cut, "fetch", _push_limit)
-    return _push_top_k(cut)
+def _push_limits(cut: Cut) -> tuple[Cut, bool]:
+    limited = rewrite_sites(cut, "fetch", _push_limit)
+    return cut, _push_top_k(cut) or limited
+
+
+push_limit = Rule("push_limit", _push_limits)
 
 
 def _row_count_max(fetch: algebra_pb2.FetchRel) -> int | None:
@@ -55,8 +58,8 @@ def _push_limit(cut: Cut, rel: algebra_pb2.Rel, fragment: FragmentDraft) -> bool
     return True
 
 
-def _push_top_k(cut: Cut) -> Cut:
-    cut = cut.copy()
+def _push_top_k(cut: Cut) -> bool:
+    changed = False
     for rel in _fetch_rels(cut):
         sort = rel.fetch.input
         fragment = cut.fragment_of(sort.sort.input)
@@ -69,7 +72,8 @@ def _push_top_k(cut: Cut) -> Cut:
         fragment.rel = _limited(sorted_rel, rows_max)
         fragment.push("top_k")
         fragment.open = False
-    return cut
+        changed = True
+    return changed
 
 
 def _fetch_rels(cut: Cut) -> list[algebra_pb2.Rel]:

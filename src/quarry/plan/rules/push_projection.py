@@ -12,11 +12,14 @@ from substrait import algebra_pb2
 
 from quarry.plan import expressions, tree
 from quarry.plan.cut import Cut, FragmentDraft, placeholder
-from quarry.plan.rules import rewrite_sites
+from quarry.plan.rules import Rule, rewrite_sites
 
 
-def push_projection(cut: Cut) -> Cut:
-    return rewrite_sites(cut, "project", _absorb_projection)
+def _push_projection(cut: Cut) -> tuple[Cut, bool]:
+    return cut, rewrite_sites(cut, "project", _absorb_projection)
+
+
+push_projection = Rule("push_projection", _push_projection)
 
 
 def _absorb_projection(cut: Cut, rel: algebra_pb2.Rel, fragment: FragmentDraft) -> bool:

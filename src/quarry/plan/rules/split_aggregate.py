@@ -25,7 +25,7 @@ from substrait import algebra_pb2, type_pb2
 
 from quarry.plan import engine, merge, tree
 from quarry.plan.cut import Cut, FragmentDraft
-from quarry.plan.rules import rewrite_sites
+from quarry.plan.rules import Rule, rewrite_sites
 
 DISTRIBUTIVE = ("count", "sum", "min", "max", "bool_and", "bool_or")
 # DataFusion's names -> the merge kind of `merge.py`.
@@ -56,8 +56,11 @@ class MeasureSplit:
     partials: list[algebra_pb2.AggregateRel.Measure]
 
 
-def split_aggregate(cut: Cut) -> Cut:
-    return rewrite_sites(cut, "aggregate", _split)
+def _split_aggregates(cut: Cut) -> tuple[Cut, bool]:
+    return cut, rewrite_sites(cut, "aggregate", _split)
+
+
+split_aggregate = Rule("split_aggregate", _split_aggregates)
 
 
 def group_count(aggregate: algebra_pb2.AggregateRel) -> int | None:

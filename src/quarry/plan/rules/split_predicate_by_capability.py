@@ -23,6 +23,7 @@ from substrait import algebra_pb2
 
 from quarry.plan import expressions, tree
 from quarry.plan.cut import Cut, FragmentDraft
+from quarry.plan.rules import Rule
 
 # Textbook default selectivities (System R) when the caller has no estimate.
 _SELECTIVITY_DEFAULT = {
@@ -45,12 +46,15 @@ _COST_STRING_COMPARISON = 3.0
 _SELECTIVITY_MIN, _SELECTIVITY_MAX = 0.0, 1.0
 
 
-def split_predicate_by_capability(cut: Cut) -> Cut:
-    cut = cut.copy()
+def _split_predicates(cut: Cut) -> tuple[Cut, bool]:
+    """Changed when some fragment has conjuncts on its scan: it now says which the filter stage
+    holds, and in what order."""
     names = cut.function_names()
+    changed = False
     for fragment in cut.fragments:
         if not fragment.raw_conjuncts:
             continue
+        changed = True
         ordered = order_conjuncts(cut, fragment, fragment.raw_conjuncts)
         supported = [fragment.capabilities.supports_predicate(c, names) for c in ordered]
         fragment.device_conjuncts = [c for c, ok in zip(ordered, supported) if ok]
@@ -61,7 +65,10 @@ def split_predicate_by_capability(cut: Cut) -> Cut:
                 f"{len(fragment.host_conjuncts)} of {len(fragment.raw_conjuncts)} filter "
                 f"conjuncts are beyond {fragment.capabilities.name} devices: host re-checks"
             )
-    return cut
+    return cut, changed
+
+
+split_predicate_by_capability = Rule("split_predicate_by_capability", _split_predicates)
 
 
 def _order_row_filter(

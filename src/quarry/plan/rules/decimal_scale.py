@@ -1,4 +1,6 @@
-"""Decimal literals added to or subtracted from a decimal, written at the sum's scale.
+"""decimal_scale: decimal literals added to or subtracted from a decimal, written at the sum's
+scale. A rule over the query's Substrait plan, before the cut (``decompose.PLAN_RULES``): every
+fragment cut from the plan then carries the literal as rewritten.
 
 DataFusion types the integer literal of ``1 - l_discount`` as Decimal128(20, 0). The difference
 has the column's scale, 2, and the engine brings the operands to it for every batch: each value
@@ -18,6 +20,7 @@ from __future__ import annotations
 from substrait import algebra_pb2, plan_pb2
 
 from quarry.plan import tree
+from quarry.plan.rules import Rule
 
 ALIGNED_FUNCTIONS = frozenset({"add", "subtract"})
 DECIMAL_DIGITS_MAX = 38  # Decimal128's precision
@@ -39,6 +42,13 @@ def align_decimal_literals(plan: plan_pb2.Plan) -> int:
         scale = message.output_type.decimal.scale
         rescaled += sum(_rescaled(argument.value, scale) for argument in message.arguments)
     return rescaled
+
+
+def _align(plan: plan_pb2.Plan) -> tuple[plan_pb2.Plan, bool]:
+    return plan, align_decimal_literals(plan) > 0
+
+
+decimal_scale = Rule("decimal_scale", _align)
 
 
 def _rescaled(expression: algebra_pb2.Expression, scale: int) -> bool:
