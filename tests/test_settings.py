@@ -112,7 +112,7 @@ def test_defaults_are_what_the_code_always_used(monkeypatch):
 
 
 def test_set_values_are_read_when_used_not_at_import(monkeypatch):
-    from quarry.coordinator.dispatch.backoff import BusyCounter, retrying
+    from quarry.coordinator.membership.backoff import BusyCounter, retrying
     from quarry.coordinator.query.host_admission import Workload
     from quarry.device.admission import exchanges_for, queued_bytes_default
     from quarry.errors import DeviceBusy

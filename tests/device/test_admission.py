@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from quarry.coordinator.dispatch.backoff import BusyCounter, retrying
+from quarry.coordinator.membership.backoff import BusyCounter, retrying
 from quarry.device.admission import RETRY_AFTER_MS_UNKNOWN, Admission
 from quarry.errors import DeviceBusy
 

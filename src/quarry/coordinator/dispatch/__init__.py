@@ -1,6 +1,5 @@
 """The one host dispatch (DESIGN §3, one pipeline): every kind of work (SQL fragments, gene
 statistics, samples, offloaded lines) goes out as tasks and comes back as merged streams
 (``streams``); pushed-back ranges are completed on the host with the same unit of work; a device
-that stops answering is replaced by a replica for the rest, counted once (``failover``); a busy
-one is asked again after the wait it named (``backoff``); what each device did is a
-``report.WorkReport``."""
+that stops answering is replaced by a replica for the rest, counted once (``failover``); what
+each device did is a ``report.WorkReport``."""

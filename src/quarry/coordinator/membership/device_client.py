@@ -14,7 +14,7 @@ import pyarrow as pa
 from pyarrow import flight
 
 from quarry.auth.middleware import bearer
-from quarry.coordinator.dispatch.backoff import BusyCounter, retrying
+from quarry.coordinator.membership.backoff import BusyCounter, retrying
 from quarry.device.unit import host_emulator
 from quarry.errors import DeviceUnavailable, ProtocolError, QuarryError, Unauthenticated
 from quarry.protocol import control, frame, ingest, work
