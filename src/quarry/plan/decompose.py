@@ -253,9 +253,10 @@ def plan_cut(
     catalog.register(ctx)
     options = SQLOptions().with_allow_ddl(False).with_allow_dml(False).with_allow_statements(False)
     try:
-        frame = ctx.sql_with_options(sql, options)
-        output = frame.schema()
-        logical = frame.optimized_logical_plan()
+        logical = ctx.sql_with_options(sql, options).optimized_logical_plan()
+        # The types as DataFusion answers them: a frame's own schema is the plan's before
+        # type coercion (CASE WHEN x > 50 THEN x ELSE 1.5 END is int64 there, double after).
+        output = ctx.create_dataframe_from_logical_plan(logical).schema()
     except Exception as error:  # DataFusion raises ValueError / Exception subclasses
         raise plan_error(str(error), catalog) from None
     try:
