@@ -362,6 +362,9 @@ def read_once(decomposition: Decomposition, renames: Mapping[str, str]) -> Decom
         assert any(name in group and kept in group for group in decomposition.alike), name
     pairs = tuple(sorted(renames.items()))
     fragments = [f for f in decomposition.fragments if f.name not in renames]
+    super_plan = _renamed(decomposition.super_plan, pairs)
+    if not _consumable(super_plan, tuple((f.name, f.output_schema) for f in fragments)):
+        return decomposition
     left = {f.name for f in fragments}
     alike = tuple(
         g
@@ -369,7 +372,7 @@ def read_once(decomposition: Decomposition, renames: Mapping[str, str]) -> Decom
         if len(g) > 1
     )
     return Decomposition(
-        _renamed(decomposition.super_plan, pairs),
+        super_plan,
         fragments,
         decomposition.output_schema,
         decomposition.pushdown,
@@ -385,6 +388,19 @@ def _renamed(super_plan: bytes, renames: tuple[tuple[str, str], ...]) -> bytes:
         if names is not None and len(names) == 1 and names[0] in to:
             tree.set_named_table(rel, [to[names[0]]])
     return plan.SerializeToString()
+
+
+@functools.lru_cache(maxsize=SHAPES_KEPT_MAX)
+def _consumable(super_plan: bytes, schemas: tuple[tuple[str, pa.Schema], ...]) -> bool:
+    """Whether DataFusion takes the super-plan back. A fragment read twice under nested joins
+    is qualified apart by its consumer as "left" and "right", and over three joins "left"
+    names two columns of one name (``SELECT * FROM a, b, c, b``: DataFusion issue 15439):
+    such reads keep fragments of their own."""
+    try:
+        host_frame(tree.parse_plan(super_plan), [], dict(schemas))
+    except Exception:  # DataFusion raises Exception itself; any failure means not shared
+        return False
+    return True
 
 
 def host_frame(

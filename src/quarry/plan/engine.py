@@ -256,7 +256,28 @@ def produce_logical(ctx: SessionContext, logical_plan) -> plan_pb2.Plan:
     # field, it would survive our rewrites of `grouping_expressions` and DataFusion's consumer
     # would read the stale copy. `expression_references` carries the same information.
     plan.DiscardUnknownFields()
+    _unique_names_in(plan)
     return plan
+
+
+def _unique_names_in(plan: plan_pb2.Plan) -> None:
+    """A query may answer two columns of one name (SELECT * FROM a, b); DataFusion's consumer
+    refuses a plan whose root names repeat, or an empty relation's (what such a query with a
+    false filter plans as), so those are made unique; the answer takes the query's own names
+    back where it is conformed to its output schema (``superplan.conform``)."""
+    for relation in plan.relations:
+        if relation.HasField("root"):
+            _renamed(relation.root.names)
+    for rel in tree.iter_rels(plan):
+        if rel.WhichOneof("rel_type") == "read" and rel.read.HasField("virtual_table"):
+            _renamed(rel.read.base_schema.names)
+
+
+def _renamed(names) -> None:
+    unique = unique_names(names)
+    if unique != list(names):
+        del names[:]
+        names.extend(unique)
 
 
 def plan_schema(ctx: SessionContext, plan: plan_pb2.Plan) -> pa.Schema:
