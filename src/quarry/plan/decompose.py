@@ -30,11 +30,12 @@ import pyarrow as pa
 from datafusion import SQLOptions
 from substrait import algebra_pb2, plan_pb2
 
-from quarry.plan import engine, expressions, merge, tree
+from quarry.errors import InternalError
+from quarry.plan import engine, expressions, merge, null_aware, tree
 from quarry.plan.capabilities import Capabilities
 from quarry.plan.cut import Cut, FragmentDraft, SelectivityEstimate, initial_cut
 from quarry.plan.decimal_scale import align_decimal_literals
-from quarry.plan.errors import PlanError
+from quarry.plan.errors import PlanError, UnknownTable
 from quarry.plan.rules.holistic import holistic
 from quarry.plan.rules.push_filter import push_filter
 from quarry.plan.rules.push_limit import push_limit
@@ -268,6 +269,7 @@ def plan_cut(
             f"the query cannot be expressed as a Substrait plan: {reason}"
             "\nhint: only SELECT queries run on quarry"
         ) from None
+    null_aware.keep_null_semantics(plan, logical, ctx)
     align_decimal_literals(plan)
     return initial_cut(plan, catalog, ctx, resolved, selectivity), output
 
@@ -281,6 +283,7 @@ def _clean(message: str) -> str:
 def plan_error(message: str, catalog: engine.Catalog) -> PlanError:
     """The parser's message plus a hint at what to do."""
     text = _clean(message)
+    kind = PlanError
     if "not supported" in message and any(w in message for w in ("DDL", "DML", "Statement")):
         hint = "only SELECT queries run on quarry; datasets are loaded through quarry itself"
     elif "single SQL statement" in message:
@@ -288,14 +291,17 @@ def plan_error(message: str, catalog: engine.Catalog) -> PlanError:
     elif "ParserError" in message or "SQL error" in message:
         hint = "check the SQL syntax at the line and column given"
     elif "not found" in message and "table" in message:
+        kind = UnknownTable
         hint = f"known tables: {', '.join(catalog.sql_names()) or '(none)'}"
     elif "No field named" in message:
         hint = "check the column name and its table qualifier"
+    elif "unique expression names" in message or "ambiguous" in message:
+        hint = "give each output column a name of its own (AS name)"
     elif "coerce" in message or "type" in message.lower():
         hint = "convert one side explicitly, e.g. CAST(x AS DOUBLE)"
     else:
         hint = "check the query against the tables' schemas"
-    return PlanError(f"{text}\nhint: {hint}")
+    return kind(f"{text}\nhint: {hint}")
 
 
 @dataclass
@@ -340,11 +346,17 @@ def finalize(cut: Cut, output: pa.Schema, pushdown: str) -> Decomposition:
 
     fragments = [item.fragment for item in built]
     schema = host_frame(super_plan, fragments).schema()
-    assert schema.types == output.types, (
-        f"decomposition changed the result types: {schema.types} != {output.types}"
-    )
+    if schema.types != output.types:  # the answer would be cast to types it does not have
+        raise InternalError(
+            f"decomposition changed the result types: {_types(schema)} where DataFusion "
+            f"answers {_types(output)}"
+        )
     alike = tuple(tuple(names) for names in groups.values() if len(names) > 1)
     return Decomposition(super_plan.SerializeToString(), fragments, output, pushdown, alike)
+
+
+def _types(schema: pa.Schema) -> str:
+    return ", ".join(f"{field.name} {field.type}" for field in schema)
 
 
 def alike_renames(decomposition: Decomposition) -> dict[str, str]:
@@ -470,9 +482,10 @@ def _build_fragment(cut: Cut, draft: FragmentDraft) -> _Built:
         output = engine.plan_schema(cut.ctx, tree.make_plan(cut.plan, full_rel))
         hidden = True
     visible = 0 if hidden else len(output)
-    assert visible == draft.width, (
-        f"{draft.name} outputs {visible} fields where the super-plan reads {draft.width}"
-    )
+    if visible != draft.width:
+        raise InternalError(
+            f"{draft.name} outputs {visible} fields where the super-plan reads {draft.width}"
+        )
     output_names = engine.unique_names(output.names)
     raw_schema = engine.plan_schema(cut.ctx, tree.make_plan(cut.plan, raw_rel))
     assert raw_schema.names == raw_fields, "the raw stage ships exactly the needed columns"

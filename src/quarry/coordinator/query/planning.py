@@ -19,11 +19,11 @@ from quarry.coordinator.query.settled_cuts import Key
 from quarry.cost.model import Choice, HostFigures, SubPlanFigures, choose
 from quarry.cost.told import told
 from quarry.device.unit import Unit, host_emulator
-from quarry.errors import DeviceUnavailable, ExecutionError, QueryError
+from quarry.errors import DeviceUnavailable, ExecutionError
 from quarry.plan import engine
 from quarry.plan.capabilities import per_dataset
 from quarry.plan.decompose import Decomposition, Fragment, alike_renames, decompose, read_once
-from quarry.plan.errors import PlanError
+from quarry.plan.errors import UnknownTable
 from quarry.plan.join_filters import JoinFilter, join_filters
 from quarry.plan.superplan import HostPace
 from quarry.protocol.control import LoadStatus
@@ -55,10 +55,10 @@ def plan(
         return cluster.plans.get(
             key, lambda: _decompose(state.catalog, state.info, sql, pushdown, estimate)
         )[0]
-    except QueryError as error:
-        if cluster.down and "not found" in str(error):  # a small table lives on few devices
+    except UnknownTable as error:
+        if cluster.down:  # a small table lives on few devices
             down = ", ".join(sorted(cluster.down))
-            raise QueryError(f"{error}\n({down} do not answer: they may hold it)") from None
+            raise UnknownTable(f"{error}\n({down} do not answer: they may hold it)") from None
         raise
 
 
@@ -78,17 +78,14 @@ def _decompose(
         }
         kinds = {name: hello.profile.capabilities for name, hello in info.items()}
         capabilities = per_dataset(holders, kinds)
-    try:
-        decomposition = decompose(
-            sql,
-            tables,
-            pushdown="always",
-            capabilities=capabilities,
-            selectivity=selectivity,
-            share=False,
-        )
-    except PlanError as error:
-        raise QueryError(str(error)) from None
+    decomposition = decompose(
+        sql,
+        tables,
+        pushdown="always",
+        capabilities=capabilities,
+        selectivity=selectivity,
+        share=False,
+    )
     decomposition.pushdown = pushdown
     return decomposition
 
