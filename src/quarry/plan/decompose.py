@@ -31,7 +31,7 @@ from datafusion import SQLOptions
 from substrait import algebra_pb2, plan_pb2
 
 from quarry.errors import InternalError
-from quarry.plan import engine, expressions, merge, null_aware, tree
+from quarry.plan import engine, expressions, merge, null_aware, tree, unsupported
 from quarry.plan.capabilities import Capabilities
 from quarry.plan.cut import Cut, FragmentDraft, SelectivityEstimate, initial_cut
 from quarry.plan.decimal_scale import align_decimal_literals
@@ -51,7 +51,6 @@ STAGES = (Stage.RAW, Stage.FILTER, Stage.FULL)  # the order their bytes travel i
 # Filters and projections interleave in DataFusion plans; moving one can expose the other.
 ROW_RULES: tuple[Rule, ...] = (push_projection, push_filter)
 ROW_RULE_ROUNDS_MAX = 64
-PRODUCER_MESSAGE_CHARS_MAX = 200
 SHAPES_KEPT_MAX = 256  # super-plans whose reads were renamed, kept
 
 
@@ -263,12 +262,8 @@ def plan_cut(
     try:
         plan = engine.produce_logical(ctx, logical)
     except Exception as error:
-        # DataFusion appends the whole plan to this message; its first clause says it all.
-        reason = _clean(str(error)).split(" {", 1)[0][:PRODUCER_MESSAGE_CHARS_MAX]
-        raise PlanError(
-            f"the query cannot be expressed as a Substrait plan: {reason}"
-            "\nhint: only SELECT queries run on quarry"
-        ) from None
+        raise unsupported.producer_error(_clean(str(error))) from None
+    unsupported.refuse_untyped_nulls(plan)
     null_aware.keep_null_semantics(plan, logical, ctx)
     align_decimal_literals(plan)
     return initial_cut(plan, catalog, ctx, resolved, selectivity), output
