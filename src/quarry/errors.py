@@ -182,7 +182,7 @@ class InternalError(QuarryError):
 
 QUERY_CHARS_SHOWN_MAX = 300  # of a query's text, in an error that names it
 # What stops the interpreter or a generator, not an error: never wrapped.
-_NOT_ERRORS = (KeyboardInterrupt, SystemExit, GeneratorExit)
+NOT_ERRORS = (KeyboardInterrupt, SystemExit, GeneratorExit)
 log = logging.getLogger("quarry.errors")
 
 
@@ -223,7 +223,7 @@ def only_quarry_errors(query: str | None = None) -> Iterator[None]:
     except QuarryError:
         raise
     except BaseException as error:
-        if isinstance(error, _NOT_ERRORS):
+        if isinstance(error, NOT_ERRORS):
             raise
         raise internal(error, query) from error
 
