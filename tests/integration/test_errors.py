@@ -7,6 +7,10 @@ runs under every pushdown (``server`` on this flat cluster is the host completin
 from __future__ import annotations
 
 import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import datafusion
 import pyarrow as pa
@@ -16,6 +20,7 @@ import quarry
 from quarry.coordinator.query import planning
 from quarry.errors import InternalError, QuarryError, QueryError
 from quarry.plan.errors import NotSupported
+from tests.commands import run_quarry
 
 MODES = ("never", "always", "auto", "server")
 TABLES = {  # the corpus's tab0..tab2, with NULLs in tab2
@@ -166,3 +171,48 @@ def test_a_broken_invariant_while_the_answer_streams_is_an_internal_error(cluste
         cluster.sql("SELECT col0 FROM tab1", pushdown="always").read_all()
     assert "query: SELECT col0 FROM tab1" in str(raised.value)
     assert isinstance(raised.value, QuarryError)
+
+
+BROKEN_CLI = """
+import sys
+from quarry.coordinator.query import planning
+
+def broken(*args, **kwargs):
+    raise AssertionError("decomposition changed the result types")
+
+planning.plan = broken
+from quarry.cli import main
+
+sys.argv = ["quarry", *sys.argv[1:]]
+main()
+"""
+
+
+def _error_lines(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if line.startswith("error:")]
+
+
+def test_the_cli_prints_one_error_line_for_a_failing_query(cluster, tmp_path):
+    """A query quarry refuses, and one that meets a bug: one ``error:`` line each, never a
+    traceback; a bug exits 1, naming the query and the file its traceback went to."""
+    options = ("sql", "--cluster", str(cluster.cluster_file))
+    refused = run_quarry(*options, "SELECT NULL FROM tab0", cwd=tmp_path, check=False)
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr
+    (line,) = _error_lines(refused.stderr)
+    assert "type NULL" in line and "hint: give the NULL a type" in refused.stderr
+
+    sql = "SELECT col0 FROM tab0"
+    broken = subprocess.run(
+        [sys.executable, "-c", BROKEN_CLI, *options, sql],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "COLUMNS": "200"},
+    )
+    assert broken.returncode == 1 and "Traceback" not in broken.stderr
+    (line,) = _error_lines(broken.stderr)
+    assert "AssertionError: decomposition changed the result types" in line
+    assert f"query: {sql}" in broken.stderr
+    trace = broken.stderr.strip().splitlines()[-1].removeprefix("traceback: ")
+    assert "Traceback" in Path(trace).read_text()
