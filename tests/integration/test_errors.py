@@ -102,6 +102,7 @@ def rows(table: pa.Table) -> list[str]:
 def test_answers_as_datafusion_alone(cluster, tables, sql):
     expected = datafusion_alone(tables, sql)
     for mode in MODES:
+        assert cluster.explain(sql, pushdown=mode)  # planned alone, too
         answer = cluster.sql(sql, pushdown=mode).read_all()
         assert answer.schema.names == expected.schema.names, mode
         assert answer.schema.types == expected.schema.types, mode
@@ -125,6 +126,8 @@ def test_what_substrait_cannot_carry_is_refused_with_a_hint(cluster, sql):
         with pytest.raises(NotSupported, match="not supported") as raised:
             cluster.sql(sql, pushdown=mode).read_all()
         assert "\nhint: " in str(raised.value)
+        with pytest.raises(NotSupported):
+            cluster.explain(sql, pushdown=mode)
 
 
 def test_a_duplicate_name_or_null_type_says_what_to_do(cluster):

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, MutableSequence, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -267,13 +267,13 @@ def _unique_names_in(plan: plan_pb2.Plan) -> None:
     back where it is conformed to its output schema (``superplan.conform``)."""
     for relation in plan.relations:
         if relation.HasField("root"):
-            _renamed(relation.root.names)
+            _made_unique(relation.root.names)
     for rel in tree.iter_rels(plan):
-        if rel.WhichOneof("rel_type") == "read" and rel.read.HasField("virtual_table"):
-            _renamed(rel.read.base_schema.names)
+        if tree.kind(rel) == "read" and rel.read.HasField("virtual_table"):
+            _made_unique(rel.read.base_schema.names)
 
 
-def _renamed(names) -> None:
+def _made_unique(names: MutableSequence[str]) -> None:
     unique = unique_names(names)
     if unique != list(names):
         del names[:]
