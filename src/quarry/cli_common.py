@@ -10,13 +10,17 @@ have in common lives here, and this module imports none of them:
 - `console`, `human_bytes`, `JsonOption`, `print_json`: one console and one way to print sizes
   and JSON;
 - `user_errors`, `run`: a `QuarryError` (or another error a command names as the user's) becomes
-  one red line on stderr and exit code `EXIT_USER_ERROR`, never a traceback.
+  one red line on stderr and exit code `EXIT_USER_ERROR`, never a traceback; under `run`, any
+  other error is an `InternalError`: one red line, its traceback in a file, exit code `EXIT_BUG`.
 """
 
 from __future__ import annotations
 
 import json
+import logging
+import os
 import sys
+import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -27,7 +31,8 @@ from rich.console import Console
 from rich.markup import escape
 
 from quarry import settings
-from quarry.errors import QuarryError
+from quarry.errors import InternalError, QuarryError, only_quarry_errors
+from quarry.errors import log as internal_log
 
 if TYPE_CHECKING:
     from quarry.coordinator.cluster import Cluster
@@ -36,6 +41,7 @@ DEFAULT_DATA = ".quarry"
 # Exit code 2 is what click gives a wrong option, and what quarry has always given an error the
 # user can fix: scripts tell these apart from a crash (1) or Ctrl-C (130).
 EXIT_USER_ERROR = 2
+EXIT_BUG = 1  # what Python gives an uncaught exception: quarry's own failure
 EXIT_INTERRUPTED = 130
 
 ClusterOption = Annotated[
@@ -100,11 +106,39 @@ def user_errors(*also: type[Exception]) -> Iterator[None]:
         raise typer.Exit(code=EXIT_USER_ERROR) from None
 
 
+class TraceFile(logging.Handler):
+    """Where the command's internal errors leave their tracebacks (``errors.internal`` logs
+    them): a file made when the first comes, named on the console, which keeps one line."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.ERROR)
+        self.path: Path | None = None
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self.path is None:
+            descriptor, name = tempfile.mkstemp(prefix="quarry-error-", suffix=".log")
+            os.close(descriptor)
+            self.path = Path(name)
+        with self.path.open("a") as file:
+            file.write(self.format(record) + "\n")
+
+
 def run(app: typer.Typer) -> None:
-    """The entry point of a quarry command line: an error the user can act on is one red line,
-    not a traceback; anything else is a bug and keeps its traceback."""
+    """The entry point of a quarry command line: an error the user can act on is one red line
+    and `EXIT_USER_ERROR`, never a traceback. Anything else is a bug: it becomes an
+    ``InternalError``, one red line too, with the file that holds its traceback, and
+    `EXIT_BUG`."""
+    trace = TraceFile()
+    logging.getLogger(internal_log.name).addHandler(trace)
     try:
-        app()
+        with only_quarry_errors():
+            app()
+    except InternalError as error:
+        if trace.path is None:  # not logged where it was raised
+            internal_log.error("internal error", exc_info=error)
+        report_error(error)
+        errors.print(f"traceback: {trace.path}", highlight=False, soft_wrap=True, markup=False)
+        raise SystemExit(EXIT_BUG) from None
     except QuarryError as error:
         report_error(error)
         raise SystemExit(EXIT_USER_ERROR) from None

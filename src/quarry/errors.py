@@ -6,7 +6,10 @@ typed exception that the device raised (see ``quarry.protocol.encode_error``).
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import re
+from collections.abc import Iterable, Iterator
 
 
 class QuarryError(Exception):
@@ -170,6 +173,74 @@ class ExecutionError(QueryError):
     the device that met it. Running it elsewhere would fail the same way, so nothing retries."""
 
     code = "execution_error"
+
+
+class InternalError(QuarryError):
+    """quarry broke one of its own invariants, or met an error it does not know, while it ran a
+    query: a bug, not the query's fault. The message names the query and what went wrong; the
+    traceback goes to the log (``internal``), and the error it wraps is its ``__cause__``."""
+
+    code = "internal_error"
+
+    def __init__(self, message: str, query: str | None = None) -> None:
+        self.what = message
+        self.query = query
+        super().__init__(message if query is None else f"{message}\nquery: {shown(query)}")
+
+
+QUERY_CHARS_SHOWN_MAX = 300  # of a query's text, in an error that names it
+# What stops the interpreter or a generator, not an error: never wrapped.
+NOT_ERRORS = (KeyboardInterrupt, SystemExit, GeneratorExit)
+log = logging.getLogger("quarry.errors")
+
+
+def shown(query: str) -> str:
+    """A query's text on one line, cut at ``QUERY_CHARS_SHOWN_MAX`` characters."""
+    text = " ".join(query.split())
+    if len(text) <= QUERY_CHARS_SHOWN_MAX:
+        return text
+    return text[: QUERY_CHARS_SHOWN_MAX - 3] + "..."
+
+
+def internal(error: BaseException, query: str | None = None) -> InternalError:
+    """``error``, which quarry did not raise on purpose, as the ``InternalError`` a user gets:
+    its kind and first line, what to do, and the query; logged with its traceback."""
+    if isinstance(error, InternalError):  # an invariant quarry checks itself, named there
+        what = error.what
+    else:
+        lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+        what = f"{type(error).__name__}: {lines[0]}" if lines else type(error).__name__
+    log.error("internal error%s", f" in query {shown(query)}" if query else "", exc_info=error)
+    return InternalError(
+        f"internal error in quarry ({what}); this is a bug: please report it with the query "
+        "(the log holds the traceback)",
+        query,
+    )
+
+
+@contextlib.contextmanager
+def only_quarry_errors(query: str | None = None) -> Iterator[None]:
+    """At an edge users hold (``Cluster``, the CLI, the Flight SQL endpoint): whatever is not
+    a ``QuarryError`` leaves as an ``InternalError`` naming ``query`` (``internal``)."""
+    try:
+        yield
+    except InternalError as error:
+        if error.query is not None or query is None:
+            raise
+        raise internal(error, query) from error  # one raised where the query was not known
+    except QuarryError:
+        raise
+    except BaseException as error:
+        if isinstance(error, NOT_ERRORS):
+            raise
+        raise internal(error, query) from error
+
+
+def only_quarry_errors_in(items: Iterable, query: str | None = None) -> Iterator:
+    """``items`` as they come, under ``only_quarry_errors``: a stream's errors are raised where
+    it is read, past the call that made it."""
+    with only_quarry_errors(query):
+        yield from items
 
 
 def error_class(code: str) -> type[QuarryError]:

@@ -5,7 +5,9 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
+from quarry.errors import QuarryError, QueryError
 from quarry.plan import PlanError, decompose
+from quarry.plan.errors import NotSupported, UnknownTable
 
 TABLES = {
     "lab/cells": pa.schema([("id", pa.int64()), ("gene", pa.string())]),
@@ -20,8 +22,10 @@ def error_of(sql: str, **kwargs) -> str:
     return str(raised.value)
 
 
-def test_plan_error_is_a_value_error() -> None:
-    assert issubclass(PlanError, ValueError)
+def test_plan_error_is_a_query_error() -> None:
+    """What cannot be planned leaves quarry as the QueryError every SQL error is."""
+    assert issubclass(PlanError, QueryError) and issubclass(PlanError, QuarryError)
+    assert issubclass(UnknownTable, PlanError) and issubclass(NotSupported, PlanError)
 
 
 def test_syntax_error() -> None:
@@ -30,6 +34,8 @@ def test_syntax_error() -> None:
 
 
 def test_unknown_table_lists_the_known_ones() -> None:
+    with pytest.raises(UnknownTable):
+        decompose("SELECT * FROM nope", TABLES)
     message = error_of("SELECT * FROM nope")
     assert "nope" in message and "not found" in message
     assert "lab.cells" in message and "cells" in message

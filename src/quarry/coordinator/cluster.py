@@ -232,6 +232,8 @@ class Cluster(Membership):
         **options: Any,
     ) -> Query:
         """A planned query (``quarry.coordinator.query.run.Query``): ``execute()``, ``explain()``.
+        Whatever fails, here or reading its answer, is a ``QuarryError``: the query's own
+        (``QueryError``, with a hint) or quarry's (``InternalError``, naming the query).
 
         ``decisions`` forces device decisions per (dataset, partition), e.g.
         ``{("physics/particles", 0): [{"first": 0, "end": 3, "stage": "raw"}]}``.

@@ -6,7 +6,9 @@ errors are: "table 'datafusion.physics.nope' not found; hint: known tables: ..."
 here as from ``quarry sql``. The Flight status says what kind of failure it was: a token
 refused ("unauthenticated", "unauthorized"), a device that does not answer ("unavailable": try
 again), a cancelled query ("cancelled"); anything else, a query that cannot be planned included,
-is a server error carrying quarry's message.
+is a server error carrying quarry's message. An internal error (quarry's own bug: an invariant
+it broke, an error it did not expect) is an internal error carrying the ``InternalError``'s
+message, which names the query; its traceback goes to the log, never to the client.
 
 Every error is raised as a Flight error: pyarrow would answer any other Python exception with
 its traceback appended to the message, which is noise to a SQL client and names the server's
@@ -16,23 +18,24 @@ files.
 from __future__ import annotations
 
 import functools
-import logging
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
 
 from pyarrow import flight
 
 from quarry.errors import (
+    NOT_ERRORS,
     ClusterError,
     DeviceBusy,
     DeviceUnavailable,
     Forbidden,
+    InternalError,
     QuarryError,
     QueryCancelled,
     Unauthenticated,
+    internal,
 )
 
-log = logging.getLogger("quarry.flightsql")
 T = TypeVar("T")
 
 
@@ -49,10 +52,11 @@ def flight_error(error: BaseException) -> BaseException:
         return flight.FlightUnauthorizedError(message)
     if isinstance(error, DeviceUnavailable | DeviceBusy | ClusterError):
         return flight.FlightUnavailableError(message)
+    if isinstance(error, InternalError):
+        return flight.FlightInternalError(message)
     if isinstance(error, QuarryError | NotImplementedError):
         return flight.FlightServerError(message)
-    log.exception("flight sql endpoint error")
-    return flight.FlightInternalError(f"quarry endpoint error: {type(error).__name__}: {message}")
+    return flight_error(internal(error))  # the endpoint's own bug, logged with its traceback
 
 
 def mapped(method: Callable[..., T]) -> Callable[..., T]:
@@ -62,7 +66,9 @@ def mapped(method: Callable[..., T]) -> Callable[..., T]:
     def wrapper(*args: Any, **kwargs: Any) -> T:
         try:
             return method(*args, **kwargs)
-        except Exception as error:
+        except NOT_ERRORS:
+            raise
+        except BaseException as error:  # a Rust panic in DataFusion is a BaseException
             raise flight_error(error) from None
 
     return wrapper
@@ -73,7 +79,7 @@ def mapped_stream(batches: Iterable[T]) -> Iterator[T]:
     (as those raised before it began do)."""
     try:
         yield from batches
-    except GeneratorExit:
+    except NOT_ERRORS:
         raise
-    except Exception as error:
+    except BaseException as error:
         raise flight_error(error) from None

@@ -37,12 +37,13 @@ import pyarrow as pa
 from datafusion import SQLOptions
 from substrait import algebra_pb2, plan_pb2
 
-from quarry.plan import engine, expressions, merge, tree
+from quarry.errors import InternalError
+from quarry.plan import engine, expressions, merge, tree, unsupported
 from quarry.plan.capabilities import Capabilities
 from quarry.plan.cut import Cut, FragmentDraft, SelectivityEstimate, initial_cut
-from quarry.plan.errors import PlanError
+from quarry.plan.errors import PlanError, UnknownTable
 from quarry.plan.optimizer import Fired, optimize
-from quarry.plan.rules import Fixpoint, Rule
+from quarry.plan.rules import Fixpoint, Rule, null_aware
 from quarry.plan.rules.decimal_scale import decimal_scale
 from quarry.plan.rules.holistic import holistic
 from quarry.plan.rules.prune_slices import prune_slices
@@ -58,7 +59,6 @@ from quarry.protocol.stage import Stage
 
 PUSHDOWN_MODES = ("never", "always")
 STAGES = (Stage.RAW, Stage.FILTER, Stage.FULL)  # the order their bytes travel in
-PRODUCER_MESSAGE_CHARS_MAX = 200
 
 PlanRules = Sequence[Rule[plan_pb2.Plan]]
 CutRules = Sequence[Rule[Cut] | Fixpoint[Cut]]
@@ -295,22 +295,20 @@ def plan_cut(
     catalog.register(ctx)
     options = SQLOptions().with_allow_ddl(False).with_allow_dml(False).with_allow_statements(False)
     try:
-        frame = ctx.sql_with_options(sql, options)
-        output = frame.schema()
-        logical = frame.optimized_logical_plan()
+        logical = ctx.sql_with_options(sql, options).optimized_logical_plan()
+        # The types as DataFusion answers them: a frame's own schema is the plan's before
+        # type coercion (CASE WHEN x > 50 THEN x ELSE 1.5 END is int64 there, double after).
+        output = ctx.create_dataframe_from_logical_plan(logical).schema()
     except Exception as error:  # DataFusion raises ValueError / Exception subclasses
         raise plan_error(str(error), catalog) from None
     try:
         plan = engine.produce_logical(ctx, logical)
     except Exception as error:
-        # DataFusion appends the whole plan to this message; its first clause says it all.
-        reason = _clean(str(error)).split(" {", 1)[0][:PRODUCER_MESSAGE_CHARS_MAX]
-        raise PlanError(
-            f"the query cannot be expressed as a Substrait plan: {reason}"
-            "\nhint: only SELECT queries run on quarry"
-        ) from None
-    # the plan DataFusion just produced: nobody else holds it, so the rules change it as it is
-    plan, fired = optimize(plan, plan_rules, plan_snapshot)
+        raise unsupported.producer_error(_clean(str(error))) from None
+    unsupported.refuse_untyped_nulls(plan)
+    # the plan DataFusion just produced: nobody else holds it, so the rules change it as it is;
+    # null_aware first and always (an answer depends on it), then the optional ones
+    plan, fired = optimize(plan, (null_aware.rule(logical, ctx), *plan_rules), plan_snapshot)
     return initial_cut(plan, catalog, ctx, resolved, selectivity), output, fired
 
 
@@ -323,6 +321,7 @@ def _clean(message: str) -> str:
 def plan_error(message: str, catalog: engine.Catalog) -> PlanError:
     """The parser's message plus a hint at what to do."""
     text = _clean(message)
+    kind = PlanError
     if "not supported" in message and any(w in message for w in ("DDL", "DML", "Statement")):
         hint = "only SELECT queries run on quarry; datasets are loaded through quarry itself"
     elif "single SQL statement" in message:
@@ -330,14 +329,17 @@ def plan_error(message: str, catalog: engine.Catalog) -> PlanError:
     elif "ParserError" in message or "SQL error" in message:
         hint = "check the SQL syntax at the line and column given"
     elif "not found" in message and "table" in message:
+        kind = UnknownTable
         hint = f"known tables: {', '.join(catalog.sql_names()) or '(none)'}"
     elif "No field named" in message:
         hint = "check the column name and its table qualifier"
+    elif "unique expression names" in message or "ambiguous" in message:
+        hint = "give each output column a name of its own (AS name)"
     elif "coerce" in message or "type" in message.lower():
         hint = "convert one side explicitly, e.g. CAST(x AS DOUBLE)"
     else:
         hint = "check the query against the tables' schemas"
-    return PlanError(f"{text}\nhint: {hint}")
+    return kind(f"{text}\nhint: {hint}")
 
 
 @dataclass
@@ -382,11 +384,17 @@ def finalize(cut: Cut, output: pa.Schema, pushdown: str) -> Decomposition:
 
     fragments = [item.fragment for item in built]
     schema = host_frame(super_plan, fragments).schema()
-    assert schema.types == output.types, (
-        f"decomposition changed the result types: {schema.types} != {output.types}"
-    )
+    if schema.types != output.types:  # the answer would be cast to types it does not have
+        raise InternalError(
+            f"decomposition changed the result types: {_types(schema)} where DataFusion "
+            f"answers {_types(output)}"
+        )
     alike = tuple(tuple(names) for names in groups.values() if len(names) > 1)
     return Decomposition(super_plan.SerializeToString(), fragments, output, pushdown, alike)
+
+
+def _types(schema: pa.Schema) -> str:
+    return ", ".join(f"{field.name} {field.type}" for field in schema)
 
 
 def host_frame(
@@ -456,9 +464,10 @@ def _build_fragment(cut: Cut, draft: FragmentDraft) -> _Built:
         output = engine.plan_schema(cut.ctx, tree.make_plan(cut.plan, full_rel))
         hidden = True
     visible = 0 if hidden else len(output)
-    assert visible == draft.width, (
-        f"{draft.name} outputs {visible} fields where the super-plan reads {draft.width}"
-    )
+    if visible != draft.width:
+        raise InternalError(
+            f"{draft.name} outputs {visible} fields where the super-plan reads {draft.width}"
+        )
     output_names = engine.unique_names(output.names)
     raw_schema = engine.plan_schema(cut.ctx, tree.make_plan(cut.plan, raw_rel))
     assert raw_schema.names == raw_fields, "the raw stage ships exactly the needed columns"

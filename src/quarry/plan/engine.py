@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, MutableSequence, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -256,7 +256,28 @@ def produce_logical(ctx: SessionContext, logical_plan) -> plan_pb2.Plan:
     # field, it would survive our rewrites of `grouping_expressions` and DataFusion's consumer
     # would read the stale copy. `expression_references` carries the same information.
     plan.DiscardUnknownFields()
+    _unique_names_in(plan)
     return plan
+
+
+def _unique_names_in(plan: plan_pb2.Plan) -> None:
+    """A query may answer two columns of one name (SELECT * FROM a, b); DataFusion's consumer
+    refuses a plan whose root names repeat, or an empty relation's (what such a query with a
+    false filter plans as), so those are made unique; the answer takes the query's own names
+    back where it is conformed to its output schema (``superplan.conform``)."""
+    for relation in plan.relations:
+        if relation.HasField("root"):
+            _made_unique(relation.root.names)
+    for rel in tree.iter_rels(plan):
+        if tree.kind(rel) == "read" and rel.read.HasField("virtual_table"):
+            _made_unique(rel.read.base_schema.names)
+
+
+def _made_unique(names: MutableSequence[str]) -> None:
+    unique = unique_names(names)
+    if unique != list(names):
+        del names[:]
+        names.extend(unique)
 
 
 def plan_schema(ctx: SessionContext, plan: plan_pb2.Plan) -> pa.Schema:

@@ -2,13 +2,32 @@
 
 from __future__ import annotations
 
+from quarry.errors import QueryError
 
-class PlanError(ValueError):
+
+class PlanError(QueryError):
     """The query cannot be planned: bad syntax, unknown table or column, a type error.
 
     The message is complete on its own (what was wrong and what to do), so callers print it
-    without a traceback.
+    without a traceback. A ``QueryError`` (so a ``QuarryError``): it leaves ``Cluster`` as it is.
+    Kinds a caller acts on have classes of their own, never a test of the message's words.
     """
+
+    code = "plan_error"
+
+
+class UnknownTable(PlanError):
+    """The query names a table the catalog does not hold (a device that does not answer may
+    hold it: the coordinator says so)."""
+
+    code = "unknown_table"
+
+
+class NotSupported(PlanError):
+    """Valid SQL that quarry cannot run as DataFusion alone would answer it; the message says
+    what is not supported and how to write the query instead."""
+
+    code = "not_supported"
 
 
 class StageError(RuntimeError):

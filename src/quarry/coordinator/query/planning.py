@@ -20,7 +20,7 @@ from quarry.coordinator.query.settled_cuts import Key
 from quarry.cost.model import Choice, HostFigures, SubPlanFigures, choose
 from quarry.cost.told import told
 from quarry.device.unit import Unit, host_emulator
-from quarry.errors import DeviceUnavailable, ExecutionError, QueryError
+from quarry.errors import DeviceUnavailable, ExecutionError
 from quarry.plan import engine
 from quarry.plan.capabilities import per_dataset
 from quarry.plan.decompose import (
@@ -30,7 +30,7 @@ from quarry.plan.decompose import (
     decompose,
     rewritten,
 )
-from quarry.plan.errors import PlanError
+from quarry.plan.errors import UnknownTable
 from quarry.plan.join_filters import JoinFilter, join_filters
 from quarry.plan.rules.read_once import read_once
 from quarry.plan.rules.split_alike_by_join_keys import split_alike_by_join_keys
@@ -64,10 +64,10 @@ def plan(
         return cluster.plans.get(
             key, lambda: _decompose(state.catalog, state.info, sql, pushdown, estimate)
         )[0]
-    except QueryError as error:
-        if cluster.down and "not found" in str(error):  # a small table lives on few devices
+    except UnknownTable as error:
+        if cluster.down:  # a small table lives on few devices
             down = ", ".join(sorted(cluster.down))
-            raise QueryError(f"{error}\n({down} do not answer: they may hold it)") from None
+            raise UnknownTable(f"{error}\n({down} do not answer: they may hold it)") from None
         raise
 
 
@@ -87,17 +87,14 @@ def _decompose(
         }
         kinds = {name: hello.profile.capabilities for name, hello in info.items()}
         capabilities = per_dataset(holders, kinds)
-    try:
-        decomposition = decompose(
-            sql,
-            tables,
-            pushdown="always",
-            capabilities=capabilities,
-            selectivity=selectivity,
-            decomposition_rules=(),  # which alike reads share depends on the join pairs: shared
-        )
-    except PlanError as error:
-        raise QueryError(str(error)) from None
+    decomposition = decompose(
+        sql,
+        tables,
+        pushdown="always",
+        capabilities=capabilities,
+        selectivity=selectivity,
+        decomposition_rules=(),  # which alike reads share depends on the join pairs: shared
+    )
     decomposition.pushdown = pushdown
     return decomposition
 

@@ -32,6 +32,8 @@ from quarry.errors import (
     ExecutionError,
     QuarryError,
     QueryError,
+    only_quarry_errors,
+    only_quarry_errors_in,
 )
 from quarry.plan.decompose import Fragment
 from quarry.plan.join_filters import JoinFilter
@@ -93,7 +95,7 @@ class Query:
         # devices it sends work to, and by the pulses of ``check``.
         self.state = cluster.state
         self.check: CatalogCheck | None = None
-        with self.clocks.planning.timing():
+        with self.clocks.planning.timing(), only_quarry_errors(sql):
             self.decomposition, self.cuts = self._plan()
 
     # ---- the plan -----------------------------------------------------------------------------
@@ -172,14 +174,15 @@ class Query:
         try:
             self.started = time.perf_counter()
             cpu_started = cpu_seconds()
-            result = self._run()
+            with only_quarry_errors(self.sql):
+                result = self._run()
         except BaseException:
             slot.release()
             raise
 
         def stream() -> Iterator[pa.RecordBatch]:
             try:
-                yield from self._rows(result)
+                yield from only_quarry_errors_in(self._rows(result), self.sql)
                 self.finished = time.perf_counter()
                 self.cpu_finished = cpu_seconds()
                 self.host_cpu_s = self.cpu_finished - cpu_started
@@ -369,6 +372,10 @@ class Query:
         """The cut; with ``analyze``, what each device did; with ``verbose``, the rules that
         fired, in order, each with the cut after it (kept with the plan: a plan from the plan
         cache shows them too)."""
+        with only_quarry_errors(self.sql):
+            return self._explain(analyze, verbose)
+
+    def _explain(self, analyze: bool, verbose: bool) -> dict[str, Any]:
         if not analyze and not self.started:
             self._planned_on_catalog()  # shown as it would run on the catalog as it is
             self.cuts.scanned({pair.probe for pair in self._pairs()})
@@ -459,7 +466,7 @@ def _engine_errors(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch
     query's error, in one line; quarry's errors (a device that died, say) as they are."""
     try:
         yield from batches
-    except QuarryError:
+    except (QuarryError, AssertionError):  # an invariant of quarry's own is not the query's
         raise
     except Exception as error:
         lines = [line for line in str(error).splitlines() if line.strip()]

@@ -8,6 +8,11 @@ are the same bytes, ``Decomposition.alike``). Every group left in ``alike`` is r
 before it may take groups out (``split_alike_by_join_keys``: a join's keys cut their reads
 apart). Decompositions are shared by the plan cache, so this builds a new one and never changes
 the one given.
+
+DataFusion must take the renamed super-plan back: a fragment read twice under nested joins is
+qualified apart by its consumer as "left" and "right", and over three joins "left" names two
+columns of one name (``SELECT * FROM a, b, c, b``: DataFusion issue 15439). Such reads keep
+fragments of their own.
 """
 
 from __future__ import annotations
@@ -17,7 +22,9 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Protocol, TypeVar
 
-from quarry.plan import tree
+import pyarrow as pa
+
+from quarry.plan import engine, merge, tree
 from quarry.plan.rules import Rule
 
 SHAPES_KEPT_MAX = 256  # super-plans whose reads were renamed, kept
@@ -25,6 +32,7 @@ SHAPES_KEPT_MAX = 256  # super-plans whose reads were renamed, kept
 
 class Named(Protocol):
     name: str
+    output_schema: pa.Schema
 
 
 class Alike(Protocol):
@@ -44,10 +52,14 @@ def read_each_once(decomposition: D) -> D:
     if not decomposition.alike:
         return decomposition
     renames = {name: group[0] for group in decomposition.alike for name in group[1:]}
+    super_plan = _renamed(decomposition.super_plan, tuple(sorted(renames.items())))
+    fragments = [f for f in decomposition.fragments if f.name not in renames]
+    if not _consumable(super_plan, tuple((f.name, f.output_schema) for f in fragments)):
+        return decomposition
     return replace(
         decomposition,  # type: ignore[type-var]
-        super_plan=_renamed(decomposition.super_plan, tuple(sorted(renames.items()))),
-        fragments=[f for f in decomposition.fragments if f.name not in renames],
+        super_plan=super_plan,
+        fragments=fragments,
         alike=(),
     )
 
@@ -68,3 +80,18 @@ def _renamed(super_plan: bytes, renames: tuple[tuple[str, str], ...]) -> bytes:
         if names is not None and len(names) == 1 and names[0] in to:
             tree.set_named_table(rel, [to[names[0]]])
     return plan.SerializeToString()
+
+
+@functools.lru_cache(maxsize=SHAPES_KEPT_MAX)
+def _consumable(super_plan: bytes, schemas: tuple[tuple[str, pa.Schema], ...]) -> bool:
+    """Whether DataFusion takes the super-plan back over empty fragment tables."""
+    plan = tree.parse_plan(super_plan)
+    ctx = engine.session()
+    merge.register_merge_functions(ctx, tree.function_names(plan).values())
+    for name, schema in schemas:
+        engine.register_batches(ctx, name, schema, [])
+    try:
+        engine.consume(ctx, plan)
+    except Exception:  # DataFusion raises Exception itself; any failure means not shared
+        return False
+    return True
