@@ -143,3 +143,75 @@ def test_every_kind_of_work_is_a_unit():
 
     for name in ("substrait", "sample", "genes.accumulate", "capacity.count", "capacity.pagerank"):
         assert name == lookup(name).NAME
+
+
+def _docstrings(tree: ast.AST) -> set[int]:
+    """The ids of a module's, its classes' and its functions' docstring constants."""
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
+            first = node.body[0] if node.body else None
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
+                found.add(id(first.value))
+    return found
+
+
+def _string_constants(words: set[str]) -> dict[str, set[str]]:
+    """Per module, which of ``words`` it holds as a string constant (docstrings aside)."""
+    found: dict[str, set[str]] = {}
+    for module, path in MODULES.items():
+        tree = ast.parse(path.read_text())
+        docstrings = _docstrings(tree)
+        for node in ast.walk(tree):
+            if (
+                isinstance(node, ast.Constant)
+                and isinstance(node.value, str)
+                and node.value in words
+                and id(node) not in docstrings
+            ):
+                found.setdefault(module, set()).add(node.value)
+    return found
+
+
+PUSHDOWN_MODULE = "quarry.pushdown"
+# The words of the pushdown modes where they name something else, and what.
+MODE_WORDS_ELSEWHERE = {
+    # the role a storage server answers hello with (``SERVER_ROLE``), declared once there
+    "quarry.protocol.control": {"server"},
+    # a key of a storage server's own ``WorkDone.summary``: the server's name
+    "quarry.server.work": {"server"},
+    # a slice encoding, chosen by density (``Encoding``: auto, dense, sparse), and passed on
+    "quarry.genes.layout": {"auto"},
+    "quarry.genes.rank": {"auto"},
+    # offload's own choices: where a program's lines run (``OFFLOADS``: auto, host, device) and
+    # whether they move to the host mid-way (``MIGRATES``: auto, never, force)
+    "quarry.offload.run": {"auto", "never"},
+    "quarry.offload.cut": {"auto", "never"},
+    "quarry.offload.cli": {"auto"},
+    # matplotlib's aspect of a heat map
+    "quarry.capacity.figures": {"auto"},
+    # a key of EXPLAIN ANALYZE's per-level rows: whether the level is a server
+    "quarry.coordinator.dispatch.report": {"server"},
+}
+
+
+def test_the_pushdown_modes_are_declared_once():
+    """``Pushdown`` is the one declaration of the modes: no other tuple, set or Literal of
+    their words, and no comparison with one, anywhere else in quarry."""
+    from quarry.pushdown import Pushdown
+
+    declared = {
+        module
+        for module, path in MODULES.items()
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.ClassDef) and node.name == "Pushdown"
+    }
+    assert declared == {PUSHDOWN_MODULE}
+    found = _string_constants({mode.value for mode in Pushdown})
+    assert found.pop(PUSHDOWN_MODULE) == {mode.value for mode in Pushdown}
+    stray = {
+        module: words - MODE_WORDS_ELSEWHERE.get(module, set())
+        for module, words in found.items()
+        if words - MODE_WORDS_ELSEWHERE.get(module, set())
+    }
+    assert stray == {}, f"a pushdown mode named by its string: use quarry.pushdown.Pushdown {stray}"

@@ -27,6 +27,7 @@ from quarry.cli_common import (
 )
 from quarry.errors import ClusterError, QuarryError
 from quarry.protocol.stage import STAGES_BY_DATA_SHIPPED, Stage
+from quarry.pushdown import Pushdown
 
 app = typer.Typer(
     help="quarry: computational storage. Devices that compute; queries go to the data.",
@@ -276,7 +277,7 @@ def serve(
     tls_key: Annotated[Path | None, typer.Option(help="the key of --tls-cert (PEM)")] = None,
     pushdown: Annotated[
         str, typer.Option(help="never, server, always or auto, for every query")
-    ] = "auto",
+    ] = Pushdown.AUTO,
     query_seconds_max: Annotated[
         float, typer.Option(help="a query running longer is cancelled")
     ] = 3600.0,
@@ -289,16 +290,14 @@ def serve(
     token (quarry token create) and runs with its role; read-only (docs/flightsql.md)."""
     import logging
 
-    from quarry.coordinator.query.run import PUSHDOWNS
     from quarry.flightsql.serve import Options
     from quarry.flightsql.serve import serve as serve_endpoint
 
-    if pushdown not in PUSHDOWNS:
-        raise QuarryError(f"--pushdown must be one of {', '.join(PUSHDOWNS)}, not {pushdown!r}")
+    mode = Pushdown.parse(pushdown, name="--pushdown")
     if query_seconds_max <= 0:
         raise QuarryError(f"--query-seconds-max must be positive, not {query_seconds_max}")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    options = Options(host, port, tls, tls_cert, tls_key, pushdown, query_seconds_max)
+    options = Options(host, port, tls, tls_cert, tls_key, mode, query_seconds_max)
     serve_endpoint(cluster_file(cluster), options, ready_file)
 
 
@@ -453,7 +452,7 @@ def sql(
     query: Annotated[str, typer.Argument(help="SQL; tables are DOMAIN.NAME or the bare NAME")],
     pushdown: Annotated[
         str, typer.Option(help="never, server (drives read, servers compute), always or auto")
-    ] = "auto",
+    ] = Pushdown.AUTO,
     format: Annotated[str, typer.Option(help="table, json, csv or parquet")] = "table",
     explain: Annotated[bool, typer.Option(help="show the cut: super-plan and sub-plans")] = False,
     analyze: Annotated[bool, typer.Option(help="run it and show what each device did")] = False,

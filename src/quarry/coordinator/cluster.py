@@ -31,6 +31,7 @@ from quarry.coordinator.query.run import Query
 from quarry.coordinator.reads.sample import Sample, sample
 from quarry.coordinator.reads.source_order import source_order
 from quarry.errors import ClusterError, DeviceUnavailable
+from quarry.pushdown import Pushdown
 
 CLUSTER_FILE_FORMAT = 1
 SCAN_QUEUE_BATCHES_MAX = 16  # batches waiting for the reader of a parallel scan
@@ -183,7 +184,11 @@ class Cluster(Membership):
         )
 
     def sample(
-        self, dataset: str, every: int, pushdown: str = "always", decisions: Forced | None = None
+        self,
+        dataset: str,
+        every: int,
+        pushdown: Pushdown | str = Pushdown.ALWAYS,
+        decisions: Forced | None = None,
     ) -> Sample:
         """Every ``every``-th row of every slice, drawn on the devices (``Sample.table``)."""
         return sample(self, dataset, every, pushdown, decisions)
@@ -227,7 +232,7 @@ class Cluster(Membership):
     def query(
         self,
         sql: str,
-        pushdown: str = "auto",
+        pushdown: Pushdown | str = Pushdown.AUTO,
         decisions: Forced | None = None,
         **options: Any,
     ) -> Query:
@@ -241,7 +246,7 @@ class Cluster(Membership):
     def sql(
         self,
         sql: str,
-        pushdown: str = "auto",
+        pushdown: Pushdown | str = Pushdown.AUTO,
         decisions: Forced | None = None,
     ) -> pa.RecordBatchReader:
         """Run SQL; tables are named ``domain.dataset`` (or the bare name when unambiguous)."""
@@ -251,7 +256,7 @@ class Cluster(Membership):
         self,
         sql: str,
         analyze: bool = False,
-        pushdown: str = "auto",
+        pushdown: Pushdown | str = Pushdown.AUTO,
         decisions: Forced | None = None,
     ) -> dict[str, Any]:
         """The cut (super-plan and sub-plans); with ``analyze``, what each device did."""

@@ -22,7 +22,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from functools import cache
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -40,9 +40,8 @@ from quarry.genes.groups import Grouping
 from quarry.genes.layout import ROW_ID_COLUMN, rows_batch, stored_schema
 from quarry.protocol.stage import Skip, Stage
 from quarry.protocol.work import ForcedDecision, HostCost, Policy, WorkRequest
+from quarry.pushdown import Pushdown
 
-Pushdown = Literal["always", "never", "auto"]
-PUSHDOWNS = ("always", "never", "auto")
 PushBack = Mapping[int, Sequence[tuple[int, int]]]
 
 # Slices of the host's own Accumulate calibration (auto): a 10%-dense slice of about 1 MB.
@@ -73,7 +72,7 @@ class Report:
     """Where the work ran and what moved; `rank_genes` puts it in `attrs["quarry"]`."""
 
     dataset: str
-    pushdown: str
+    pushdown: Pushdown
     bytes_shipped: int = 0  # device -> host: side statistics plus raw slices
     bytes_shipped_raw: int = 0  # of which raw slices (pushed back, or pushdown never)
     bytes_read: int = 0  # read off the devices' stores (raw scans: the slices' bytes)
@@ -99,11 +98,16 @@ class Report:
         return asdict(self)
 
 
+# the devices accumulate (always), decide per slice (auto), or the host does it all (never); a
+# storage server has no genes unit of its own to complete with (no server)
+GENES_MODES = frozenset({Pushdown.NEVER, Pushdown.ALWAYS, Pushdown.AUTO})
+
+
 def side_statistics(
     matrix: StoredMatrix,
     grouping: Grouping,
     sides: Sequence[Sequence[int]],
-    pushdown: Pushdown = "auto",
+    pushdown: Pushdown | str = Pushdown.AUTO,
     *,
     push_back: PushBack | None = None,
     policy: Mapping[str, Any] | None = None,
@@ -111,8 +115,7 @@ def side_statistics(
 ) -> tuple[pa.RecordBatch, Report]:
     """Per gene and side i, the statistics of the union of groups `sides[i]` (group = i): the
     moments (``Accumulate``) or the rank sums (``RankSums``)."""
-    if pushdown not in PUSHDOWNS:
-        raise GenesInputError(f"pushdown must be one of {PUSHDOWNS}, not {pushdown!r}")
+    pushdown = Pushdown.parse(pushdown, GENES_MODES)
     assert 1 <= len(sides) <= SIDES_MAX, len(sides)
     assert len(grouping.group_of_cell) == matrix.cell_count, "grouping of another dataset"
     started = time.perf_counter()
@@ -138,7 +141,7 @@ def _tasks(
     matrix: StoredMatrix,
     grouping: Grouping,
     sides: Sequence[Sequence[int]],
-    pushdown: str,
+    pushdown: Pushdown,
     push_back: PushBack,
     policy: Mapping[str, Any] | None,
     unit: type[Accumulate],
@@ -170,7 +173,7 @@ def _tasks(
             partitions=tuple(partitions),
             forced=forced,
             host=_host_cost(matrix, device, len(matrix.cluster.devices), unit)
-            if pushdown == "auto"
+            if pushdown is Pushdown.AUTO
             else None,
             policy=Policy.from_json(dict(policy or {})),
             args=args.to_json(),
@@ -186,14 +189,14 @@ def _tasks(
                 payload=b"",
                 deferred_payload=payload,
                 label=matrix.dataset,
-                host_only=pushdown == "never",
+                host_only=pushdown is Pushdown.NEVER,
                 replicas={p: replicas_of(matrix.cluster, entries[p], device) for p in partitions},
             )
         )
     return tasks
 
 
-def _report(dataset: str, pushdown: str, dispatch: Dispatch) -> Report:
+def _report(dataset: str, pushdown: Pushdown, dispatch: Dispatch) -> Report:
     report = Report(dataset, pushdown)
     reports = dispatch.sorted_reports()
     report.bytes_shipped = sum(r.bytes_shipped for r in reports)

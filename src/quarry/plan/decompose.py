@@ -43,9 +43,9 @@ from quarry.plan.rules.split_aggregate import split_aggregate
 from quarry.plan.rules.split_predicate_by_capability import split_predicate_by_capability
 from quarry.plan.statistics import SliceStatistic, answerable
 from quarry.protocol.stage import Stage
+from quarry.pushdown import Pushdown
 
 Rule = Callable[[Cut], Cut]
-PUSHDOWN_MODES = ("never", "always")
 STAGES = (Stage.RAW, Stage.FILTER, Stage.FULL)  # the order their bytes travel in
 # Filters and projections interleave in DataFusion plans; moving one can expose the other.
 ROW_RULES: tuple[Rule, ...] = (push_projection, push_filter)
@@ -123,7 +123,7 @@ class Decomposition:
     super_plan: bytes  # Substrait; reads fragments by name
     fragments: list[Fragment]
     output_schema: pa.Schema
-    pushdown: str = "always"
+    pushdown: Pushdown = Pushdown.ALWAYS
     # groups of fragments whose sub-plans are alike (two reads of one dataset, the same way):
     # one of each group may be read for all (``read_once``), unless join keys cut them apart
     alike: tuple[tuple[str, ...], ...] = ()
@@ -153,7 +153,7 @@ class Decomposition:
         for fragment in self.fragments:
             pushed = ", ".join(fragment.pushed) or "nothing (raw scan)"
             where = f"pushed {pushed}"
-            if self.pushdown == "never" and fragment.pushed:
+            if self.pushdown is Pushdown.NEVER and fragment.pushed:
                 # the coordinator's baseline: devices ship raw slices, the host runs the sub-plan
                 # itself as they arrive (same work, bounded memory)
                 where = f"the host runs {pushed} over raw slices as they arrive"
@@ -198,10 +198,15 @@ def stage_display(fragment: Fragment, stage: str) -> str:
     return engine.consume(ctx, fragment.stages[stage]).logical_plan().display_indent()
 
 
+# the cut with every rule, or none (the host runs everything); the modes between are the
+# coordinator's (it cuts with every rule and says where each part runs: ``planning.plan``)
+DECOMPOSE_MODES = frozenset({Pushdown.NEVER, Pushdown.ALWAYS})
+
+
 def decompose(
     sql: str,
     tables: Mapping[str, pa.Schema],
-    pushdown: str = "always",
+    pushdown: Pushdown | str = Pushdown.ALWAYS,
     capabilities: Mapping[str, Capabilities | str] | None = None,
     selectivity: SelectivityEstimate | None = None,
     share: bool = True,
@@ -218,10 +223,9 @@ def decompose(
     (``read_once``); without, each read keeps its own fragment, for a caller that decides which
     may share (a join's keys may cut them apart: ``coordinator.planning.shared``).
     """
-    if pushdown not in PUSHDOWN_MODES:
-        raise PlanError(f"pushdown must be one of {', '.join(PUSHDOWN_MODES)}, got {pushdown!r}")
+    pushdown = Pushdown.parse(pushdown, DECOMPOSE_MODES)
     cut, output = plan_cut(sql, tables, capabilities, selectivity)
-    rules = RULES if pushdown == "always" else ()
+    rules = RULES if pushdown is Pushdown.ALWAYS else ()
     for rule in rules:
         cut = rule(cut)
     decomposition = finalize(cut, output, pushdown)
@@ -304,7 +308,7 @@ class _Built:
     hidden: bool  # the placeholder masks the one column the fragment ships (count(*))
 
 
-def finalize(cut: Cut, output: pa.Schema, pushdown: str) -> Decomposition:
+def finalize(cut: Cut, output: pa.Schema, pushdown: Pushdown) -> Decomposition:
     """Stages for every fragment, typed placeholders in the super-plan, invariants checked.
     Every read keeps its own fragment; those with alike sub-plans are grouped (``alike``)."""
     built = [_build_fragment(cut, draft) for draft in cut.fragments]

@@ -29,6 +29,7 @@ from quarry.plan.superplan import HostPace
 from quarry.protocol.control import LoadStatus
 from quarry.protocol.stage import Stage
 from quarry.protocol.work import HostCost, Policy, WorkRequest
+from quarry.pushdown import Pushdown
 
 if TYPE_CHECKING:
     from quarry.coordinator.membership.catalog import DatasetEntry, PartitionEntry
@@ -39,7 +40,7 @@ FIGURES_CACHE_MAX = 256
 
 
 def plan(
-    cluster: Membership, sql: str, pushdown: str, state: CatalogState | None = None
+    cluster: Membership, sql: str, pushdown: Pushdown, state: CatalogState | None = None
 ) -> Decomposition:
     """The largest cut the devices can take (``auto`` plans as ``always`` and starts lower),
     over the catalog as ``state`` holds it (the current one by default); kept per catalog
@@ -66,12 +67,12 @@ def _decompose(
     catalog: dict[str, DatasetEntry],
     info: dict[str, Any],
     sql: str,
-    pushdown: str,
+    pushdown: Pushdown,
     selectivity: SampledSelectivity | None = None,
 ) -> Decomposition:
     tables = {name: entry.schema for name, entry in catalog.items()}
     capabilities = None
-    if pushdown != "never":
+    if pushdown is not Pushdown.NEVER:
         holders = {
             name: [d for p in entry.partitions for d in p.devices]
             for name, entry in catalog.items()
@@ -82,15 +83,14 @@ def _decompose(
         decomposition = decompose(
             sql,
             tables,
-            pushdown="always",
+            pushdown=Pushdown.ALWAYS,  # every mode runs the largest cut; the mode says where
             capabilities=capabilities,
             selectivity=selectivity,
             share=False,
         )
     except PlanError as error:
         raise QueryError(str(error)) from None
-    decomposition.pushdown = pushdown
-    return decomposition
+    return replace(decomposition, pushdown=pushdown)
 
 
 def shared(
@@ -221,7 +221,7 @@ def choose_cuts(
         for name, cost in told(devices, figures, host, choice.cut).items():
             cuts.host_costs[(fragment.name, name)] = cost
         # a storage server chooses its drives' cut on its own figures: it gets the work
-        servers = any(cluster.info[name].role == "server" for name in stored)
+        servers = any(cluster.info[name].is_server for name in stored)
         if scans_raw(choice) and not servers:
             cuts.scans.add(fragment.name)
     return cuts

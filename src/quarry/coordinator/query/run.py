@@ -31,23 +31,18 @@ from quarry.errors import (
     DeviceUnavailable,
     ExecutionError,
     QuarryError,
-    QueryError,
 )
 from quarry.plan.decompose import Fragment
 from quarry.plan.join_filters import JoinFilter
 from quarry.plan.superplan import SortMergeRerun, run_super
 from quarry.plan.superplan import streams as planning_streams
+from quarry.pushdown import Pushdown
 from quarry.tally import Tally, process_seconds
 
 if TYPE_CHECKING:
     from quarry.coordinator.membership.freshness import CatalogCheck
     from quarry.coordinator.membership.membership import Membership
 
-# never: the host reads raw slices and does everything; server: drives read and hand every
-# slice back raw, whatever fronts them completes it (a storage server's CPU, POLARDB's
-# "CPU-based" pushdown; the host on a flat cluster); always: drives run all they can ("CSD-
-# based"); auto: the cost model and the devices decide.
-PUSHDOWNS = ("never", "server", "always", "auto")
 WORKERS_PER_DEVICE = 2
 STREAM_BATCHES_MAX = 16  # batches of a fragment waiting for the super-plan
 PLAN_ATTEMPTS_MAX = 2  # planning again once refreshes the catalog without a dead device
@@ -59,27 +54,25 @@ class Query:
         self,
         cluster: Membership,
         sql: str,
-        pushdown: str = "always",
+        pushdown: Pushdown | str = Pushdown.ALWAYS,
         decisions: Forced | None = None,
         trace: bool = False,
         chunk_slices: int | None = None,
         policy: dict[str, Any] | None = None,
         join_filters: bool = True,
     ):
-        if pushdown not in PUSHDOWNS:
-            raise QueryError(f"pushdown must be one of {', '.join(PUSHDOWNS)}, got {pushdown!r}")
         self.asked = time.perf_counter()
         self.cpu_asked = cpu_seconds()
         self.cluster = cluster
         self.sql = sql
-        # "auto": the largest cut is planned, the cost model picks where each fragment starts
+        # auto: the largest cut is planned, the cost model picks where each fragment starts
         # (full / filter / raw) and the devices adapt from there at run time.
-        self.pushdown = pushdown
+        self.pushdown = Pushdown.parse(pushdown)
         self.forced = decisions or {}
         self.options = {"trace": trace, "chunk_slices": chunk_slices, "policy": policy}
         # a join's build keys cut its probe fragment on the devices (``join_keys``); never
         # stays the baseline of no pushdown at all
-        self.join_filters = join_filters and pushdown != "never"
+        self.join_filters = join_filters and self.pushdown is not Pushdown.NEVER
         self.collectors: list[join_keys.KeyCollector] = []
         self.pairs: tuple[JoinFilter, ...] = ()
         self.query_id = uuid.uuid4().hex
@@ -119,7 +112,7 @@ class Query:
     def _cut(self) -> tuple[Any, planning.Cuts]:
         """The cut, alike fragments read once where no join's keys cut them apart (and the
         pairs that cut them: ``pairs``), and under auto where each fragment starts."""
-        if self.pushdown != "auto":
+        if self.pushdown is not Pushdown.AUTO:
             plan = self._shared(planning.plan(self.cluster, self.sql, self.pushdown, self.state))
             return plan, planning.Cuts()
         # the cost model reads each device's load: as it said it lately, or its pulse now
@@ -356,7 +349,7 @@ class Query:
 
     def _output(self, name: str, tasks: list[Task]) -> Merged:
         workers = WORKERS_PER_DEVICE * len(self.cluster.live_devices())
-        if self.pushdown == "never":
+        if self.pushdown is Pushdown.NEVER:
             # The host does all the work: more streams than its cores only hold more rows at
             # once (5 M rows: 8 streams +370 MiB, no faster than 3 at +5 MiB), but every device
             # streams at once, or slow links would leave the host waiting.
@@ -374,7 +367,7 @@ class Query:
         if analyze:
             reports = self.dispatch.sorted_reports()
             wall_s = self.finished - self.started
-            servers = {n for n, info in self.cluster.info.items() if info.role == "server"}
+            servers = {n for n, info in self.cluster.info.items() if info.is_server}
             body["analyze"] = explaining.analyze(
                 reports, self.host_cpu_s, wall_s, self.rows, servers
             )

@@ -25,6 +25,7 @@ from quarry.errors import QueryError
 from quarry.plan.passthrough import passthrough_fragment
 from quarry.plan.rowwise import rowwise_fragment
 from quarry.plan.superplan import run_super
+from quarry.pushdown import Pushdown
 
 if TYPE_CHECKING:
     from quarry.coordinator.membership.membership import Membership
@@ -53,9 +54,10 @@ class PartitionRead:
 
 
 def read_partition(
-    cluster: Membership, sql: str, partition: int, pushdown: str = "always"
+    cluster: Membership, sql: str, partition: int, pushdown: Pushdown | str = Pushdown.ALWAYS
 ) -> PartitionRead:
     """The rows of ``sql`` (one table, row-local) over one partition of it."""
+    pushdown = Pushdown.parse(pushdown)
     decomposition = planning.plan(cluster, sql, pushdown)
     # the host only streams what comes, or filters and projects it batch by batch
     fragment = passthrough_fragment(decomposition) or rowwise_fragment(decomposition)
