@@ -190,8 +190,6 @@ MODE_WORDS_ELSEWHERE = {
     "quarry.offload.cli": {"auto"},
     # matplotlib's aspect of a heat map
     "quarry.capacity.figures": {"auto"},
-    # a key of EXPLAIN ANALYZE's per-level rows: whether the level is a server
-    "quarry.coordinator.dispatch.report": {"server"},
 }
 
 
@@ -210,8 +208,50 @@ def test_the_pushdown_modes_are_declared_once():
     found = _string_constants({mode.value for mode in Pushdown})
     assert found.pop(PUSHDOWN_MODULE) == {mode.value for mode in Pushdown}
     stray = {
-        module: words - MODE_WORDS_ELSEWHERE.get(module, set())
-        for module, words in found.items()
-        if words - MODE_WORDS_ELSEWHERE.get(module, set())
+        module: words - MODE_WORDS_ELSEWHERE.get(module, set()) for module, words in found.items()
     }
+    stray = {module: words for module, words in stray.items() if words}
     assert stray == {}, f"a pushdown mode named by its string: use quarry.pushdown.Pushdown {stray}"
+
+
+# Where the work counters are declared (``protocol.counters``, in the protocol that carries
+# them) and summed for EXPLAIN ANALYZE's rows: their names may be strings there.
+COUNTER_ROOMS = ("quarry.protocol", "quarry.coordinator.dispatch.report")
+# Keys of records users read that share a counter's name, each a sum of that counter taken by
+# attribute: what a change of the counters must not rename.
+COUNTER_WORDS_ELSEWHERE = {
+    # ``attrs["quarry"]`` of a ranking, printed by ``quarry de`` (docs/genes.md)
+    "quarry.genes.cli": {
+        "bytes_shipped",
+        "bytes_read",
+        "slices_executed",
+        "slices_pushed_back",
+        "slices_cached",
+    },
+    # ``uns["quarry"]`` of a pseudobulk AnnData
+    "quarry.genes.pseudobulk": {"bytes_shipped", "bytes_read"},
+    # ``QuarryDatasource.moved()``: what a Ray dataset's read tasks brought over
+    "quarry.ray.datasource": {
+        "bytes_shipped",
+        "bytes_read",
+        "slices_executed",
+        "slices_pushed_back",
+    },
+    # a capacity run's columns per device (``KernelRun.per_device``, docs/capacity.md)
+    "quarry.capacity.measure": {"bytes_shipped", "bytes_read"},
+}
+
+
+def test_the_work_counters_are_named_in_one_room():
+    """No list of the work counters' names outside their declaration: every other reader takes
+    them from ``WorkCounters`` (its fields, ``COUNTERS``), so adding one is one line there."""
+    from quarry.protocol.counters import COUNTERS
+
+    found = _string_constants(set(COUNTERS))
+    stray = {
+        module: words - COUNTER_WORDS_ELSEWHERE.get(module, set())
+        for module, words in found.items()
+        if not module.startswith(COUNTER_ROOMS)
+    }
+    stray = {module: words for module, words in stray.items() if words}
+    assert stray == {}, f"a work counter named by its string: use WorkCounters {stray}"

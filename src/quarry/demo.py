@@ -71,7 +71,9 @@ def _queries(console: Console, cluster: quarry.Cluster) -> None:
             started = time.perf_counter()
             rows = planned.execute().read_all().num_rows
             elapsed = time.perf_counter() - started
-            shipped = planned.explain(analyze=True)["analyze"]["bytes_shipped"]
+            analyzed = planned.explain(analyze=True).analyze
+            assert analyzed is not None
+            shipped = analyzed.bytes_shipped
             table.add_row(
                 sql.split(" FROM")[0],
                 mode,

@@ -26,6 +26,7 @@ from quarry.coordinator.dispatch.streams import merge
 from quarry.coordinator.ingest.atomic import ingest
 from quarry.coordinator.membership.catalog import DatasetEntry
 from quarry.coordinator.membership.membership import Membership
+from quarry.coordinator.query.explain import Explain
 from quarry.coordinator.query.fragments import Forced
 from quarry.coordinator.query.run import Query
 from quarry.coordinator.reads.sample import Sample, sample
@@ -258,8 +259,9 @@ class Cluster(Membership):
         analyze: bool = False,
         pushdown: Pushdown | str = Pushdown.AUTO,
         decisions: Forced | None = None,
-    ) -> dict[str, Any]:
-        """The cut (super-plan and sub-plans); with ``analyze``, what each device did."""
+    ) -> Explain:
+        """The cut (super-plan and sub-plans); with ``analyze``, what each device did
+        (``to_json()`` for its JSON: docs/explain.md)."""
         planned = self.query(sql, pushdown, decisions)
         if analyze:
             planned.execute().read_all()

@@ -35,6 +35,7 @@ from quarry.plan.capabilities import Capabilities
 from quarry.plan.cut import Cut, FragmentDraft, SelectivityEstimate, initial_cut
 from quarry.plan.decimal_scale import align_decimal_literals
 from quarry.plan.errors import PlanError
+from quarry.plan.explain import Column, FragmentExplain, PlanExplain
 from quarry.plan.rules.holistic import holistic
 from quarry.plan.rules.push_filter import push_filter
 from quarry.plan.rules.push_limit import push_limit
@@ -99,23 +100,26 @@ class Fragment:
     # count / sum / min / max of stored columns: such slices are answered unread (() : not)
     statistics: tuple[SliceStatistic, ...] = ()
 
+    def explained(self) -> FragmentExplain:
+        return FragmentExplain(
+            name=self.name,
+            dataset=self.dataset,
+            pushed=tuple(self.pushed),
+            device_stages=tuple(self.device_stages),
+            capabilities=self.capabilities,
+            predicates=tuple(self.predicates),
+            device_filter=tuple(self.device_filter),
+            host_filter=tuple(self.host_filter),
+            notes=tuple(self.notes),
+            raw_schema=Column.of(self.raw_schema),
+            output_schema=Column.of(self.output_schema),
+            stage_bytes={Stage(stage): len(data) for stage, data in self.stages.items()},
+            statistics=tuple(self.statistics),
+            plan=stage_display(self, Stage.FULL),
+        )
+
     def to_json(self) -> dict:
-        return {
-            "name": self.name,
-            "dataset": self.dataset,
-            "pushed": list(self.pushed),
-            "device_stages": list(self.device_stages),
-            "capabilities": self.capabilities,
-            "predicates": list(self.predicates),
-            "device_filter": list(self.device_filter),
-            "host_filter": list(self.host_filter),
-            "notes": list(self.notes),
-            "raw_schema": _schema_json(self.raw_schema),
-            "output_schema": _schema_json(self.output_schema),
-            "stage_bytes": {stage: len(data) for stage, data in self.stages.items()},
-            "statistics": [s.to_json() for s in self.statistics],
-            "plan": stage_display(self, Stage.FULL),
-        }
+        return self.explained().to_json()
 
 
 @dataclass
@@ -172,21 +176,20 @@ class Decomposition:
             lines += ["    " + line for line in stage_display(fragment, Stage.FULL).splitlines()]
         return "\n".join(lines)
 
-    def to_json(self) -> dict:
+    def explained(self) -> PlanExplain:
         from quarry.plan.passthrough import passthrough_fragment
 
         only = passthrough_fragment(self)
-        return {
-            "pushdown": self.pushdown,
-            "super_plan": self.super_display(),
-            "super_plan_passthrough": only.name if only is not None else None,
-            "output_schema": _schema_json(self.output_schema),
-            "fragments": [fragment.to_json() for fragment in self.fragments],
-        }
+        return PlanExplain(
+            pushdown=self.pushdown,
+            super_plan=self.super_display(),
+            super_plan_passthrough=only.name if only is not None else None,
+            output_schema=Column.of(self.output_schema),
+            fragments=tuple(fragment.explained() for fragment in self.fragments),
+        )
 
-
-def _schema_json(schema: pa.Schema) -> list[dict]:
-    return [{"name": f.name, "type": str(f.type)} for f in schema]
+    def to_json(self) -> dict:
+        return self.explained().to_json()
 
 
 def stage_display(fragment: Fragment, stage: str) -> str:

@@ -210,11 +210,16 @@ def _read(
                 yield table
         if not rows:
             yield read.schema.empty_table()
-        ray.get(tally.add.remote(partition, {**read.moved(), "rows": rows}))
+        moved = read.moved()
+        counted = {name: getattr(moved, name) for name in MOVED_COUNTERS}
+        ray.get(tally.add.remote(partition, {**counted, "rows": rows}))
     finally:
         cluster.close()
 
 
+# what a read task tells the tally of the device's work (``QuarryDatasource.moved``), and what
+# the tally sums of each
+MOVED_COUNTERS = ("bytes_shipped", "bytes_read", "slices_executed", "slices_pushed_back")
 MOVED = ("bytes_shipped", "bytes_read", "rows")
 
 

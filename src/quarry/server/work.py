@@ -333,27 +333,19 @@ def _partition_report(
     level (by the drive, or by the server completing it), and the drive's own account below."""
     partition = task.request.partitions[0]
     drive = dispatch.report(task, partition)
-    scanned = drive.slices_scanned  # raw ranges passed on count when the host fetches them
+    scanned = drive.counters.slices_scanned  # raw ranges passed on count when fetched
     filtered_on = sum(n.slices for n in shipped.passed if n.stage is Stage.FILTER)
-    metrics = WorkMetrics(
-        slices_total=drive.slices_total,
-        slices_pruned=drive.slices_pruned,
-        slices_cached=drive.slices_cached,
-        slices_answered=drive.slices_answered,
-        slices_elsewhere=drive.slices_elsewhere,
-        slices_scanned=scanned,
+    counters = replace(
+        drive.counters,
         slices_executed=scanned - filtered_on,
         slices_pushed_back=sum(n.slices for n in shipped.passed),
-        rows_read=drive.rows_read,
-        bytes_read=drive.bytes_read,
         rows_shipped=shipped.rows,
         bytes_shipped=shipped.bytes,
-        drive_s=drive.drive_s,
         # the server's CPU completing it, and decompressing what came raw as stored
         device_cpu_s=task.host.context.drive_s + drive.decode_s,
-        wall_s=drive.wall_s,
-        times=_server_times(drive.times, task.host.context.computed, drive.decode_s, shipped),
     )
+    times = _server_times(drive.times, task.host.context.computed, drive.decode_s, shipped)
+    metrics = WorkMetrics(counters, wall_s=drive.wall_s, times=times)
     completed = [d for d in drive.decisions if d.stage in (Stage.RAW, Stage.FILTER)]
     passed = {(r.first, r.end): n.stage for n in shipped.passed for r in n.ranges}
     decisions = tuple(
@@ -388,22 +380,5 @@ def _server_times(
 
 
 def _level(drive: WorkReport, server: str) -> LevelReport:
-    metrics = WorkMetrics(
-        slices_total=drive.slices_total,
-        slices_pruned=drive.slices_pruned,
-        slices_cached=drive.slices_cached,
-        slices_answered=drive.slices_answered,
-        slices_elsewhere=drive.slices_elsewhere,
-        slices_scanned=drive.slices_scanned,
-        slices_executed=drive.slices_executed,
-        slices_pushed_back=drive.slices_pushed_back,
-        rows_read=drive.rows_read,
-        bytes_read=drive.bytes_read,
-        rows_shipped=drive.rows_shipped,
-        bytes_shipped=drive.bytes_shipped,
-        drive_s=drive.drive_s,
-        device_cpu_s=drive.device_cpu_s,
-        wall_s=drive.wall_s,
-        times=drive.times,
-    )
+    metrics = WorkMetrics(drive.counters, wall_s=drive.wall_s, times=drive.times)
     return LevelReport(drive.device, tuple(drive.decisions), metrics, drive.fallback, server)

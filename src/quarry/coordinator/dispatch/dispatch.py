@@ -183,7 +183,7 @@ class Dispatch:
                 yield from self._exchange(task)
             except PlanNotSupported as error:
                 reports = [self.report(task, p) for p in task.request.partitions]
-                if any(r.rows_shipped for r in reports):
+                if any(r.counters.rows_shipped for r in reports):
                     raise
                 for r in reports:
                     r.mode = "scan"
@@ -364,7 +364,7 @@ class Dispatch:
                 for r in notice.ranges
                 for n in r.numbers()
             }
-            total = partition.metrics.slices_total
+            total = partition.metrics.counters.slices_total
             own = [n for n in range(total) if n not in handed_back]
             progress.done.setdefault(partition.partition, set()).update(own)
             if self.marks:

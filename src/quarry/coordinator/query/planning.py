@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from quarry.coordinator.dispatch.dispatch import Task
 from quarry.coordinator.query.cost_inputs import device_figures, sample_subplan
+from quarry.coordinator.query.explain import CutChosen
 from quarry.coordinator.query.selectivity import SampledSelectivity
 from quarry.coordinator.query.settled_cuts import Key
 from quarry.cost.model import Choice, HostFigures, SubPlanFigures, choose
@@ -176,7 +177,7 @@ def partition_task(
 class Cuts:
     """Where each fragment starts, and what each device is told of the host's costs."""
 
-    choices: dict[str, dict[str, Any]] = field(default_factory=dict)  # fragment -> choice
+    choices: dict[str, CutChosen] = field(default_factory=dict)  # fragment -> its start
     host_costs: dict[tuple[str, str], HostCost] = field(default_factory=dict)
     # fragment -> (what ``settled_cuts`` keeps it under, the model's own cut)
     model_cuts: dict[str, tuple[Key, Stage]] = field(default_factory=dict)
@@ -190,7 +191,9 @@ class Cuts:
         devices cut them before they ship. The others say so in EXPLAIN."""
         self.scans -= probes
         for name in self.scans:
-            self.choices[name]["runs_as"] = "scan: the host reads the slices"
+            self.choices[name] = replace(
+                self.choices[name], runs_as="scan: the host reads the slices"
+            )
 
     def host_cost(self, fragment: str, device: str) -> HostCost | None:
         return self.host_costs.get((fragment, device))
@@ -242,14 +245,15 @@ def _started(
     """The model's choice, or where the devices settled past it in the last run (``settled_cuts``);
     either way recorded for EXPLAIN, and the model's own cut kept for what this run teaches."""
     key = fragment_key(fragment, entry)
-    cuts.choices[fragment.name] = choice.to_json()
+    cuts.choices[fragment.name] = CutChosen.of(choice)
     cuts.model_cuts[fragment.name] = (key, choice.cut)
     start = cluster.settled.start(key, choice.cut, choice.estimates)  # the cuts it weighed
     if start is None:
         return choice
-    cuts.choices[fragment.name].update(
-        cut=start.value,
-        model_cut=choice.cut.value,
+    cuts.choices[fragment.name] = replace(
+        cuts.choices[fragment.name],
+        cut=start,
+        model_cut=choice.cut,
         started="where the devices settled in the last run",
     )
     return replace(choice, cut=start)

@@ -150,7 +150,7 @@ class Query:
         return held
 
     @property
-    def choices(self) -> dict[str, Any]:
+    def choices(self) -> dict[str, explaining.CutChosen]:
         if not self.started:
             self._planned_on_catalog()
         return self.cuts.choices
@@ -358,38 +358,45 @@ class Query:
 
     # ---- what it did --------------------------------------------------------------------------
 
-    def explain(self, analyze: bool) -> dict[str, Any]:
+    def explain(self, analyze: bool) -> explaining.Explain:
         if not analyze and not self.started:
             self._planned_on_catalog()  # shown as it would run on the catalog as it is
             self.cuts.scanned({pair.probe for pair in self._pairs()})
-        body = explaining.explain(self.sql, self.pushdown, self.decomposition, self.cuts.choices)
-        body["join_filters"] = self._join_filters_shown(analyze)
-        if analyze:
-            reports = self.dispatch.sorted_reports()
-            wall_s = self.finished - self.started
-            servers = {n for n, info in self.cluster.info.items() if info.is_server}
-            body["analyze"] = explaining.analyze(
-                reports, self.host_cpu_s, wall_s, self.rows, servers
-            )
-            if self.clocks.sort_merge is not None:  # a join did not fit: the super-plan again
-                body["analyze"]["super_plan_rerun"] = self.clocks.sort_merge.describe()
-            if self.turn is not None:  # the host's turns (coordinator/query/host_admission.py)
-                body["analyze"]["host_turn"] = {
-                    "long": self.turn.long,
-                    "waited_s": round(self.turn.waited_s, 4),
-                }
-            body["analyze"]["time"] = self.breakdown(reports).to_json()
-        return body
+        cut = self.decomposition.explained()
+        assert cut.pushdown is self.pushdown, (cut.pushdown, self.pushdown)
+        return explaining.Explain(
+            query=self.sql,
+            cut=cut,
+            plan=self.decomposition.explain(),
+            cost_model=dict(self.cuts.choices),
+            join_filters=self._join_filters_shown(analyze),
+            analyze=self._analyzed() if analyze else None,
+        )
 
-    def _join_filters_shown(self, analyze: bool) -> list[dict[str, str]]:
+    def _analyzed(self) -> explaining.Analyze:
+        reports = self.dispatch.sorted_reports()
+        sort_merge = self.clocks.sort_merge  # a join did not fit: the super-plan again
+        turn = self.turn  # the host's turns (coordinator/query/host_admission.py)
+        return explaining.analyze(
+            reports,
+            self.host_cpu_s,
+            self.finished - self.started,
+            self.rows,
+            self.breakdown(reports),
+            servers={n for n, info in self.cluster.info.items() if info.is_server},
+            super_plan_rerun=sort_merge.describe() if sort_merge is not None else None,
+            host_turn=explaining.HostTurn.of(turn) if turn is not None else None,
+        )
+
+    def _join_filters_shown(self, analyze: bool) -> tuple[explaining.JoinFilterShown, ...]:
         """Which fragments a join cuts by another's keys; run, what each sent."""
         fragments = {f.name: f for f in self.decomposition.fragments}
         if analyze and self.started:
-            return [
-                {"filter": c.pair.describe(fragments), "outcome": c.outcome}
+            return tuple(
+                explaining.JoinFilterShown(c.pair.describe(fragments), c.outcome)
                 for c in self.collectors
-            ]
-        return [{"filter": pair.describe(fragments)} for pair in self._pairs()]
+            )
+        return tuple(explaining.JoinFilterShown(p.describe(fragments)) for p in self._pairs())
 
     def breakdown(self, reports: list[WorkReport] | None = None) -> QueryTime:
         """Where this query's time went (once it has been read to its end)."""

@@ -38,7 +38,7 @@ class Sample:
 
     @property
     def bytes_shipped(self) -> int:
-        return sum(r.bytes_shipped for r in self.reports)
+        return sum(r.counters.bytes_shipped for r in self.reports)
 
 
 # the devices draw the sample, or the host draws it from raw slices: no cost model prices a
