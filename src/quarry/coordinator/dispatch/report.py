@@ -31,7 +31,9 @@ from quarry.records import Record, record_json, spread, unless_empty
 @dataclass
 class WorkReport(Record):
     """One device, one piece of work (a query fragment, a dataset), one partition: filled in as
-    the work goes (the device's account, and what the host fetched and completed)."""
+    the work goes (the device's account, and what the host fetched and completed), under the
+    dispatch's lock: a partition's pushed-back ranges are fetched and counted at once, and each
+    count replaces the counters whole."""
 
     device: str
     label: str  # the fragment (SQL) or dataset (genes) the work was for
@@ -101,7 +103,7 @@ class DeviceRow(Record):
     device: str
     partitions: int
     counters: WorkCounters = spread()
-    decode_s: float = 0.0  # this side's decompression of what it shipped as stored
+    decode_s: float = 0.0  # the host's CPU decompressing what it shipped as stored
     fallbacks: tuple[str, ...] = ()
     failovers: tuple[dict[str, Any], ...] = unless_empty(())
 

@@ -43,8 +43,8 @@ class PartitionRead:
     dispatch: Dispatch
 
     def moved(self) -> WorkCounters:
-        """What the device did to bring them: bytes it shipped and read off its store, slices
-        it ran or handed back ... (read after the batches are exhausted)."""
+        """What the device did to bring them, every work counter (bytes it shipped and read off
+        its store, slices it ran or handed back), read after the batches are exhausted."""
         return WorkCounters.sum(r.counters for r in self.dispatch.sorted_reports())
 
 
