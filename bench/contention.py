@@ -65,7 +65,7 @@ def main() -> None:
                         started = time.perf_counter()
                         table = planned.execute().read_all()
                         times.append(time.perf_counter() - started)
-                        report = planned.explain(analyze=True)
+                        report = planned.explain(analyze=True).to_json()
                         shipped.append(report["analyze"]["bytes_shipped"])
                         decisions.append(_summarize(report))
                         if reference is None:

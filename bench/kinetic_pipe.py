@@ -277,7 +277,7 @@ def per_byte(cluster: Any, sql: str, mode: str, what: str) -> float:
     for _ in range(3):
         planned = cluster.query(sql, pushdown=mode)
         planned.execute().read_all()
-        report = planned.explain(analyze=True)["analyze"]
+        report = planned.explain(analyze=True).to_json()["analyze"]
         if what == "drive":
             seconds = sum(p["drive_s"] / factor[p["device"]] for p in report["partitions"])
         elif what == "complete":
@@ -308,7 +308,7 @@ def timed(cluster: Any, sql: str, mode: str, repeat: int) -> dict[str, Any]:
         started = time.perf_counter()
         table = planned.execute().read_all()
         best = min(best, time.perf_counter() - started)
-        report = planned.explain(analyze=True)["analyze"]
+        report = planned.explain(analyze=True).to_json()["analyze"]
         if best > 10.0 and attempt == 0:
             break
     return {

@@ -89,7 +89,7 @@ def child(cluster_file: str, sql: str, pushdown: str) -> dict[str, Any]:
         rows += batch.num_rows
     wall_s = time.perf_counter() - started
     peak = rss_bytes_peak()
-    report = planned.explain(analyze=True)
+    report = planned.explain(analyze=True).to_json()
     return {
         "baseline_rss_bytes": baseline_peak,
         "baseline_rss_now_bytes": baseline_now,

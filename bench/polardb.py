@@ -117,7 +117,7 @@ def run_query(cluster: Any, sql: str, way: str, servers: list[int]) -> dict[str,
     table = planned.execute().read_all()
     wall = time.perf_counter() - started
     server_cpu = sum(cpu_seconds(pid) for pid in servers) - sum(cpu_before)
-    analyzed = planned.explain(analyze=True)["analyze"]
+    analyzed = planned.explain(analyze=True).to_json()["analyze"]
     levels = analyzed.get("levels") or {}
     network = int(analyzed["bytes_shipped"])
     drive_links = int(levels.get("drive_links_bytes", 0))

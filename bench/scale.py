@@ -61,7 +61,7 @@ def quarry_point(cluster, sql: str, repeat: int) -> dict[str, Any]:
         return holder["q"].execute().read_all().num_rows
 
     seconds, rows_out = median_time(repeat, run)
-    analyzed = holder["q"].explain(analyze=True)["analyze"]
+    analyzed = holder["q"].explain(analyze=True).to_json()["analyze"]
     return {
         "quarry_s": seconds,
         "rows_out": rows_out,

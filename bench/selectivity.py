@@ -114,7 +114,8 @@ def main() -> None:
 
                         seconds, (planned, rows_read) = best_of(args.repeat, run)
                         assert rows_read == duck_rows, (mode, name, fraction)
-                        report = planned.explain(analyze=True)  # after the clock: not the query's
+                        # after the clock: not the query's
+                        report = planned.explain(analyze=True).to_json()
                         row[f"{mode}_s"] = seconds
                         row[f"{mode}_bytes_shipped"] = report["analyze"]["bytes_shipped"]
                         progress.advance(task)

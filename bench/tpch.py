@@ -194,7 +194,7 @@ def _quarry(cluster: Any, sql: str, repeat: int, join_keys: bool) -> Run:
         seconds, answer = median_time(repeat, run)
     except QuarryError as error:
         return Run(error=f"{type(error).__name__}: {str(error).splitlines()[0][:160]}")
-    explained = planned["query"].explain(analyze=True)
+    explained = planned["query"].explain(analyze=True).to_json()
     return Run(seconds, answer, explained["analyze"], explained["join_filters"])
 
 

@@ -53,7 +53,7 @@ def trace_for(profile: str, rows: int, profiles_file: str) -> list[dict]:
         cluster.ingest(particles.reader(rows), "physics/particles", partitions=1)
         planned = cluster.query(SQL, pushdown="always", trace=True, chunk_slices=1)
         planned.execute().read_all()
-        (partition,) = planned.explain(analyze=True)["analyze"]["partitions"]
+        (partition,) = planned.explain(analyze=True).to_json()["analyze"]["partitions"]
         return [
             {**t, "ms_per_mib": 1e3 * t["seconds"] / (t["bytes_stored"] / 2**20)}
             for t in partition["trace"]

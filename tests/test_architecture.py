@@ -184,3 +184,104 @@ def test_every_quarry_variable_is_read_through_the_settings_module():
     offences = [found for path in files for found in _quarry_strings(path)]
     assert offences == []
     assert _quarry_strings(MODULES[SETTINGS]), "the settings module names the variables"
+
+
+def _string_constants(words: set[str]) -> dict[str, set[str]]:
+    """Per module, which of ``words`` it holds as a string constant (docstrings aside)."""
+    found: dict[str, set[str]] = {}
+    for module, path in MODULES.items():
+        tree = ast.parse(path.read_text())
+        docstrings = _docstrings(tree)
+        for node in ast.walk(tree):
+            if (
+                isinstance(node, ast.Constant)
+                and isinstance(node.value, str)
+                and node.value in words
+                and id(node) not in docstrings
+            ):
+                found.setdefault(module, set()).add(node.value)
+    return found
+
+
+PUSHDOWN_MODULE = "quarry.pushdown"
+# The words of the pushdown modes where they name something else, and what.
+MODE_WORDS_ELSEWHERE = {
+    # the role a storage server answers hello with (``SERVER_ROLE``), declared once there
+    "quarry.protocol.control": {"server"},
+    # a key of a storage server's own ``WorkDone.summary``: the server's name
+    "quarry.server.work": {"server"},
+    # a slice encoding, chosen by density (``Encoding``: auto, dense, sparse), and passed on
+    "quarry.genes.layout": {"auto"},
+    "quarry.genes.rank": {"auto"},
+    # offload's own choices: where a program's lines run (``OFFLOADS``: auto, host, device) and
+    # whether they move to the host mid-way (``MIGRATES``: auto, never, force)
+    "quarry.offload.run": {"auto", "never"},
+    "quarry.offload.cut": {"auto", "never"},
+    "quarry.offload.cli": {"auto"},
+    # matplotlib's aspect of a heat map
+    "quarry.capacity.figures": {"auto"},
+}
+
+
+def test_the_pushdown_modes_are_declared_once():
+    """``Pushdown`` is the one declaration of the modes: no other tuple, set or Literal of
+    their words, and no comparison with one, anywhere else in quarry."""
+    from quarry.pushdown import Pushdown
+
+    declared = {
+        module
+        for module, path in MODULES.items()
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.ClassDef) and node.name == "Pushdown"
+    }
+    assert declared == {PUSHDOWN_MODULE}
+    found = _string_constants({mode.value for mode in Pushdown})
+    assert found.pop(PUSHDOWN_MODULE) == {mode.value for mode in Pushdown}
+    stray = {
+        module: words - MODE_WORDS_ELSEWHERE.get(module, set()) for module, words in found.items()
+    }
+    stray = {module: words for module, words in stray.items() if words}
+    assert stray == {}, f"a pushdown mode named by its string: use quarry.pushdown.Pushdown {stray}"
+
+
+# Where the work counters are declared (``protocol.counters``, in the protocol that carries
+# them) and summed for EXPLAIN ANALYZE's rows: their names may be strings there.
+COUNTER_ROOMS = ("quarry.protocol", "quarry.coordinator.dispatch.report")
+# Keys of records users read that share a counter's name, each a sum of that counter taken by
+# attribute: what a change of the counters must not rename.
+COUNTER_WORDS_ELSEWHERE = {
+    # ``attrs["quarry"]`` of a ranking, printed by ``quarry de`` (docs/genes.md)
+    "quarry.genes.cli": {
+        "bytes_shipped",
+        "bytes_read",
+        "slices_executed",
+        "slices_pushed_back",
+        "slices_cached",
+    },
+    # ``uns["quarry"]`` of a pseudobulk AnnData
+    "quarry.genes.pseudobulk": {"bytes_shipped", "bytes_read"},
+    # ``QuarryDatasource.moved()``: what a Ray dataset's read tasks brought over
+    "quarry.ray.datasource": {
+        "bytes_shipped",
+        "bytes_read",
+        "slices_executed",
+        "slices_pushed_back",
+    },
+    # a capacity run's columns per device (``KernelRun.per_device``, docs/capacity.md)
+    "quarry.capacity.measure": {"bytes_shipped", "bytes_read"},
+}
+
+
+def test_the_work_counters_are_named_in_one_room():
+    """No list of the work counters' names outside their declaration: every other reader takes
+    them from ``WorkCounters`` (its fields, ``COUNTERS``), so adding one is one line there."""
+    from quarry.protocol.counters import COUNTERS
+
+    found = _string_constants(set(COUNTERS))
+    stray = {
+        module: words - COUNTER_WORDS_ELSEWHERE.get(module, set())
+        for module, words in found.items()
+        if not module.startswith(COUNTER_ROOMS)
+    }
+    stray = {module: words for module, words in stray.items() if words}
+    assert stray == {}, f"a work counter named by its string: use WorkCounters {stray}"

@@ -7,8 +7,9 @@ import json
 import signal
 import sys
 import time
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.markup import escape
@@ -28,6 +29,14 @@ from quarry.cli_common import (
 )
 from quarry.errors import ClusterError, QuarryError
 from quarry.protocol.stage import STAGES_BY_DATA_SHIPPED, Stage
+from quarry.pushdown import Pushdown
+
+if TYPE_CHECKING:
+    from quarry.coordinator.dispatch.report import LevelRow
+    from quarry.coordinator.query.explain import Analyze, CutChosen, Explain
+    from quarry.cost.model import SubPlanFigures
+    from quarry.plan.explain import RuleFired
+    from quarry.protocol.counters import WorkCounters
 
 app = typer.Typer(
     help="quarry: computational storage. Devices that compute; queries go to the data.",
@@ -279,7 +288,7 @@ def serve(
     tls_key: Annotated[Path | None, typer.Option(help="the key of --tls-cert (PEM)")] = None,
     pushdown: Annotated[
         str, typer.Option(help="never, server, always or auto, for every query")
-    ] = "auto",
+    ] = Pushdown.AUTO,
     query_seconds_max: Annotated[
         float, typer.Option(help="a query running longer is cancelled")
     ] = 3600.0,
@@ -292,16 +301,14 @@ def serve(
     token (quarry token create) and runs with its role; read-only (docs/flightsql.md)."""
     import logging
 
-    from quarry.coordinator.query.run import PUSHDOWNS
     from quarry.flightsql.serve import Options
     from quarry.flightsql.serve import serve as serve_endpoint
 
-    if pushdown not in PUSHDOWNS:
-        raise QuarryError(f"--pushdown must be one of {', '.join(PUSHDOWNS)}, not {pushdown!r}")
+    mode = Pushdown.parse(pushdown, name="--pushdown")
     if query_seconds_max <= 0:
         raise QuarryError(f"--query-seconds-max must be positive, not {query_seconds_max}")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    options = Options(host, port, tls, tls_cert, tls_key, pushdown, query_seconds_max)
+    options = Options(host, port, tls, tls_cert, tls_key, mode, query_seconds_max)
     serve_endpoint(cluster_file(cluster), options, ready_file)
 
 
@@ -456,7 +463,7 @@ def sql(
     query: Annotated[str, typer.Argument(help="SQL; tables are DOMAIN.NAME or the bare NAME")],
     pushdown: Annotated[
         str, typer.Option(help="never, server (drives read, servers compute), always or auto")
-    ] = "auto",
+    ] = Pushdown.AUTO,
     format: Annotated[str, typer.Option(help="table, json, csv or parquet")] = "table",
     explain: Annotated[bool, typer.Option(help="show the cut: super-plan and sub-plans")] = False,
     analyze: Annotated[bool, typer.Option(help="run it and show what each device did")] = False,
@@ -489,13 +496,13 @@ def sql(
         if result is not None:
             body["result"] = result.to_pylist()
         if report is not None:
-            body["explain"] = report
+            body["explain"] = report.to_json()
         print_json(body, output)
         return
     if report is not None:
         _print_explain(report)
-        if "rules" in report:
-            _print_rules(report["rules"])
+        if verbose:
+            _print_rules(report.rules)
     if result is None:
         return
     if format == "parquet":
@@ -533,41 +540,42 @@ def _cell(value: Any) -> str:
     return "NULL" if value is None else str(value)
 
 
-def _rows_below(table: Table, below: list[dict[str, Any]], above: str, depth: int) -> None:
+def _rows_below(table: Table, below: tuple[LevelRow, ...], above: str, depth: int) -> None:
     """The devices behind a storage server, indented under it, at every depth."""
-    for row in (r for r in below if r["above"] == above):
-        table.add_row(*_device_row(row, f"{'  ' * (depth - 1)}└ {row['device']}", ""))
-        _rows_below(table, below, row["device"], depth + 1)
+    for row in (r for r in below if r.above == above):
+        table.add_row(*_device_row(row.counters, f"{'  ' * (depth - 1)}└ {row.device}", ""))
+        _rows_below(table, below, row.device, depth + 1)
 
 
-def _device_row(d: dict[str, Any], name: str, partitions: str) -> list[str]:
+def _device_row(counted: WorkCounters, name: str, partitions: str) -> list[str]:
     return [
         name,
         partitions,
-        str(d["slices_pruned"]),
-        str(d["slices_answered"]),
-        str(d["slices_scanned"]),
-        str(d["slices_executed"]),
-        str(d["slices_pushed_back"]),
-        f"{d['rows_read']:,}",
-        human_bytes(d["bytes_read"]),
-        human_bytes(d["bytes_shipped"]),
-        f"{d['device_cpu_s']:.3f}",
+        str(counted.slices_pruned),
+        str(counted.slices_answered),
+        str(counted.slices_scanned),
+        str(counted.slices_executed),
+        str(counted.slices_pushed_back),
+        f"{counted.rows_read:,}",
+        human_bytes(counted.bytes_read),
+        human_bytes(counted.bytes_shipped),
+        f"{counted.device_cpu_s:.3f}",
     ]
 
 
-def _print_explain(report: dict[str, Any]) -> None:
-    console.rule(f"plan (pushdown {report['pushdown']})")
-    console.print(report["plan"], highlight=False, markup=False)
-    cost_model = report.get("cost_model")
-    if cost_model:
-        _print_cost_model(cost_model)
-    for pair in report.get("join_filters", []):
-        outcome = f": {pair['outcome']}" if "outcome" in pair else ""
-        console.print(f"join keys: {pair['filter']}{outcome}", highlight=False, markup=False)
-    analyzed = report.get("analyze")
-    if not analyzed:
-        return
+def _print_explain(report: Explain) -> None:
+    console.rule(f"plan (pushdown {report.pushdown})")
+    console.print(report.plan, highlight=False, markup=False)
+    if report.cost_model:
+        _print_cost_model(report.cost_model)
+    for pair in report.join_filters:
+        outcome = f": {pair.outcome}" if pair.outcome is not None else ""
+        console.print(f"join keys: {pair.filter}{outcome}", highlight=False, markup=False)
+    if report.analyze is not None:
+        _print_analyzed(report.analyze)
+
+
+def _print_analyzed(analyzed: Analyze) -> None:
     table = Table(title="what each device did")
     columns = (
         "device",
@@ -584,66 +592,62 @@ def _print_explain(report: dict[str, Any]) -> None:
     )
     for column in columns:
         table.add_column(column, justify="right")
-    levels = analyzed.get("levels")
-    below = (levels or {}).get("drives", [])
-    for d in analyzed["devices"]:
-        table.add_row(*_device_row(d, d["device"], str(d["partitions"])))
-        _rows_below(table, below, d["device"], 1)
+    levels = analyzed.levels
+    below = levels.drives if levels is not None else ()
+    for d in analyzed.devices:
+        table.add_row(*_device_row(d.counters, d.device, str(d.partitions)))
+        _rows_below(table, below, d.device, 1)
     console.print(table)
-    for d in analyzed["devices"]:
-        for fallback in d["fallbacks"]:
-            console.print(f"[yellow]{d['device']}[/yellow]: {fallback}")
-    if levels:
+    for d in analyzed.devices:
+        for fallback in d.fallbacks:
+            console.print(f"[yellow]{d.device}[/yellow]: {fallback}")
+    if levels is not None:
         console.print(
-            f"drive links {human_bytes(levels['drive_links_bytes'])}, network "
-            f"{human_bytes(levels['network_bytes'])}; cpu: drives {levels['drives_cpu_s']:.3f} s, "
-            f"servers {levels['servers_cpu_s']:.3f} s"
+            f"drive links {human_bytes(levels.drive_links_bytes)}, network "
+            f"{human_bytes(levels.network_bytes)}; cpu: drives {levels.drives_cpu_s:.3f} s, "
+            f"servers {levels.servers_cpu_s:.3f} s"
         )
-    if analyzed.get("host_decode_s", 0) >= 0.0005:
+    if analyzed.host_decode_s >= 0.0005:
         console.print(
-            f"host cpu decompressing raw slices shipped as stored: "
-            f"{analyzed['host_decode_s']:.3f} s"
+            f"host cpu decompressing raw slices shipped as stored: {analyzed.host_decode_s:.3f} s"
         )
     console.print(
-        f"host cpu {analyzed['host_cpu_s']:.3f} s, wall {analyzed['wall_s']:.3f} s, "
-        f"{human_bytes(analyzed['bytes_shipped'])} shipped to the host, "
-        f"{analyzed['rows']:,} result rows"
+        f"host cpu {analyzed.host_cpu_s:.3f} s, wall {analyzed.wall_s:.3f} s, "
+        f"{human_bytes(analyzed.bytes_shipped)} shipped to the host, "
+        f"{analyzed.rows:,} result rows"
     )
-    if analyzed.get("super_plan_rerun"):
-        console.print(f"super-plan: {analyzed['super_plan_rerun']}", highlight=False)
-    turn = analyzed.get("host_turn")
-    if turn and turn["waited_s"] >= 0.001:
-        console.print(f"waited {turn['waited_s']:.3f} s for a host turn (long queries take turns)")
-    if "time" in analyzed:
-        from quarry.coordinator.query.timing import QueryTime
-
-        for line in QueryTime.from_json(analyzed["time"]).render():
-            console.print(line, highlight=False, markup=False)
+    if analyzed.super_plan_rerun:
+        console.print(f"super-plan: {analyzed.super_plan_rerun}", highlight=False)
+    turn = analyzed.host_turn
+    if turn is not None and turn.waited_s >= 0.001:
+        console.print(f"waited {turn.waited_s:.3f} s for a host turn (long queries take turns)")
+    for line in analyzed.time.render():
+        console.print(line, highlight=False, markup=False)
 
 
-def _print_rules(fired: list[dict[str, str]]) -> None:
+def _print_rules(fired: tuple[RuleFired, ...]) -> None:
     """EXPLAIN VERBOSE: each rule that fired, in order, and the cut it left."""
     console.rule(f"rules that fired, in order ({len(fired)})")
     if not fired:
         console.print("none: the cut is the plan as DataFusion made it", highlight=False)
     for number, step in enumerate(fired, 1):
-        console.print(f"rule {number}: {step['rule']}", highlight=False, markup=False)
-        for line in step["plan"].splitlines():
+        console.print(f"rule {number}: {step.rule}", highlight=False, markup=False)
+        for line in step.plan.splitlines():
             console.print(f"  {line}", highlight=False, markup=False, soft_wrap=True)
 
 
 CUTS_SHOWN = STAGES_BY_DATA_SHIPPED  # the cost model's cuts, least data moved first
-SHIPPED_RATIO_OF_CUT = {
-    Stage.FULL: "output_ratio",
-    Stage.FILTER: "filter_ratio",
-    Stage.RAW: "raw_ratio",
+SHIPPED_RATIO_OF_CUT: dict[Stage, Callable[[SubPlanFigures], float]] = {
+    Stage.FULL: lambda figures: figures.output_ratio,
+    Stage.FILTER: lambda figures: figures.filter_ratio,
+    Stage.RAW: lambda figures: figures.raw_ratio,
 }
 
 
-def _print_cost_model(cost_model: dict[str, Any]) -> None:
+def _print_cost_model(cost_model: Mapping[str, CutChosen]) -> None:
     """The cut `auto` chose for each fragment, beside what the model estimated for every cut and
-    the sampled figures those estimates rest on (`Choice.to_json` in quarry.cost.model). One row
-    per cut rather than one column keeps the table inside 80 columns."""
+    the sampled figures those estimates rest on (`CutChosen` in quarry.coordinator.query.explain).
+    One row per cut rather than one column keeps the table inside 80 columns."""
     table = Table(
         title="cost model: the cut per fragment",
         caption="* the cut chosen; host s/byte: the whole sub-plan on the host, per stored byte",
@@ -653,20 +657,20 @@ def _print_cost_model(cost_model: dict[str, Any]) -> None:
     table.add_column("estimated s", justify="right")
     table.add_column("shipped/stored", justify="right")
     for fragment, choice in cost_model.items():
-        chosen = choice["cut"]
+        chosen = choice.cut
         assert chosen in CUTS_SHOWN, f"fragment {fragment}: unknown cut {chosen!r}"
-        estimates_s = choice["estimates_s"]
-        figures = choice["figures"]
+        estimates_s = choice.estimates_s
+        figures = choice.figures
         # what sampling a slice on the host measured: it prices the host's side of every cut
-        left = [escape(fragment), f"host {figures['full_s_per_byte']:.3g} s/byte", ""]
+        left = [escape(fragment), f"host {figures.full_s_per_byte:.3g} s/byte", ""]
         for index, cut in enumerate(CUTS_SHOWN):
-            ratio = f"{figures[SHIPPED_RATIO_OF_CUT[cut]]:.3g}"
+            ratio = f"{SHIPPED_RATIO_OF_CUT[cut](figures):.3g}"
             if cut not in estimates_s:  # not offered: a filter-only fragment has no filter cut
-                row = (cut, "-", ratio)
+                row = (cut.value, "-", ratio)
             elif cut == chosen:
                 row = (f"[bold]{cut} *[/bold]", f"[bold]{estimates_s[cut]:.3g}[/bold]", ratio)
             else:
-                row = (cut, f"{estimates_s[cut]:.3g}", ratio)
+                row = (cut.value, f"{estimates_s[cut]:.3g}", ratio)
             table.add_row(left[index], *row, end_section=cut == CUTS_SHOWN[-1])
     console.print(table)
 

@@ -8,6 +8,7 @@ from rich.console import Console
 from rich.table import Table
 
 import quarry
+from quarry.pushdown import Pushdown
 from quarry.samples import particles
 
 
@@ -65,12 +66,14 @@ def _queries(console: Console, cluster: quarry.Cluster) -> None:
         f"SELECT * FROM particles WHERE ke > {x}",
         f"SELECT sum(ke) FROM particles WHERE ke > {x}",
     ):
-        for mode in ("never", "always", "auto"):
+        for mode in (Pushdown.NEVER, Pushdown.ALWAYS, Pushdown.AUTO):
             planned = cluster.query(sql, pushdown=mode)
             started = time.perf_counter()
             rows = planned.execute().read_all().num_rows
             elapsed = time.perf_counter() - started
-            shipped = planned.explain(analyze=True)["analyze"]["bytes_shipped"]
+            analyzed = planned.explain(analyze=True).analyze
+            assert analyzed is not None
+            shipped = analyzed.bytes_shipped
             table.add_row(
                 sql.split(" FROM")[0],
                 mode,

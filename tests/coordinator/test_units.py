@@ -63,11 +63,11 @@ def test_a_sample_with_forced_push_back_is_annotated_like_any_work(cluster, samp
     report = next(r for r in result.reports if r.partition == partition.partition)
     stages = [(d.first, d.end, d.stage) for d in report.decisions]
     assert (1, 3, Stage.RAW) in stages
-    assert report.slices_pushed_back == 2 and report.slices_raw == 2
+    assert report.counters.slices_pushed_back == 2 and report.slices_raw == 2
     # every slice read once, whether it ran on the device or came back raw
-    assert report.slices_scanned == report.slices_total == partition.slices
-    assert report.rows_read == partition.rows
-    assert report.slices_executed == partition.slices - 2
+    assert report.counters.slices_scanned == report.counters.slices_total == partition.slices
+    assert report.counters.rows_read == partition.rows
+    assert report.counters.slices_executed == partition.slices - 2
 
 
 def test_never_samples_on_the_host_and_ships_every_row(cluster, sampled):
@@ -75,7 +75,7 @@ def test_never_samples_on_the_host_and_ships_every_row(cluster, sampled):
     never = cluster.sample(sampled.qualified, EVERY, pushdown="never")
     assert _sorted(never.table).equals(_sorted(always.table))
     assert never.bytes_shipped > 4 * always.bytes_shipped  # the point of pushing it down
-    assert all(r.mode == "scan" and r.slices_executed == 0 for r in never.reports)
+    assert all(r.mode == "scan" and r.counters.slices_executed == 0 for r in never.reports)
 
 
 @settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck))

@@ -161,7 +161,7 @@ def test_everything_runs_in_chunks_and_every_row_ships_once(runtime):
     ids = pa.concat_arrays([b["id"] for b in writer.batches])
     assert sorted(ids.to_pylist()) == list(range(ROWS))
     (report,) = writer.done.partitions
-    m = report.metrics
+    m = report.metrics.counters
     assert m.slices_total == m.slices_scanned == m.slices_executed == _slices(runtime)
     assert m.rows_read == m.rows_shipped == ROWS
     assert [d.stage for d in report.decisions] == [Stage.FULL]
@@ -200,7 +200,7 @@ def test_forced_push_back_is_announced_and_each_slice_counted_once(runtime):
     assert (filtered.stage, filtered.ranges) == (Stage.FILTER, (SliceRange(3, 5),))
     assert raw.rows > 0 and filtered.rows == 0  # the device read the filtered range itself
     (report,) = writer.done.partitions
-    m = report.metrics
+    m = report.metrics.counters
     assert m.slices_pushed_back == 4 and m.slices_executed == slices - 4
     # the device read what it ran and what it filtered; the raw range is read when fetched
     assert m.slices_scanned == slices - 2
@@ -217,8 +217,8 @@ def test_pruned_ranges_are_annotated_and_never_read(runtime):
     writer = _run(runtime, args={"prune_first": True})
     (report,) = writer.done.partitions
     assert report.decisions[0].stage is Skip.PRUNED
-    assert report.metrics.slices_pruned == 1
-    assert report.metrics.slices_scanned == _slices(runtime) - 1
+    assert report.metrics.counters.slices_pruned == 1
+    assert report.metrics.counters.slices_scanned == _slices(runtime) - 1
 
 
 def test_a_unit_that_needs_its_payload_reads_nothing_and_says_so(runtime):
@@ -241,7 +241,7 @@ def test_the_drive_time_is_the_emulated_compute(runtime):
     writer = _run(runtime)
     (report,) = writer.done.partitions
     chunks = -(-_slices(runtime) // Echo.CHUNK_SLICES_MAX)
-    assert report.metrics.drive_s == pytest.approx(3 * Echo.busy_s * chunks, rel=0.35)
+    assert report.metrics.counters.drive_s == pytest.approx(3 * Echo.busy_s * chunks, rel=0.35)
 
 
 def test_a_chunk_every_row_of_which_passes_runs_without_the_filter(runtime, monkeypatch):
@@ -398,7 +398,7 @@ def test_a_drive_runs_chunks_of_one_partition_on_all_its_cores(together):
     ids = pa.concat_arrays([b["id"] for b in writer.batches])
     assert sorted(ids.to_pylist()) == list(range(ROWS))
     (report,) = writer.done.partitions
-    m = report.metrics
+    m = report.metrics.counters
     assert m.slices_total == m.slices_scanned == m.slices_executed == _slices(together)
     assert m.rows_read == m.rows_shipped == ROWS
     assert [(d.first, d.end, d.stage) for d in report.decisions] == [

@@ -20,6 +20,7 @@ from quarry import genes
 from quarry.errors import DatasetExists, DatasetNotFound
 from quarry.genes import ExpressionMatrix, GenesInputError
 from quarry.genes.layout import slice_layout_of_schema
+from quarry.pushdown import InvalidPushdown
 
 SCIPY_RTOL = 1e-9
 SCANPY_SCORE_RTOL = 1e-6
@@ -386,7 +387,7 @@ def test_errors_name_the_dataset_column_and_group(genes_cluster, stored_pbmc):
         genes.rank_genes(genes_cluster, "bio/pbmc", "louvain", "42")
     with pytest.raises(GenesInputError, match=r"group 'of the given cells'.* has 1 cell"):
         genes.rank_genes(genes_cluster, "bio/pbmc", group=[stored_pbmc.cell_ids[0]])
-    with pytest.raises(GenesInputError, match="pushdown must be one of"):
+    with pytest.raises(InvalidPushdown, match="pushdown must be one of never, always, auto"):
         genes.rank_genes(genes_cluster, "bio/pbmc", "louvain", "1", pushdown="sometimes")
     with pytest.raises(GenesInputError, match="push_back names partitions"):
         genes.rank_genes(

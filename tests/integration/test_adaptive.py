@@ -86,9 +86,9 @@ def test_auto_avoids_a_busy_device_and_answers_right():
         result = planned.execute().read_all()
         report = planned.explain(analyze=True)
         assert_same_rows(result, expected, ordered=True, context="auto under load")
-        (choice,) = report["cost_model"].values()
-        assert choice["cut"] != "full"  # a 90%-busy, 15x slower drive should not aggregate
-        assert choice["estimates_s"]["full"] > choice["estimates_s"][choice["cut"]]
+        (choice,) = report.cost_model.values()
+        assert choice.cut != "full"  # a 90%-busy, 15x slower drive should not aggregate
+        assert choice.estimates_s["full"] > choice.estimates_s[choice.cut]
 
 
 @pytest.mark.slow
@@ -98,29 +98,25 @@ def test_device_pushes_back_when_load_arrives_after_planning():
         cluster.ingest(particles.reader(2_000_000), "physics/particles", partitions=2)
         expected = cluster.sql(SQL, pushdown="never").read_all()
         planned = cluster.query(SQL, pushdown="auto", chunk_slices=1)
-        (start,) = {c["cut"] for c in planned.choices.values()}
+        (start,) = {c.cut for c in planned.choices.values()}
         assert start in ("full", "filter")  # an idle host-speed drive is worth using
         for device in cluster.devices:
             cluster.load(device, 0.97, seconds=120)
         result = planned.execute().read_all()
         assert_same_rows(result, expected, ordered=True, context="pushed back mid-query")
-        analyzed = planned.explain(analyze=True)["analyze"]
-        stages = {d["stage"] for p in analyzed["partitions"] for d in p["decisions"]}
-        assert start in stages and "raw" in stages, analyzed["partitions"]
-        reasons = [
-            d["reason"]
-            for p in analyzed["partitions"]
-            for d in p["decisions"]
-            if d["stage"] == "raw"
-        ]
+        explained = planned.explain(analyze=True)
+        partitions = explained.analyze.partitions
+        stages = {d.stage for p in partitions for d in p.decisions}
+        assert start in stages and "raw" in stages, partitions
+        reasons = [d.reason for p in partitions for d in p.decisions if d.stage == "raw"]
         assert any("ns/B" in r and "busy" in r for r in reasons), reasons
         assert all(
-            d["retry_after_s"] is not None
-            for p in analyzed["partitions"]
-            for d in p["decisions"]
-            if d["stage"] in ("raw", "filter")
+            d.retry_after_s is not None
+            for p in partitions
+            for d in p.decisions
+            if d.stage in ("raw", "filter")
         )
-        json.dumps(analyzed)  # the annotation is plain JSON
+        json.dumps(explained.to_json())  # the annotation is plain JSON
 
 
 def test_a_repeated_query_starts_where_its_devices_settled(monkeypatch):
@@ -148,7 +144,7 @@ def test_a_repeated_query_starts_where_its_devices_settled(monkeypatch):
             assert_same_rows(
                 result, expected, ordered=True, context="auto, learning where to start"
             )
-            (choice,) = planned.explain(analyze=True)["cost_model"].values()
-            starts.append((choice["cut"], choice.get("model_cut"), choice.get("started")))
+            (choice,) = planned.explain(analyze=True).cost_model.values()
+            starts.append((choice.cut, choice.model_cut, choice.started))
         assert starts[0] == ("filter", None, None), starts
         assert starts[1][:2] == ("full", "filter") and "settled" in starts[1][2], starts

@@ -41,8 +41,8 @@ def test_a_busy_device_slows_callers_down_and_changes_no_answer(monkeypatch):
         assert sum(row["refused"] for row in status) >= retries > 0
         planned = cluster.query(QUERIES[0].format(x=1))
         planned.execute().read_all()
-        turn = planned.explain(analyze=True)["analyze"]["host_turn"]  # the host's side
-        assert isinstance(turn["long"], bool) and turn["waited_s"] >= 0
+        turn = planned.explain(analyze=True).analyze.host_turn  # the host's side
+        assert isinstance(turn.long, bool) and turn.waited_s >= 0
         assert cluster.workload.status()["long"] >= 2  # each shape ran long once at least
 
     con = duckdb.connect()

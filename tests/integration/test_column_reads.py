@@ -34,9 +34,9 @@ def test_a_sum_over_one_column_reads_only_that_column(stored, mode):
     x = particles.ke_threshold(0.01)
     sql = "SELECT sum(ke) AS s FROM {t} WHERE ke > " + str(x)
     explained = cluster.explain(sql.format(t="cols_plain"), analyze=True, pushdown=mode)
-    slices = sum(p["slices_scanned"] for p in explained["analyze"]["partitions"])
+    slices = sum(p.counters.slices_scanned for p in explained.analyze.partitions)
     ke_bytes = 8 * ROWS
-    read = explained["analyze"]["bytes_read"]
+    read = explained.analyze.bytes_read
     assert ke_bytes <= read <= ke_bytes + slices * SLICE_OVERHEAD_BYTES, (read, slices)
     assert read < table.nbytes / 4  # the other four columns stayed on the drives
     result = cluster.sql(sql.format(t="cols_plain"), pushdown=mode).read_all()
@@ -56,13 +56,13 @@ def test_a_clustered_dataset_answers_the_same_and_skips_slices(stored, select):
             assert_same_rows(result, expected, ordered=False, context=f"{name} {mode}")
     plain = cluster.explain(sql.format(t="cols_plain"), analyze=True, pushdown="always")
     clustered = cluster.explain(sql.format(t="cols_sorted"), analyze=True, pushdown="always")
-    pruned = sum(p["slices_pruned"] for p in clustered["analyze"]["partitions"])
-    total = sum(p["slices_total"] for p in clustered["analyze"]["partitions"])
+    pruned = sum(p.counters.slices_pruned for p in clustered.analyze.partitions)
+    total = sum(p.counters.slices_total for p in clustered.analyze.partitions)
     # 1% of the rows: the top slice of each partition (a second where the threshold falls
     # on a slice boundary)
     assert total - pruned <= 3 + 1, (pruned, total)
-    assert sum(p["slices_pruned"] for p in plain["analyze"]["partitions"]) == 0
-    assert clustered["analyze"]["bytes_read"] < plain["analyze"]["bytes_read"] / 4
+    assert sum(p.counters.slices_pruned for p in plain.analyze.partitions) == 0
+    assert clustered.analyze.bytes_read < plain.analyze.bytes_read / 4
 
 
 def test_cluster_by_is_checked_and_described(stored):

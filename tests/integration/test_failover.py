@@ -12,6 +12,7 @@ import duckdb
 import pytest
 
 import quarry
+from quarry.coordinator.query.explain import Explain
 from quarry.errors import QuarryError
 from quarry.samples import particles
 from tests.plan.conftest import tpch  # noqa: F401 - the session fixture
@@ -51,8 +52,8 @@ def _run(cluster, sql: str, pushdown: str, outcome: dict) -> None:
         outcome["error"] = error
 
 
-def _failovers(explain: dict) -> list[dict]:
-    return [f for d in explain["analyze"]["devices"] for f in d.get("failovers", [])]
+def _failovers(explain: Explain) -> list[dict]:
+    return [f for d in explain.analyze.devices for f in d.failovers]
 
 
 @pytest.mark.slow
@@ -122,11 +123,11 @@ def test_explain_analyze_shows_the_failover(replicated):
     assert failovers and all(f["from"] == "dev2" for f in failovers)
     resumed = [
         p
-        for p in outcome["explain"]["analyze"]["partitions"]
-        if any(d["stage"] == "elsewhere" for d in p["decisions"])
+        for p in outcome["explain"].analyze.partitions
+        if any(d.stage == "elsewhere" for d in p.decisions)
     ]
     for partition in resumed:  # a replica ran the rest; what the lost device did, it skipped
-        assert partition["device"] != "dev2"
+        assert partition.device != "dev2"
 
 
 def test_a_scan_goes_on_from_the_next_slice_on_a_replica(replicated):

@@ -106,13 +106,13 @@ def test_what_drives_push_back_their_server_completes(hierarchy, tpch, number): 
     assert_same_rows(
         result, tpch.expected(number), ordered=_ordered(sql), context=f"Q{number} forced"
     )
-    partitions = planned.explain(analyze=True)["analyze"]["partitions"]
-    below = [level for p in partitions for level in p.get("below", [])]
+    partitions = planned.explain(analyze=True).analyze.partitions
+    below = [level for p in partitions for level in p.below]
     assert below, "EXPLAIN ANALYZE shows the drives below the servers"
-    assert {level["device"][:2] for level in below} <= {"s0", "s1"}
-    assert sum(level["metrics"]["slices_pushed_back"] for level in below) > 0
-    assert sum(p["slices_pushed_back"] for p in partitions) == 0  # completed on the servers
-    assert all(p["bytes_shipped_raw"] == 0 for p in partitions)
+    assert {level.device[:2] for level in below} <= {"s0", "s1"}
+    assert sum(level.metrics.counters.slices_pushed_back for level in below) > 0
+    assert sum(p.counters.slices_pushed_back for p in partitions) == 0  # completed on servers
+    assert all(p.bytes_shipped_raw == 0 for p in partitions)
 
 
 @pytest.mark.slow
@@ -127,13 +127,14 @@ def test_push_back_at_each_level(hierarchy, tpch, number):  # noqa: F811
     assert_same_rows(
         result, tpch.expected(number), ordered=_ordered(sql), context=f"Q{number} two levels"
     )
-    partitions = planned.explain(analyze=True)["analyze"]["partitions"]
-    passed = sum(p["slices_pushed_back"] for p in partitions)
-    below = [level for p in partitions for level in p.get("below", [])]
-    handed = sum(level["metrics"]["slices_pushed_back"] for level in below)
+    partitions = planned.explain(analyze=True).analyze.partitions
+    passed = sum(p.counters.slices_pushed_back for p in partitions)
+    below = [level for p in partitions for level in p.below]
+    handed = sum(level.metrics.counters.slices_pushed_back for level in below)
     assert 0 < passed < handed  # the host completed some, the servers the rest
     for p in partitions:  # every slice counted once at the host's level
-        assert p["slices_scanned"] == p["slices_executed"] + p["slices_pushed_back"], p
+        counted = p.counters
+        assert counted.slices_scanned == counted.slices_executed + counted.slices_pushed_back, p
 
 
 def test_a_busy_server_passes_its_drives_push_backs_on_to_the_host(hierarchy, tpch):  # noqa: F811
@@ -153,11 +154,11 @@ def test_a_busy_server_passes_its_drives_push_backs_on_to_the_host(hierarchy, tp
     finally:
         hierarchy.load("s0", 0.0, seconds=1)
     assert_same_rows(result, tpch.expected(6), ordered=False, context="Q6, s0 busy")
-    partitions = planned.explain(analyze=True)["analyze"]["partitions"]
-    busy = [p for p in partitions if p["device"] == "s0"]
-    idle = [p for p in partitions if p["device"] == "s1"]
-    assert busy and all(p["slices_pushed_back"] == p["slices_scanned"] > 0 for p in busy)
-    assert idle and all(p["slices_pushed_back"] == 0 for p in idle)
+    partitions = planned.explain(analyze=True).analyze.partitions
+    busy = [p.counters for p in partitions if p.device == "s0"]
+    idle = [p.counters for p in partitions if p.device == "s1"]
+    assert busy and all(c.slices_pushed_back == c.slices_scanned > 0 for c in busy)
+    assert idle and all(c.slices_pushed_back == 0 for c in idle)
 
 
 @pytest.mark.parametrize("number", [1, 6, 12, 19])
@@ -168,14 +169,14 @@ def test_server_pushdown_reads_on_the_drives_and_computes_on_the_servers(hierarc
     planned = hierarchy.query(sql, pushdown="server")
     result = planned.execute().read_all()
     assert_same_rows(result, tpch.expected(number), ordered=_ordered(sql), context=f"Q{number}")
-    partitions = planned.explain(analyze=True)["analyze"]["partitions"]
-    below = [level["metrics"] for p in partitions for level in p.get("below", [])]
-    assert sum(m["slices_executed"] for m in below) == 0
-    assert sum(m["slices_pushed_back"] for m in below) == sum(m["slices_scanned"] for m in below)
-    assert all(p["slices_executed"] == p["slices_scanned"] for p in partitions)
-    assert all(p["bytes_shipped_raw"] == 0 for p in partitions)
-    levels = planned.explain(analyze=True)["analyze"]["levels"]
-    assert levels["drive_links_bytes"] > levels["network_bytes"]
+    partitions = planned.explain(analyze=True).analyze.partitions
+    below = [level.metrics.counters for p in partitions for level in p.below]
+    assert sum(c.slices_executed for c in below) == 0
+    assert sum(c.slices_pushed_back for c in below) == sum(c.slices_scanned for c in below)
+    assert all(p.counters.slices_executed == p.counters.slices_scanned for p in partitions)
+    assert all(p.bytes_shipped_raw == 0 for p in partitions)
+    levels = planned.explain(analyze=True).analyze.levels
+    assert levels.drive_links_bytes > levels.network_bytes
 
 
 def test_a_scan_engine_behind_a_server_gets_only_its_comparisons(hierarchy, tpch):  # noqa: F811
@@ -190,10 +191,10 @@ def test_a_scan_engine_behind_a_server_gets_only_its_comparisons(hierarchy, tpch
     result = planned.execute().read_all()
     expected = tpch.connection.execute(sql.replace("tpch.", "")).fetch_arrow_table()
     assert_same_rows(result, expected, ordered=False, float_absolute=1e-6)
-    levels = planned.explain(analyze=True)["analyze"]["levels"]
-    engines = [d for d in levels["drives"] if d["device"] in ("s0d1", "s1d1")]
-    assert engines and all(d["slices_executed"] == d["slices_scanned"] > 0 for d in engines)
-    assert all(d["bytes_shipped"] < d["bytes_read"] / 5 for d in engines)  # about 1/80 pass
+    levels = planned.explain(analyze=True).analyze.levels
+    engines = [d.counters for d in levels.drives if d.device in ("s0d1", "s1d1")]
+    assert engines and all(c.slices_executed == c.slices_scanned > 0 for c in engines)
+    assert all(c.bytes_shipped < c.bytes_read / 5 for c in engines)  # about 1/80 pass
 
 
 @pytest.mark.slow
@@ -206,11 +207,11 @@ def test_a_scan_engine_runs_a_sub_plan_of_comparisons_and_columns_whole(hierarch
     result = planned.execute().read_all()
     expected = tpch.connection.execute(sql.replace("tpch.", "")).fetch_arrow_table()
     assert_same_rows(result, expected, ordered=False)
-    levels = planned.explain(analyze=True)["analyze"]["levels"]
-    engines = [d for d in levels["drives"] if d["device"] in ("s0d1", "s1d1")]
-    assert engines and all(d["slices_executed"] == d["slices_scanned"] > 0 for d in engines)
-    rows = sum(d["rows_shipped"] for d in engines)
-    assert rows > 0 and sum(d["bytes_shipped"] for d in engines) < 10 * rows  # 8 bytes a row
+    levels = planned.explain(analyze=True).analyze.levels
+    engines = [d.counters for d in levels.drives if d.device in ("s0d1", "s1d1")]
+    assert engines and all(c.slices_executed == c.slices_scanned > 0 for c in engines)
+    rows = sum(c.rows_shipped for c in engines)
+    assert rows > 0 and sum(c.bytes_shipped for c in engines) < 10 * rows  # 8 bytes a row
 
 
 def test_behind_a_server_only_drives_that_run_aggregates_answer_from_statistics(hierarchy, tpch):  # noqa: F811
@@ -221,11 +222,11 @@ def test_behind_a_server_only_drives_that_run_aggregates_answer_from_statistics(
     result = planned.execute().read_all()
     expected = tpch.connection.execute(sql.replace("tpch.", "")).fetch_arrow_table()
     assert_same_rows(result, expected, ordered=True)
-    drives = planned.explain(analyze=True)["analyze"]["levels"]["drives"]
-    engines = [d for d in drives if d["device"] in ("s0d1", "s1d1")]
-    others = [d for d in drives if d["device"] not in ("s0d1", "s1d1")]
-    assert engines and all(d["slices_answered"] == 0 < d["slices_scanned"] for d in engines)
-    assert others and all(d["slices_answered"] > 0 == d["bytes_read"] for d in others)
+    drives = planned.explain(analyze=True).analyze.levels.drives
+    engines = [d.counters for d in drives if d.device in ("s0d1", "s1d1")]
+    others = [d.counters for d in drives if d.device not in ("s0d1", "s1d1")]
+    assert engines and all(c.slices_answered == 0 < c.slices_scanned for c in engines)
+    assert others and all(c.slices_answered > 0 == c.bytes_read for c in others)
 
 
 def test_compressed_slices_are_decompressed_where_they_are_scanned(hierarchy, tpch):  # noqa: F811
@@ -244,15 +245,13 @@ def test_compressed_slices_are_decompressed_where_they_are_scanned(hierarchy, tp
             planned = hierarchy.query(sql, pushdown=way)
             result = planned.execute().read_all()
             assert_same_rows(result, expected, ordered=False, context=f"lz4, {way}")
-            analyzed[way] = planned.explain(analyze=True)["analyze"]
-        assert analyzed["never"]["host_decode_s"] > 0
-        assert analyzed["server"]["host_decode_s"] == analyzed["always"]["host_decode_s"] == 0
+            analyzed[way] = planned.explain(analyze=True).analyze
+        assert analyzed["never"].host_decode_s > 0
+        assert analyzed["server"].host_decode_s == analyzed["always"].host_decode_s == 0
         plain = hierarchy.query(sql.replace("lineitem_lz4", "lineitem"), pushdown="server")
         plain.execute().read_all()
-        compressed = analyzed["server"]["levels"]["drive_links_bytes"]
-        assert (
-            compressed < 0.8 * plain.explain(analyze=True)["analyze"]["levels"]["drive_links_bytes"]
-        )
+        compressed = analyzed["server"].levels.drive_links_bytes
+        assert compressed < 0.8 * plain.explain(analyze=True).analyze.levels.drive_links_bytes
     finally:
         hierarchy.drop("tpch/lineitem_lz4")
 
@@ -260,10 +259,10 @@ def test_compressed_slices_are_decompressed_where_they_are_scanned(hierarchy, tp
 def test_without_pushdown_raw_slices_cross_drive_links_and_network_alike(hierarchy, tpch):  # noqa: F811
     planned = hierarchy.query(tpch.queries[6], pushdown="never")
     planned.execute().read_all()
-    analyzed = planned.explain(analyze=True)["analyze"]
-    levels = analyzed["levels"]
-    assert levels["drive_links_bytes"] == levels["network_bytes"] == analyzed["bytes_shipped"] > 0
-    assert levels["drives_bytes_read"] == analyzed["bytes_read"] > 0
+    analyzed = planned.explain(analyze=True).analyze
+    levels = analyzed.levels
+    assert levels.drive_links_bytes == levels.network_bytes == analyzed.bytes_shipped > 0
+    assert levels.drives_bytes_read == analyzed.bytes_read > 0
 
 
 def test_a_raw_scan_and_a_dataset_drop_pass_through_the_servers(hierarchy):
@@ -346,12 +345,11 @@ def test_three_levels_answer_like_duckdb_whatever_each_level_does(three_levels, 
         assert_same_rows(
             result, tpch.expected(number), ordered=_ordered(sql), context=f"Q{number} {way}"
         )
-    analyzed = planned.explain(analyze=True)["analyze"]
-    below = {(level["device"], level["above"]) for p in analyzed["partitions"]
-             for level in p.get("below", [])}  # fmt: skip
+    analyzed = planned.explain(analyze=True).analyze
+    below = {(level.device, level.above) for p in analyzed.partitions for level in p.below}
     assert {("s0d0", "s0"), ("s0s0", "s0"), ("s0s0d0", "s0s0"), ("s0s0d1", "s0s0")} <= below
-    rows = {row["device"]: row for row in analyzed["levels"]["drives"]}
-    assert rows["s0s0"]["server"] and not rows["s0s0d1"]["server"]
+    rows = {row.device: row for row in analyzed.levels.drives}
+    assert rows["s0s0"].server and not rows["s0s0d1"].server
 
 
 def test_push_back_at_each_of_three_levels(three_levels, tpch):  # noqa: F811
@@ -365,8 +363,8 @@ def test_push_back_at_each_of_three_levels(three_levels, tpch):  # noqa: F811
         assert_same_rows(
             result, tpch.expected(number), ordered=_ordered(sql), context=f"Q{number} three"
         )
-        partitions = planned.explain(analyze=True)["analyze"]["partitions"]
-        assert sum(p["slices_pushed_back"] for p in partitions if p["device"] == "s0") > 0
+        partitions = planned.explain(analyze=True).analyze.partitions
+        assert sum(p.counters.slices_pushed_back for p in partitions if p.device == "s0") > 0
 
 
 @pytest.mark.slow
@@ -392,9 +390,7 @@ def test_under_auto_a_server_chooses_its_drives_cut_on_its_own_figures(tmp_path_
     con.register("particles", table)
     expected = con.execute(PARTICLE_SQL).fetch_arrow_table()
     assert_same_rows(result, expected, ordered=False, float_absolute=1e-6)
-    (choice,) = report["cost_model"].values()
-    assert choice["cut"] == "raw"  # the host's choice for its device, the slow server
-    firsts = [
-        level["decisions"][0] for p in report["analyze"]["partitions"] for level in p["below"]
-    ]
-    assert firsts and all(d["stage"] == "full" for d in firsts), firsts
+    (choice,) = report.cost_model.values()
+    assert choice.cut == "raw"  # the host's choice for its device, the slow server
+    firsts = [level.decisions[0] for p in report.analyze.partitions for level in p.below]
+    assert firsts and all(d.stage == "full" for d in firsts), firsts

@@ -33,8 +33,8 @@ def test_the_hosts_ingress_caps_every_device_stream_into_it(tmp_path):
         started = time.perf_counter()
         pushed = c.sql(sql, pushdown="always").read_all()
         pushed_s = time.perf_counter() - started
-        shipped = c.explain(sql, analyze=True, pushdown="never")["analyze"]["devices"]
-        raw_bytes = sum(d["bytes_shipped"] for d in shipped)
+        shipped = c.explain(sql, analyze=True, pushdown="never").analyze.devices
+        raw_bytes = sum(d.counters.bytes_shipped for d in shipped)
         assert raw_s >= 0.8 * raw_bytes / INGRESS_BYTES_PER_S  # the link held it back
         assert pushed_s < raw_s / 3  # a few bytes back: the link does not matter
         assert raw["s"][0].as_py() == pytest.approx(pushed["s"][0].as_py(), rel=1e-12)

@@ -96,7 +96,7 @@ def test_explain_without_running_shows_the_catalog_as_it_is(cluster):
         other.drop("t/kept")
         other.ingest(pa.table({"k": [1, 2], "w": [0.5, 1.5]}), "t/kept")
         plan = cluster.explain("SELECT sum(w) AS s FROM t.kept")
-        assert "w" in plan["plan"]
+        assert "w" in plan.plan
     finally:
         other.drop("t/kept")
         other.close()
@@ -156,7 +156,7 @@ def test_explain_analyze_says_where_the_time_went(cluster, pushdown):
     cluster.ingest(_table(3000, 1.0), "t/kept", partitions=3)
     report = cluster.explain(SUM_BY_GROUP, analyze=True, pushdown=pushdown)
     cluster.drop("t/kept")
-    spent = report["analyze"]["time"]
+    spent = report.to_json()["analyze"]["time"]  # as JSON: its shape is what users read
     spans = {name: value for name, value in spent.items() if isinstance(value, dict)}
     assert set(spans) == {
         "planning",
@@ -180,7 +180,7 @@ def test_explain_analyze_says_where_the_time_went(cluster, pushdown):
     # each device part is a share of what the devices spent
     for name in ("store_read", "decode", "execute", "ship"):
         assert spans[name]["wall_s"] <= spans["devices"]["wall_s"] * 1.01 + 1e-4, name
-    scanned = "runs_as" in next(iter(report.get("cost_model", {}).values()), {})
+    scanned = any(choice.runs_as for choice in report.cost_model.values())
     if pushdown == "never" or scanned:  # the host did the work: devices only read and ship
         assert spans["execute"]["wall_s"] == 0 and spans["host_completion"]["wall_s"] > 0
     else:
@@ -194,13 +194,13 @@ def test_a_devices_partitions_share_one_stream(cluster):
     cluster.ingest(table, "t/kept", partitions=12)
     query = cluster.query(SUM_BY_GROUP, pushdown="always")
     result = query.execute().read_all()
-    report = query.explain(analyze=True)["analyze"]
+    report = query.explain(analyze=True).analyze
     cluster.drop("t/kept")
     kept = table  # noqa: F841 - DuckDB reads it by name
     expected = duckdb.sql(SUM_BY_GROUP.replace("t.kept", "kept")).fetch_arrow_table()
     assert result.to_pylist() == expected.to_pylist()
-    assert report["time"]["streams"] == 3
-    assert sum(d["partitions"] for d in report["devices"]) == 12
+    assert report.time.streams == 3
+    assert sum(d.partitions for d in report.devices) == 12
 
 
 def test_the_time_section_reads_as_text(cluster):
@@ -219,18 +219,16 @@ def test_a_storage_server_reports_its_drives_time_and_its_own():
     with quarry.local(servers=1, drives_per_server=2) as cluster:
         cluster.ingest(_table(3000, 1.0), "t/kept", partitions=2)
         report = cluster.explain(SUM_BY_GROUP, analyze=True, pushdown="always")
-        spent = report["analyze"]["time"]
-        assert spent["store_read"]["wall_s"] > 0  # the drives read
-        assert spent["execute"]["wall_s"] > 0 and spent["ship"]["wall_s"] > 0
-        below = [
-            row["metrics"]["times"] for p in report["analyze"]["partitions"] for row in p["below"]
-        ]
-        assert below and all(times["read_s"] > 0 for times in below)
+        spent = report.analyze.time
+        assert spent.store_read.wall_s > 0  # the drives read
+        assert spent.execute.wall_s > 0 and spent.ship.wall_s > 0
+        below = [row.metrics.times for p in report.analyze.partitions for row in p.below]
+        assert below and all(times.read_s > 0 for times in below)
         # every slice handed back raw: the server completes it (read when it fetches, which
         # reports no device times)
         report = cluster.explain(SUM_BY_GROUP, analyze=True, pushdown="server")
-        spent = report["analyze"]["time"]
-        assert spent["execute"]["wall_s"] > 0 and spent["ship"]["wall_s"] > 0
+        spent = report.analyze.time
+        assert spent.execute.wall_s > 0 and spent.ship.wall_s > 0
 
 
 def test_a_small_table_under_auto_is_read_by_the_host_and_a_large_one_run_on_the_devices(
@@ -253,9 +251,9 @@ def test_a_small_table_under_auto_is_read_by_the_host_and_a_large_one_run_on_the
             assert result.column("g").to_pylist() == expected.column("g").to_pylist()
             assert result.column("s").to_pylist() == pytest.approx(expected.column("s").to_pylist())
             explained = query.explain(analyze=True)
-            (choice,) = explained["cost_model"].values()
-            assert ("runs_as" in choice) == (runs_as == "scan"), choice
-            assert {p["mode"] for p in explained["analyze"]["partitions"]} == {runs_as}
+            (choice,) = explained.cost_model.values()
+            assert (choice.runs_as is not None) == (runs_as == "scan"), choice
+            assert {p.mode for p in explained.analyze.partitions} == {runs_as}
     finally:
         cluster.drop("t/kept")
         cluster.drop("t/large")

@@ -58,8 +58,8 @@ def test_tpch_with_random_device_push_back(tpch_cluster, tpch, number):
         ordered=_ordered(sql),
         context=f"TPC-H Q{number} forced push-back",
     )
-    report = planned.explain(analyze=True)["analyze"]
-    assert sum(d["slices_pushed_back"] for d in report["devices"]) > 0
+    report = planned.explain(analyze=True).analyze
+    assert sum(d.counters.slices_pushed_back for d in report.devices) > 0
 
 
 @pytest.mark.slow
@@ -86,10 +86,10 @@ def test_scaleflux_pushes_only_supported_conjuncts(mixed_cluster, tpch):
         "AND l_extendedprice * (1 - l_discount) > 20000 AND l_discount <= 0.05"
     )
     report = mixed_cluster.explain(sql, analyze=True, pushdown="always")
-    (fragment,) = report["fragments"]
-    pushed = " ".join(str(p) for p in fragment["predicates"])
+    (fragment,) = report.cut.fragments
+    pushed = " ".join(str(p) for p in fragment.predicates)
     assert "l_quantity" in pushed and "l_discount" in pushed
-    plan = report["plan"]
+    plan = report.plan
     assert "LIKE" in plan.upper() or "like" in plan  # the host keeps the LIKE ...
     assert "l_extendedprice" in plan  # ... and the arithmetic
     result = mixed_cluster.sql(sql, pushdown="always").read_all()
@@ -111,13 +111,13 @@ def particle_cluster():
 def test_pushdown_ships_fifty_times_fewer_bytes(particle_cluster, select):
     x = particles.ke_threshold(0.01)
     sql = f"SELECT {select} FROM particles WHERE ke > {x}"
-    never = particle_cluster.explain(sql, analyze=True, pushdown="never")["analyze"]
-    always = particle_cluster.explain(sql, analyze=True, pushdown="always")["analyze"]
-    shipped_never = sum(d["bytes_shipped"] for d in never["devices"])
-    shipped_always = sum(d["bytes_shipped"] for d in always["devices"])
+    never = particle_cluster.explain(sql, analyze=True, pushdown="never").analyze
+    always = particle_cluster.explain(sql, analyze=True, pushdown="always").analyze
+    shipped_never = sum(d.counters.bytes_shipped for d in never.devices)
+    shipped_always = sum(d.counters.bytes_shipped for d in always.devices)
     assert shipped_never >= 50 * shipped_always, (shipped_never, shipped_always)
-    assert {d["device"] for d in always["devices"]} == {"dev0", "dev1", "dev2"}
-    assert always["rows"] == never["rows"]
+    assert {d.device for d in always.devices} == {"dev0", "dev1", "dev2"}
+    assert always.rows == never.rows
 
 
 def test_answers_match_across_modes_and_duckdb(particle_cluster):
@@ -135,10 +135,10 @@ def test_answers_match_across_modes_and_duckdb(particle_cluster):
 
 def test_explain_shows_the_cut(particle_cluster):
     report = particle_cluster.explain("SELECT sum(ke) FROM particles WHERE ke > 2")
-    (fragment,) = report["fragments"]
-    assert "filter" in fragment["pushed"] and "partial_aggregate" in fragment["pushed"]
-    assert "super-plan" in report["plan"] and "sub-plan" in report["plan"]
-    assert "analyze" not in report
+    (fragment,) = report.cut.fragments
+    assert "filter" in fragment.pushed and "partial_aggregate" in fragment.pushed
+    assert "super-plan" in report.plan and "sub-plan" in report.plan
+    assert report.analyze is None and "analyze" not in report.to_json()
 
 
 def test_explain_verbose_lists_the_rules_that_fired_also_for_a_kept_plan(particle_cluster):
@@ -150,17 +150,19 @@ def test_explain_verbose_lists_the_rules_that_fired_also_for_a_kept_plan(particl
     again = particle_cluster.explain(sql, pushdown="always", verbose=True)
     assert particle_cluster.plans.hits == hits + 1  # planned once, kept
     rules = ["push_filter", "split_predicate_by_capability", "split_aggregate", "prune_slices"]
-    assert [step["rule"] for step in first["rules"]] == rules
-    assert again["rules"] == first["rules"]
-    assert "partial_aggregate" in first["rules"][2]["plan"]
-    assert "rules" not in particle_cluster.explain(sql, pushdown="always")
+    assert [step.rule for step in first.rules] == rules
+    assert again.rules == first.rules
+    assert "partial_aggregate" in first.rules[2].plan
+    plain = particle_cluster.explain(sql, pushdown="always")
+    assert plain.rules == () and "rules" not in plain.to_json()
 
 
 def test_explain_analyze_reports_every_device(particle_cluster):
-    report = particle_cluster.explain("SELECT sum(ke) FROM particles WHERE ke > 2", analyze=True)[
-        "analyze"
-    ]
-    for device in report["devices"]:
+    explained = particle_cluster.explain("SELECT sum(ke) FROM particles WHERE ke > 2", True)
+    report = explained.analyze
+    shown = explained.to_json()["analyze"]["devices"]
+    assert [row["device"] for row in shown] == [device.device for device in report.devices]
+    for device, row in zip(report.devices, shown, strict=True):
         for key in (
             "slices_pruned",
             "slices_scanned",
@@ -171,16 +173,16 @@ def test_explain_analyze_reports_every_device(particle_cluster):
             "bytes_shipped",
             "device_cpu_s",
         ):
-            assert key in device
-        assert device["rows_read"] > 0
-    assert report["host_cpu_s"] >= 0 and report["wall_s"] > 0
+            assert row[key] == getattr(device.counters, key)  # the JSON as it always was
+        assert device.counters.rows_read > 0
+    assert report.host_cpu_s >= 0 and report.wall_s > 0
 
 
 def test_zone_maps_prune_slices(particle_cluster):
     report = particle_cluster.explain(
         "SELECT count(*) FROM particles WHERE id < 1000", analyze=True, pushdown="always"
-    )["analyze"]
-    assert sum(d["slices_pruned"] for d in report["devices"]) > 0
+    ).analyze
+    assert sum(d.counters.slices_pruned for d in report.devices) > 0
     assert (
         particle_cluster.sql(
             "SELECT count(*) AS n FROM particles WHERE id < 1000", pushdown="always"
@@ -248,9 +250,7 @@ def test_device_that_cannot_run_a_sub_plan(particle_cluster, monkeypatch):
     monkeypatch.undo()
     expected = particle_cluster.sql(sql, pushdown="never").read_all()
     assert result.equals(expected)
-    fallbacks = [
-        f for d in planned.explain(analyze=True)["analyze"]["devices"] for f in d["fallbacks"]
-    ]
+    fallbacks = [f for d in planned.explain(analyze=True).analyze.devices for f in d.fallbacks]
     assert fallbacks and all("cannot" in f and "host ran" in f for f in fallbacks)
 
 
@@ -293,7 +293,7 @@ def test_result_is_a_record_batch_reader(particle_cluster):
 def test_a_filter_scan_streams_and_can_be_closed_early(particle_cluster):
     sql = "SELECT id, ke FROM particles WHERE ke > 0.5"
     planned = particle_cluster.query(sql, pushdown="always")
-    assert "pass-through" in planned.explain(analyze=False)["plan"]
+    assert "pass-through" in planned.explain(analyze=False).plan
     reader = planned.execute()
     assert reader.read_next_batch().num_rows > 0
     reader.close()  # the devices' producers stop; the cluster answers the next query
@@ -335,11 +335,11 @@ def test_a_range_filtered_on_the_device_and_shipped_is_counted_once(particle_clu
     }
     sql = "SELECT count(*) AS n FROM particles WHERE ke > 1"
     report = particle_cluster.explain(sql, analyze=True, pushdown="always", decisions=forced)
-    (row,) = [p for p in report["analyze"]["partitions"] if p["partition"] == partition.partition]
-    assert row["slices_scanned"] == row["slices_total"] == partition.slices
-    assert row["rows_read"] == partition.rows
-    assert row["slices_pushed_back"] == 2
-    assert row["slices_executed"] == partition.slices - 2
+    (row,) = [p for p in report.analyze.partitions if p.partition == partition.partition]
+    assert row.counters.slices_scanned == row.counters.slices_total == partition.slices
+    assert row.counters.rows_read == partition.rows
+    assert row.counters.slices_pushed_back == 2
+    assert row.counters.slices_executed == partition.slices - 2
 
 
 @pytest.mark.slow
@@ -375,12 +375,12 @@ def test_a_joins_keys_cut_its_probe_and_never_the_answer(tpch_cluster, tpch, num
             context = f"TPC-H Q{number} pushdown={pushdown} join_filters={cut}"
             assert_same_rows(result, tpch.expected(number), ordered=_ordered(sql), context=context)
             explained = planned.explain(analyze=True)
-            shipped[(pushdown, cut)] = explained["analyze"]["bytes_shipped"]
+            shipped[(pushdown, cut)] = explained.analyze.bytes_shipped
             if cut:
-                outcomes = [f["outcome"] for f in explained["join_filters"]]
+                outcomes = [f.outcome for f in explained.join_filters]
                 assert outcomes and any(o.startswith("sent") for o in outcomes), outcomes
             else:
-                assert explained["join_filters"] == []
+                assert explained.join_filters == ()
     assert shipped[("always", True)] < shipped[("always", False)]
 
 
@@ -398,7 +398,7 @@ def test_a_fragment_read_twice_is_cut_for_both_reads_and_never_the_answer(
         sql = tpch.queries[number]
         planned = tpch_cluster.query(sql, pushdown="always")
         result = planned.execute().read_all()
-        outcomes = [f["outcome"] for f in planned.explain(True)["join_filters"]]
+        outcomes = [f.outcome for f in planned.explain(True).join_filters]
     finally:
         join_filters._join_filters.cache_clear()
     assert_same_rows(result, tpch.expected(number), ordered=_ordered(sql), context=f"Q{number}")
@@ -414,21 +414,21 @@ def test_reads_alike_are_kept_apart_when_join_keys_cut_them_apart(tpch_cluster, 
     result = apart.execute().read_all()
     assert_same_rows(result, tpch.expected(21), ordered=_ordered(sql), context="Q21")
     explained = apart.explain(analyze=True, verbose=True)
-    lineitem = [f for f in explained["fragments"] if f["dataset"] == "tpch/lineitem"]
+    lineitem = [f for f in explained.cut.fragments if f.dataset == "tpch/lineitem"]
     assert len(lineitem) == 3
-    rules = [step["rule"] for step in explained["rules"]]
+    rules = [step.rule for step in explained.rules]
     assert rules[-1] == "split_alike_by_join_keys" and "read_once" not in rules, rules
-    sent = [f["filter"] for f in explained["join_filters"] if f["outcome"].startswith("sent")]
+    sent = [f.filter for f in explained.join_filters if f.outcome.startswith("sent")]
     probes = {text.split(".")[0] for text in sent}
-    assert len(probes & {f["name"] for f in lineitem}) >= 2, (sent, lineitem)
+    assert len(probes & {f.name for f in lineitem}) >= 2, (sent, lineitem)
     shared = tpch_cluster.query(sql, pushdown="always", join_filters=False)
     shared.execute().read_all()
     explained_shared = shared.explain(False, verbose=True)
-    fragments = explained_shared["fragments"]
-    assert len([f for f in fragments if f["dataset"] == "tpch/lineitem"]) == 2
-    assert explained_shared["rules"][-1]["rule"] == "read_once"
-    shipped = explained["analyze"]["bytes_shipped"]
-    assert shipped < shared.explain(analyze=True)["analyze"]["bytes_shipped"]
+    fragments = explained_shared.cut.fragments
+    assert len([f for f in fragments if f.dataset == "tpch/lineitem"]) == 2
+    assert explained_shared.rules[-1].rule == "read_once"
+    shipped = explained.analyze.bytes_shipped
+    assert shipped < shared.explain(analyze=True).analyze.bytes_shipped
 
 
 def test_probes_cut_by_the_same_keys_share_one_key_set(tpch_cluster, tpch, monkeypatch):
@@ -444,12 +444,12 @@ def test_probes_cut_by_the_same_keys_share_one_key_set(tpch_cluster, tpch, monke
     planned = tpch_cluster.query(sql, pushdown="always")
     result = planned.execute().read_all()
     assert_same_rows(result, tpch.expected(21), ordered=_ordered(sql), context="Q21")
-    pairs = planned.explain(analyze=True)["join_filters"]
-    sent = [p for p in pairs if p["outcome"].startswith("sent")]
-    builds = [p["filter"].split(" IN ")[1] for p in sent]
+    pairs = planned.explain(analyze=True).join_filters
+    sent = [p for p in pairs if p.outcome.startswith("sent")]
+    builds = [p.filter.split(" IN ")[1] for p in sent]
     assert len(builds) > len(set(builds)), f"two probes take one build's keys: {pairs}"
     assert len(made) == len(set(builds))
-    shared = [p["outcome"] for p in sent if builds.count(p["filter"].split(" IN ")[1]) > 1]
+    shared = [p.outcome for p in sent if builds.count(p.filter.split(" IN ")[1]) > 1]
     assert len(set(shared)) == 1, shared
 
 
@@ -459,8 +459,8 @@ def test_q17_ships_a_hundredth_with_the_parts_keys(tpch_cluster, tpch):
     cut.execute().read_all()
     whole = tpch_cluster.query(sql, pushdown="always", join_filters=False)
     whole.execute().read_all()
-    with_keys = cut.explain(analyze=True)["analyze"]["bytes_shipped"]
-    without = whole.explain(analyze=True)["analyze"]["bytes_shipped"]
+    with_keys = cut.explain(analyze=True).analyze.bytes_shipped
+    without = whole.explain(analyze=True).analyze.bytes_shipped
     assert with_keys * 100 < without
 
 
@@ -480,7 +480,7 @@ def test_join_keys_with_random_device_push_back(tpch_cluster, tpch, number):
     planned = tpch_cluster.query(sql, pushdown="always", decisions=decisions)
     result = planned.execute().read_all()
     assert_same_rows(result, tpch.expected(number), ordered=_ordered(sql), context=f"Q{number}")
-    assert any(f["outcome"].startswith("sent") for f in planned.explain(True)["join_filters"])
+    assert any(f.outcome.startswith("sent") for f in planned.explain(True).join_filters)
 
 
 @pytest.mark.parametrize(
@@ -498,12 +498,12 @@ def test_a_build_with_too_many_keys_sends_none(tpch_cluster, tpch, monkeypatch, 
     sql = tpch.queries[17]
     planned = tpch_cluster.query(sql, pushdown="always")
     planned.execute().read_all()
-    assert all(f["outcome"].startswith("sent") for f in planned.explain(True)["join_filters"])
+    assert all(f.outcome.startswith("sent") for f in planned.explain(True).join_filters)
     monkeypatch.setattr(keys, bound, value)
     planned = tpch_cluster.query(sql, pushdown="always")
     result = planned.execute().read_all()
     assert_same_rows(result, tpch.expected(17), ordered=_ordered(sql), context="Q17, no keys")
-    outcomes = [f["outcome"] for f in planned.explain(True)["join_filters"]]
+    outcomes = [f.outcome for f in planned.explain(True).join_filters]
     assert outcomes and all(o.startswith("not sent") and said in o for o in outcomes), outcomes
 
 
@@ -518,8 +518,8 @@ def test_a_build_through_the_hosts_filter_too_large_to_hold_sends_none(
     planned = tpch_cluster.query(sql, pushdown="always")
     result = planned.execute().read_all()
     assert_same_rows(result, tpch.expected(18), ordered=_ordered(sql), context="Q18, no keys")
-    shown = planned.explain(True)["join_filters"]
-    outcomes = [f["outcome"] for f in shown if "after the host's filter" in f["filter"]]
+    shown = planned.explain(True).join_filters
+    outcomes = [f.outcome for f in shown if "after the host's filter" in f.filter]
     assert outcomes and all(o.startswith("not sent") and "MiB" in o for o in outcomes), outcomes
 
 
@@ -551,7 +551,7 @@ def test_a_build_that_fails_ends_the_query_with_its_error(tpch_cluster):
         "WHERE p_size / (p_size - p_size) > 1"
     )
     planned = tpch_cluster.query(sql, pushdown="always")
-    assert planned.explain(False)["join_filters"], "the part fragment is a build"
+    assert planned.explain(False).join_filters, "the part fragment is a build"
     started = time.perf_counter()
     with pytest.raises(QueryError, match="[Dd]ivi"):
         planned.execute().read_all()
@@ -567,10 +567,10 @@ def test_filter_conjuncts_go_in_the_order_a_sampled_slice_ranks_them(tpch_cluste
     sql = tpch.queries[12]
     query = tpch_cluster.query(sql, pushdown="always")
     assert_same_rows(query.execute().read_all(), tpch.expected(12), ordered=_ordered(sql))
-    (lineitem,) = [f for f in query.explain(False)["fragments"] if f["dataset"] == "tpch/lineitem"]
-    assert lineitem["device_filter"][0] == "(l_receiptdate < DATE '1995-01-01')"
-    assert "l_shipmode" in lineitem["device_filter"][-1]
-    assert "l_receiptdate < Date32" in lineitem["plan"].split("AND")[0]  # the full stage's too
+    (lineitem,) = [f for f in query.explain(False).cut.fragments if f.dataset == "tpch/lineitem"]
+    assert lineitem.device_filter[0] == "(l_receiptdate < DATE '1995-01-01')"
+    assert "l_shipmode" in lineitem.device_filter[-1]
+    assert "l_receiptdate < Date32" in lineitem.plan.split("AND")[0]  # the full stage's too
     failing = "SELECT count(*) FROM tpch.nation WHERE n_nationkey > 1 AND CAST(n_name AS INT) > 3"
     with pytest.raises(QueryError, match="(?i)cast"):
         tpch_cluster.sql(failing, pushdown="always").read_all()

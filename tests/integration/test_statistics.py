@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import pytest
 
+from quarry.coordinator.query.explain import Explain
+from quarry.protocol.counters import WorkCounters
 from quarry.samples import particles
 from tests.plan.harness import assert_same_rows, duckdb_answer
 
@@ -31,10 +33,8 @@ def _duckdbs_in_every_mode(stored, sql: str, name: str) -> None:
         assert_same_rows(got, expected, ordered=True, context=mode)
 
 
-def _totals(explained: dict) -> dict[str, int]:
-    partitions = explained["analyze"]["partitions"]
-    keys = ("slices_total", "slices_answered", "slices_scanned", "slices_pruned")
-    return {key: sum(p[key] for p in partitions) for key in keys}
+def _totals(explained: Explain) -> WorkCounters:
+    return WorkCounters.sum(p.counters for p in explained.analyze.partitions)
 
 
 @pytest.mark.parametrize("where", ["", " WHERE ke > 0 AND id >= 0"])
@@ -44,12 +44,12 @@ def test_an_aggregate_every_row_passes_reads_nothing(stored, where):
     _duckdbs_in_every_mode(stored, sql, "stats_plain")
     answered = cluster.explain(sql.format(t="stats_plain"), analyze=True, pushdown="always")
     totals = _totals(answered)
-    assert totals["slices_answered"] == totals["slices_total"] > 0, totals
-    assert answered["analyze"]["bytes_read"] == 0
+    assert totals.slices_answered == totals.slices_total > 0, totals
+    assert answered.analyze.bytes_read == 0
     # the host asked for the rows as stored: nothing is answered for it
     read = cluster.explain(sql.format(t="stats_plain"), analyze=True, pushdown="never")
-    assert _totals(read)["slices_answered"] == 0
-    assert read["analyze"]["bytes_read"] >= 8 * ROWS
+    assert _totals(read).slices_answered == 0
+    assert read.analyze.bytes_read >= 8 * ROWS
 
 
 def test_slices_that_pass_in_part_are_read_and_the_rest_answered(stored):
@@ -59,11 +59,10 @@ def test_slices_that_pass_in_part_are_read_and_the_rest_answered(stored):
     totals = _totals(cluster.explain(sql.format(t="stats_sorted"), analyze=True))
     # sorted by ke: the slices above the threshold are answered, and only those across it
     # (one a partition) read
-    assert totals["slices_answered"] > 0, totals
-    assert 0 < totals["slices_scanned"] <= 3, totals
-    assert (
-        totals["slices_answered"] + totals["slices_scanned"] + totals["slices_pruned"]
-        == (totals["slices_total"])
+    assert totals.slices_answered > 0, totals
+    assert 0 < totals.slices_scanned <= 3, totals
+    assert totals.slices_answered + totals.slices_scanned + totals.slices_pruned == (
+        totals.slices_total
     )
 
 
@@ -73,4 +72,4 @@ def test_an_aggregate_of_an_expression_is_read(stored):
     got = cluster.sql(sql.format(t="stats_plain")).read_all()
     assert_same_rows(got, duckdb_answer(table, "t", sql.format(t="t")), ordered=True)
     totals = _totals(cluster.explain(sql.format(t="stats_plain"), analyze=True))
-    assert totals["slices_answered"] == 0 and totals["slices_scanned"] == totals["slices_total"]
+    assert totals.slices_answered == 0 and totals.slices_scanned == totals.slices_total

@@ -8,6 +8,7 @@ import pytest
 from quarry.errors import QuarryError, QueryError
 from quarry.plan import PlanError, decompose
 from quarry.plan.errors import NotSupported, UnknownTable
+from quarry.pushdown import InvalidPushdown
 
 TABLES = {
     "lab/cells": pa.schema([("id", pa.int64()), ("gene", pa.string())]),
@@ -63,7 +64,8 @@ def test_statements_that_change_state_are_refused() -> None:
 
 
 def test_bad_arguments() -> None:
-    assert "pushdown must be one of" in error_of("SELECT 1", pushdown="sometimes")
+    with pytest.raises(InvalidPushdown, match="pushdown must be one of never, always"):
+        decompose("SELECT 1", TABLES, pushdown="sometimes")
     assert "unknown capabilities" in error_of("SELECT 1", capabilities={"lab/cells": "magic"})
     assert "unknown dataset" in error_of("SELECT 1", capabilities={"lab/nope": "full"})
     with pytest.raises(PlanError, match="domain/name"):

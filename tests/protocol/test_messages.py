@@ -182,7 +182,9 @@ def test_frames_refuse_garbage_other_versions_and_headers_that_are_not_json():
     with pytest.raises(ProtocolMismatch, match="not a quarry request"):
         frame.decode(b"GET / HTTP/1.1")
     good = control.KvGet("k").encode()
-    other = good.replace(b'"protocol":2', b'"protocol":9')
+    ours = f'"protocol":{frame.PROTOCOL_VERSION}'.encode()
+    assert ours in good
+    other = good.replace(ours, b'"protocol":9')
     with pytest.raises(ProtocolMismatch, match="speaks quarry protocol 9"):
         frame.decode(other)
     broken = frame.MAGIC + (5).to_bytes(4, "big") + b"{nope"

@@ -26,11 +26,13 @@ from quarry.coordinator.dispatch.streams import merge
 from quarry.coordinator.ingest.atomic import ingest
 from quarry.coordinator.membership.catalog import DatasetEntry
 from quarry.coordinator.membership.membership import Membership
+from quarry.coordinator.query.explain import Explain
 from quarry.coordinator.query.fragments import Forced
 from quarry.coordinator.query.run import Query
 from quarry.coordinator.reads.sample import Sample, sample
 from quarry.coordinator.reads.source_order import source_order
 from quarry.errors import ClusterError, DeviceUnavailable
+from quarry.pushdown import Pushdown
 
 CLUSTER_FILE_FORMAT = 1
 SCAN_QUEUE_BATCHES_MAX = 16  # batches waiting for the reader of a parallel scan
@@ -183,7 +185,11 @@ class Cluster(Membership):
         )
 
     def sample(
-        self, dataset: str, every: int, pushdown: str = "always", decisions: Forced | None = None
+        self,
+        dataset: str,
+        every: int,
+        pushdown: Pushdown | str = Pushdown.ALWAYS,
+        decisions: Forced | None = None,
     ) -> Sample:
         """Every ``every``-th row of every slice, drawn on the devices (``Sample.table``)."""
         return sample(self, dataset, every, pushdown, decisions)
@@ -227,7 +233,7 @@ class Cluster(Membership):
     def query(
         self,
         sql: str,
-        pushdown: str = "auto",
+        pushdown: Pushdown | str = Pushdown.AUTO,
         decisions: Forced | None = None,
         **options: Any,
     ) -> Query:
@@ -243,7 +249,7 @@ class Cluster(Membership):
     def sql(
         self,
         sql: str,
-        pushdown: str = "auto",
+        pushdown: Pushdown | str = Pushdown.AUTO,
         decisions: Forced | None = None,
     ) -> pa.RecordBatchReader:
         """Run SQL; tables are named ``domain.dataset`` (or the bare name when unambiguous)."""
@@ -253,12 +259,13 @@ class Cluster(Membership):
         self,
         sql: str,
         analyze: bool = False,
-        pushdown: str = "auto",
+        pushdown: Pushdown | str = Pushdown.AUTO,
         decisions: Forced | None = None,
         verbose: bool = False,
-    ) -> dict[str, Any]:
+    ) -> Explain:
         """The cut (super-plan and sub-plans); with ``analyze``, what each device did; with
-        ``verbose``, the rules that fired, in order, each with the cut after it (``rules``)."""
+        ``verbose``, the rules that fired, in order, each with the cut after it (``rules``).
+        ``to_json()`` gives its JSON: docs/explain.md."""
         planned = self.query(sql, pushdown, decisions)
         if analyze:
             planned.execute().read_all()

@@ -12,8 +12,7 @@ device so its run-time controller can check them against what it measures.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from dataclasses import dataclass, field
 
 from quarry.cost.eq1 import device_path_s, transfer_s
 from quarry.protocol.stage import STAGES_BY_DATA_SHIPPED, Stage
@@ -110,13 +109,6 @@ class Choice:
     cut: Stage
     estimates: dict[Stage, Estimate]
     figures: SubPlanFigures
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "cut": self.cut.value,
-            "figures": asdict(self.figures),
-            "estimates_s": {c.value: round(e.seconds, 6) for c, e in self.estimates.items()},
-        }
 
 
 def device_full_s_per_byte(d: DeviceFigures, f: SubPlanFigures) -> float:

@@ -18,7 +18,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import pyarrow as pa
 from pyarrow import flight
@@ -44,6 +44,7 @@ from quarry.device.unit import (
     lookup,
 )
 from quarry.protocol.control import LoadStatus
+from quarry.protocol.counters import WorkCounters
 from quarry.protocol.stage import Skip, Stage
 from quarry.protocol.work import (
     ChunkDone,
@@ -151,10 +152,10 @@ class Stream:
                 self.admission.unqueue(batch.nbytes)
                 queued -= batch.nbytes
                 shipped += size
-                metrics.rows_shipped += batch.num_rows
+                metrics.count(rows_shipped=batch.num_rows)
         finally:
             self.admission.unqueue(queued)
-        metrics.bytes_shipped += shipped
+        metrics.count(bytes_shipped=shipped)
         return shipped
 
     def message(self, message: PushedBack | ChunkDone | WorkDone) -> None:
@@ -164,42 +165,35 @@ class Stream:
 
 @dataclass
 class Counters:
-    """WorkMetrics while they are counted."""
+    """WorkMetrics while they are counted: the work counters (the one declaration,
+    ``WorkCounters``, added to as the work goes) and where the time went (``WorkTimes``)."""
 
-    slices_total: int = 0
-    slices_pruned: int = 0
-    slices_cached: int = 0
-    slices_answered: int = 0
-    slices_elsewhere: int = 0
-    slices_scanned: int = 0
-    slices_executed: int = 0
-    slices_pushed_back: int = 0
-    rows_read: int = 0
-    bytes_read: int = 0
-    rows_shipped: int = 0
-    bytes_shipped: int = 0
-    drive_s: float = 0.0
-    # where the time went (WorkTimes)
+    counted: WorkCounters = WorkCounters()
     read: Tally = field(default_factory=Tally)
     decode: Tally = field(default_factory=Tally)
     execute: Tally = field(default_factory=Tally)
     ship: Tally = field(default_factory=Tally)
 
+    def count(self, **counts: float) -> None:
+        """Add to counters by name (a name not declared fails here)."""
+        self.counted = self.counted.plus(WorkCounters(**counts))
+
     def add_read(self, chunk: Chunk) -> None:
-        self.slices_scanned += len(chunk.numbers)
-        self.rows_read += chunk.rows_read
-        self.bytes_read += chunk.bytes_read
+        self.count(
+            slices_scanned=len(chunk.numbers),
+            rows_read=chunk.rows_read,
+            bytes_read=chunk.bytes_read,
+        )
         self.read.add(chunk.read_time)
         self.decode.add(chunk.decode_time)
 
     def add(self, other: Counters) -> None:
         """Another count of the same partition's work (a chunk counted on its own thread)."""
-        for name, value in vars(other).items():
-            mine = getattr(self, name)
-            if isinstance(mine, Tally):
-                mine.add(value)
-            else:
-                setattr(self, name, mine + value)
+        self.counted = self.counted.plus(other.counted)
+        self.read.add(other.read)
+        self.decode.add(other.decode)
+        self.execute.add(other.execute)
+        self.ship.add(other.ship)
 
     def add_computed(self, before: Tally, after: Tally) -> None:
         """The unit's compute on this thread between two readings of ``computed_here``."""
@@ -207,7 +201,8 @@ class Counters:
         self.execute.cpu_s += after.cpu_s - before.cpu_s
 
     def frozen(self, cpu_s: float, wall_s: float) -> WorkMetrics:
-        counts = {name: value for name, value in vars(self).items() if not isinstance(value, Tally)}
+        """The partition's metrics: its share of the device's CPU (``cpu_s``) is counted here,
+        once, rather than chunk by chunk."""
         times = WorkTimes(
             read_s=self.read.wall_s,
             read_cpu_s=self.read.cpu_s,
@@ -218,7 +213,8 @@ class Counters:
             ship_s=self.ship.wall_s,
             ship_cpu_s=self.ship.cpu_s,
         )
-        return WorkMetrics(**counts, device_cpu_s=cpu_s, wall_s=wall_s, times=times)
+        counted = replace(self.counted, device_cpu_s=cpu_s)
+        return WorkMetrics(counted, wall_s=wall_s, times=times)
 
 
 class ChunkSlots:
@@ -280,7 +276,7 @@ class PartitionRun:
             runtime.store, request.domain, request.dataset, partition
         )
         self.forced = _forced(request, self.meta)
-        self.counters = Counters(slices_total=len(self.meta.slices))
+        self.counters = Counters(WorkCounters(slices_total=len(self.meta.slices)))
         self.annotation = Annotation()
         elsewhere = _elsewhere(request, self.meta)
         skipped_numbers: set[int] = set()
@@ -289,7 +285,7 @@ class PartitionRun:
                 Decision(skipped.range.first, skipped.range.end, skipped.skip, skipped.reason)
             )
             skipped_numbers.update(skipped.range.numbers())
-            self.counters.slices_elsewhere += len(skipped.range)
+            self.counters.count(slices_elsewhere=len(skipped.range))
         not_here = frozenset(self.forced) | frozenset(skipped_numbers)
         self.answered: list[SliceRange] = []
         for skipped in unit.plan(self.meta, not_here):
@@ -298,12 +294,12 @@ class PartitionRun:
             )
             skipped_numbers.update(skipped.range.numbers())
             if skipped.skip is Skip.PRUNED:
-                self.counters.slices_pruned += len(skipped.range)
+                self.counters.count(slices_pruned=len(skipped.range))
             elif skipped.skip is Skip.ANSWERED:
-                self.counters.slices_answered += len(skipped.range)
+                self.counters.count(slices_answered=len(skipped.range))
                 self.answered.append(skipped.range)
             else:
-                self.counters.slices_cached += len(skipped.range)
+                self.counters.count(slices_cached=len(skipped.range))
         self.candidates = [n for n in range(len(self.meta.slices)) if n not in skipped_numbers]
         self.pushed: list[int] = []
         self.pushed_stage = Stage.RAW
@@ -474,8 +470,7 @@ class PartitionRun:
             with counted.ship.timing():
                 stream.message(ChunkDone(self.partition, numbers[0], numbers[-1] + 1))
         counted.add_read(chunk)
-        counted.slices_executed += len(numbers)
-        counted.drive_s += drive_s
+        counted.count(slices_executed=len(numbers), drive_s=drive_s)
         with self._counting:
             self.counters.add(counted)
         if controller is not None:
@@ -515,7 +510,7 @@ class PartitionRun:
         self.pushed_stage = stage
         self.pushed.extend(numbers)
         with self._counting:
-            self.counters.slices_pushed_back += len(numbers)
+            self.counters.count(slices_pushed_back=len(numbers))
         self.annotation.record(Decision(numbers[0], numbers[-1] + 1, stage, reason, retry))
 
     def _filter_now(self, numbers: list[int], controller: Adaptive | None) -> None:
@@ -526,7 +521,7 @@ class PartitionRun:
         computed_before = self.unit.context.computed_here
         outputs = self.unit.filter(chunk)
         drive_s = self.unit.context.drive_s_here - drive_before
-        counted = Counters(drive_s=drive_s)
+        counted = Counters(WorkCounters(drive_s=drive_s))
         counted.add_computed(computed_before, self.unit.context.computed_here)
         counted.add_read(chunk)
         with self._counting:  # chunks of this partition may still be running
@@ -692,7 +687,7 @@ def _chunks_at_once(runtime: Runtime, unit: Unit) -> int:
 def _computed(context: UnitContext, counters: Counters, produce) -> list[pa.RecordBatch]:
     drive_before, computed_before = context.drive_s_here, context.computed_here
     outputs = list(produce())
-    counters.drive_s += context.drive_s_here - drive_before
+    counters.count(drive_s=context.drive_s_here - drive_before)
     counters.add_computed(computed_before, context.computed_here)
     return outputs
 

@@ -57,6 +57,15 @@ class UnitError(QuarryError, ValueError):
     code = "unit_error"
 
 
+class _ThreadCounts(threading.local):
+    """What one thread of a unit counted (partitions and chunks run on threads of their own):
+    each thread starts from nothing."""
+
+    def __init__(self) -> None:
+        self.drive_s = 0.0
+        self.computed = Tally()
+
+
 @dataclass
 class UnitContext:
     """What a unit may use of its device: the store (for caches), and compute slots that
@@ -69,22 +78,22 @@ class UnitContext:
     # all compute of the unit, every thread: wall (its slots' waits and stretches too), CPU
     computed: Tally = field(default_factory=Tally)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
-    _thread: threading.local = field(default_factory=threading.local, repr=False)
+    _thread: _ThreadCounts = field(default_factory=_ThreadCounts, repr=False)
 
     @property
     def drive_s_here(self) -> float:
         """The drive's seconds of work this thread ran (partitions may run at once)."""
-        return getattr(self._thread, "drive_s", 0.0)
+        return self._thread.drive_s
 
     @property
     def computed_here(self) -> Tally:
         """This thread's compute so far (a copy: subtract two to time a stretch of work)."""
-        mine = getattr(self._thread, "computed", None)
-        return Tally(mine.wall_s, mine.cpu_s) if mine is not None else Tally()
+        mine = self._thread.computed
+        return Tally(mine.wall_s, mine.cpu_s)
 
     def _count(self, drive_s: float, wall_s: float, cpu_s: float) -> None:
-        self._thread.drive_s = self.drive_s_here + drive_s
-        mine = self._thread.__dict__.setdefault("computed", Tally())
+        self._thread.drive_s += drive_s
+        mine = self._thread.computed
         mine.wall_s += wall_s
         mine.cpu_s += cpu_s
         with self._lock:

@@ -19,6 +19,7 @@ from quarry.errors import ClusterError
 from quarry.flightsql.server import FlightSqlServer
 from quarry.flightsql.sessions import Sessions
 from quarry.flightsql.statements import QUERY_SECONDS_MAX_DEFAULT, Statements
+from quarry.pushdown import Pushdown
 
 log = logging.getLogger("quarry.flightsql")
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
@@ -32,7 +33,7 @@ class Options:
     tls: bool = False  # with the cluster's certificate, or these:
     tls_cert: Path | None = None
     tls_key: Path | None = None
-    pushdown: str = "auto"
+    pushdown: Pushdown = Pushdown.AUTO
     query_seconds_max: float = QUERY_SECONDS_MAX_DEFAULT
 
 

@@ -45,6 +45,7 @@ from quarry.flightsql.statements import (
     Result,
     Statements,
 )
+from quarry.pushdown import Pushdown
 
 log = logging.getLogger("quarry.flightsql")
 REAP_PERIOD_S = 0.5  # how often waiting and running work is checked against its time bounds
@@ -81,7 +82,7 @@ class FlightSqlServer(flight.FlightServerBase):
         sessions: Sessions,
         secret: bytes | None,
         statements: Statements | None = None,
-        pushdown: str = "auto",
+        pushdown: Pushdown | str = Pushdown.AUTO,
         tls: tuple[bytes, bytes] | None = None,
     ):
         super().__init__(
@@ -93,7 +94,7 @@ class FlightSqlServer(flight.FlightServerBase):
         self.scheme = "grpc+tls" if tls else "grpc"
         self.sessions = sessions
         self.statements = statements or Statements()
-        self.pushdown = pushdown
+        self.pushdown = Pushdown.parse(pushdown)
         self._stopping = threading.Event()
         self._reaper = threading.Thread(target=self._reap, name="quarry-flightsql-reaper")
         self._reaper.daemon = True

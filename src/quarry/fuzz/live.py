@@ -22,6 +22,7 @@ from pyarrow import flight
 
 from quarry.fuzz.core import EXAMPLES_MAX, Outcomes, mutate
 from quarry.protocol import control, frame
+from quarry.pushdown import Pushdown
 
 CALL_TIMEOUT_S = 10.0
 BUSY_KINDS = ("load", "calibrate")
@@ -89,7 +90,7 @@ def everyday(cluster: Any, dataset: str, sql: str, scratch: str) -> Traffic:
     table = dataset.replace("/", ".")
 
     def work() -> None:
-        for pushdown in ("always", "never", "auto"):
+        for pushdown in (Pushdown.ALWAYS, Pushdown.NEVER, Pushdown.AUTO):
             cluster.sql(sql, pushdown=pushdown).read_all()
         cluster.sql(f"SELECT id % 7 AS g, avg(ke) FROM {table} GROUP BY 1 ORDER BY 1").read_all()
         cluster.scan(dataset, columns=["id", "ke"]).read_all()

@@ -25,6 +25,7 @@ from quarry.cli_common import (
     run,
 )
 from quarry.errors import QuarryError
+from quarry.pushdown import Pushdown
 
 app = typer.Typer(
     help="Single-cell expression matrices: store them, rank genes by differential expression.",
@@ -48,7 +49,9 @@ def de(
     groupby: Annotated[str | None, typer.Option(help="cell metadata column of the labels")] = None,
     reference: Annotated[str, typer.Option(help="'rest', or a label")] = "rest",
     method: Annotated[str, typer.Option(help="welch or student")] = "welch",
-    pushdown: Annotated[str, typer.Option(help="auto, always or never (host only)")] = "auto",
+    pushdown: Annotated[str, typer.Option(help="auto, always or never (host only)")] = (
+        Pushdown.AUTO
+    ),
     group_cells: Annotated[
         Path | None, typer.Option(help="file of cell ids (one per line) instead of --group")
     ] = None,

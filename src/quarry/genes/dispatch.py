@@ -20,9 +20,9 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from functools import cache
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -38,11 +38,11 @@ from quarry.genes.device import SIDES_MAX, Accumulate, AccumulateArgs
 from quarry.genes.errors import GenesInputError
 from quarry.genes.groups import Grouping
 from quarry.genes.layout import ROW_ID_COLUMN, rows_batch, stored_schema
+from quarry.protocol.counters import WorkCounters
 from quarry.protocol.stage import Skip, Stage
 from quarry.protocol.work import ForcedDecision, HostCost, Policy, WorkRequest
+from quarry.pushdown import Pushdown
 
-Pushdown = Literal["always", "never", "auto"]
-PUSHDOWNS = ("always", "never", "auto")
 PushBack = Mapping[int, Sequence[tuple[int, int]]]
 
 # Slices of the host's own Accumulate calibration (auto): a 10%-dense slice of about 1 MB.
@@ -53,19 +53,9 @@ CALIBRATION_REPEATS = 3
 RESULT_BATCHES_MAX = 64  # side statistics waiting for the host's Combine
 
 
-# the additive fields of a Report: summed across requests, devices and datasets
-REPORT_COUNTERS = (
-    "bytes_shipped",
-    "bytes_shipped_raw",
-    "bytes_read",
-    "bytes_sent",
-    "slices_executed",
-    "slices_pushed_back",
-    "slices_cached",
-    "slices_raw",
-    "requests",
-    "host_accumulate_s",
-)
+def _summed(default: float = 0) -> Any:
+    """An additive field of a Report: summed across requests, devices and datasets."""
+    return field(default=default, metadata={"summed": True})
 
 
 @dataclass
@@ -73,17 +63,17 @@ class Report:
     """Where the work ran and what moved; `rank_genes` puts it in `attrs["quarry"]`."""
 
     dataset: str
-    pushdown: str
-    bytes_shipped: int = 0  # device -> host: side statistics plus raw slices
-    bytes_shipped_raw: int = 0  # of which raw slices (pushed back, or pushdown never)
-    bytes_read: int = 0  # read off the devices' stores (raw scans: the slices' bytes)
-    bytes_sent: int = 0  # host -> devices: groupings
-    slices_executed: int = 0
-    slices_pushed_back: int = 0
-    slices_cached: int = 0
-    slices_raw: int = 0  # slices the host accumulated (pushed back, or pushdown never)
-    requests: int = 0
-    host_accumulate_s: float = 0.0
+    pushdown: Pushdown
+    bytes_shipped: int = _summed()  # device -> host: side statistics plus raw slices
+    bytes_shipped_raw: int = _summed()  # of which raw slices (pushed back, or pushdown never)
+    bytes_read: int = _summed()  # read off the devices' stores (raw scans: the slices' bytes)
+    bytes_sent: int = _summed()  # host -> devices: groupings
+    slices_executed: int = _summed()
+    slices_pushed_back: int = _summed()
+    slices_cached: int = _summed()
+    slices_raw: int = _summed()  # slices the host accumulated (pushed back, or pushdown never)
+    requests: int = _summed()
+    host_accumulate_s: float = _summed(0.0)
     wall_s: float = 0.0
     devices: list[dict[str, Any]] = field(default_factory=list)
     # devices that stopped answering, and the replicas that finished their partitions
@@ -99,11 +89,19 @@ class Report:
         return asdict(self)
 
 
+REPORT_COUNTERS = tuple(f.name for f in fields(Report) if f.metadata.get("summed"))
+
+
+# the devices accumulate (always), decide per slice (auto), or the host does it all (never); a
+# storage server has no genes unit of its own to complete with (no server)
+GENES_MODES = frozenset({Pushdown.NEVER, Pushdown.ALWAYS, Pushdown.AUTO})
+
+
 def side_statistics(
     matrix: StoredMatrix,
     grouping: Grouping,
     sides: Sequence[Sequence[int]],
-    pushdown: Pushdown = "auto",
+    pushdown: Pushdown | str = Pushdown.AUTO,
     *,
     push_back: PushBack | None = None,
     policy: Mapping[str, Any] | None = None,
@@ -111,8 +109,7 @@ def side_statistics(
 ) -> tuple[pa.RecordBatch, Report]:
     """Per gene and side i, the statistics of the union of groups `sides[i]` (group = i): the
     moments (``Accumulate``) or the rank sums (``RankSums``)."""
-    if pushdown not in PUSHDOWNS:
-        raise GenesInputError(f"pushdown must be one of {PUSHDOWNS}, not {pushdown!r}")
+    pushdown = Pushdown.parse(pushdown, GENES_MODES)
     assert 1 <= len(sides) <= SIDES_MAX, len(sides)
     assert len(grouping.group_of_cell) == matrix.cell_count, "grouping of another dataset"
     started = time.perf_counter()
@@ -138,7 +135,7 @@ def _tasks(
     matrix: StoredMatrix,
     grouping: Grouping,
     sides: Sequence[Sequence[int]],
-    pushdown: str,
+    pushdown: Pushdown,
     push_back: PushBack,
     policy: Mapping[str, Any] | None,
     unit: type[Accumulate],
@@ -170,7 +167,7 @@ def _tasks(
             partitions=tuple(partitions),
             forced=forced,
             host=_host_cost(matrix, device, len(matrix.cluster.devices), unit)
-            if pushdown == "auto"
+            if pushdown is Pushdown.AUTO
             else None,
             policy=Policy.from_json(dict(policy or {})),
             args=args.to_json(),
@@ -186,31 +183,35 @@ def _tasks(
                 payload=b"",
                 deferred_payload=payload,
                 label=matrix.dataset,
-                host_only=pushdown == "never",
+                host_only=pushdown is Pushdown.NEVER,
                 replicas={p: replicas_of(matrix.cluster, entries[p], device) for p in partitions},
             )
         )
     return tasks
 
 
-def _report(dataset: str, pushdown: str, dispatch: Dispatch) -> Report:
-    report = Report(dataset, pushdown)
+def _report(dataset: str, pushdown: Pushdown, dispatch: Dispatch) -> Report:
     reports = dispatch.sorted_reports()
-    report.bytes_shipped = sum(r.bytes_shipped for r in reports)
-    report.bytes_shipped_raw = sum(r.bytes_shipped_raw for r in reports)
-    report.bytes_read = sum(r.bytes_read for r in reports)
-    report.bytes_sent = dispatch.bytes_sent
-    report.slices_executed = sum(r.slices_executed for r in reports)
-    report.slices_pushed_back = sum(r.slices_pushed_back for r in reports)
-    report.slices_cached = sum(r.slices_cached for r in reports)
-    report.slices_raw = sum(r.slices_raw for r in reports)
-    report.requests = dispatch.requests
-    report.host_accumulate_s = dispatch.host_complete_s
+    counted = WorkCounters.sum(r.counters for r in reports)
+    report = Report(
+        dataset,
+        pushdown,
+        bytes_shipped=counted.bytes_shipped,
+        bytes_shipped_raw=sum(r.bytes_shipped_raw for r in reports),
+        bytes_read=counted.bytes_read,
+        bytes_sent=dispatch.bytes_sent,
+        slices_executed=counted.slices_executed,
+        slices_pushed_back=counted.slices_pushed_back,
+        slices_cached=counted.slices_cached,
+        slices_raw=sum(r.slices_raw for r in reports),
+        requests=dispatch.requests,
+        host_accumulate_s=dispatch.host_complete_s,
+    )
     by_device: dict[str, dict[str, Any]] = {}
     for r in reports:
         device = by_device.setdefault(r.device, {"device": r.device, "partitions": {}})
         device["partitions"][str(r.partition)] = {
-            "slices": r.slices_total,
+            "slices": r.counters.slices_total,
             "executed": r.ranges(Stage.FULL),
             "pushed_back": r.ranges(Stage.RAW),
             "cached": r.ranges(Skip.CACHED),

@@ -38,10 +38,11 @@ from quarry.genes.groups import Grouping, grouping_from_column
 from quarry.genes.rank import REST, STALE_RETRIES, quarry_attrs
 from quarry.genes.ranks import wilcoxon
 from quarry.genes.stats import GroupArrays, benjamini_hochberg, log2_fold_change
+from quarry.pushdown import Pushdown
 
 if TYPE_CHECKING:
     from quarry.coordinator.cluster import Cluster
-    from quarry.genes.dispatch import Pushdown, Report
+    from quarry.genes.dispatch import Report
 
 ALL = "all"
 # scanpy's names, and quarry's own for the two t-tests of ``rank_genes``
@@ -85,7 +86,7 @@ def rank_genes_groups(
     tie_correct: bool = False,
     pts: bool = False,
     corr_method: str = "benjamini-hochberg",
-    pushdown: Pushdown = "auto",
+    pushdown: Pushdown | str = Pushdown.AUTO,
     adata: Any = None,
     key_added: str = "rank_genes_groups",
 ) -> pd.DataFrame:
@@ -104,10 +105,9 @@ def rank_genes_groups(
     layout into ``adata.uns[key_added]``; ``scanpy_layout.to_anndata`` makes one.
     ``attrs["quarry"]`` says what ran where and what moved.
     """
-    from quarry.genes.dispatch import PUSHDOWNS
+    from quarry.genes.dispatch import GENES_MODES
 
-    if pushdown not in PUSHDOWNS:
-        raise GenesInputError(f"pushdown must be one of {PUSHDOWNS}, not {pushdown!r}")
+    pushdown = Pushdown.parse(pushdown, GENES_MODES)
     if method not in METHODS:
         raise GenesInputError(f"unknown method {method!r}; use one of {', '.join(METHODS)}")
     if corr_method not in CORRECTIONS:

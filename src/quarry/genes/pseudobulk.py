@@ -22,10 +22,10 @@ from quarry.genes.errors import GenesInputError
 from quarry.genes.groups import Grouping
 from quarry.genes.matrix import CELL_COLUMN
 from quarry.genes.stats import GroupArrays
+from quarry.pushdown import Pushdown
 
 if TYPE_CHECKING:
     from quarry.coordinator.cluster import Cluster
-    from quarry.genes.dispatch import Pushdown
 
 WHOLE_TOLERANCE = 1e-6  # sums this close to whole numbers are counts
 
@@ -37,7 +37,7 @@ def pseudobulk(
     groupby: str,
     *,
     min_cells: int = 1,
-    pushdown: Pushdown = "auto",
+    pushdown: Pushdown | str = Pushdown.AUTO,
 ) -> Any:
     """Each gene summed over the cells of every (``sample_key``, ``groupby``) pair with at least
     ``min_cells`` cells: an AnnData of pairs x genes, ``obs`` holding ``sample``, ``group``

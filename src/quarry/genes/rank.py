@@ -40,10 +40,11 @@ from quarry.genes.layout import (
 )
 from quarry.genes.matrix import GENE_COLUMN, ExpressionMatrix
 from quarry.genes.stats import Method, accumulate, combine, select_groups, tstat
+from quarry.pushdown import Pushdown
 
 if TYPE_CHECKING:
     from quarry.coordinator.cluster import Cluster
-    from quarry.genes.dispatch import PushBack, Pushdown
+    from quarry.genes.dispatch import PushBack
 
 REST = "rest"
 # A dataset re-ingested between the host's look at the catalog and a device's answer: look
@@ -119,7 +120,7 @@ def rank_genes(
     reference: GroupSpec = REST,
     method: Method = "welch",
     *,
-    pushdown: Pushdown = "auto",
+    pushdown: Pushdown | str = Pushdown.AUTO,
     cells: Sequence[str] | None = None,
     reference_dataset: str | None = None,
     reference_groupby: str | None = None,
@@ -148,10 +149,9 @@ def rank_genes(
     reference's), `attrs["quarry"]` what ran where and what moved: bytes shipped to the host,
     bytes read on the devices, slices executed / pushed back / cached, seconds.
     """
-    from quarry.genes.dispatch import PUSHDOWNS
+    from quarry.genes.dispatch import GENES_MODES
 
-    if pushdown not in PUSHDOWNS:
-        raise GenesInputError(f"pushdown must be one of {PUSHDOWNS}, not {pushdown!r}")
+    pushdown = Pushdown.parse(pushdown, GENES_MODES)
     options = {
         "groupby": groupby,
         "group": group,
@@ -349,7 +349,7 @@ def _side(statistics: pa.RecordBatch, side: int) -> pa.RecordBatch:
 
 
 def quarry_attrs(
-    reports: list[Any], pushdown: str, tstat_s: float, wall_s: float
+    reports: list[Any], pushdown: Pushdown, tstat_s: float, wall_s: float
 ) -> dict[str, Any]:
     from quarry.genes.dispatch import REPORT_COUNTERS
 

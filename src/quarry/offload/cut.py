@@ -34,6 +34,7 @@ from quarry.offload.device import Geometry, Lines, LinesArgs, OffloadFailed, Par
 from quarry.offload.program import Line, Program
 from quarry.offload.reads import Mounts, Reads
 from quarry.offload.reductions import Reduction
+from quarry.protocol.counters import WorkCounters
 from quarry.protocol.stage import Stage
 from quarry.protocol.work import ForcedDecision, HostCost, PartitionRange, WorkRequest
 
@@ -308,16 +309,17 @@ def run_on_devices(
     wall_s = time.monotonic() - started
     table = pa.Table.from_batches(batches, schema=worker.OUTPUT_SCHEMA)
     reports = dispatch.sorted_reports()
+    counted = WorkCounters.sum(r.counters for r in reports)
     done = Offloaded(
         lines=(program.lines[block.first].number, *block.lines),
         devices=tuple(sorted({r.device for r in reports})),
-        rows_read=sum(r.rows_read for r in reports),
-        bytes_read=sum(r.bytes_read for r in reports),
-        bytes_shipped=sum(r.bytes_shipped for r in reports),
+        rows_read=counted.rows_read,
+        bytes_read=counted.bytes_read,
+        bytes_shipped=counted.bytes_shipped,
         wall_s=wall_s,
         migrations=_migrations(reports, tasks, started),
         bytes_sent=dispatch.bytes_sent,
-        drive_s=sum(r.drive_s for r in reports),
+        drive_s=counted.drive_s,
     )
     return _values_of(table, block), done
 
@@ -366,7 +368,7 @@ def _migrations(reports: Sequence[Any], tasks: Sequence[Any], started: float) ->
                 report.device,
                 report.partition,
                 sum(d.end - d.first for d in pushed),
-                report.slices_total,
+                report.counters.slices_total,
                 round(at, 3),
                 pushed[0].reason,
             )

@@ -42,6 +42,7 @@ from quarry.plan import engine, expressions, merge, tree, unsupported
 from quarry.plan.capabilities import Capabilities
 from quarry.plan.cut import Cut, FragmentDraft, SelectivityEstimate, initial_cut
 from quarry.plan.errors import PlanError, UnknownTable
+from quarry.plan.explain import Column, FragmentExplain, PlanExplain
 from quarry.plan.optimizer import Fired, optimize
 from quarry.plan.rules import Fixpoint, Rule, null_aware
 from quarry.plan.rules.decimal_scale import decimal_scale
@@ -56,8 +57,8 @@ from quarry.plan.rules.split_predicate_by_capability import split_predicate_by_c
 from quarry.plan.statistics import SliceStatistic, answerable
 from quarry.plan.trace import CutSnapshot, FragmentSnapshot, cut_snapshot, plan_snapshot
 from quarry.protocol.stage import Stage
+from quarry.pushdown import Pushdown
 
-PUSHDOWN_MODES = ("never", "always")
 STAGES = (Stage.RAW, Stage.FILTER, Stage.FULL)  # the order their bytes travel in
 
 PlanRules = Sequence[Rule[plan_pb2.Plan]]
@@ -102,23 +103,26 @@ class Fragment:
     # count / sum / min / max of stored columns: such slices are answered unread (() : not)
     statistics: tuple[SliceStatistic, ...] = ()
 
+    def explained(self) -> FragmentExplain:
+        return FragmentExplain(
+            name=self.name,
+            dataset=self.dataset,
+            pushed=tuple(self.pushed),
+            device_stages=tuple(self.device_stages),
+            capabilities=self.capabilities,
+            predicates=tuple(self.predicates),
+            device_filter=tuple(self.device_filter),
+            host_filter=tuple(self.host_filter),
+            notes=tuple(self.notes),
+            raw_schema=Column.of(self.raw_schema),
+            output_schema=Column.of(self.output_schema),
+            stage_bytes={Stage(stage): len(data) for stage, data in self.stages.items()},
+            statistics=tuple(self.statistics),
+            plan=stage_display(self, Stage.FULL),
+        )
+
     def to_json(self) -> dict:
-        return {
-            "name": self.name,
-            "dataset": self.dataset,
-            "pushed": list(self.pushed),
-            "device_stages": list(self.device_stages),
-            "capabilities": self.capabilities,
-            "predicates": list(self.predicates),
-            "device_filter": list(self.device_filter),
-            "host_filter": list(self.host_filter),
-            "notes": list(self.notes),
-            "raw_schema": _schema_json(self.raw_schema),
-            "output_schema": _schema_json(self.output_schema),
-            "stage_bytes": {stage: len(data) for stage, data in self.stages.items()},
-            "statistics": [s.to_json() for s in self.statistics],
-            "plan": stage_display(self, Stage.FULL),
-        }
+        return self.explained().to_json()
 
 
 @dataclass
@@ -126,7 +130,7 @@ class Decomposition:
     super_plan: bytes  # Substrait; reads fragments by name
     fragments: list[Fragment]
     output_schema: pa.Schema
-    pushdown: str = "always"
+    pushdown: Pushdown = Pushdown.ALWAYS
     # groups of fragments whose sub-plans are alike (two reads of one dataset, the same way):
     # one of each group may be read for all (``read_once``), unless join keys cut them apart
     alike: tuple[tuple[str, ...], ...] = ()
@@ -159,7 +163,7 @@ class Decomposition:
         for fragment in self.fragments:
             pushed = ", ".join(fragment.pushed) or "nothing (raw scan)"
             where = f"pushed {pushed}"
-            if self.pushdown == "never" and fragment.pushed:
+            if self.pushdown is Pushdown.NEVER and fragment.pushed:
                 # the coordinator's baseline: devices ship raw slices, the host runs the sub-plan
                 # itself as they arrive (same work, bounded memory)
                 where = f"the host runs {pushed} over raw slices as they arrive"
@@ -178,21 +182,20 @@ class Decomposition:
             lines += ["    " + line for line in stage_display(fragment, Stage.FULL).splitlines()]
         return "\n".join(lines)
 
-    def to_json(self) -> dict:
+    def explained(self) -> PlanExplain:
         from quarry.plan.passthrough import passthrough_fragment
 
         only = passthrough_fragment(self)
-        return {
-            "pushdown": self.pushdown,
-            "super_plan": self.super_display(),
-            "super_plan_passthrough": only.name if only is not None else None,
-            "output_schema": _schema_json(self.output_schema),
-            "fragments": [fragment.to_json() for fragment in self.fragments],
-        }
+        return PlanExplain(
+            pushdown=self.pushdown,
+            super_plan=self.super_display(),
+            super_plan_passthrough=only.name if only is not None else None,
+            output_schema=Column.of(self.output_schema),
+            fragments=tuple(fragment.explained() for fragment in self.fragments),
+        )
 
-
-def _schema_json(schema: pa.Schema) -> list[dict]:
-    return [{"name": f.name, "type": str(f.type)} for f in schema]
+    def to_json(self) -> dict:
+        return self.explained().to_json()
 
 
 def stage_display(fragment: Fragment, stage: str) -> str:
@@ -204,10 +207,15 @@ def stage_display(fragment: Fragment, stage: str) -> str:
     return engine.consume(ctx, fragment.stages[stage]).logical_plan().display_indent()
 
 
+# the cut with every rule, or none (the host runs everything); the modes between are the
+# coordinator's (it cuts with every rule and says where each part runs: ``planning.plan``)
+DECOMPOSE_MODES = frozenset({Pushdown.NEVER, Pushdown.ALWAYS})
+
+
 def decompose(
     sql: str,
     tables: Mapping[str, pa.Schema],
-    pushdown: str = "always",
+    pushdown: Pushdown | str = Pushdown.ALWAYS,
     capabilities: Mapping[str, Capabilities | str] | None = None,
     selectivity: SelectivityEstimate | None = None,
     rules: CutRules | None = None,
@@ -231,10 +239,9 @@ def decompose(
     keys may cut them apart: ``coordinator.query.planning.shared_rules``). The result carries
     the rules that fired, in order (``Decomposition.fired``).
     """
-    if pushdown not in PUSHDOWN_MODES:
-        raise PlanError(f"pushdown must be one of {', '.join(PUSHDOWN_MODES)}, got {pushdown!r}")
+    pushdown = Pushdown.parse(pushdown, DECOMPOSE_MODES)
     if rules is None:
-        rules = RULES if pushdown == "always" else ()
+        rules = RULES if pushdown is Pushdown.ALWAYS else ()
     cut, output, plan_fired = plan_cut(sql, tables, capabilities, selectivity, plan_rules)
     cut, cut_fired = optimize(cut, rules, cut_snapshot, copy=Cut.copy)
     decomposition = finalize(cut, output, pushdown)
@@ -349,7 +356,7 @@ class _Built:
     hidden: bool  # the placeholder masks the one column the fragment ships (count(*))
 
 
-def finalize(cut: Cut, output: pa.Schema, pushdown: str) -> Decomposition:
+def finalize(cut: Cut, output: pa.Schema, pushdown: Pushdown) -> Decomposition:
     """Stages for every fragment, typed placeholders in the super-plan, invariants checked.
     Every read keeps its own fragment; those with alike sub-plans are grouped (``alike``)."""
     built = [_build_fragment(cut, draft) for draft in cut.fragments]

@@ -5,7 +5,8 @@
 - ``message``: the base of every typed message: one encode, one decode that checks types and
   bounds and names the message and field that were wrong (``ProtocolError``);
 - ``stage``: the three stages of a unit of work (raw, filter, full) and what a device may skip;
-- ``control``, ``ingest``, ``work``: the messages themselves, by job.
+- ``control``, ``ingest``, ``work``: the messages themselves, by job;
+- ``counters``: the work counters, declared once (``WorkCounters``).
 """
 
 from quarry.protocol.frame import (

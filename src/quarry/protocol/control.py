@@ -50,6 +50,11 @@ class ProfileInfo(Message):
     expressions: tuple[str, ...] = bounded(items_max=1024, default=())
 
 
+# the role a storage server answers hello with (a drive's is "device"): the host reads it to
+# know which of its devices have drives of their own behind them
+SERVER_ROLE = "server"
+
+
 @dataclass(frozen=True)
 class HelloReply(Message):
     protocol: int
@@ -59,13 +64,17 @@ class HelloReply(Message):
     pid: int = bounded(low=0, default=0)
     data: str = ""
     started_at: float = 0.0
-    role: str = bounded(chars_max=16, default="device")  # or "server": a storage server
+    role: str = bounded(chars_max=16, default="device")  # or SERVER_ROLE: a storage server
     # it refuses work and scans asked under another generation than its own (``generation``
     # of WorkRequest and ScanRequest): a coordinator need not ask its pulse first
     checks_generation: bool = False
     # drives that hold partitions behind it: 1 for a device, its drives' for a storage server
     # (an ingest deals a table's partitions over drives, not over what the host sees)
     drives: int = bounded(low=1, high=1 << 16, default=1)
+
+    @property
+    def is_server(self) -> bool:
+        return self.role == SERVER_ROLE
 
 
 # ---- what a device holds --------------------------------------------------------------------

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pyarrow as pa
 
 from quarry.protocol import control, ingest, work
+from quarry.protocol.counters import WorkCounters
 from quarry.protocol.message import Message
 from quarry.protocol.stage import Skip, Stage
 
@@ -95,15 +96,14 @@ EXAMPLES: list[Message] = [
                     work.Decision(1, 3, Stage.RAW, "raw: cheaper", 0.5),
                 ),
                 work.WorkMetrics(
-                    slices_total=3,
-                    slices_pruned=1,
+                    WorkCounters(slices_total=3, slices_pruned=1),
                     times=work.WorkTimes(read_s=0.01, execute_s=0.02, execute_cpu_s=0.015),
                 ),
                 below=(
                     work.LevelReport(
                         "s0d1",
                         (work.Decision(1, 3, Stage.FILTER, "scan engine"),),
-                        work.WorkMetrics(slices_total=3, slices_scanned=2),
+                        work.WorkMetrics(WorkCounters(slices_total=3, slices_scanned=2)),
                     ),
                 ),
             ),

@@ -21,7 +21,8 @@ from typing import Any
 from quarry.errors import ProtocolError, ProtocolMismatch, QuarryError, error_class
 
 # 2: every message typed; one work exchange for every kind of work (was query and program)
-PROTOCOL_VERSION = 2
+# 3: a partition's work counters travel as one message (WorkMetrics.counters: WorkCounters)
+PROTOCOL_VERSION = 3
 MAGIC = b"QRY"
 HEADER_BYTES_MAX = 16 << 20  # a JSON header above this is a bug, not a request
 _LENGTH = struct.Struct(">I")

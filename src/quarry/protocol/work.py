@@ -24,6 +24,7 @@ from quarry.protocol.control import (
     PARTITION_MAX,
     LoadStatus,
 )
+from quarry.protocol.counters import WorkCounters
 from quarry.protocol.frame import Exchange, Get
 from quarry.protocol.message import Message, bounded
 from quarry.protocol.stage import Skip, Stage
@@ -232,26 +233,17 @@ _TIME_FIELDS = tuple(f.name for f in fields(WorkTimes))
 
 @dataclass(frozen=True)
 class WorkMetrics(Message):
-    """What one partition cost the device. Slices: total = pruned + cached + answered +
-    elsewhere + scanned, and scanned = executed + pushed back (each range read once, whatever
-    happened)."""
+    """What one partition cost the device: its counters (``WorkCounters``), and the wall time
+    it took and where that went (not counters: see ``protocol.counters``)."""
 
-    slices_total: int = bounded(low=0, default=0)
-    slices_pruned: int = bounded(low=0, default=0)
-    slices_cached: int = bounded(low=0, default=0)
-    slices_answered: int = bounded(low=0, default=0)  # from their statistics, unread
-    slices_elsewhere: int = bounded(low=0, default=0)
-    slices_scanned: int = bounded(low=0, default=0)
-    slices_executed: int = bounded(low=0, default=0)
-    slices_pushed_back: int = bounded(low=0, default=0)
-    rows_read: int = bounded(low=0, default=0)
-    bytes_read: int = bounded(low=0, default=0)
-    rows_shipped: int = bounded(low=0, default=0)
-    bytes_shipped: int = bounded(low=0, default=0)
-    drive_s: float = bounded(low=0.0, default=0.0)  # emulated drive time of what it executed
-    device_cpu_s: float = bounded(low=0.0, default=0.0)
+    counters: WorkCounters = WorkCounters()
     wall_s: float = bounded(low=0.0, default=0.0)
     times: WorkTimes = WorkTimes()
+
+    def flat_json(self) -> dict[str, Any]:
+        """The counters beside the rest, as EXPLAIN ANALYZE has always shown them."""
+        body = self.to_json()
+        return {**body.pop("counters"), **body}
 
 
 @dataclass(frozen=True)

@@ -31,6 +31,7 @@ from ray.data.datasource import Datasource, ReadTask
 from ray.data.expressions import BinaryExpr, ColumnExpr, Expr, LiteralExpr, Operation, UnaryExpr
 
 from quarry.errors import QueryError
+from quarry.pushdown import Pushdown
 
 SQL_OPERATORS = {
     Operation.ADD: "+",
@@ -105,14 +106,14 @@ class QuarryDatasource(Datasource):
         dataset: str,
         columns: list[str] | None = None,
         filter: str | None = None,
-        pushdown: str = "always",
+        pushdown: Pushdown | str = Pushdown.ALWAYS,
     ):
         super().__init__()
         import quarry
 
         self.cluster_file = str(cluster_file)
         self.dataset = dataset
-        self.pushdown = pushdown
+        self.pushdown = Pushdown.parse(pushdown)
         self.where = [f"({filter})"] if filter else []
         self.local: Expr | None = None  # evaluated by the read task: not SQL
         self._projection_map = {c: c for c in columns} if columns is not None else None
@@ -188,7 +189,7 @@ class QuarryDatasource(Datasource):
 
 
 def _read(
-    cluster_file: str, sql: str, partition: int, local: Expr | None, pushdown: str, tally: Any
+    cluster_file: str, sql: str, partition: int, local: Expr | None, pushdown: Pushdown, tally: Any
 ) -> Iterator[pa.Table]:
     """One read task: the partition's rows, as tables of the stream's batches; then what moved,
     to the datasource's tally."""
@@ -209,11 +210,16 @@ def _read(
                 yield table
         if not rows:
             yield read.schema.empty_table()
-        ray.get(tally.add.remote(partition, {**read.moved(), "rows": rows}))
+        moved = read.moved()
+        counted = {name: getattr(moved, name) for name in MOVED_COUNTERS}
+        ray.get(tally.add.remote(partition, {**counted, "rows": rows}))
     finally:
         cluster.close()
 
 
+# what a read task tells the tally of the device's work (``QuarryDatasource.moved``), and what
+# the tally sums of each
+MOVED_COUNTERS = ("bytes_shipped", "bytes_read", "slices_executed", "slices_pushed_back")
 MOVED = ("bytes_shipped", "bytes_read", "rows")
 
 
@@ -236,7 +242,7 @@ def read_dataset(
     dataset: str,
     columns: list[str] | None = None,
     filter: str | None = None,
-    pushdown: str = "always",
+    pushdown: Pushdown | str = Pushdown.ALWAYS,
 ) -> ray.data.Dataset:
     """A Ray dataset of ``dataset`` ("domain/name"): ``columns`` (None: all) of the rows where
     the SQL ``filter`` holds, one read task per partition; later ``select_columns`` and

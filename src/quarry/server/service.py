@@ -36,6 +36,7 @@ from quarry.device.unit import set_host_profile
 from quarry.errors import DeviceUnavailable, ProtocolError, QueryError
 from quarry.plan.capabilities import Capabilities, of_profile
 from quarry.protocol import control, frame, ingest, work
+from quarry.protocol.control import SERVER_ROLE
 from quarry.protocol.frame import Get, Put
 from quarry.protocol.message import Message
 from quarry.server import work as server_work
@@ -46,7 +47,7 @@ DRIVE_DOWN = "down"  # a drive's part of its server's generation while it does n
 
 
 class StorageServer(Service):
-    WHAT = "server"
+    WHAT = SERVER_ROLE
 
     def __init__(
         self,

@@ -52,6 +52,7 @@ from quarry.protocol.work import (
     WorkRequest,
     WorkTimes,
 )
+from quarry.pushdown import Pushdown
 from quarry.server.costs import drive_costs
 from quarry.tally import Tally
 
@@ -154,17 +155,27 @@ def run_work(
     writer.write_metadata(pa.py_buffer(done.encode()))
 
 
+def level_mode(request: WorkRequest) -> Pushdown:
+    """The mode this level runs a request in, as the request implies it (the mode itself does
+    not travel): the host's costs mean ``auto``, where this server chooses its drives' cut
+    (``server.costs``) and whether to complete what they hand back or pass it on
+    (``host_cheaper``); without them, ``always``: it completes whatever its drives hand back
+    (under ``server`` too, whose raw ranges the host forced). ``never`` sends it scans only."""
+    return Pushdown.AUTO if request.host is not None else Pushdown.ALWAYS
+
+
 def passes_on(server: StorageServer, request: WorkRequest) -> Callable[[Task, PushedBack], bool]:
     """Whether a range a drive handed back goes on to the host rather than being completed
     here: the host forced it there (``ForcedDecision.to_host``), or, under auto, the host
     completes it for less (``host_cheaper``)."""
     upward = {(f.partition, n) for f in request.forced if f.to_host for n in range(f.first, f.end)}
+    mode = level_mode(request)
 
     def decide(task: Task, notice: PushedBack) -> bool:
         numbers = ((notice.partition, n) for r in notice.ranges for n in r.numbers())
         if any(number in upward for number in numbers):
             return True
-        if request.host is None:  # always / server: this server completes what it is handed
+        if mode is not Pushdown.AUTO or request.host is None:  # it completes what it is handed
             return False
         return host_cheaper(request.host, notice.stage, server.emulator.load()["cpu_busy"])
 
@@ -199,7 +210,7 @@ def _drive_costs(
 ) -> dict[str, HostCost] | None:
     """Under auto, what this server tells each drive (``server.costs``); a SQL sub-plan whose
     filter is its whole work has no filter cut, as on the host."""
-    if request.host is None:
+    if level_mode(request) is not Pushdown.AUTO or request.host is None:
         return None
     allowed = CUTS
     if request.unit == SubstraitUnit.NAME:
@@ -322,27 +333,19 @@ def _partition_report(
     level (by the drive, or by the server completing it), and the drive's own account below."""
     partition = task.request.partitions[0]
     drive = dispatch.report(task, partition)
-    scanned = drive.slices_scanned  # raw ranges passed on count when the host fetches them
+    scanned = drive.counters.slices_scanned  # raw ranges passed on count when fetched
     filtered_on = sum(n.slices for n in shipped.passed if n.stage is Stage.FILTER)
-    metrics = WorkMetrics(
-        slices_total=drive.slices_total,
-        slices_pruned=drive.slices_pruned,
-        slices_cached=drive.slices_cached,
-        slices_answered=drive.slices_answered,
-        slices_elsewhere=drive.slices_elsewhere,
-        slices_scanned=scanned,
+    counters = replace(
+        drive.counters,
         slices_executed=scanned - filtered_on,
         slices_pushed_back=sum(n.slices for n in shipped.passed),
-        rows_read=drive.rows_read,
-        bytes_read=drive.bytes_read,
         rows_shipped=shipped.rows,
         bytes_shipped=shipped.bytes,
-        drive_s=drive.drive_s,
         # the server's CPU completing it, and decompressing what came raw as stored
         device_cpu_s=task.host.context.drive_s + drive.decode_s,
-        wall_s=drive.wall_s,
-        times=_server_times(drive.times, task.host.context.computed, drive.decode_s, shipped),
     )
+    times = _server_times(drive.times, task.host.context.computed, drive.decode_s, shipped)
+    metrics = WorkMetrics(counters, wall_s=drive.wall_s, times=times)
     completed = [d for d in drive.decisions if d.stage in (Stage.RAW, Stage.FILTER)]
     passed = {(r.first, r.end): n.stage for n in shipped.passed for r in n.ranges}
     decisions = tuple(
@@ -377,22 +380,5 @@ def _server_times(
 
 
 def _level(drive: WorkReport, server: str) -> LevelReport:
-    metrics = WorkMetrics(
-        slices_total=drive.slices_total,
-        slices_pruned=drive.slices_pruned,
-        slices_cached=drive.slices_cached,
-        slices_answered=drive.slices_answered,
-        slices_elsewhere=drive.slices_elsewhere,
-        slices_scanned=drive.slices_scanned,
-        slices_executed=drive.slices_executed,
-        slices_pushed_back=drive.slices_pushed_back,
-        rows_read=drive.rows_read,
-        bytes_read=drive.bytes_read,
-        rows_shipped=drive.rows_shipped,
-        bytes_shipped=drive.bytes_shipped,
-        drive_s=drive.drive_s,
-        device_cpu_s=drive.device_cpu_s,
-        wall_s=drive.wall_s,
-        times=drive.times,
-    )
+    metrics = WorkMetrics(drive.counters, wall_s=drive.wall_s, times=drive.times)
     return LevelReport(drive.device, tuple(drive.decisions), metrics, drive.fallback, server)

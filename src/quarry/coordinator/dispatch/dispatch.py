@@ -183,7 +183,7 @@ class Dispatch:
                 yield from self._exchange(task)
             except PlanNotSupported as error:
                 reports = [self.report(task, p) for p in task.request.partitions]
-                if any(r.rows_shipped for r in reports):
+                if any(r.counters.rows_shipped for r in reports):
                     raise
                 for r in reports:
                     r.mode = "scan"
@@ -234,8 +234,9 @@ class Dispatch:
                     size = pa.ipc.get_record_batch_size(shipped)
                     for batch in self._decoded(report, shipped):
                         received += 1
-                        report.add_raw(1, batch.num_rows, size)
-                        report.add_shipped(batch.num_rows, size, raw=True)
+                        with self._lock:
+                            report.add_raw(1, batch.num_rows, size)
+                            report.add_shipped(batch.num_rows, size, raw=True)
                         yield batch
                 return
             except DeviceUnavailable as error:
@@ -354,7 +355,9 @@ class Dispatch:
             self.loads_seen({task.client.name: done.load})
         for partition in done.partitions:
             trace = list(done.trace) if done.trace is not None else None
-            self.report(task, partition.partition).add_device(partition, trace)
+            report = self.report(task, partition.partition)
+            with self._lock:  # its pushed-back ranges may still be fetched, and counted
+                report.add_device(partition, trace)
         yield from self._release(task, pending)
         for partition in done.partitions:  # the device's own work is all in, but not what
             handed_back = {  # it handed back: that counts once fetched and completed
@@ -364,7 +367,7 @@ class Dispatch:
                 for r in notice.ranges
                 for n in r.numbers()
             }
-            total = partition.metrics.slices_total
+            total = partition.metrics.counters.slices_total
             own = [n for n in range(total) if n not in handed_back]
             progress.done.setdefault(partition.partition, set()).update(own)
             if self.marks:
@@ -417,14 +420,16 @@ class Dispatch:
         report = self.report(task, notice.partition)
         raw = notice.stage is Stage.RAW
         if raw:  # read when fetched: counted here (a filtered range was counted by the device)
-            report.add_raw(notice.slices, notice.rows, notice.bytes_stored)
+            with self._lock:  # a partition's ranges are fetched at once
+                report.add_raw(notice.slices, notice.rows, notice.bytes_stored)
 
         def arriving() -> Iterator[pa.RecordBatch]:
             reader = self._opened(lambda: task.client.get(fetch, payload))
             for shipped in task.client.batches(reader):
                 size = pa.ipc.get_record_batch_size(shipped)
                 slices = self._decoded(report, shipped)
-                report.add_shipped(sum(b.num_rows for b in slices), size, raw)
+                with self._lock:
+                    report.add_shipped(sum(b.num_rows for b in slices), size, raw)
                 yield from slices
 
         return list(self._complete(task.host, notice.stage, arriving()))

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from typing import Any
 
 import pyarrow as pa
@@ -18,6 +19,7 @@ from quarry.coordinator.membership.backoff import BusyCounter, retrying
 from quarry.device.unit import host_emulator
 from quarry.errors import DeviceUnavailable, ProtocolError, QuarryError, Unauthenticated
 from quarry.protocol import control, frame, ingest, work
+from quarry.protocol.counters import WorkCounters
 from quarry.protocol.message import Message
 
 CONNECT_TIMEOUT_S = 5.0
@@ -321,15 +323,11 @@ class WorkStream:
 
 
 def _summary(done: work.WorkDone) -> dict[str, Any]:
-    metrics = [p.metrics for p in done.partitions]
-    return {
-        **done.summary,
-        "bytes_read": sum(m.bytes_read for m in metrics),
-        "rows_read": sum(m.rows_read for m in metrics),
-        "bytes_shipped": sum(m.bytes_shipped for m in metrics),
-        "device_cpu_s": done.device_cpu_s,
-        "wall_s": done.wall_s,
-    }
+    """The unit's summary, every work counter over its partitions (the device's CPU as it
+    counted it for the whole request) and its wall seconds."""
+    counted = WorkCounters.sum(p.metrics.counters for p in done.partitions)
+    counted = replace(counted, device_cpu_s=done.device_cpu_s)
+    return {**done.summary, **counted.to_json(), "wall_s": done.wall_s}
 
 
 def _next(reader: Any) -> Any:

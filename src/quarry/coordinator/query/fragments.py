@@ -26,6 +26,7 @@ from quarry.plan.statistics import SliceStatistic
 from quarry.plan.superplan import COMPLETION_GROUP_BYTES_MAX
 from quarry.protocol.stage import Stage
 from quarry.protocol.work import ForcedDecision, Policy, WorkRequest
+from quarry.pushdown import Pushdown
 
 if TYPE_CHECKING:
     from quarry.coordinator.membership.catalog import PartitionEntry
@@ -49,7 +50,7 @@ def device_stages(fragment: Fragment) -> tuple[dict[Stage, bytes], pa.Schema, St
 def fragment_tasks(
     cluster: Membership,
     fragment: Fragment,
-    pushdown: str,
+    pushdown: Pushdown,
     query_id: str,
     cuts: Cuts,
     forced: Forced | None = None,
@@ -79,7 +80,7 @@ def fragment_tasks(
     host = _host_unit(entry.domain, entry.name, fragment, host_stages, key_sets)
     # the host reads the slices: under never, and where the model starts a short fragment raw
     # (``planning.scans_raw``) unless a join's key sets or forced decisions need the devices
-    scanned = pushdown == "never" or (
+    scanned = pushdown is Pushdown.NEVER or (
         fragment.name in cuts.scans
         and not key_sets
         and not any(dataset == fragment.dataset for dataset, _ in (forced or {}))
@@ -167,12 +168,12 @@ def _args(
 
 
 def _forced_for(
-    pushdown: str, partition: int, slices: int, forced: Forced | None, dataset: str
+    pushdown: Pushdown, partition: int, slices: int, forced: Forced | None, dataset: str
 ) -> tuple[ForcedDecision, ...]:
     """The decisions a partition's device must take: the caller's, and under ``server`` every
     slice handed back raw first (the caller's, later, override it range by range)."""
     given = _forced(partition, (forced or {}).get((dataset, partition)))
-    if pushdown != "server" or not slices:
+    if pushdown is not Pushdown.SERVER or not slices:
         return given
     return (ForcedDecision(partition, 0, slices, Stage.RAW), *given)
 

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from quarry.coordinator.dispatch.dispatch import Task
 from quarry.coordinator.query.cost_inputs import device_figures, sample_subplan
+from quarry.coordinator.query.explain import CutChosen
 from quarry.coordinator.query.selectivity import SampledSelectivity
 from quarry.coordinator.query.settled_cuts import Key
 from quarry.cost.model import Choice, HostFigures, SubPlanFigures, choose
@@ -38,6 +39,7 @@ from quarry.plan.superplan import HostPace
 from quarry.protocol.control import LoadStatus
 from quarry.protocol.stage import Stage
 from quarry.protocol.work import HostCost, Policy, WorkRequest
+from quarry.pushdown import Pushdown
 
 if TYPE_CHECKING:
     from quarry.coordinator.membership.catalog import DatasetEntry, PartitionEntry
@@ -48,7 +50,7 @@ FIGURES_CACHE_MAX = 256
 
 
 def plan(
-    cluster: Membership, sql: str, pushdown: str, state: CatalogState | None = None
+    cluster: Membership, sql: str, pushdown: Pushdown, state: CatalogState | None = None
 ) -> Decomposition:
     """The largest cut the devices can take (``auto`` plans as ``always`` and starts lower),
     over the catalog as ``state`` holds it (the current one by default); kept per catalog
@@ -75,12 +77,12 @@ def _decompose(
     catalog: dict[str, DatasetEntry],
     info: dict[str, Any],
     sql: str,
-    pushdown: str,
+    pushdown: Pushdown,
     selectivity: SampledSelectivity | None = None,
 ) -> Decomposition:
     tables = {name: entry.schema for name, entry in catalog.items()}
     capabilities = None
-    if pushdown != "never":
+    if pushdown is not Pushdown.NEVER:
         holders = {
             name: [d for p in entry.partitions for d in p.devices]
             for name, entry in catalog.items()
@@ -90,13 +92,12 @@ def _decompose(
     decomposition = decompose(
         sql,
         tables,
-        pushdown="always",
+        pushdown=Pushdown.ALWAYS,  # every mode runs the largest cut; the mode says where
         capabilities=capabilities,
         selectivity=selectivity,
         decomposition_rules=(),  # which alike reads share depends on the join pairs: shared
     )
-    decomposition.pushdown = pushdown
-    return decomposition
+    return replace(decomposition, pushdown=pushdown)
 
 
 def shared(
@@ -179,7 +180,7 @@ def partition_task(
 class Cuts:
     """Where each fragment starts, and what each device is told of the host's costs."""
 
-    choices: dict[str, dict[str, Any]] = field(default_factory=dict)  # fragment -> choice
+    choices: dict[str, CutChosen] = field(default_factory=dict)  # fragment -> its start
     host_costs: dict[tuple[str, str], HostCost] = field(default_factory=dict)
     # fragment -> (what ``settled_cuts`` keeps it under, the model's own cut)
     model_cuts: dict[str, tuple[Key, Stage]] = field(default_factory=dict)
@@ -193,7 +194,9 @@ class Cuts:
         devices cut them before they ship. The others say so in EXPLAIN."""
         self.scans -= probes
         for name in self.scans:
-            self.choices[name]["runs_as"] = "scan: the host reads the slices"
+            self.choices[name] = replace(
+                self.choices[name], runs_as="scan: the host reads the slices"
+            )
 
     def host_cost(self, fragment: str, device: str) -> HostCost | None:
         return self.host_costs.get((fragment, device))
@@ -224,7 +227,7 @@ def choose_cuts(
         for name, cost in told(devices, figures, host, choice.cut).items():
             cuts.host_costs[(fragment.name, name)] = cost
         # a storage server chooses its drives' cut on its own figures: it gets the work
-        servers = any(cluster.info[name].role == "server" for name in stored)
+        servers = any(cluster.info[name].is_server for name in stored)
         if scans_raw(choice) and not servers:
             cuts.scans.add(fragment.name)
     return cuts
@@ -245,14 +248,15 @@ def _started(
     """The model's choice, or where the devices settled past it in the last run (``settled_cuts``);
     either way recorded for EXPLAIN, and the model's own cut kept for what this run teaches."""
     key = fragment_key(fragment, entry)
-    cuts.choices[fragment.name] = choice.to_json()
+    cuts.choices[fragment.name] = CutChosen.of(choice)
     cuts.model_cuts[fragment.name] = (key, choice.cut)
     start = cluster.settled.start(key, choice.cut, choice.estimates)  # the cuts it weighed
     if start is None:
         return choice
-    cuts.choices[fragment.name].update(
-        cut=start.value,
-        model_cut=choice.cut.value,
+    cuts.choices[fragment.name] = replace(
+        cuts.choices[fragment.name],
+        cut=start,
+        model_cut=choice.cut,
         started="where the devices settled in the last run",
     )
     return replace(choice, cut=start)

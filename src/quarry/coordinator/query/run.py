@@ -31,25 +31,21 @@ from quarry.errors import (
     DeviceUnavailable,
     ExecutionError,
     QuarryError,
-    QueryError,
     only_quarry_errors,
     only_quarry_errors_in,
 )
 from quarry.plan.decompose import Fragment
+from quarry.plan.explain import RuleFired
 from quarry.plan.join_filters import JoinFilter
 from quarry.plan.superplan import SortMergeRerun, run_super
 from quarry.plan.superplan import streams as planning_streams
+from quarry.pushdown import Pushdown
 from quarry.tally import Tally, process_seconds
 
 if TYPE_CHECKING:
     from quarry.coordinator.membership.freshness import CatalogCheck
     from quarry.coordinator.membership.membership import Membership
 
-# never: the host reads raw slices and does everything; server: drives read and hand every
-# slice back raw, whatever fronts them completes it (a storage server's CPU, POLARDB's
-# "CPU-based" pushdown; the host on a flat cluster); always: drives run all they can ("CSD-
-# based"); auto: the cost model and the devices decide.
-PUSHDOWNS = ("never", "server", "always", "auto")
 WORKERS_PER_DEVICE = 2
 STREAM_BATCHES_MAX = 16  # batches of a fragment waiting for the super-plan
 PLAN_ATTEMPTS_MAX = 2  # planning again once refreshes the catalog without a dead device
@@ -61,27 +57,25 @@ class Query:
         self,
         cluster: Membership,
         sql: str,
-        pushdown: str = "always",
+        pushdown: Pushdown | str = Pushdown.ALWAYS,
         decisions: Forced | None = None,
         trace: bool = False,
         chunk_slices: int | None = None,
         policy: dict[str, Any] | None = None,
         join_filters: bool = True,
     ):
-        if pushdown not in PUSHDOWNS:
-            raise QueryError(f"pushdown must be one of {', '.join(PUSHDOWNS)}, got {pushdown!r}")
         self.asked = time.perf_counter()
         self.cpu_asked = cpu_seconds()
         self.cluster = cluster
         self.sql = sql
-        # "auto": the largest cut is planned, the cost model picks where each fragment starts
+        # auto: the largest cut is planned, the cost model picks where each fragment starts
         # (full / filter / raw) and the devices adapt from there at run time.
-        self.pushdown = pushdown
+        self.pushdown = Pushdown.parse(pushdown)
         self.forced = decisions or {}
         self.options = {"trace": trace, "chunk_slices": chunk_slices, "policy": policy}
         # a join's build keys cut its probe fragment on the devices (``join_keys``); never
         # stays the baseline of no pushdown at all
-        self.join_filters = join_filters and pushdown != "never"
+        self.join_filters = join_filters and self.pushdown is not Pushdown.NEVER
         self.collectors: list[join_keys.KeyCollector] = []
         self.pairs: tuple[JoinFilter, ...] = ()
         self.query_id = uuid.uuid4().hex
@@ -121,7 +115,7 @@ class Query:
     def _cut(self) -> tuple[Any, planning.Cuts]:
         """The cut, alike fragments read once where no join's keys cut them apart (and the
         pairs that cut them: ``pairs``), and under auto where each fragment starts."""
-        if self.pushdown != "auto":
+        if self.pushdown is not Pushdown.AUTO:
             plan = self._shared(planning.plan(self.cluster, self.sql, self.pushdown, self.state))
             return plan, planning.Cuts()
         # the cost model reads each device's load: as it said it lately, or its pulse now
@@ -159,7 +153,7 @@ class Query:
         return held
 
     @property
-    def choices(self) -> dict[str, Any]:
+    def choices(self) -> dict[str, explaining.CutChosen]:
         if not self.started:
             self._planned_on_catalog()
         return self.cuts.choices
@@ -359,7 +353,7 @@ class Query:
 
     def _output(self, name: str, tasks: list[Task]) -> Merged:
         workers = WORKERS_PER_DEVICE * len(self.cluster.live_devices())
-        if self.pushdown == "never":
+        if self.pushdown is Pushdown.NEVER:
             # The host does all the work: more streams than its cores only hold more rows at
             # once (5 M rows: 8 streams +370 MiB, no faster than 3 at +5 MiB), but every device
             # streams at once, or slow links would leave the host waiting.
@@ -368,47 +362,56 @@ class Query:
 
     # ---- what it did --------------------------------------------------------------------------
 
-    def explain(self, analyze: bool, verbose: bool = False) -> dict[str, Any]:
+    def explain(self, analyze: bool, verbose: bool = False) -> explaining.Explain:
         """The cut; with ``analyze``, what each device did; with ``verbose``, the rules that
         fired, in order, each with the cut after it (kept with the plan: a plan from the plan
         cache shows them too)."""
         with only_quarry_errors(self.sql):
             return self._explain(analyze, verbose)
 
-    def _explain(self, analyze: bool, verbose: bool) -> dict[str, Any]:
+    def _explain(self, analyze: bool, verbose: bool) -> explaining.Explain:
         if not analyze and not self.started:
             self._planned_on_catalog()  # shown as it would run on the catalog as it is
             self.cuts.scanned({pair.probe for pair in self._pairs()})
-        body = explaining.explain(
-            self.sql, self.pushdown, self.decomposition, self.cuts.choices, verbose
+        cut = self.decomposition.explained()
+        assert cut.pushdown is self.pushdown, (cut.pushdown, self.pushdown)
+        # rendered now, from the bytes each rule left: only when asked
+        fired = self.decomposition.fired if verbose else ()
+        rules = tuple(RuleFired(f.rule, f.plan) for f in fired)
+        return explaining.Explain(
+            query=self.sql,
+            cut=cut,
+            plan=self.decomposition.explain(),
+            cost_model=dict(self.cuts.choices),
+            join_filters=self._join_filters_shown(analyze),
+            rules=rules,
+            analyze=self._analyzed() if analyze else None,
         )
-        body["join_filters"] = self._join_filters_shown(analyze)
-        if analyze:
-            reports = self.dispatch.sorted_reports()
-            wall_s = self.finished - self.started
-            servers = {n for n, info in self.cluster.info.items() if info.role == "server"}
-            body["analyze"] = explaining.analyze(
-                reports, self.host_cpu_s, wall_s, self.rows, servers
-            )
-            if self.clocks.sort_merge is not None:  # a join did not fit: the super-plan again
-                body["analyze"]["super_plan_rerun"] = self.clocks.sort_merge.describe()
-            if self.turn is not None:  # the host's turns (coordinator/query/host_admission.py)
-                body["analyze"]["host_turn"] = {
-                    "long": self.turn.long,
-                    "waited_s": round(self.turn.waited_s, 4),
-                }
-            body["analyze"]["time"] = self.breakdown(reports).to_json()
-        return body
 
-    def _join_filters_shown(self, analyze: bool) -> list[dict[str, str]]:
+    def _analyzed(self) -> explaining.Analyze:
+        reports = self.dispatch.sorted_reports()
+        sort_merge = self.clocks.sort_merge  # a join did not fit: the super-plan again
+        turn = self.turn  # the host's turns (coordinator/query/host_admission.py)
+        return explaining.analyze(
+            reports,
+            self.host_cpu_s,
+            self.finished - self.started,
+            self.rows,
+            self.breakdown(reports),
+            servers={n for n, info in self.cluster.info.items() if info.is_server},
+            super_plan_rerun=sort_merge.describe() if sort_merge is not None else None,
+            host_turn=explaining.HostTurn.of(turn) if turn is not None else None,
+        )
+
+    def _join_filters_shown(self, analyze: bool) -> tuple[explaining.JoinFilterShown, ...]:
         """Which fragments a join cuts by another's keys; run, what each sent."""
         fragments = {f.name: f for f in self.decomposition.fragments}
         if analyze and self.started:
-            return [
-                {"filter": c.pair.describe(fragments), "outcome": c.outcome}
+            return tuple(
+                explaining.JoinFilterShown(c.pair.describe(fragments), c.outcome)
                 for c in self.collectors
-            ]
-        return [{"filter": pair.describe(fragments)} for pair in self._pairs()]
+            )
+        return tuple(explaining.JoinFilterShown(p.describe(fragments)) for p in self._pairs())
 
     def breakdown(self, reports: list[WorkReport] | None = None) -> QueryTime:
         """Where this query's time went (once it has been read to its end)."""

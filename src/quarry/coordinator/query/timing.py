@@ -72,17 +72,6 @@ class QueryTime:
     devices: Span  # the exchanges' wall and the devices' CPU, summed
     streams: int  # work exchanges, raw scans and fetches the host opened
 
-    @classmethod
-    def from_json(cls, body: dict[str, Any]) -> QueryTime:
-        """Back from ``to_json`` (the CLI renders what EXPLAIN ANALYZE's JSON holds)."""
-        values = {}
-        for f in fields(cls):
-            value = body[f.name]
-            values[f.name] = (
-                Span(value["wall_s"], value["cpu_s"]) if isinstance(value, dict) else value
-            )
-        return cls(**values)
-
     def host_path_s(self) -> float:
         """The host's parts along the query's path, which its wall time contains."""
         return self.planning.wall_s + self.fragments.wall_s + self.super_plan.wall_s
@@ -152,7 +141,7 @@ def query_time(
         decode.add(Tally(times.decode_s, times.decode_cpu_s))
         execute.add(Tally(times.execute_s, times.execute_cpu_s))
         ship.add(Tally(times.ship_s, times.ship_cpu_s))
-        devices.add(Tally(report.wall_s, report.device_cpu_s))
+        devices.add(Tally(report.wall_s, report.counters.device_cpu_s))
         # the host's own decompression of slices shipped as stored: on one thread, wall = CPU
         decode.add(Tally(report.decode_s, report.decode_s))
     return QueryTime(

@@ -25,6 +25,8 @@ from quarry.errors import QueryError
 from quarry.plan.passthrough import passthrough_fragment
 from quarry.plan.rowwise import rowwise_fragment
 from quarry.plan.superplan import run_super
+from quarry.protocol.counters import WorkCounters
+from quarry.pushdown import Pushdown
 
 if TYPE_CHECKING:
     from quarry.coordinator.membership.membership import Membership
@@ -40,22 +42,17 @@ class PartitionRead:
     batches: Iterator[pa.RecordBatch]
     dispatch: Dispatch
 
-    def moved(self) -> dict[str, int]:
-        """Bytes the device shipped and read off its store, and slices it ran or handed back
-        (read after the batches are exhausted)."""
-        reports = self.dispatch.sorted_reports()
-        return {
-            "bytes_shipped": sum(r.bytes_shipped for r in reports),
-            "bytes_read": sum(r.bytes_read for r in reports),
-            "slices_executed": sum(r.slices_executed for r in reports),
-            "slices_pushed_back": sum(r.slices_pushed_back for r in reports),
-        }
+    def moved(self) -> WorkCounters:
+        """What the device did to bring them, every work counter (bytes it shipped and read off
+        its store, slices it ran or handed back), read after the batches are exhausted."""
+        return WorkCounters.sum(r.counters for r in self.dispatch.sorted_reports())
 
 
 def read_partition(
-    cluster: Membership, sql: str, partition: int, pushdown: str = "always"
+    cluster: Membership, sql: str, partition: int, pushdown: Pushdown | str = Pushdown.ALWAYS
 ) -> PartitionRead:
     """The rows of ``sql`` (one table, row-local) over one partition of it."""
+    pushdown = Pushdown.parse(pushdown)
     decomposition = planning.plan(cluster, sql, pushdown)
     # the host only streams what comes, or filters and projects it batch by batch
     fragment = passthrough_fragment(decomposition) or rowwise_fragment(decomposition)

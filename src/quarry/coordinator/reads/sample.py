@@ -19,14 +19,14 @@ from quarry.coordinator.query.fragments import Forced
 from quarry.coordinator.query.planning import partition_task
 from quarry.device.unit import host_context
 from quarry.device.units.sample import SampleArgs, SampleUnit
-from quarry.errors import DeviceUnavailable, QueryError
+from quarry.errors import DeviceUnavailable
 from quarry.protocol.stage import Stage
 from quarry.protocol.work import ForcedDecision, WorkRequest
+from quarry.pushdown import Pushdown
 
 if TYPE_CHECKING:
     from quarry.coordinator.membership.membership import Membership
 
-PUSHDOWNS = ("never", "always")
 WORKERS_PER_DEVICE = 2
 QUEUE_BATCHES_MAX = 16
 
@@ -38,20 +38,24 @@ class Sample:
 
     @property
     def bytes_shipped(self) -> int:
-        return sum(r.bytes_shipped for r in self.reports)
+        return sum(r.counters.bytes_shipped for r in self.reports)
+
+
+# the devices draw the sample, or the host draws it from raw slices: no cost model prices a
+# sample (no auto), and no mode of its own hands slices back (no server)
+SAMPLE_MODES = frozenset({Pushdown.NEVER, Pushdown.ALWAYS})
 
 
 def sample(
     cluster: Membership,
     dataset: str,
     every: int,
-    pushdown: str = "always",
+    pushdown: Pushdown | str = Pushdown.ALWAYS,
     decisions: Forced | None = None,
 ) -> Sample:
     """Every ``every``-th row of every slice of ``dataset``, counted from each slice's first.
     ``decisions`` forces push-back per (dataset, partition) as for SQL."""
-    if pushdown not in PUSHDOWNS:
-        raise QueryError(f"pushdown must be one of {', '.join(PUSHDOWNS)}, got {pushdown!r}")
+    host_only = Pushdown.parse(pushdown, SAMPLE_MODES) is Pushdown.NEVER
     entry = cluster.entry(dataset)
     if entry.unavailable:
         raise DeviceUnavailable(entry.unavailable_message())
@@ -73,9 +77,7 @@ def sample(
             args=args,
         )
         host = SampleUnit(request, b"", host_context())
-        tasks.append(
-            partition_task(cluster, entry, p, request, host, host_only=pushdown == "never")
-        )
+        tasks.append(partition_task(cluster, entry, p, request, host, host_only=host_only))
     dispatch = Dispatch()
     workers = WORKERS_PER_DEVICE * len(cluster.live_devices())
     batches = list(dispatch.run(tasks, workers, QUEUE_BATCHES_MAX, "quarry-sample"))

@@ -1,0 +1,56 @@
+"""The work counters, declared once: what a unit of work did with one partition's slices.
+
+One frozen dataclass, composed wherever the counts go: the device loop counts into it
+(``device.loop.Counters``), the wire carries it (``WorkMetrics.counters``), the host keeps it
+per device and partition (``WorkReport``), a storage server reports its drives' and its own
+with it, and EXPLAIN ANALYZE sums it per device and per level. Each of them reads the field
+list from here (``COUNTERS``), so a new counter is one line below plus where it is counted.
+
+Every field adds up: two accounts of work are one account of both (``plus``). Two figures of a
+partition's work are not counters and stay beside them: ``wall_s``, a span (a partition's is
+the longest of its accounts; a query's devices add theirs up: each reader combines it its own
+way), and ``WorkTimes``, where that time went (its own parts, its own sum).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, fields
+
+from quarry.protocol.message import Message, bounded
+
+
+@dataclass(frozen=True)
+class WorkCounters(Message):
+    """Slices: total = pruned + cached + answered + elsewhere + scanned, and scanned = executed
+    + pushed back (each range read once, whatever happened). ``WorkCounters()`` is no work."""
+
+    slices_total: int = bounded(low=0, default=0)
+    slices_pruned: int = bounded(low=0, default=0)  # zone maps exclude every row
+    slices_cached: int = bounded(low=0, default=0)  # a stored partial result covers them
+    slices_answered: int = bounded(low=0, default=0)  # from their statistics, unread
+    slices_elsewhere: int = bounded(low=0, default=0)  # done by a replica that stopped answering
+    slices_scanned: int = bounded(low=0, default=0)
+    slices_executed: int = bounded(low=0, default=0)
+    slices_pushed_back: int = bounded(low=0, default=0)
+    rows_read: int = bounded(low=0, default=0)
+    bytes_read: int = bounded(low=0, default=0)
+    rows_shipped: int = bounded(low=0, default=0)  # everything sent upstream for this work
+    bytes_shipped: int = bounded(low=0, default=0)
+    drive_s: float = bounded(low=0.0, default=0.0)  # emulated drive time of what it executed
+    device_cpu_s: float = bounded(low=0.0, default=0.0)
+
+    def plus(self, other: WorkCounters) -> WorkCounters:
+        return WorkCounters(
+            **{name: getattr(self, name) + getattr(other, name) for name in COUNTERS}
+        )
+
+    @classmethod
+    def sum(cls, accounts: Iterable[WorkCounters]) -> WorkCounters:
+        total = cls()
+        for account in accounts:
+            total = total.plus(account)
+        return total
+
+
+COUNTERS: tuple[str, ...] = tuple(f.name for f in fields(WorkCounters))
