@@ -184,3 +184,40 @@ def test_every_quarry_variable_is_read_through_the_settings_module():
     offences = [found for path in files for found in _quarry_strings(path)]
     assert offences == []
     assert _quarry_strings(MODULES[SETTINGS]), "the settings module names the variables"
+
+
+# What a user holds is typed (STYLE §8): a record with ``to_json()``, never a loose dict read by
+# string key. The handle a user gets is ``Cluster``; its bases are ``Membership`` and the
+# ``LocalCluster`` of ``quarry.local(...)`` extends it.
+USER_HANDLES = {
+    "quarry.coordinator.cluster": "Cluster",
+    "quarry.coordinator.membership.membership": "Membership",
+    "quarry.coordinator.processes.local": "LocalCluster",
+}
+# The typed EXPLAIN replaces this one when it is merged.
+LOOSE_RETURNS_ALLOWED = {("Cluster", "explain")}
+
+
+def _loose(annotation: str) -> bool:
+    """A dict with ``Any`` values, or a list of dicts: a contract nobody can find."""
+    compact = annotation.replace(" ", "")
+    return "dict[str,Any]" in compact or "list[dict[" in compact or "Mapping[str,Any]" in compact
+
+
+def test_a_user_handle_returns_typed_records():
+    found = []
+    for module, name in USER_HANDLES.items():
+        tree = ast.parse(MODULES[module].read_text())
+        (handle,) = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == name]
+        methods = [n for n in handle.body if isinstance(n, ast.FunctionDef)]
+        assert methods, f"{name} has no methods"
+        for method in methods:
+            if method.name.startswith("_") or (name, method.name) in LOOSE_RETURNS_ALLOWED:
+                continue
+            assert method.returns is not None, f"{name}.{method.name} says nothing it returns"
+            annotation = ast.unparse(method.returns)
+            if _loose(annotation):
+                found.append(f"{name}.{method.name} -> {annotation}")
+    assert not found, "return typed records (a frozen dataclass with to_json()): " + ", ".join(
+        found
+    )

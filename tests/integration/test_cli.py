@@ -83,7 +83,7 @@ def test_up_with_storage_servers_and_down_stops_every_process(tmp_path):
         _quarry("down", cwd=tmp_path)
     pids = [d["pid"] for server in spec["devices"] for d in [server, *server["drives"]]]
     assert len(pids) == 6
-    from quarry.coordinator.processes.local import is_device
+    from quarry.coordinator.processes.spawn import is_device
 
     assert not [pid for pid in pids if is_device(pid)], "a server or drive still runs"
 
@@ -111,7 +111,7 @@ def test_up_with_a_layout_three_levels_deep(tmp_path):
         return [p for e in entries for p in [e["pid"], *pids(e.get("drives", []))]]
 
     assert len(pids(spec["devices"])) == 5
-    from quarry.coordinator.processes.local import is_device
+    from quarry.coordinator.processes.spawn import is_device
 
     assert not [pid for pid in pids(spec["devices"]) if is_device(pid)]
     wrong = _quarry("up", "--layout", '[["host", []]]', cwd=tmp_path, check=False)
