@@ -37,10 +37,6 @@ class Started:
     specs: tuple[DeviceSpec, ...]
     processes: dict[str, subprocess.Popen]
 
-    def kill(self) -> None:
-        for process in self.processes.values():
-            process.kill()
-
 
 def _start_at_once(starts: dict[str, Start]) -> dict[str, tuple[DeviceSpec, subprocess.Popen]]:
     """Every start at once (at most ``STARTS_AT_ONCE`` together), each waited for until it
