@@ -75,7 +75,7 @@ def main() -> None:
             task = bars.add_task("back-to-back calibrations", total=args.runs)
             for run in range(args.runs):
                 started = time.perf_counter()
-                reports = cluster.calibrate()
+                reports = [r.to_json() for r in cluster.calibrate()]
                 seconds = time.perf_counter() - started
                 for report in reports:
                     for figure in FIGURES:

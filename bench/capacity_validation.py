@@ -307,7 +307,7 @@ def store_points(
     with progress(console) as bars:
         task = bars.add_task(f"{setup.kernel}: working set on 1..{devices[-1]}", total=len(devices))
         for m in devices:
-            sub = Cluster(cluster.spec[:m])
+            sub = Cluster(cluster.specs[:m])
             points[m] = (sub, "")
             data_bytes = point_bytes(setup, m)
             name = dataset_name(setup.kernel, data_bytes, f"m{m}")
@@ -410,7 +410,11 @@ def calibration_bep(cluster: Cluster, setup: KernelSetup, host: HostConfig) -> d
         host_compute_s=host_compute_s(setup.kernel, data_bytes, 1),
         name=f"{setup.kernel}-{DRIVE}-calibrated",
     )
-    return {"report": reports[0], "inputs": inputs.to_dict(), "bep": break_even(inputs, host).bep}
+    return {
+        "report": reports[0].to_json(),
+        "inputs": inputs.to_dict(),
+        "bep": break_even(inputs, host).bep,
+    }
 
 
 def summarize_point(system: str, m: int, runs: list[KernelRun], predicted_mb_per_s: float) -> Point:

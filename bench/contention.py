@@ -48,7 +48,7 @@ def main() -> None:
     with quarry.local(devices=args.devices, profile=args.profile) as cluster:
         print(f"ingesting {args.rows:,} particles into {args.devices} {args.profile} devices ...")
         cluster.ingest(particles.reader(args.rows), "physics/particles", progress=True)
-        calibration = cluster.calibrate()
+        calibration = [r.to_json() for r in cluster.calibrate()]
         reference = None
         with Progress() as progress:
             task = progress.add_task("contention", total=len(LOADS) * len(MODES) * args.repeat)

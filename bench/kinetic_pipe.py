@@ -213,7 +213,7 @@ def calibrated_drives(cluster: Any, calibrate: str) -> tuple[list[DriveFigures],
     with progress(console) as bars:
         task = bars.add_task("calibrating drives", total=len(measured))
         for client in measured:
-            reports.append(calibrate_device(client))
+            reports.append(calibrate_device(client).to_json())
             bars.advance(task)
     figures = []
     for index, client in enumerate(clients):

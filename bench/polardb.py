@@ -170,7 +170,7 @@ def scans(duck: Any, data: dict[str, pa.Table], repeat: int, scratch: Path) -> l
             drive_profile="scaleflux",
             profiles_file=str(profiles),
         ) as cluster:
-            servers = [int(s["pid"]) for s in cluster.spec]
+            servers = [int(s.pid) for s in cluster.specs]
             for compression in ("none", "lz4"):
                 cluster.ingest(
                     data["tpch/lineitem"],
@@ -218,7 +218,7 @@ def tpch(
     expected = {n: duck.execute(texts[n]).fetch_arrow_table() for n in queries}
     results = []
     with quarry.local(servers=3, drives_per_server=4, drive_profile="scaleflux") as cluster:
-        servers = [int(s["pid"]) for s in cluster.spec]
+        servers = [int(s.pid) for s in cluster.specs]
         for name in TPCH_TABLES:
             if name not in SPLIT:
                 cluster.ingest(data[f"tpch/{name}"], f"tpch/{name}")

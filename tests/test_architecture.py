@@ -285,3 +285,38 @@ def test_the_work_counters_are_named_in_one_room():
     }
     stray = {module: words for module, words in stray.items() if words}
     assert stray == {}, f"a work counter named by its string: use WorkCounters {stray}"
+
+
+# What a user holds is typed (STYLE §8): a record with ``to_json()``, never a loose dict read by
+# string key. The handle a user gets is ``Cluster``; its bases are ``Membership`` and the
+# ``LocalCluster`` of ``quarry.local(...)`` extends it.
+USER_HANDLES = {
+    "quarry.coordinator.cluster": "Cluster",
+    "quarry.coordinator.membership.membership": "Membership",
+    "quarry.coordinator.processes.local": "LocalCluster",
+}
+
+
+def _loose(annotation: str) -> bool:
+    """A dict with ``Any`` values, or a list of dicts: a contract nobody can find."""
+    compact = annotation.replace(" ", "")
+    return "dict[str,Any]" in compact or "list[dict[" in compact or "Mapping[str,Any]" in compact
+
+
+def test_a_user_handle_returns_typed_records():
+    found = []
+    for module, name in USER_HANDLES.items():
+        tree = ast.parse(MODULES[module].read_text())
+        (handle,) = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == name]
+        methods = [n for n in handle.body if isinstance(n, ast.FunctionDef)]
+        assert methods, f"{name} has no methods"
+        for method in methods:
+            if method.name.startswith("_"):
+                continue
+            assert method.returns is not None, f"{name}.{method.name} says nothing it returns"
+            annotation = ast.unparse(method.returns)
+            if _loose(annotation):
+                found.append(f"{name}.{method.name} -> {annotation}")
+    assert not found, "return typed records (a frozen dataclass with to_json()): " + ", ".join(
+        found
+    )

@@ -8,6 +8,7 @@ import signal
 import sys
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -37,6 +38,11 @@ if TYPE_CHECKING:
     from quarry.cost.model import SubPlanFigures
     from quarry.plan.explain import RuleFired
     from quarry.protocol.counters import WorkCounters
+
+if TYPE_CHECKING:  # the commands import what they run when they run
+    from quarry.coordinator.membership.cluster_file import ClusterFile, DeviceSpec
+    from quarry.coordinator.membership.listing import DeviceStatus
+    from quarry.protocol.control import Measured, StatsReply
 
 app = typer.Typer(
     help="quarry: computational storage. Devices that compute; queries go to the data.",
@@ -123,8 +129,11 @@ def up(
     """Start an embedded cluster of device processes on localhost; every call carries a token
     (the cluster's credentials are made in the data folder, owner-readable only). With
     --servers, a hierarchy: storage servers, each in front of drives of its own."""
-    from quarry.coordinator.cluster import Cluster, write_cluster_file
-    from quarry.coordinator.processes.local import CLUSTER_FILE, start_local, stop_pid
+    from quarry.coordinator.cluster import Cluster
+    from quarry.coordinator.membership.cluster_file import ClusterFile, HostSpec
+    from quarry.coordinator.processes.layouts import start_local
+    from quarry.coordinator.processes.local import CLUSTER_FILE
+    from quarry.coordinator.processes.spawn import stop_pid
 
     file = data / CLUSTER_FILE
     if file.exists():
@@ -144,9 +153,8 @@ def up(
         from quarry.device.profile import get_profile
 
         get_profile(host_profile, profiles)  # fail fast, before any process starts
-    below: list[Any] = []
     if servers or layout:
-        from quarry.coordinator.processes.local import hierarchy_layout, start_tree
+        from quarry.coordinator.processes.layouts import hierarchy_layout, start_tree
 
         data.mkdir(parents=True, exist_ok=True)
         kinds = drive_profile or profile
@@ -157,16 +165,15 @@ def up(
                 servers, drives_per_server, kinds.split(",") if "," in kinds else kinds
             )
         )
-        started, behind = start_tree(tree, server_profile, data.resolve(), profiles, tls, detach)
-        below = list(behind.values())
+        started = start_tree(tree, server_profile, data.resolve(), profiles, tls, detach)
     else:
         started, _root, _ = start_local(
             devices, chosen, data, detach=detach, profiles_file=profiles, tls=tls
         )
-    processes = [d.pop("_process") for d in started] + below
-    host = {"profile": host_profile, "profiles_file": profiles} if host_profile else None
-    write_cluster_file(file, started, host)
-    cluster = Cluster(started, source=str(file))
+    processes = list(started.processes.values())  # the host's devices first, then behind them
+    host = HostSpec(host_profile, profiles) if host_profile else None
+    ClusterFile(started.specs, host).write(file)
+    cluster = Cluster(started.specs, source=str(file))
     _print_status(cluster.status())
     cluster.close()
     console.print(
@@ -202,22 +209,22 @@ def up(
 @app.command()
 def down(cluster: ClusterOption = None) -> None:
     """Stop the devices of a cluster started with `quarry up`."""
-    from quarry.coordinator.cluster import read_cluster_file
-    from quarry.coordinator.processes.local import stop_device
+    from quarry.coordinator.membership.cluster_file import ClusterFile
+    from quarry.coordinator.processes.spawn import stop_device
     from quarry.flightsql import process as flight_sql
 
     file = cluster_file(cluster)
-    devices = read_cluster_file(file)
+    devices = ClusterFile.read(file).devices
     endpoint = flight_sql.stop(file)
     if endpoint is not None:
         console.print(f"Flight SQL endpoint: {endpoint}")
 
-    def stop(entries: list[dict[str, Any]]) -> None:
+    def stop(entries: tuple[DeviceSpec, ...]) -> None:
         for one in entries:  # a storage server first, then what is behind it, at any depth
-            if "pid" in one:
+            if one.pid is not None:
                 outcome = stop_device(one)
-                console.print(f"{one['name']} (pid {one['pid']}): {outcome}")
-            stop(one.get("drives", []))
+                console.print(f"{one.name} (pid {one.pid}): {outcome}")
+            stop(one.drives)
 
     stop(devices)
     file.unlink(missing_ok=True)
@@ -232,7 +239,7 @@ def status(cluster: ClusterOption = None, as_json: JsonOption = False) -> None:
     short = c.deficits()
     c.close()
     if as_json:
-        print_json(rows)
+        print_json([row.to_json() for row in rows])
         return
     _print_status(rows)
     if not short:
@@ -245,32 +252,34 @@ def status(cluster: ClusterOption = None, as_json: JsonOption = False) -> None:
         )
 
 
-def _print_status(rows: list[dict[str, Any]]) -> None:
+def _print_status(rows: list[DeviceStatus]) -> None:
     table = Table(title="devices")
     columns = ("device", "address", "up", "profile", "partitions", "keys", "file", "work", "busy")
     for column in columns:
         table.add_column(column)
     for row in rows:
+        stats = row.stats
+        if stats is None:
+            table.add_row(row.device, row.address, "[red]no[/red]", *["-"] * 6)
+            continue
         table.add_row(
-            row["device"],
-            row["address"],
-            "yes" if row["up"] else "[red]no[/red]",
-            row.get("profile", "-"),
-            str(row.get("partitions", "-")),
-            str(row.get("keys", "-")),
-            human_bytes(row["file_bytes"]) if "file_bytes" in row else "-",
-            f"{row['running']} of {row['exchanges_max']}" if "running" in row else "-",
-            _busy(row),
+            row.device,
+            row.address,
+            "yes",
+            row.profile or "-",
+            str(stats.partitions),
+            str(stats.keys),
+            human_bytes(stats.file_bytes),
+            f"{stats.running} of {stats.exchanges_max}",
+            _busy(stats),
         )
     console.print(table)
 
 
-def _busy(row: dict[str, Any]) -> str:
+def _busy(stats: StatsReply) -> str:
     """Requests refused as busy since the device started, of all it was asked to run."""
-    if "refused" not in row:
-        return "-"
-    asked = row["admitted"] + row["refused"]
-    return f"{row['refused']:,} of {asked:,}" if asked else "0"
+    asked = stats.admitted + stats.refused
+    return f"{stats.refused:,} of {asked:,}" if asked else "0"
 
 
 @app.command()
@@ -341,6 +350,8 @@ def ingest(
     as_json: JsonOption = False,
 ) -> None:
     """Store a file as a dataset, atomically: all of it or none of it becomes visible."""
+    from quarry.coordinator.membership.listing import DatasetSummary
+
     c = open_cluster(cluster)
     started = time.perf_counter()
     matrix_format = format if format in MATRIX_FORMATS else None
@@ -369,7 +380,7 @@ def ingest(
     elapsed = time.perf_counter() - started
     c.close()
     if as_json:
-        print_json({**entry.to_json(), "seconds": elapsed})
+        print_json({**DatasetSummary.of(entry).to_json(), "seconds": elapsed})
         return
     console.print(
         f"ingested {entry.qualified}: {entry.rows:,} rows in {len(entry.partitions)} "
@@ -384,7 +395,7 @@ def datasets(cluster: ClusterOption = None, as_json: JsonOption = False) -> None
     rows = c.datasets()
     c.close()
     if as_json:
-        print_json(rows)
+        print_json([row.to_json() for row in rows])
         return
     table = Table(title="datasets")
     columns = ("dataset", "rows", "partitions", "stored", "compression", "devices", "available")
@@ -392,21 +403,21 @@ def datasets(cluster: ClusterOption = None, as_json: JsonOption = False) -> None
         table.add_column(column)
     for row in rows:
         spread = ", ".join(
-            f"{d}: {v['partitions']} p / {v['rows']:,} rows" for d, v in row["devices"].items()
+            f"{d}: {share.partitions} p / {share.rows:,} rows" for d, share in row.devices.items()
         )
-        missing = row["unavailable_partitions"]
+        missing = row.unavailable_partitions
         available = "yes"
         if missing:  # rows and partitions count only what answers: say what does not
             held_by = sorted({d for devices in missing.values() for d in devices})
-            numbers = ", ".join(sorted(missing, key=int))
+            numbers = ", ".join(str(p) for p in sorted(missing))
             which = f"partitions {numbers} are" if len(missing) > 1 else f"partition {numbers} is"
             available = f"[red]no[/red]: {which} only on {', '.join(held_by)}, which do not answer"
         table.add_row(
-            row["dataset"],
-            f"{row['rows']:,}" + (" (partial)" if missing else ""),
-            str(row["partitions"]) + (f" + {len(missing)} missing" if missing else ""),
-            human_bytes(row["bytes_stored"]),
-            row["compression"],
+            row.dataset,
+            f"{row.rows:,}" + (" (partial)" if missing else ""),
+            str(row.partitions) + (f" + {len(missing)} missing" if missing else ""),
+            human_bytes(row.bytes_stored),
+            row.compression,
             spread,
             available,
         )
@@ -420,24 +431,24 @@ def describe(dataset: str, cluster: ClusterOption = None, as_json: JsonOption = 
     body = c.describe(dataset)
     c.close()
     if as_json:
-        print_json(body)
+        print_json(body.to_json())
         return
     console.print(
-        f"[bold]{body['dataset']}[/bold]: {body['rows']:,} rows, {body['partitions']} "
-        f"partitions, {body['slices']} slices, {human_bytes(body['bytes_stored'])}"
+        f"[bold]{body.dataset}[/bold]: {body.rows:,} rows, {body.partitions} "
+        f"partitions, {body.slices} slices, {human_bytes(body.bytes_stored)}"
     )
-    for column in body["columns"]:
-        console.print(f"  {column['name']}: {column['type']}")
+    for column in body.columns:
+        console.print(f"  {column.name}: {column.type}")
     table = Table()
     for column in ("partition", "rows", "slices", "stored", "devices"):
         table.add_column(column)
-    for p in body["partitions_detail"]:
+    for p in body.partitions_detail:
         table.add_row(
-            str(p["partition"]),
-            f"{p['rows']:,}",
-            str(p["slices"]),
-            human_bytes(p["bytes_stored"]),
-            ", ".join(p["devices"]),
+            str(p.partition),
+            f"{p.rows:,}",
+            str(p.slices),
+            human_bytes(p.bytes_stored),
+            ", ".join(p.devices),
         )
     console.print(table)
 
@@ -696,33 +707,31 @@ def calibrate(cluster: ClusterOption = None, as_json: JsonOption = False) -> Non
     reports = [*c.calibrate(), c.calibrate_host()]
     c.close()
     if as_json:
-        print_json(reports)
+        print_json([r.to_json() for r in reports])
         return
     table = Table(title="calibration: expected (profile) vs measured")
     for column in ("device", "profile", "compute factor", "internal read", "external link"):
         table.add_column(column, justify="right")
 
-    def cell(entry: dict[str, Any], bandwidth: bool) -> str:
+    def cell(entry: Measured, bandwidth: bool) -> str:
         fmt = (lambda v: f"{v / 1e6:,.0f} MB/s") if bandwidth else (lambda v: f"{v:.2f}x")
-        if bandwidth and entry["expected"] is None and not entry["measured"]:
+        if bandwidth and entry.expected is None and not entry.measured:
             return "-"
-        expected = "unlimited" if entry["expected"] is None else fmt(entry["expected"])
+        expected = "unlimited" if entry.expected is None else fmt(entry.expected)
         mark = {True: "[green]ok[/green]", False: "[red]off[/red]", None: ""}[
-            entry["within_10_percent"]
+            entry.within_10_percent
         ]
-        if not entry.get("settled", True):
-            mark = (
-                f"[yellow]unsettled after {entry['attempts']} tries: the machine is busy[/yellow]"
-            )
-        return f"{expected} / {fmt(entry['measured'])} {mark}"
+        if not entry.settled:
+            mark = f"[yellow]unsettled after {entry.attempts} tries: the machine is busy[/yellow]"
+        return f"{expected} / {fmt(entry.measured)} {mark}"
 
     for r in reports:
         table.add_row(
-            r["device"],
-            r["profile"],
-            cell(r["compute_factor"], False),
-            cell(r["internal_bytes_per_s"], True),
-            cell(r["external_bytes_per_s"], True),
+            r.device,
+            r.profile,
+            cell(r.compute_factor, False),
+            cell(r.internal_bytes_per_s, True),
+            cell(r.external_bytes_per_s, True),
         )
     console.print(table)
 
@@ -832,18 +841,22 @@ def _watch(c: Any, after_s: float, bandwidth_bytes_per_s: float) -> None:
 @device_app.command("restart")
 def device_restart(name: str, cluster: ClusterOption = None) -> None:
     """Start a stopped device of this cluster again, on its data and address."""
-    from quarry.coordinator.cluster import read_cluster_file, write_cluster_file
-    from quarry.coordinator.processes.local import restart_detached
+    from quarry.coordinator.membership.cluster_file import ClusterFile
+    from quarry.coordinator.processes.spawn import restart_detached
 
     file = cluster_file(cluster)
-    devices = read_cluster_file(file)
-    spec = next((d for d in devices if d["name"] == name), None)
-    if spec is None:
-        raise ClusterError(f"no device {name!r} in {file}: {', '.join(d['name'] for d in devices)}")
-    started = restart_detached(spec)
-    spec.update(started)
-    write_cluster_file(file, devices)
-    console.print(f"started {name} (pid {started['pid']}) at {started['address']}")
+    listed = ClusterFile.read(file)
+    started = restart_detached(_listed_device(listed, name, file))
+    listed.with_device(started).write(file)
+    console.print(f"started {name} (pid {started.pid}) at {started.address}")
+
+
+def _listed_device(listed: ClusterFile, name: str, file: Path) -> DeviceSpec:
+    """The entry of device ``name`` in the cluster file read from ``file``."""
+    known = [d.name for d in listed.devices]
+    if name not in known:
+        raise ClusterError(f"no device {name!r} in {file}: {', '.join(known)}")
+    return listed.device(name)
 
 
 @device_app.command("remove")
@@ -855,15 +868,13 @@ def device_remove(
     cluster: ClusterOption = None,
 ) -> None:
     """Take a device out of the cluster for good (then `quarry repair` restores replicas)."""
-    from quarry.coordinator.cluster import read_cluster_file, write_cluster_file
-    from quarry.coordinator.processes.local import stop_device
+    from quarry.coordinator.membership.cluster_file import ClusterFile
+    from quarry.coordinator.processes.spawn import stop_device
 
     file = cluster_file(cluster)
-    devices = read_cluster_file(file)
-    spec = next((d for d in devices if d["name"] == name), None)
-    if spec is None:
-        raise ClusterError(f"no device {name!r} in {file}")
-    if len(devices) == 1:
+    listed = ClusterFile.read(file)
+    spec = _listed_device(listed, name, file)
+    if len(listed.devices) == 1:
         raise ClusterError(f"{name} is the cluster's only device")
     c = open_cluster(cluster)
     only = sorted(
@@ -878,9 +889,9 @@ def device_remove(
             f"{name} holds the only replica of {len(only)} partition(s) ({', '.join(only[:3])}"
             f"{' ...' if len(only) > 3 else ''}): repair first, or --force to lose them"
         )
-    if "pid" in spec:
+    if spec.pid is not None:
         stop_device(spec)
-    write_cluster_file(file, [d for d in devices if d["name"] != name])
+    listed.without(name).write(file)
     console.print(f"removed {name}; `quarry repair` copies what it held to the others")
 
 
@@ -895,21 +906,22 @@ def token_create(
     """Hand out a token: print it, or write a cluster file that carries it (owner-only)."""
     from quarry.auth.credentials import Credentials
     from quarry.auth.tokens import Role
-    from quarry.coordinator.cluster import read_cluster_file, write_cluster_file
+    from quarry.coordinator.membership.cluster_file import ClusterFile
 
     if role not in ("reader", "writer", "admin"):
         raise QuarryError(f"--role must be reader, writer or admin, not {role!r}")
-    devices = read_cluster_file(cluster_file(cluster))
-    folder = next((d["credentials"] for d in devices if d.get("credentials")), None)
+    listed = ClusterFile.read(cluster_file(cluster))
+    folder = next((d.credentials for d in listed.devices if d.credentials), None)
     if folder is None:
         raise ClusterError("this cluster file names no credentials: ask the cluster's admin")
     token = Credentials(Path(folder)).token(Role(role))
     if output is None:
         sys.stdout.write(token + "\n")
         return
-    private = ("credentials", "token_file", "pid", "data", "profiles_file")
-    handed = [{**{k: v for k, v in d.items() if k not in private}, "token": token} for d in devices]
-    write_cluster_file(output, handed)
+    # what stays on the admin's machine (the credentials, where the processes run) is left out
+    private = {"credentials": None, "token_file": None, "pid": None, "data": None}
+    handed = [replace(d, **private, profiles_file=None, token=token) for d in listed.devices]
+    ClusterFile(tuple(handed)).write(output)
     console.print(f"wrote {output}: a cluster file with a {role} token")
 
 
@@ -924,7 +936,7 @@ def device_load(
     c = open_cluster(cluster)
     result = c.load(device, cpu, seconds)
     c.close()
-    console.print(f"{device}: background load {result['cpu']:.0%} for {result['seconds']:.0f} s")
+    console.print(f"{device}: background load {result.cpu:.0%} for {result.seconds:.0f} s")
 
 
 def _mount_optional() -> None:

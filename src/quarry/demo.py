@@ -30,13 +30,13 @@ def run_demo(console: Console, rows: int, devices: int, profile: str) -> None:
             table.add_column(column, justify="right")
         info = cluster.describe("physics/particles")
         per_device: dict[str, list[int]] = {}
-        for p in info["partitions_detail"]:
-            for device in p["devices"]:
+        for p in info.partitions_detail:
+            for device in p.devices:
                 agg = per_device.setdefault(device, [0, 0, 0, 0])
                 agg[0] += 1
-                agg[1] += p["rows"]
-                agg[2] += p["slices"]
-                agg[3] += p["bytes_stored"]
+                agg[1] += p.rows
+                agg[2] += p.slices
+                agg[3] += p.bytes_stored
         for device, (count, device_rows, slices, stored) in sorted(per_device.items()):
             table.add_row(
                 device,

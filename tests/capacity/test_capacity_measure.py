@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from dataclasses import replace
 
 import numpy as np
 import pyarrow as pa
@@ -20,6 +21,7 @@ from quarry.capacity.kernel_data import (
 from quarry.capacity.kernels import KERNELS
 from quarry.capacity.measure import HostBus, calibration_inputs, calibration_report
 from quarry.capacity.model import CapacityInputError
+from quarry.protocol.control import CalibrationReport, Measured
 
 
 def report(
@@ -28,15 +30,15 @@ def report(
     compute: float = 14.0,
     internal: float = 250e6,
     external: float = 300e6,
-) -> dict:
-    """The shape `Cluster.calibrate()` returns for one device."""
-    return {
-        "device": device,
-        "profile": profile,
-        "compute_factor": {"expected": 15.0, "measured": compute},
-        "internal_bytes_per_s": {"expected": 261e6, "measured": internal},
-        "external_bytes_per_s": {"expected": 312.5e6, "measured": external},
-    }
+) -> CalibrationReport:
+    """What `Cluster.calibrate()` returns for one device."""
+    return CalibrationReport(
+        device=device,
+        profile=profile,
+        compute_factor=Measured(15.0, compute),
+        internal_bytes_per_s=Measured(261e6, internal),
+        external_bytes_per_s=Measured(312.5e6, external),
+    )
 
 
 def test_calibration_gives_the_four_times() -> None:
@@ -65,16 +67,16 @@ def test_calibration_reports_of_a_cluster() -> None:
         report("dev2", compute=15.5),
     ]
     merged = calibration_report(reports)
-    assert merged["compute_factor"]["measured"] == 15.5  # the median
-    assert calibration_report(reports, "dev1")["compute_factor"]["measured"] == 16.0
+    assert merged.compute_factor.measured == 15.5  # the median
+    assert merged.compute_factor.expected == 15.0 and merged.profile == "kinetic"
+    assert calibration_report(reports, "dev1").compute_factor.measured == 16.0
     with pytest.raises(CapacityInputError, match="device"):
         calibration_report(reports, "dev9")
     with pytest.raises(CapacityInputError, match="several profiles"):
         calibration_report([report("dev0"), report("dev1", profile="newport")])
     with pytest.raises(CapacityInputError, match="calibration"):
         calibration_report([])
-    broken = report("dev0")
-    broken["internal_bytes_per_s"]["measured"] = None
+    broken = replace(report("dev0"), internal_bytes_per_s=Measured(261e6, float("nan")))
     with pytest.raises(CapacityInputError, match="internal_bytes_per_s.measured"):
         calibration_inputs(broken, data_bytes=100, host_compute_s=1.0)
 

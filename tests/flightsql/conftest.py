@@ -90,7 +90,7 @@ def endpoint() -> Iterator[Endpoint]:
     with quarry.local(devices=2) as cluster:
         for qualified, table in tables.items():
             cluster.ingest(table, qualified.replace(".", "/"))
-        credentials = Credentials(Path(cluster.spec[0]["credentials"]))
+        credentials = Credentials(Path(cluster.specs[0].credentials))
         server = start(cluster.cluster_file)
         try:
             yield Endpoint(cluster, server, credentials, credentials.token(Role.READER), tables)

@@ -55,8 +55,8 @@ def test_without_the_secret_the_devices_check_each_callers_token(endpoint, tmp_p
     """An endpoint started from a handed-out cluster file (a reader token, no credentials) can
     not check signatures itself: the devices do, because queries go with the caller's token."""
     handed = [
-        {"name": d["name"], "address": d["address"], "token": endpoint.token}
-        for d in endpoint.cluster.spec
+        {"name": d.name, "address": d.address, "token": endpoint.token}
+        for d in endpoint.cluster.specs
     ]
     file = tmp_path / "reader.json"
     file.write_text(json.dumps({"format": 1, "devices": handed}))

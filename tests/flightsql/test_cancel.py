@@ -38,7 +38,7 @@ def _settled(endpoint) -> None:
     """Nothing of the query is left: no result on the endpoint, no work on any device."""
     deadline = time.monotonic() + SETTLE_S_MAX
     while time.monotonic() < deadline:
-        busy = [row["running"] for row in endpoint.cluster.status()]
+        busy = [row.stats.running for row in endpoint.cluster.status() if row.stats]
         if endpoint.server.statements.running() == 0 and not any(busy):
             return
         time.sleep(0.1)

@@ -48,7 +48,7 @@ def stored_rows(cluster, dataset: str) -> pa.Table:
 
 
 def names_on(cluster, prefix: str) -> set[str]:
-    return {e["dataset"] for e in cluster.datasets() if e["dataset"].startswith(prefix)}
+    return {e.dataset for e in cluster.datasets() if e.dataset.startswith(prefix)}
 
 
 @pytest.mark.slow

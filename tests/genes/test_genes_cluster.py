@@ -59,7 +59,7 @@ def assert_same_bits(left, right) -> None:
 
 
 def test_ingest_stores_matrix_cells_and_genes(genes_cluster, stored_pbmc, pbmc_adata):
-    names = {entry["dataset"] for entry in genes_cluster.datasets()}
+    names = {entry.dataset for entry in genes_cluster.datasets()}
     assert {"bio/pbmc", "bio/pbmc__cells", "bio/pbmc__genes"} <= names
     entry = genes_cluster.entry("bio/pbmc")
     # One schema for the whole matrix, whichever encoding each row took.
@@ -424,7 +424,7 @@ def test_bad_matrices_are_refused_before_anything_is_stored(genes_cluster, pbmc_
         genes.ingest(
             genes_cluster, mixed_matrix(seed=0), "lab/meta", metadata={"quarry.genes": "mine"}
         )
-    names = {entry["dataset"] for entry in genes_cluster.datasets()}
+    names = {entry.dataset for entry in genes_cluster.datasets()}
     assert not {n for n in names if n.startswith(("lab/broken", "lab/meta"))}
 
 

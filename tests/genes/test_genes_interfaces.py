@@ -133,7 +133,7 @@ def test_ingest_file_reads_the_format_it_is_told(genes_cluster, pbmc_adata, tmp_
     )
     assert result.exit_code == 0, result.output
     genes_cluster.refresh()  # the command dropped it through its own connection
-    assert not [e for e in genes_cluster.datasets() if e["dataset"].startswith("files/")]
+    assert not [e for e in genes_cluster.datasets() if e.dataset.startswith("files/")]
     with pytest.raises(genes.GenesInputError, match="'parquet' is not an expression matrix"):
         genes.ingest_file(genes_cluster, path, "files/pbmc", "parquet")
 

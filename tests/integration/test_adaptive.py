@@ -22,24 +22,21 @@ SQL = (
 @pytest.mark.slow
 def test_calibration_finds_the_kinetic_figures():
     with quarry.local(devices=2, profile=["kinetic", "host"]) as cluster:
-        reports = {r["device"]: r for r in cluster.calibrate()}
+        reports = {r.device: r for r in cluster.calibrate()}
         kinetic = reports["dev0"]
-        assert kinetic["profile"] == "kinetic"
+        assert kinetic.profile == "kinetic"
         for key in ("compute_factor", "internal_bytes_per_s", "external_bytes_per_s"):
-            entry = kinetic[key]
-            assert entry["expected"] and entry["measured"] > 0
-            assert abs(entry["measured"] - entry["expected"]) <= 0.10 * entry["expected"], (
-                key,
-                entry,
-            )
-            assert entry["within_10_percent"] is True
+            entry = getattr(kinetic, key)
+            assert entry.expected and entry.measured > 0
+            assert abs(entry.measured - entry.expected) <= 0.10 * entry.expected, (key, entry)
+            assert entry.within_10_percent is True
         host = reports["dev1"]
-        assert host["external_bytes_per_s"]["expected"] is None  # unlimited: nothing to meet
-        assert 0.8 < host["compute_factor"]["measured"] < 1.25
+        assert host.external_bytes_per_s.expected is None  # unlimited: nothing to meet
+        assert 0.8 < host.compute_factor.measured < 1.25
         # stored with the cluster: a fresh coordinator reads it back from the device
         from quarry.coordinator.admin.calibrate import stored
 
-        assert stored(cluster.devices["dev0"])["compute_factor"]["expected"] == 15.0
+        assert stored(cluster.devices["dev0"]) == kinetic
 
 
 @pytest.mark.slow
@@ -66,12 +63,12 @@ def test_background_load_is_bounded_and_visible(tmp_path):
             timeout=60,
         )
         assert done.returncode == 0, done.stderr
-        assert cluster.device_load("dev0")["background_load"] == 0.5
+        assert cluster.device_load("dev0").background_load == 0.5
         cluster.load("dev0", 0.5, seconds=0.2)
         import time
 
         time.sleep(0.4)
-        assert cluster.device_load("dev0")["background_load"] == 0.0  # it stopped by itself
+        assert cluster.device_load("dev0").background_load == 0.0  # it stopped by itself
         with pytest.raises(quarry.errors.QuarryError, match="Load.cpu: must be below 1"):
             cluster.load("dev0", 1.5)
 

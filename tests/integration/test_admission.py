@@ -37,8 +37,8 @@ def test_a_busy_device_slows_callers_down_and_changes_no_answer(monkeypatch):
         scans = [cluster.scan("physics/particles").read_all().num_rows for _ in range(2)]
         retries = sum(device.busy.retries for device in cluster.devices.values())
         status = cluster.status()  # what `quarry status` shows: the devices' own count
-        assert [row["exchanges_max"] for row in status] == [1, 1]
-        assert sum(row["refused"] for row in status) >= retries > 0
+        assert [row.stats.exchanges_max for row in status if row.stats] == [1, 1]
+        assert sum(row.stats.refused for row in status if row.stats) >= retries > 0
         planned = cluster.query(QUERIES[0].format(x=1))
         planned.execute().read_all()
         turn = planned.explain(analyze=True).analyze.host_turn  # the host's side
@@ -67,8 +67,8 @@ def test_a_small_tables_scan_does_not_wait_behind_a_large_one(monkeypatch):
         assert large.bytes_stored > SMALL_BYTES_MAX
         (device,) = cluster.devices.values()
         held = device.scan("physics", "large", 0)  # its slot is held until the stream ends
-        assert cluster.status()[0]["running"] == 1
+        assert cluster.status()[0].stats.running == 1
         small = device.scan("physics", "small", 0)
         assert sum(b.num_rows for b in device.batches(small)) == 50
         assert sum(b.num_rows for b in device.batches(held)) == 400_000
-        assert cluster.status()[0]["refused"] == 0  # neither waited for the other
+        assert cluster.status()[0].stats.refused == 0  # neither waited for the other

@@ -28,24 +28,38 @@ def test_up_ingest_datasets_scan_down(tmp_path):
     try:
         status = json.loads(_quarry("status", "--json", cwd=tmp_path).stdout)
         assert [row["up"] for row in status] == [True] * 4
-        _quarry(
+        ingested = _quarry(
             "ingest",
             str(path),
             "--dataset",
             "physics/particles",
             "--compression",
             "lz4",
+            "--json",
             cwd=tmp_path,
         )
         listed = json.loads(_quarry("datasets", "--json", cwd=tmp_path).stdout)
         (entry,) = listed
+        stored = json.loads(ingested.stdout)  # the dataset as listed, and how long it took
+        assert list(stored) == [*entry, "seconds"] and stored["rows"] == entry["rows"]
         assert entry["dataset"] == "physics/particles" and entry["rows"] == 1_000_000
         assert len(entry["devices"]) == 4
         assert sum(d["partitions"] for d in entry["devices"].values()) == entry["partitions"]
         assert sum(d["rows"] for d in entry["devices"].values()) == 1_000_000
+        described = json.loads(
+            _quarry("describe", "physics/particles", "--json", cwd=tmp_path).stdout
+        )
         with quarry.connect(tmp_path / ".quarry" / "cluster.json") as cluster:
             back = cluster.scan("physics/particles").read_all().sort_by("id")
+            # what the commands print is the Python records' JSON, key for key
+            assert listed == [d.to_json() for d in cluster.datasets()]
+            assert described == cluster.describe("physics/particles").to_json()
+            shown = json.loads(_quarry("status", "--json", cwd=tmp_path).stdout)
+            _same_status(shown, [row.to_json() for row in cluster.status()])
         assert back.equals(pq.read_table(path).sort_by("id"))
+        detail = described["partitions_detail"]
+        assert [p["partition"] for p in detail] == list(range(described["partitions"]))
+        assert described["columns"][0] == {"name": "id", "type": "int64"}
         _explain_shows_the_cut(tmp_path)
         again = _quarry(
             "ingest", str(path), "--dataset", "physics/particles", cwd=tmp_path, check=False
@@ -83,7 +97,7 @@ def test_up_with_storage_servers_and_down_stops_every_process(tmp_path):
         _quarry("down", cwd=tmp_path)
     pids = [d["pid"] for server in spec["devices"] for d in [server, *server["drives"]]]
     assert len(pids) == 6
-    from quarry.coordinator.processes.local import is_device
+    from quarry.coordinator.processes.spawn import is_device
 
     assert not [pid for pid in pids if is_device(pid)], "a server or drive still runs"
 
@@ -111,7 +125,7 @@ def test_up_with_a_layout_three_levels_deep(tmp_path):
         return [p for e in entries for p in [e["pid"], *pids(e.get("drives", []))]]
 
     assert len(pids(spec["devices"])) == 5
-    from quarry.coordinator.processes.local import is_device
+    from quarry.coordinator.processes.spawn import is_device
 
     assert not [pid for pid in pids(spec["devices"]) if is_device(pid)]
     wrong = _quarry("up", "--layout", '[["host", []]]', cwd=tmp_path, check=False)
@@ -142,6 +156,16 @@ def test_up_with_one_profile_per_device(tmp_path):
     assert re.search(r"dev0 \(pid \d+\): stopped", stopped), stopped
     assert re.search(r"dev1 \(pid \d+\): was not running", stopped), stopped
     assert not list(tmp_path.rglob("ready.json"))  # nothing left that looks like a live start
+
+
+def _same_status(shown: list[dict], held: list[dict]) -> None:
+    """`quarry status --json` and ``Cluster.status()``: the same keys in the same order, the
+    same devices; the counts of work may move between the two asks."""
+    assert [list(row) for row in shown] == [list(row) for row in held]
+    stable = ("device", "address", "up", "profile", "pid", "partitions", "exchanges_max")
+    assert [[row[k] for k in stable] for row in shown] == [[row[k] for k in stable] for row in held]
+    assert list(shown[0])[:5] == ["device", "address", "up", "profile", "pid"]
+    assert {"keys", "file_bytes", "running", "admitted", "refused"} <= set(shown[0])
 
 
 def _explain_shows_the_cut(cwd) -> None:

@@ -67,8 +67,8 @@ def test_a_clustered_dataset_answers_the_same_and_skips_slices(stored, select):
 
 def test_cluster_by_is_checked_and_described(stored):
     cluster, table = stored
-    assert cluster.describe("physics/cols_sorted")["cluster_by"] == ["ke"]
-    assert cluster.describe("physics/cols_plain")["cluster_by"] == []
+    assert cluster.describe("physics/cols_sorted").cluster_by == ("ke",)
+    assert cluster.describe("physics/cols_plain").cluster_by == ()
     with pytest.raises(InvalidOption, match="no such column"):
         cluster.ingest(table, "physics/cols_bad", cluster_by="energy")
-    assert "physics/cols_bad" not in {d["dataset"] for d in cluster.datasets()}
+    assert "physics/cols_bad" not in {d.dataset for d in cluster.datasets()}

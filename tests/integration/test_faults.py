@@ -12,6 +12,7 @@ import pytest
 
 import quarry
 from quarry import protocol
+from quarry.coordinator.membership.cluster_file import DeviceSpec
 from quarry.coordinator.membership.device_client import DeviceClient
 from quarry.coordinator.membership.membership import client_of
 from quarry.errors import (
@@ -42,12 +43,13 @@ def test_device_address_that_does_not_answer():
 
 
 def test_cluster_with_a_dead_address_lists_it_down(cluster):
-    spec = [*cluster.spec, {"name": "ghost", "address": "grpc://127.0.0.1:9"}]
+    spec = [*cluster.specs, DeviceSpec("ghost", "grpc://127.0.0.1:9")]
     other = quarry.Cluster(spec)
     try:
         assert "ghost" in other.down
-        status = {row["device"]: row for row in other.status()}
-        assert status["ghost"]["up"] is False and status["dev0"]["up"] is True
+        status = {row.device: row for row in other.status()}
+        assert status["ghost"].up is False and status["dev0"].up is True
+        assert "does not answer" in status["ghost"].to_json()["error"]
     finally:
         other.close()
 
@@ -80,7 +82,7 @@ def test_two_concurrent_updates_of_one_slice(cluster):
     barrier = threading.Barrier(2)
 
     def update(value: int) -> None:
-        spec = next(s for s in cluster.spec if s["name"] == device.name)
+        spec = next(s for s in cluster.specs if s.name == device.name)
         client = client_of(spec)  # two independent writers
         batch = pa.record_batch({"k": pa.array([value] * 10, pa.int64())})
         barrier.wait()
@@ -126,9 +128,9 @@ def test_device_killed_during_ingest():
         reader = pa.RecordBatchReader.from_batches(particles.SCHEMA, source())
         with pytest.raises((IngestFailed, DeviceUnavailable), match="dev1"):
             c.ingest(reader, "physics/killed")
-        assert "physics/killed" not in {d["dataset"] for d in c.datasets()}
+        assert "physics/killed" not in {d.dataset for d in c.datasets()}
         c.restart_device("dev1")
-        assert "physics/killed" not in {d["dataset"] for d in c.datasets()}
+        assert "physics/killed" not in {d.dataset for d in c.datasets()}
         assert _key_counts(c) == before
         assert all(client.stats().pending_partitions == 0 for client in c.devices.values())
 
@@ -154,7 +156,7 @@ def test_coordinator_killed_during_ingest_leaves_nothing(tmp_path):
         environment = {**os.environ, "QUARRY_INGEST_LEASE_S": "2"}
         done = subprocess.run([sys.executable, "-c", script], timeout=120, env=environment)
         assert done.returncode == -9
-        assert "physics/orphan" not in {d["dataset"] for d in c.datasets()}
+        assert "physics/orphan" not in {d.dataset for d in c.datasets()}
         deadline = time.monotonic() + 20  # the lease, then a janitor pass
         # rows of the dead process may still arrive after it is gone: ``ingesting`` counts them
         while any(
@@ -163,7 +165,7 @@ def test_coordinator_killed_during_ingest_leaves_nothing(tmp_path):
             assert time.monotonic() < deadline, "pending partitions outlived their lease"
             time.sleep(0.2)
         assert _key_counts(c) == before
-        assert "physics/orphan" not in {d["dataset"] for d in c.datasets()}
+        assert "physics/orphan" not in {d.dataset for d in c.datasets()}
         c.ingest(particles.reader(100_000), "physics/orphan")  # the name is free again
 
 

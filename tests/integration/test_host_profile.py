@@ -81,11 +81,11 @@ def test_calibration_measures_the_hosts_profile_beside_the_drives(tmp_path):
     profiles.write_text(CALIBRATED_HOST)
     with quarry.local(devices=2, host_profile="calhost", profiles_file=str(profiles)) as c:
         report = c.calibrate_host()
-    assert report["device"] == "host" and report["profile"] == "calhost"
+    assert report.device == "host" and report.profile == "calhost"
     for key, expected in (("compute_factor", 4.0), ("external_bytes_per_s", 40e6)):
-        entry = report[key]
-        assert entry["expected"] == expected, entry
-        assert abs(entry["measured"] - expected) <= 0.10 * expected, (key, entry)
+        entry = getattr(report, key)
+        assert entry.expected == expected, entry
+        assert abs(entry.measured - expected) <= 0.10 * expected, (key, entry)
         # a machine too busy for the best runs to agree gives no verdict, and says why
-        assert entry["within_10_percent"] is (True if entry["settled"] else None), entry
-        assert 1 <= entry["attempts"] <= 3
+        assert entry.within_10_percent is (True if entry.settled else None), entry
+        assert 1 <= entry.attempts <= 3

@@ -18,14 +18,14 @@ def test_parquet_ingest_scan_and_listing(cluster, particle_table, tmp_path):
     pq.write_table(particle_table, path)
     entry = cluster.ingest(path, "physics/parquet_particles", compression="zstd")
     assert entry.rows == particle_table.num_rows
-    listed = {d["dataset"]: d for d in cluster.datasets()}["physics/parquet_particles"]
-    assert listed["rows"] == particle_table.num_rows
-    assert sum(v["rows"] for v in listed["devices"].values()) == particle_table.num_rows
-    assert len(listed["devices"]) == 3  # spread over every device
+    listed = {d.dataset: d for d in cluster.datasets()}["physics/parquet_particles"]
+    assert listed.rows == particle_table.num_rows
+    assert sum(v.rows for v in listed.devices.values()) == particle_table.num_rows
+    assert len(listed.devices) == 3  # spread over every device
     back = cluster.scan("physics/parquet_particles").read_all()
     assert _sorted(back).equals(_sorted(particle_table))
     cluster.drop("physics/parquet_particles")
-    assert "physics/parquet_particles" not in {d["dataset"] for d in cluster.datasets()}
+    assert "physics/parquet_particles" not in {d.dataset for d in cluster.datasets()}
 
 
 def test_a_small_table_gets_a_partition_per_row_group_it_fills(cluster):
@@ -82,10 +82,9 @@ def test_catalog_is_rebuilt_from_devices(cluster, particle_table):
     cluster.ingest(particle_table.slice(0, 1000), "physics/rebuild")
     other = quarry.connect(cluster.cluster_file)  # a fresh coordinator: no state but the file
     try:
-        assert other.describe("physics/rebuild")["rows"] == 1000
+        assert other.describe("physics/rebuild").rows == 1000
         assert (
-            other.describe("physics/rebuild")["version"]
-            == cluster.describe("physics/rebuild")["version"]
+            other.describe("physics/rebuild").version == cluster.describe("physics/rebuild").version
         )
     finally:
         other.close()
@@ -95,7 +94,7 @@ def test_catalog_is_rebuilt_from_devices(cluster, particle_table):
 def test_custom_metadata_travels_with_the_dataset(cluster):
     table = pa.table({"a": [1, 2, 3]})
     cluster.ingest(table, "lab/meta", metadata={"lab": "Stuart", "assay": "10x"})
-    assert cluster.describe("lab/meta")["metadata"] == {"lab": "Stuart", "assay": "10x"}
+    assert cluster.describe("lab/meta").metadata == {"lab": "Stuart", "assay": "10x"}
     cluster.drop("lab/meta")
 
 
@@ -129,7 +128,7 @@ def test_malformed_file_leaves_nothing(cluster, tmp_path):
     before = {n: c.stats().keys for n, c in cluster.devices.items()}
     with pytest.raises(SourceError, match="broken.csv"):
         cluster.ingest(path, "bad/broken")
-    assert "bad/broken" not in {d["dataset"] for d in cluster.datasets()}
+    assert "bad/broken" not in {d.dataset for d in cluster.datasets()}
     assert {n: c.stats().keys for n, c in cluster.devices.items()} == before
 
 
@@ -147,7 +146,7 @@ def test_existing_name_and_schema_mismatch(cluster):
     with pytest.raises(SchemaMismatch, match="column b: int64, expected string"):
         cluster.ingest(pa.table({"a": [3], "b": [4]}), "bad/exists", mode="append")
     cluster.ingest(pa.table({"a": [3], "b": ["z"]}), "bad/exists", mode="append")
-    assert cluster.describe("bad/exists")["rows"] == 3
+    assert cluster.describe("bad/exists").rows == 3
     cluster.drop("bad/exists")
     with pytest.raises(DatasetNotFound, match="no dataset bad/exists"):
         cluster.describe("bad/exists")

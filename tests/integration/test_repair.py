@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import stat
 
 import pyarrow.parquet as pq
 import pytest
@@ -48,8 +49,10 @@ def test_repair_restores_every_partition_from_the_survivors():
 def test_status_remove_repair_and_restart_from_the_command_line(tmp_path):
     path = tmp_path / "particles.parquet"
     pq.write_table(particles.table(200_000, seed=9), path)
-    _quarry("up", "--devices", "3", "--detach", cwd=tmp_path)
+    _quarry("up", "--devices", "3", "--detach", "--host-profile", "host", cwd=tmp_path)
+    file = tmp_path / ".quarry" / "cluster.json"
     try:
+        before = json.loads(file.read_text())
         _quarry("ingest", str(path), "--dataset", "physics/p", "--replicas", "2", cwd=tmp_path)
         assert "every partition is at its replica count" in _quarry("status", cwd=tmp_path).stdout
         rows = json.loads(_quarry("status", "--json", cwd=tmp_path).stdout)
@@ -59,9 +62,16 @@ def test_status_remove_repair_and_restart_from_the_command_line(tmp_path):
         assert "under-replicated" in shown and "1 of 2 replicas" in shown
         _quarry("device", "restart", "dev1", cwd=tmp_path)
         assert "every partition is at its replica count" in _quarry("status", cwd=tmp_path).stdout
+        _restart_edits_only_its_entry(before, json.loads(file.read_text()), "dev1")
+        assert stat.S_IMODE(file.stat().st_mode) == 0o600
         dev2 = next(r for r in rows if r["device"] == "dev2")
         os.kill(dev2["pid"], signal.SIGKILL)
+        restarted = json.loads(file.read_text())
         _quarry("device", "remove", "dev2", cwd=tmp_path)
+        removed = json.loads(file.read_text())
+        assert removed == {**restarted, "devices": restarted["devices"][:2]}
+        unknown = _quarry("device", "remove", "dev9", cwd=tmp_path, check=False)
+        assert unknown.returncode == 2 and "no device 'dev9'" in unknown.stderr
         repaired = _quarry("repair", "--json", cwd=tmp_path).stdout
         assert json.loads(repaired)["copied"]
         assert "every partition is at its replica count" in _quarry("status", cwd=tmp_path).stdout
@@ -71,3 +81,17 @@ def test_status_remove_repair_and_restart_from_the_command_line(tmp_path):
         assert back.equals(pq.read_table(path).sort_by("id"))
     finally:
         _quarry("down", cwd=tmp_path)
+
+
+def _restart_edits_only_its_entry(before: dict, after: dict, name: str) -> None:
+    """`quarry device restart`: the device's entry has its new process, on the same address;
+    every other entry and the host's profile are as they were."""
+    assert after["host"] == before["host"] == {"profile": "host", "profiles_file": None}
+    old = {d["name"]: d for d in before["devices"]}
+    new = {d["name"]: d for d in after["devices"]}
+    assert list(new) == list(old)
+    assert new[name]["pid"] != old[name]["pid"]
+    assert {**new[name], "pid": old[name]["pid"]} == old[name]
+    assert {n: d for n, d in new.items() if n != name} == {
+        n: d for n, d in old.items() if n != name
+    }

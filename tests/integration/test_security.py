@@ -15,6 +15,7 @@ import quarry
 from quarry.auth.credentials import Credentials
 from quarry.auth.tokens import Role, mint, new_secret
 from quarry.coordinator.cluster import Cluster
+from quarry.coordinator.membership.cluster_file import DeviceSpec
 from quarry.coordinator.membership.device_client import DeviceClient
 from quarry.errors import DeviceUnavailable, Forbidden, QuarryError, Unauthenticated
 from quarry.protocol.control import CalibratePart
@@ -25,14 +26,13 @@ from quarry.samples import particles
 def secured():
     with quarry.local(devices=2) as cluster:
         cluster.ingest(particles.table(20_000, seed=1), "physics/particles")
-        credentials = Credentials(__import__("pathlib").Path(cluster.spec[0]["credentials"]))
+        credentials = Credentials(__import__("pathlib").Path(cluster.specs[0].credentials))
         yield cluster, credentials
 
 
 def _as(cluster, token: str) -> Cluster:
     """The same devices, with another token."""
-    specs = [{"name": d["name"], "address": d["address"], "token": token} for d in cluster.spec]
-    return Cluster(specs)
+    return Cluster([DeviceSpec(d.name, d.address, token=token) for d in cluster.specs])
 
 
 def test_credentials_and_cluster_file_are_the_owners_only(secured):
@@ -44,16 +44,16 @@ def test_credentials_and_cluster_file_are_the_owners_only(secured):
 
 def test_a_call_without_a_valid_token_is_refused_and_changes_nothing(secured):
     cluster, _ = secured
-    spec = cluster.spec[0]
-    bare = DeviceClient(spec["name"], spec["address"])
+    spec = cluster.specs[0]
+    bare = DeviceClient(spec.name, spec.address)
     with pytest.raises(Unauthenticated, match="no token"):
         bare.hello()
     with pytest.raises(Unauthenticated, match="no token"):
         bare.drop("physics", "particles")
-    forged = DeviceClient(spec["name"], spec["address"], token=mint(new_secret(), Role.ADMIN))
+    forged = DeviceClient(spec.name, spec.address, token=mint(new_secret(), Role.ADMIN))
     with pytest.raises(Unauthenticated, match="not issued for this cluster"):
         forged.scan("physics", "particles", 0).read_all()
-    assert "physics/particles" in {d["dataset"] for d in cluster.datasets()}
+    assert "physics/particles" in {d.dataset for d in cluster.datasets()}
 
 
 def test_each_role_may_do_its_part_and_no_more(secured):
@@ -89,9 +89,9 @@ def test_each_role_may_do_its_part_and_no_more(secured):
         with pytest.raises(Forbidden, match="writer token may not"):
             call()
     # the cluster's owner (admin) may all of it
-    assert cluster.device_load("dev0")["cpu_busy"] >= 0
+    assert cluster.device_load("dev0").cpu_busy >= 0
     cluster.devices["dev0"].kv_list("~")
-    assert "physics/particles" in {d["dataset"] for d in cluster.datasets()}  # nothing lost
+    assert "physics/particles" in {d.dataset for d in cluster.datasets()}  # nothing lost
 
 
 def test_a_token_handed_out_from_the_command_line(secured, tmp_path):
@@ -116,16 +116,16 @@ def test_tls_is_checked_against_the_clusters_ca(tmp_path):
     with quarry.local(devices=1, tls=True) as cluster:
         cluster.ingest(particles.table(5_000, seed=2), "physics/tls")
         assert cluster.scan("physics/tls").read_all().num_rows == 5_000
-        spec = cluster.spec[0]
-        assert spec["address"].startswith("grpc+tls://")
-        token = Credentials(__import__("pathlib").Path(spec["credentials"])).admin_token()
+        spec = cluster.specs[0]
+        assert spec.address.startswith("grpc+tls://")
+        token = Credentials(__import__("pathlib").Path(spec.credentials)).admin_token()
         stranger_ca = Credentials(tmp_path / "other").folder
         from quarry.auth.credentials import create
 
         other = create(tmp_path / "other")
         for root_ca in (None, other.ca_file.read_bytes()):  # no CA, or another cluster's
             client = DeviceClient(
-                spec["name"], spec["address"], token=token, root_ca=root_ca, timeout_s=5
+                spec.name, spec.address, token=token, root_ca=root_ca, timeout_s=5
             )
             with pytest.raises((DeviceUnavailable, QuarryError)):
                 client.hello()

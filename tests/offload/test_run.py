@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from dataclasses import replace
 
 import pyarrow as pa
 import pyarrow.csv as pacsv
@@ -178,9 +179,9 @@ def test_offloaded_code_needs_the_admin_role(stored, cluster):
     folder, _, args = stored
     script = folder / "filter.py"
     script.write_text(FILTER)
-    secret = __import__("pathlib").Path(cluster.spec[0]["credentials"]) / "secret"
+    secret = __import__("pathlib").Path(cluster.specs[0].credentials) / "secret"
     token = mint(secret.read_bytes(), Role.READER)
-    reader = Cluster([{**d, "token": token, "token_file": None} for d in cluster.spec])
+    reader = Cluster([replace(d, token=token, token_file=None) for d in cluster.specs])
     with pytest.raises(Forbidden, match="admin"):
         run(script, reader, [args[0], "2.0"], offload="device")
     reader.close()

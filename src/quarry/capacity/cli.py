@@ -486,16 +486,16 @@ def _measure_cluster(
         data_bytes=working_set_bytes(kernel, data_bytes),
         host_compute_s=host_s,
         device_compute_s=threaded_s,
-        name=f"{kernel}-{report.get('profile', name)}-calibrated",
+        name=f"{kernel}-{report.profile}-calibrated",
     )
     return {
         "command": "measure",
         "kernel": kernel,
         "source": "calibration",
         "device": name,
-        "profile": report.get("profile"),
+        "profile": report.profile,
         "device_threads": device_threads,
-        "calibration": report,
+        "calibration": report.to_json(),
         "inputs": inputs.to_dict(),
     }
 

@@ -36,6 +36,7 @@ from quarry.capacity.kernels import KERNELS, check_kernel, check_preconditions, 
 from quarry.capacity.model import CapacityInputError, CapacityInputs
 from quarry.device.unit import host_emulator
 from quarry.errors import DatasetNotFound, DeviceUnavailable
+from quarry.protocol.control import CalibrationReport, Measured
 
 if TYPE_CHECKING:
     from quarry.coordinator.cluster import Cluster
@@ -537,7 +538,7 @@ def single_device(cluster: Cluster, device: str | None = None) -> Cluster:
             f"{name!r} is not a live device of this cluster",
             f"choose one of {', '.join(live)}",
         )
-    spec = next(d for d in cluster.spec if d["name"] == name)
+    spec = next(d for d in cluster.specs if d.name == name)
     return ClusterType([spec], source=cluster.source)
 
 
@@ -611,45 +612,46 @@ def measure_kernel(
 
 
 def calibration_report(
-    reports: Sequence[Mapping[str, Any]], device: str | None = None
-) -> dict[str, Any]:
+    reports: Sequence[CalibrationReport], device: str | None = None
+) -> CalibrationReport:
     """One device's calibration: the named one, or the median of all (they must share a profile).
 
-    ``reports`` is what ``Cluster.calibrate()`` (``quarry calibrate --json``) returns.
+    ``reports`` is what ``Cluster.calibrate()`` returns (``quarry calibrate --json`` prints them).
     """
     if not reports:
         raise CapacityInputError("calibration", "no reports", "run quarry calibrate first")
     if device is not None:
-        chosen = [r for r in reports if r.get("device") == device]
+        chosen = [r for r in reports if r.device == device]
         if not chosen:
             raise CapacityInputError(
                 "device",
                 f"no calibration for {device!r}",
-                f"choose one of {', '.join(str(r.get('device')) for r in reports)}",
+                f"choose one of {', '.join(r.device for r in reports)}",
             )
-        return dict(chosen[0])
-    profiles = sorted({str(r.get("profile")) for r in reports})
+        return chosen[0]
+    profiles = sorted({r.profile for r in reports})
     if len(profiles) != 1:
         raise CapacityInputError(
             "calibration",
             f"devices of several profiles ({', '.join(profiles)})",
             "CSDPLAN models one kind of drive: name one device",
         )
-    keys = ("compute_factor", "internal_bytes_per_s", "external_bytes_per_s")
-    merged: dict[str, Any] = {
-        "device": "median of " + ", ".join(str(r.get("device")) for r in reports),
-        "profile": profiles[0],
-    }
-    for key in keys:
-        merged[key] = {
-            "expected": reports[0].get(key, {}).get("expected"),
-            "measured": statistics.median(_measured(r, key) for r in reports),
-        }
-    return merged
+
+    def median(figure: Callable[[CalibrationReport], Measured], key: str) -> Measured:
+        measured = statistics.median(_measured(figure(r), key) for r in reports)
+        return Measured(figure(reports[0]).expected, measured)
+
+    return CalibrationReport(
+        device="median of " + ", ".join(r.device for r in reports),
+        profile=profiles[0],
+        compute_factor=median(lambda r: r.compute_factor, "compute_factor"),
+        internal_bytes_per_s=median(lambda r: r.internal_bytes_per_s, "internal_bytes_per_s"),
+        external_bytes_per_s=median(lambda r: r.external_bytes_per_s, "external_bytes_per_s"),
+    )
 
 
-def _measured(report: Mapping[str, Any], key: str) -> float:
-    value = report.get(key, {}).get("measured") if isinstance(report.get(key), Mapping) else None
+def _measured(figure: Measured, key: str) -> float:
+    value = figure.measured
     if (
         isinstance(value, bool)
         or not isinstance(value, (int, float))
@@ -676,7 +678,7 @@ def host_compute_s(
 
 
 def calibration_inputs(
-    report: Mapping[str, Any],
+    report: CalibrationReport,
     *,
     data_bytes: int,
     host_compute_s: float,
@@ -693,9 +695,9 @@ def calibration_inputs(
     - T_CSD-comp = compute factor x ``device_compute_s``: the host's time with as many threads as
       the device uses (default ``host_compute_s``, one thread).
     """
-    internal = _measured(report, "internal_bytes_per_s")
-    external = _measured(report, "external_bytes_per_s")
-    compute_factor = _measured(report, "compute_factor")
+    internal = _measured(report.internal_bytes_per_s, "internal_bytes_per_s")
+    external = _measured(report.external_bytes_per_s, "external_bytes_per_s")
+    compute_factor = _measured(report.compute_factor, "compute_factor")
     threaded_s = host_compute_s if device_compute_s is None else device_compute_s
     return CapacityInputs(
         t_ssd_tx_s=data_bytes / min(internal, external),

@@ -6,8 +6,6 @@ it in their own modules, which this handle only calls (so none of them imports i
 
 from __future__ import annotations
 
-import json
-import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Self
@@ -25,16 +23,18 @@ from quarry.coordinator.admin.repair import (
 from quarry.coordinator.dispatch.streams import merge
 from quarry.coordinator.ingest.atomic import ingest
 from quarry.coordinator.membership.catalog import DatasetEntry
+from quarry.coordinator.membership.cluster_file import ClusterFile
+from quarry.coordinator.membership.listing import DatasetDescription, DatasetSummary, DeviceStatus
 from quarry.coordinator.membership.membership import Membership
 from quarry.coordinator.query.explain import Explain
 from quarry.coordinator.query.fragments import Forced
 from quarry.coordinator.query.run import Query
 from quarry.coordinator.reads.sample import Sample, sample
 from quarry.coordinator.reads.source_order import source_order
-from quarry.errors import ClusterError, DeviceUnavailable
+from quarry.errors import DeviceUnavailable
+from quarry.protocol.control import CalibrationReport, LoadStarted, LoadStatus
 from quarry.pushdown import Pushdown
 
-CLUSTER_FILE_FORMAT = 1
 SCAN_QUEUE_BATCHES_MAX = 16  # batches waiting for the reader of a parallel scan
 
 
@@ -45,22 +45,22 @@ class Cluster(Membership):
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def status(self) -> list[dict[str, Any]]:
+    def status(self) -> list[DeviceStatus]:
+        """Every device, by name: up (its profile, process and counts) or down (why)."""
         rows = []
         stats = self.each(lambda c: c.stats())
         for name in sorted(self.devices):
-            client = self.devices[name]
-            entry: dict[str, Any] = {"device": name, "address": client.address}
+            address = self.devices[name].address
             result = stats[name]
             if isinstance(result, Exception) or name in self.down:
                 error = result if isinstance(result, Exception) else self.down[name]
-                entry.update({"up": False, "error": str(error)})
+                rows.append(DeviceStatus(name, address, False, error=str(error)))
             else:
                 info = self.info[name]
-                entry.update(
-                    {"up": True, "profile": info.profile.name, "pid": info.pid, **result.to_json()}
+                up = DeviceStatus(
+                    name, address, True, profile=info.profile.name, pid=info.pid, stats=result
                 )
-            rows.append(entry)
+                rows.append(up)
         return rows
 
     # ---- datasets -----------------------------------------------------------------------------
@@ -69,27 +69,12 @@ class Cluster(Membership):
         """Store a file, table or DataFrame as ``domain/name``; all or nothing."""
         return ingest(self, source, dataset, **options)
 
-    def datasets(self) -> list[dict[str, Any]]:
-        return [entry.to_json() for entry in self.catalog.values()]
+    def datasets(self) -> list[DatasetSummary]:
+        return [DatasetSummary.of(entry) for entry in self.catalog.values()]
 
-    def describe(self, dataset: str) -> dict[str, Any]:
-        entry = self.entry(dataset)
-        body = entry.to_json()
-        body["partitions_detail"] = [
-            {
-                "partition": p.partition,
-                "rows": p.rows,
-                "slices": p.slices,
-                "bytes_stored": p.bytes_stored,
-                "devices": p.devices,
-            }
-            for p in entry.partitions
-        ]
-        body["ingests"] = [
-            {k: v for k, v in i.to_json().items() if k != "placement"} for i in entry.ingests
-        ]
-        body["hints"] = entry.hints
-        return body
+    def describe(self, dataset: str) -> DatasetDescription:
+        """Schema, partitions, slices and placement of one dataset."""
+        return DatasetDescription.of(self.entry(dataset))
 
     def drop(self, dataset: str) -> int:
         entry = self.entry(dataset)
@@ -208,25 +193,25 @@ class Cluster(Membership):
 
     # ---- devices as drives --------------------------------------------------------------------
 
-    def calibrate(self) -> list[dict[str, Any]]:
+    def calibrate(self) -> list[CalibrationReport]:
         """Measure each device's compute factor and bandwidths beside its profile's figures."""
         reports = calibrate(self)
-        self.calibration_cache = {r["device"]: r for r in reports}
+        self.calibration_cache = {r.device: r for r in reports}
         return reports
 
-    def calibrate_host(self) -> dict[str, Any]:
+    def calibrate_host(self) -> CalibrationReport:
         """Measure this host's own profile (``host_profile``) as a device's is: its compute
         factor and its ingress link, beside the profile's figures."""
         return calibrate_host(self)
 
-    def load(self, device: str, cpu: float, seconds: float = 60.0) -> dict[str, Any]:
+    def load(self, device: str, cpu: float, seconds: float = 60.0) -> LoadStarted:
         """Emulated background CPU load on one device, ending by itself after ``seconds``."""
-        started = self.device(device).load(cpu, seconds).to_json()
+        started = self.device(device).load(cpu, seconds)
         self.forget_loads()  # the next query's cost model sees it
         return started
 
-    def device_load(self, device: str) -> dict[str, float]:
-        return self.device(device).load_status().to_json()
+    def device_load(self, device: str) -> LoadStatus:
+        return self.device(device).load_status()
 
     # ---- queries ------------------------------------------------------------------------------
 
@@ -271,70 +256,14 @@ class Cluster(Membership):
             planned.execute().read_all()
         return planned.explain(analyze, verbose)
 
-    # ---- cluster file -------------------------------------------------------------------------
-
-    def to_json(self) -> dict[str, Any]:
-        return {"format": CLUSTER_FILE_FORMAT, "devices": self.spec}
-
-
-KEEP_HOST: Any = object()  # write_cluster_file: the host profile the file names stays
-
-
-def write_cluster_file(
-    path: str | Path, devices: list[dict[str, Any]], host: dict[str, Any] | None = KEEP_HOST
-) -> Path:
-    """Owner-readable only: an entry may carry a token, or say where the admin's is. ``host``:
-    the host's profile (``profile``, ``profiles_file``), applied by whoever opens the file; by
-    default what the file said before (a device restarted or removed keeps it)."""
-    path = Path(path)
-    if host is KEEP_HOST:
-        host = _host_of(path) if path.exists() else None
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    body: dict[str, Any] = {"format": CLUSTER_FILE_FORMAT, "devices": devices}
-    if host is not None:
-        body["host"] = host
-    text = json.dumps(body, indent=2)
-    descriptor = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(descriptor, "w") as file:
-        file.write(text)
-    tmp.replace(path)
-    return path
-
-
-def read_cluster_file(path: str | Path) -> list[dict[str, Any]]:
-    path = Path(path)
-    try:
-        body = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise ClusterError(
-            f"no cluster file at {path}: start a cluster with `quarry up` or pass --cluster FILE"
-        ) from None
-    except (OSError, json.JSONDecodeError) as error:
-        raise ClusterError(f"cannot read cluster file {path}: {error}") from None
-    if body.get("format") != CLUSTER_FILE_FORMAT or not isinstance(body.get("devices"), list):
-        raise ClusterError(f"{path} is not a quarry cluster file (format {CLUSTER_FILE_FORMAT})")
-    for device in body["devices"]:
-        if "name" not in device or "address" not in device:
-            raise ClusterError(f"{path}: every device needs a name and an address: {device}")
-    return body["devices"]
-
-
-def _host_of(path: Path) -> dict[str, Any] | None:
-    try:
-        return json.loads(path.read_text()).get("host")
-    except (OSError, json.JSONDecodeError, AttributeError):
-        return None
-
 
 def connect(cluster_file: str | Path) -> Cluster:
     """A Cluster over the devices a cluster file lists (written by ``quarry up`` or by hand).
     A host profile the file names holds this process to it (``device.unit.set_host_profile``)."""
-    devices = read_cluster_file(cluster_file)
-    host = _host_of(Path(cluster_file))
-    if host:
+    file = ClusterFile.read(cluster_file)
+    if file.host is not None:
         from quarry.device.profile import get_profile
         from quarry.device.unit import set_host_profile
 
-        set_host_profile(get_profile(host["profile"], host.get("profiles_file")))
-    return Cluster(devices, source=str(cluster_file))
+        set_host_profile(get_profile(file.host.profile, file.host.profiles_file))
+    return Cluster(file.devices, source=str(cluster_file))

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from quarry.coordinator.processes.local import spawn, stop_pid
+from quarry.coordinator.processes.spawn import spawn, stop_pid
 
 FOLDER = "flightsql"
 

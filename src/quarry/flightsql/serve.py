@@ -11,10 +11,10 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from quarry.auth.credentials import Credentials, read_private
 from quarry.coordinator.cluster import connect
+from quarry.coordinator.membership.cluster_file import DeviceSpec
 from quarry.errors import ClusterError
 from quarry.flightsql.server import FlightSqlServer
 from quarry.flightsql.sessions import Sessions
@@ -78,14 +78,14 @@ def serve(
         server.shutdown()
 
 
-def _cluster_spec(cluster_file: str | Path) -> list[dict[str, Any]]:
+def _cluster_spec(cluster_file: str | Path) -> tuple[DeviceSpec, ...]:
     """The file's devices, once they have answered (and the host profile it names applied)."""
     with connect(cluster_file) as cluster:
-        return cluster.spec
+        return cluster.specs
 
 
-def _credentials(spec: list[dict[str, Any]]) -> Credentials | None:
-    folder = next((d["credentials"] for d in spec if d.get("credentials")), None)
+def _credentials(spec: tuple[DeviceSpec, ...]) -> Credentials | None:
+    folder = next((d.credentials for d in spec if d.credentials), None)
     return Credentials(Path(folder)) if folder else None
 
 

@@ -16,18 +16,19 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 from quarry.coordinator.cluster import Cluster
+from quarry.coordinator.membership.cluster_file import DeviceSpec
 from quarry.coordinator.query.host_admission import Workload
 from quarry.coordinator.query.settled_cuts import Settled
 from quarry.errors import ClusterError
+from quarry.protocol.control import CalibrationReport
 
 SESSIONS_MAX = 32
 SESSION_IDLE_S_MAX = 600.0
-# What a cluster-file entry says about its own credentials: replaced by the caller's token.
-OWN_CREDENTIALS = ("token", "token_file", "credentials")
 
 
 @dataclass
@@ -39,11 +40,12 @@ class Session:
 
 
 class Sessions:
-    def __init__(self, spec: list[dict[str, Any]], source: str | None = None):
-        self.spec = [{k: v for k, v in d.items() if k not in OWN_CREDENTIALS} for d in spec]
+    def __init__(self, specs: Sequence[DeviceSpec], source: str | None = None):
+        # what an entry says about its own credentials is replaced by the caller's token
+        self.specs = tuple(replace(d, token=None, token_file=None, credentials=None) for d in specs)
         self.source = source
         self.workload = Workload()
-        self.calibration_cache: dict[str, dict[str, Any]] = {}
+        self.calibration_cache: dict[str, CalibrationReport | None] = {}
         self.figures_cache: dict[tuple[bytes, str], Any] = {}
         self.settled = Settled()
         self._sessions: dict[str, Session] = {}
@@ -118,7 +120,7 @@ class Sessions:
         oldest.cluster.close()
 
     def _open(self, token: str) -> Cluster:
-        cluster = Cluster([{**d, "token": token} for d in self.spec], source=self.source)
+        cluster = Cluster([replace(d, token=token) for d in self.specs], source=self.source)
         cluster.workload = self.workload
         cluster.calibration_cache = self.calibration_cache
         cluster.figures_cache = self.figures_cache

@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from quarry.coordinator.query.cost_inputs import calibration_of, measured
+from quarry.coordinator.query.cost_inputs import calibrated
 from quarry.device.unit import host_cores
 from quarry.offload import profile
 from quarry.offload.assign import Cut, assign
@@ -241,10 +241,7 @@ def devices_of(cluster: Any, measured_bytes_per_s: float = float("inf")) -> Devi
     least of their links together (a device with no link cap: loopback) and the host's
     measured intake (``intake_rate``)."""
     profiles = [info.profile for info in cluster.info.values()]
-    factors = [
-        measured(calibration_of(cluster, name), "compute_factor", info.profile.compute_factor)
-        for name, info in cluster.info.items()
-    ]
+    factors = [calibrated(cluster, name).compute_factor for name in cluster.info]
     factor = sum(factors) / max(1, len(factors))
     links = [p.external_bytes_per_s for p in profiles]
     link = float("inf") if any(x is None for x in links) else float(sum(links))

@@ -7,9 +7,7 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-from pathlib import Path
 
 from quarry.device.__main__ import serve_options
 from quarry.errors import QuarryError
@@ -25,12 +23,13 @@ def main(argv: list[str] | None = None) -> int:
     options = parser.parse_args(argv)
     import logging
 
+    from quarry.coordinator.membership.cluster_file import read_drives
     from quarry.device.profile import get_profile
     from quarry.device.server import security_of
     from quarry.server.service import serve as run
 
     try:
-        drives = json.loads(Path(options.drives).read_text())
+        drives = read_drives(options.drives)
         security = security_of(options.credentials, options.tls, options.insecure)
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
         run(

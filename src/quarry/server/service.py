@@ -24,6 +24,7 @@ import pyarrow as pa
 from pyarrow import flight
 
 from quarry import auth
+from quarry.coordinator.membership.cluster_file import DeviceSpec
 from quarry.coordinator.membership.device_client import DeviceClient, _finish_put
 from quarry.coordinator.membership.membership import Membership
 from quarry.cost.model import DeviceFigures, HostFigures
@@ -54,7 +55,7 @@ class StorageServer(Service):
         data: Path,
         profile: Profile,
         location: str,
-        drives: list[dict[str, Any]],
+        drives: tuple[DeviceSpec, ...],
         name: str | None = None,
         security: Security = Security(),
     ):
@@ -379,7 +380,7 @@ def _drive_pulse(drive: DeviceClient) -> str:
 def serve(
     data: str | Path,
     profile: Profile,
-    drives: list[dict[str, Any]],
+    drives: tuple[DeviceSpec, ...],
     host: str = "127.0.0.1",
     port: int = 0,
     name: str | None = None,

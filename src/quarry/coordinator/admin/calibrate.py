@@ -1,7 +1,9 @@
 """``quarry calibrate``: measure every device's compute factor and bandwidths (CSDPLAN step 1).
 
-The report keeps what the profile says beside what was measured; the numbers are stored on each
-device (key ``~sys/calibration``) so any coordinator, and the cost model, can read them later.
+The report (``CalibrationReport``) keeps what the profile says beside what was measured; it is
+stored on each device (key ``~sys/calibration``, the report's JSON) so any coordinator, and the
+cost model, can read it later. A report an older coordinator stored reads the same way: the
+fields added since (``attempts``, ``settled``) have defaults.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from quarry.device.calibration import EXTERNAL_BATCH_ROWS, time_kernel
 from quarry.device.unit import host_emulator
@@ -141,7 +143,7 @@ def _confirmed(times_s: list[float]) -> bool:
     return sum(t <= best_s * (1 + CONFIRMED) for t in times_s) >= CONFIRMED_ROUNDS
 
 
-def calibrate_device(client: DeviceClient) -> dict[str, Any]:
+def calibrate_device(client: DeviceClient) -> CalibrationReport:
     profile = client.hello().profile
     kernel: dict[str, float] = {}
 
@@ -181,10 +183,10 @@ def calibrate_device(client: DeviceClient) -> dict[str, Any]:
         measured_at=time.time(),
     )
     client.kv_put(CALIBRATION_KEY, report.to_bytes())
-    return report.to_json()
+    return report
 
 
-def calibrate_host(cluster: Membership) -> dict[str, Any]:
+def calibrate_host(cluster: Membership) -> CalibrationReport:
     """The host's own profile measured like a drive's: its compute factor (the kernel in one of
     its slots against the machine's own), and its ingress, timed as devices stream into it at
     once (enough of them that their own links together carry twice the host's)."""
@@ -218,7 +220,7 @@ def calibrate_host(cluster: Membership) -> dict[str, Any]:
         device_kernel_s=kernel["device"],
         measured_at=time.time(),
     )
-    return report.to_json()
+    return report
 
 
 def _senders(
@@ -255,13 +257,13 @@ def _ingress_bytes_per_s(senders: list[DeviceClient], total_bytes: int) -> float
     return sum(received) / (time.perf_counter() - started)
 
 
-def calibrate(cluster: Membership) -> list[dict[str, Any]]:
+def calibrate(cluster: Membership) -> list[CalibrationReport]:
     """One report per device; devices are measured one at a time so they do not disturb each
     other's numbers."""
     return [calibrate_device(client) for client in cluster.live_devices()]
 
 
-def stored(client: DeviceClient) -> dict[str, Any] | None:
+def stored(client: DeviceClient) -> CalibrationReport | None:
     """The last calibration stored on a device, if any."""
     from quarry.errors import KeyNotFound
 
@@ -269,4 +271,4 @@ def stored(client: DeviceClient) -> dict[str, Any] | None:
         value, _ = client.kv_get(CALIBRATION_KEY)
     except KeyNotFound:
         return None
-    return CalibrationReport.from_bytes(value).to_json()
+    return CalibrationReport.from_bytes(value)

@@ -77,30 +77,6 @@ class DatasetEntry:
                 placement[device].append(p.partition)
         return dict(placement)
 
-    def to_json(self) -> dict[str, Any]:
-        by_device: dict[str, dict[str, int]] = defaultdict(lambda: {"partitions": 0, "rows": 0})
-        for p in self.partitions:
-            for device in p.devices:
-                by_device[device]["partitions"] += 1
-                by_device[device]["rows"] += p.rows
-        return {
-            "dataset": self.qualified,
-            "rows": self.rows,
-            "partitions": len(self.partitions),
-            "slices": sum(p.slices for p in self.partitions),
-            "bytes_stored": self.bytes_stored,
-            "bytes_arrow": self.bytes_arrow,
-            "compression": self.compression,
-            "replicas": self.ingests[0].replicas,
-            "cluster_by": sorted({i.cluster_by for i in self.ingests if i.cluster_by}),
-            "columns": [{"name": f.name, "type": str(f.type)} for f in self.schema],
-            "devices": dict(sorted(by_device.items())),
-            "metadata": self.metadata,
-            "version": self.version,
-            "available": not self.unavailable,
-            "unavailable_partitions": {str(p): d for p, d in sorted(self.unavailable.items())},
-        }
-
 
 @dataclass
 class _Ingest:

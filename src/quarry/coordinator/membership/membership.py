@@ -9,22 +9,23 @@ those functions behind one handle for users.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from quarry import threads
 from quarry.auth.credentials import read_private
 from quarry.coordinator.membership import catalog as catalog_module
 from quarry.coordinator.membership.catalog import DatasetEntry
+from quarry.coordinator.membership.cluster_file import DeviceSpec
 from quarry.coordinator.membership.device_client import DeviceClient
 from quarry.coordinator.membership.freshness import CatalogCheck, CatalogState, Loads
 from quarry.coordinator.query.host_admission import Workload
 from quarry.coordinator.query.plan_cache import Kept
 from quarry.coordinator.query.settled_cuts import Settled
 from quarry.errors import ClusterError, DatasetNotFound, DeviceUnavailable, ProtocolError
-from quarry.protocol.control import HelloReply, LoadStatus, PulseReply
+from quarry.protocol.control import CalibrationReport, HelloReply, LoadStatus, PulseReply
 from quarry.store import naming
 
 PROBE_WORKERS_MAX = 16
@@ -36,15 +37,17 @@ SAMPLE_SLICES_KEPT_MAX = 16
 # query need not wait for its own pulse to choose its cut
 LOADS_FRESH_S = 0.5
 
+T = TypeVar("T")
 
-def client_of(spec: dict[str, Any]) -> DeviceClient:
+
+def client_of(spec: DeviceSpec) -> DeviceClient:
     """A device's client from its cluster-file entry, with the credentials the entry names: a
     token inline or in a file (owner-readable), and the CA its TLS certificate must chain to."""
-    token = spec.get("token")
-    if token is None and spec.get("token_file"):
-        token = read_private(Path(spec["token_file"])).decode().strip()
-    root_ca = read_private(Path(spec["ca_file"])) if spec.get("ca_file") else None
-    return DeviceClient(spec["name"], spec["address"], token=token, root_ca=root_ca)
+    token = spec.token
+    if token is None and spec.token_file:
+        token = read_private(Path(spec.token_file)).decode().strip()
+    root_ca = read_private(Path(spec.ca_file)) if spec.ca_file else None
+    return DeviceClient(spec.name, spec.address, token=token, root_ca=root_ca)
 
 
 def _pulse(client: DeviceClient) -> PulseReply | None:
@@ -57,18 +60,21 @@ def _pulse(client: DeviceClient) -> PulseReply | None:
 
 
 class Membership:
-    def __init__(self, devices: list[dict[str, Any]], source: str | None = None):
+    def __init__(self, devices: Sequence[DeviceSpec], source: str | None = None):
+        """``devices``: their cluster-file entries (``ClusterFile.devices``); ``source``: the
+        file they came from, if any."""
         if not devices:
             raise ClusterError("a cluster needs at least one device")
-        names = [d["name"] for d in devices]
+        names = [d.name for d in devices]
         if len(set(names)) != len(names):
             raise ClusterError(f"device names must be unique, got {names}")
-        self.spec = devices
+        self.specs = tuple(devices)
         self.source = source
-        self.devices = {d["name"]: client_of(d) for d in devices}
+        self.devices = {d.name: client_of(d) for d in devices}
         # the catalog and what it was read from, replaced whole by ``refresh`` (freshness.py)
         self.state = CatalogState()
-        self.calibration_cache: dict[str, dict[str, Any]] = {}
+        # each device's stored calibration, read once (None: it has none)
+        self.calibration_cache: dict[str, CalibrationReport | None] = {}
         self.figures_cache: dict[tuple[bytes, str], Any] = {}  # auto's sampled sub-plan costs
         self.settled = Settled()  # auto: where the devices settled past the model's cut
         self.workload = Workload()  # the host's turns for long queries
@@ -102,7 +108,7 @@ class Membership:
         for client in self.devices.values():
             client.close()
 
-    def each(self, call: Any) -> dict[str, Any]:
+    def each(self, call: Callable[[DeviceClient], T]) -> dict[str, T | DeviceUnavailable]:
         """Call every device in parallel; a device that does not answer is recorded as down."""
         if len(self.devices) == 1:  # nothing to overlap: this thread asks
             ((name, client),) = self.devices.items()
@@ -112,12 +118,14 @@ class Membership:
                 return {name: error}
         return {name: future.result() for name, future in self.each_started(call).items()}
 
-    def each_started(self, call: Any, names: list[str] | None = None) -> dict[str, Future]:
+    def each_started(
+        self, call: Callable[[DeviceClient], T], names: list[str] | None = None
+    ) -> dict[str, Future[T | DeviceUnavailable]]:
         """``each``, under way (over ``names``, all by default): per device a future of its
         answer (or of the ``DeviceUnavailable`` it raised), at most ``PROBE_WORKERS_MAX`` calls
         at once, so a device that takes its time to answer does not hold up the others."""
         names = sorted(self.devices) if names is None else names
-        futures: dict[str, Future] = {name: Future() for name in names}
+        futures: dict[str, Future[T | DeviceUnavailable]] = {name: Future() for name in names}
 
         def run(name: str) -> None:
             future = futures[name]

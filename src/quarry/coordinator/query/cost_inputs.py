@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
@@ -13,7 +14,7 @@ from quarry.cost.model import DeviceFigures, SubPlanFigures
 from quarry.device.controller import PUSHBACK_NOTICE_SLICES
 from quarry.device.units.substrait import read_columns, run_on_host
 from quarry.errors import DeviceUnavailable
-from quarry.protocol.control import LoadStatus, PartitionDescription
+from quarry.protocol.control import CalibrationReport, LoadStatus, PartitionDescription
 from quarry.protocol.stage import Stage
 from quarry.store.partition import column_bytes
 
@@ -82,18 +83,39 @@ def sample_subplan(cluster: Membership, fragment: Fragment, entry: DatasetEntry)
     )
 
 
-def calibration_of(cluster: Membership, name: str) -> dict[str, Any]:
-    """A device's stored calibration (read once per coordinator), or nothing."""
+def calibration_of(cluster: Membership, name: str) -> CalibrationReport | None:
+    """A device's stored calibration (read once per coordinator), or None."""
     from quarry.coordinator.admin.calibrate import stored as stored_calibration
 
     if name not in cluster.calibration_cache:
-        cluster.calibration_cache[name] = stored_calibration(cluster.devices[name]) or {}
+        cluster.calibration_cache[name] = stored_calibration(cluster.devices[name])
     return cluster.calibration_cache[name]
 
 
-def measured(calibration: dict[str, Any], key: str, default: Any) -> Any:
-    found = calibration.get(key)
-    return found["measured"] if found else default
+@dataclass(frozen=True)
+class Calibrated:
+    """A device's figures for the cost model: as ``quarry calibrate`` measured them where it
+    stored a report, its profile's otherwise. A link its profile leaves unlimited stays so."""
+
+    compute_factor: float
+    internal_bytes_per_s: float | None
+    external_bytes_per_s: float | None
+
+
+def calibrated(cluster: Membership, name: str) -> Calibrated:
+    profile = cluster.info[name].profile
+    report = calibration_of(cluster, name)
+    if report is None:
+        return Calibrated(
+            profile.compute_factor,
+            profile.internal_bytes_per_s or None,
+            profile.external_bytes_per_s or None,
+        )
+    return Calibrated(
+        report.compute_factor.measured,
+        report.internal_bytes_per_s.measured if profile.internal_bytes_per_s else None,
+        report.external_bytes_per_s.measured if profile.external_bytes_per_s else None,
+    )
 
 
 def device_figures(
@@ -114,25 +136,17 @@ def device_figures(
     for name, stored_bytes in sorted(stored.items()):
         client = cluster.devices[name]
         profile = cluster.info[name].profile
-        calibration = calibration_of(cluster, name)
+        figures_of = calibrated(cluster, name)
         load = (loads or {}).get(name) or client.load_status()
         figures.append(
             DeviceFigures(
                 name=name,
                 stored_bytes=stored_bytes,
                 partitions=partitions.get(name, 1),
-                compute_factor=measured(calibration, "compute_factor", profile.compute_factor),
+                compute_factor=figures_of.compute_factor,
                 cores=profile.cores,
-                internal_bytes_per_s=measured(
-                    calibration, "internal_bytes_per_s", profile.internal_bytes_per_s
-                )
-                if profile.internal_bytes_per_s
-                else None,
-                external_bytes_per_s=measured(
-                    calibration, "external_bytes_per_s", profile.external_bytes_per_s
-                )
-                if profile.external_bytes_per_s
-                else None,
+                internal_bytes_per_s=figures_of.internal_bytes_per_s,
+                external_bytes_per_s=figures_of.external_bytes_per_s,
                 cpu_busy=load.cpu_busy,
                 handbacks=handbacks.get(name, partitions.get(name, 1)),
                 shares_host=shares_host(client.address, profile),
