@@ -13,7 +13,7 @@ import pytest
 
 import quarry
 from quarry.auth.credentials import Credentials
-from quarry.auth.tokens import Role, mint, new_secret
+from quarry.auth.tokens import Role, mint, new_signing_key
 from quarry.coordinator.cluster import Cluster
 from quarry.coordinator.membership.cluster_file import DeviceSpec
 from quarry.coordinator.membership.device_client import DeviceClient
@@ -38,8 +38,20 @@ def _as(cluster, token: str) -> Cluster:
 def test_credentials_and_cluster_file_are_the_owners_only(secured):
     cluster, credentials = secured
     assert stat.S_IMODE(credentials.folder.stat().st_mode) == 0o700
-    for path in (credentials.secret_file, credentials.admin_token_file, cluster.cluster_file):
+    owned = (
+        credentials.signing_key_file,
+        credentials.ca_key_file,
+        credentials.admin_token_file,
+        cluster.cluster_file,
+    )
+    for path in owned:
         assert stat.S_IMODE(path.stat().st_mode) == 0o600, path
+    for spec in cluster.specs:  # each device's own folder, which holds nothing that signs
+        enrolled = __import__("pathlib").Path(spec.data) / "credentials"
+        assert stat.S_IMODE(enrolled.stat().st_mode) == 0o700
+        assert not (enrolled / "signing.key").exists() and not (enrolled / "ca.key").exists()
+        for path in enrolled.iterdir():
+            assert stat.S_IMODE(path.stat().st_mode) == 0o600, path
 
 
 def test_a_call_without_a_valid_token_is_refused_and_changes_nothing(secured):
@@ -50,7 +62,7 @@ def test_a_call_without_a_valid_token_is_refused_and_changes_nothing(secured):
         bare.hello()
     with pytest.raises(Unauthenticated, match="no token"):
         bare.drop("physics", "particles")
-    forged = DeviceClient(spec.name, spec.address, token=mint(new_secret(), Role.ADMIN))
+    forged = DeviceClient(spec.name, spec.address, token=mint(new_signing_key(), Role.ADMIN))
     with pytest.raises(Unauthenticated, match="not issued for this cluster"):
         forged.scan("physics", "particles", 0).read_all()
     assert "physics/particles" in {d.dataset for d in cluster.datasets()}
