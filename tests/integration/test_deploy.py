@@ -11,6 +11,7 @@ import base64
 import hashlib
 import hmac
 import json
+import subprocess
 import time
 
 import pyarrow.parquet as pq
@@ -42,7 +43,7 @@ ROWS = 30_000
 @pytest.fixture(scope="module")
 def deployed(tmp_path_factory):
     root = tmp_path_factory.mktemp("deploy")
-    env = {"QUARRY_REVOCATION_SYNC_S": str(SYNC_S)}
+    env = {"QUARRY_REVOCATION_SYNC_S": str(SYNC_S), "QUARRY_FAULT_FILE": str(root / "faults")}
     deployment = deploy(root, ADDRESSES, RACKS, env=env)
     table = particles.table(ROWS, seed=7)
     source = root / "particles.parquet"
@@ -221,6 +222,51 @@ def test_an_expired_token_is_refused_with_a_clear_error(deployed):
     expired = r"reader token expired at .* ago\): ask the cluster.s admin"
     with pytest.raises(Unauthenticated, match=expired):
         client.hello()
+
+
+def _exited(host: Host, timeout_s: float = 5.0) -> bool:
+    """Whether the device's process ended (a fault point hit it) within ``timeout_s``."""
+    assert host.process is not None
+    try:
+        host.process.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        return False
+    return True
+
+
+def test_a_device_that_missed_a_commit_asks_the_decider_over_mutual_tls(deployed):
+    """Every device requires a certificate of its callers here: the device that crashed at
+    commit learns the outcome from the decider with its own certificate and credential."""
+    deployment, table = deployed
+    faults = deployment.hosts[0].root.parent / "faults"
+    with quarry.connect(deployment.cluster_file) as cluster:
+        for victim in deployment.hosts:
+            faults.write_text(f"{victim.name}:commit")
+            try:
+                cluster.ingest(table, f"lab/missed_{victim.name}", replicas=2, partitions=6)
+                stands = True
+            except QuarryError:  # it was the decider: its crash aborted the ingest
+                stands = False
+            finally:
+                faults.write_text("")
+            crashed = _exited(victim)
+            if crashed:
+                deployment.serve(victim)  # back, on its data: it asks the decider
+            if crashed and stands:
+                break
+        else:
+            raise AssertionError("no device missed a commit of an ingest that stood")
+    admin = _client(deployment, victim, (deployment.authority / "admin.token").read_text())
+    deadline = time.monotonic() + 20
+    while not any(p.dataset == f"missed_{victim.name}" for p in admin.inventory()):
+        assert time.monotonic() < deadline, "the decider's outcome never reached it"
+        time.sleep(0.1)
+    with quarry.connect(deployment.cluster_file) as cluster:
+        counted = cluster.sql(f"SELECT count(*) AS n FROM missed_{victim.name}").read_all()
+        assert counted["n"][0].as_py() == ROWS
+        assert all(
+            len(p.devices) == 2 for p in cluster.entry(f"lab/missed_{victim.name}").partitions
+        )
 
 
 def _refuses(client: DeviceClient) -> bool:

@@ -3,6 +3,7 @@ required off loopback). A refused call changes nothing."""
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 import subprocess
@@ -162,3 +163,31 @@ def test_a_device_off_loopback_must_use_tls(tmp_path):
     )
     assert done.returncode != 0
     assert "must use TLS" in done.stderr + done.stdout
+
+
+@pytest.mark.slow
+def test_quarry_up_over_an_older_quarrys_credentials_makes_new_ones(tmp_path):
+    """A data folder whose credentials an older quarry made (one HMAC secret every device
+    shared) is not read any more: ``quarry up`` says so and makes an authority and a folder
+    per device; an enrolled folder is what a device serves with."""
+    from tests.commands import run_quarry
+
+    older = tmp_path / ".quarry" / "credentials"
+    older.mkdir(parents=True)
+    for name in ("secret", "admin.token", "ca.pem", "ca.key", "device.pem", "device.key"):
+        (older / name).write_bytes(b"older")
+    refused = run_quarry(
+        "device", "serve", "--data", str(tmp_path / "d"), "--credentials", str(older),
+        cwd=tmp_path, check=False,
+    )  # fmt: skip
+    assert refused.returncode != 0 and "older quarry" in refused.stderr
+    assert "re-run `quarry up`" in " ".join(refused.stderr.split())
+    up = run_quarry("up", "--devices", "1", "--detach", cwd=tmp_path)
+    try:
+        assert "older quarry's credentials" in " ".join(up.stdout.split())
+        assert not (older / "secret").exists() and (older / "signing.key").exists()
+        assert (tmp_path / ".quarry" / "dev0" / "credentials" / "device.token").exists()
+        status = json.loads(run_quarry("status", "--json", cwd=tmp_path).stdout)
+        assert [row["up"] for row in status] == [True]
+    finally:
+        run_quarry("down", cwd=tmp_path)
