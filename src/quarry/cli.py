@@ -889,9 +889,9 @@ def device_enroll(
     labels = device.labels()
     console.print(
         f"enrolled {name} in {device.folder} (host {labels.host or '-'}, rack "
-        f"{labels.rack or '-'}). Copy it to the device's host, owner-only, and run there:\n"
-        f"  quarry device serve --data DATA --credentials {device.folder.name} --tls "
-        "--host 0.0.0.0 --port PORT"
+        f"{labels.rack or '-'}). Copy the folder to the device's host, owner-only, and run "
+        "there:\n  quarry device serve --data DATA --credentials FOLDER --tls --host 0.0.0.0 "
+        "--port PORT"
     )
 
 
