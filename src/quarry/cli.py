@@ -23,6 +23,7 @@ from quarry.cli_common import (
     JsonOption,
     cluster_file,
     console,
+    errors,
     human_bytes,
     open_cluster,
     print_json,
@@ -40,9 +41,10 @@ if TYPE_CHECKING:
     from quarry.protocol.counters import WorkCounters
 
 if TYPE_CHECKING:  # the commands import what they run when they run
+    from quarry.auth.credentials import Credentials
     from quarry.coordinator.membership.cluster_file import ClusterFile, DeviceSpec
     from quarry.coordinator.membership.listing import DeviceStatus
-    from quarry.protocol.control import Measured, StatsReply
+    from quarry.protocol.control import Measured, RevokedToken, StatsReply
 
 app = typer.Typer(
     help="quarry: computational storage. Devices that compute; queries go to the data.",
@@ -148,6 +150,7 @@ def up(
                 f"a cluster is already running from {file} ({len(alive)} devices): "
                 "`quarry down` first, or use another --data folder"
             )
+    _replacing_older(data)
     chosen: str | list[str] = profile.split(",") if "," in profile else profile
     if host_profile is not None:
         from quarry.device.profile import get_profile
@@ -204,6 +207,63 @@ def up(
         stop_pid(process.pid)
     file.unlink(missing_ok=True)
     console.print("stopped")
+
+
+def _replacing_older(data: Path) -> None:
+    """Say so when the cluster's credentials are an older quarry's (an HMAC secret every
+    device shared): ``quarry up`` makes new ones, and the tokens handed out before stop
+    working."""
+    from quarry.auth.credentials import FOLDER, is_older
+
+    if is_older(data / FOLDER):
+        console.print(
+            f"[yellow]{data / FOLDER} held an older quarry's credentials (one secret every "
+            "device shared): made new ones; tokens handed out before no longer work[/yellow]"
+        )
+
+
+@app.command()
+def init(
+    folder: Annotated[
+        Path, typer.Option(help="the cluster's authority: stays on this machine")
+    ] = Path(DEFAULT_DATA) / "credentials",
+    host: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="an address of this machine for its certificate (quarry serve --tls), "
+            "besides loopback; repeat for more"
+        ),
+    ] = None,
+    admin_ttl: Annotated[
+        float | None,
+        typer.Option(
+            help=f"seconds the admin token lives (default ${settings.ADMIN_TOKEN_TTL_S.name}, "
+            "30 days)"
+        ),
+    ] = None,
+) -> None:
+    """Make a cluster's authority on the admin's machine: a CA, the key that signs tokens, an
+    admin token. They never leave the folder: devices get folders of their own (quarry device
+    enroll). Run again, it keeps the authority and renews the admin token once half its life
+    has gone."""
+    from quarry.auth.credentials import init as make
+    from quarry.auth.credentials import is_older
+
+    if admin_ttl is not None and not 60 <= admin_ttl <= settings.ADMIN_TOKEN_TTL_S.upper:
+        raise QuarryError(
+            f"--admin-ttl must be 60 to {settings.ADMIN_TOKEN_TTL_S.upper:.0f} s, not {admin_ttl}"
+        )
+    older = is_older(folder)
+    made = not (folder / "signing.key").exists()
+    credentials = make(folder, tuple(host or ()), admin_ttl)
+    if older:
+        console.print(f"replaced an older quarry's credentials in {folder}")
+    console.print(
+        f"{'made' if made else 'kept'} the cluster's authority in {credentials.folder} "
+        "(owner-only; never copy it to a storage host)\n"
+        f"admin token: {credentials.admin_token_file}\n"
+        "next: quarry device enroll NAME --host ADDR --output DIR, for each device"
+    )
 
 
 @app.command()
@@ -754,17 +814,85 @@ def device_serve(
     profiles: Annotated[str | None, typer.Option(help="TOML file of user-defined profiles")] = None,
     credentials: Annotated[
         Path | None,
-        typer.Option(help="the cluster's credentials folder (made by quarry up): tokens, TLS"),
+        typer.Option(
+            help="this device's own folder (quarry device enroll; quarry up makes one per "
+            "device): its certificate, the key that checks tokens, its credential"
+        ),
     ] = None,
     tls: Annotated[bool, typer.Option(help="serve over TLS (required off loopback)")] = False,
     insecure: Annotated[
         bool, typer.Option(help="check no token (loopback experiments only)")
     ] = False,
+    verify_clients: Annotated[
+        bool,
+        typer.Option(
+            help="with --tls, require a certificate the cluster's CA signed of every caller "
+            "(devices and the admin's machine have one; a handed-out token alone then cannot "
+            "connect)"
+        ),
+    ] = False,
 ) -> None:
     """Run one device: an Arrow Flight server over an LMDB key-value store."""
     from quarry.device.server import serve_with
 
-    serve_with(data, port, profile, host, name, ready_file, profiles, credentials, tls, insecure)
+    serve_with(
+        data,
+        port,
+        profile,
+        host,
+        name,
+        ready_file,
+        profiles,
+        credentials,
+        tls,
+        insecure,
+        verify_clients,
+    )
+
+
+@device_app.command("enroll")
+def device_enroll(
+    name: Annotated[str, typer.Argument(help="the device's name")],
+    host: Annotated[
+        list[str],
+        typer.Option(
+            help="an address the device is reached at (IP or DNS name) for its certificate; "
+            "repeat for more"
+        ),
+    ],
+    output: Annotated[Path, typer.Option(help="the folder to write: copy it to the device")],
+    rack: Annotated[str, typer.Option(help="its rack, a failure domain (optional)")] = "",
+    host_label: Annotated[
+        str | None,
+        typer.Option(help="the host it runs on, a failure domain (default: the first --host)"),
+    ] = None,
+    ttl: Annotated[
+        float, typer.Option(help="seconds its credential lives (default: a year, as its cert)")
+    ] = 365 * 86_400.0,
+    folder: Annotated[Path, typer.Option(help="the cluster's authority (quarry init)")] = Path(
+        DEFAULT_DATA
+    )
+    / "credentials",
+) -> None:
+    """Issue a device's own credentials folder, to copy to its storage host: its key and
+    certificate (for its addresses), the CA certificate, the public key that checks tokens, a
+    credential of role device, its labels. Nothing in it signs."""
+    from quarry.auth.credentials import Credentials, is_older, older_message
+    from quarry.auth.enrollment import enroll
+
+    if is_older(folder):
+        raise ClusterError(older_message(folder))
+    authority = Credentials(folder)
+    if not authority.signing_key_file.exists():
+        raise ClusterError(f"no cluster authority in {folder}: run quarry init --folder {folder}")
+    device = enroll(authority, name, tuple(host), output, rack, host_label, ttl)
+    labels = device.labels()
+    console.print(
+        f"enrolled {name} in {device.folder} (host {labels.host or '-'}, rack "
+        f"{labels.rack or '-'}). Copy the folder to the device's host, owner-only, and run "
+        "there:\n  quarry device serve --data DATA --credentials FOLDER --tls --host 0.0.0.0 "
+        "--port PORT"
+    )
 
 
 @app.command()
@@ -895,26 +1023,38 @@ def device_remove(
     console.print(f"removed {name}; `quarry repair` copies what it held to the others")
 
 
+def _authority(listed: ClusterFile) -> Credentials:
+    """The cluster's authority a cluster file names (the admin's machine)."""
+    from quarry.auth.credentials import Credentials
+
+    folder = next((d.credentials for d in listed.devices if d.credentials), None)
+    if folder is None:
+        raise ClusterError("this cluster file names no credentials: ask the cluster's admin")
+    return Credentials(Path(folder))
+
+
 @token_app.command("create")
 def token_create(
     role: Annotated[str, typer.Option(help="reader, writer or admin")] = "reader",
+    ttl: Annotated[float, typer.Option(help="seconds it lives (default: a day)")] = 86_400.0,
     output: Annotated[
         Path | None, typer.Option(help="write a cluster file that carries the new token")
     ] = None,
     cluster: ClusterOption = None,
 ) -> None:
-    """Hand out a token: print it, or write a cluster file that carries it (owner-only)."""
-    from quarry.auth.credentials import Credentials
-    from quarry.auth.tokens import Role
+    """Hand out a token: print it, or write a cluster file that carries it (owner-only). Its
+    id and expiry go to stderr (quarry token revoke ID)."""
+    from quarry.auth.tokens import TOKEN_TTL_S_MAX, Role, read_claims, when
     from quarry.coordinator.membership.cluster_file import ClusterFile
 
     if role not in ("reader", "writer", "admin"):
         raise QuarryError(f"--role must be reader, writer or admin, not {role!r}")
+    if not 0 < ttl <= TOKEN_TTL_S_MAX:
+        raise QuarryError(f"--ttl must be more than 0 and at most {TOKEN_TTL_S_MAX:.0f} s")
     listed = ClusterFile.read(cluster_file(cluster))
-    folder = next((d.credentials for d in listed.devices if d.credentials), None)
-    if folder is None:
-        raise ClusterError("this cluster file names no credentials: ask the cluster's admin")
-    token = Credentials(Path(folder)).token(Role(role))
+    token = _authority(listed).token(Role(role), ttl)
+    claims = read_claims(token)
+    errors.print(f"{role} token {claims.id}, expires at {when(claims.expires_at)}")
     if output is None:
         sys.stdout.write(token + "\n")
         return
@@ -923,6 +1063,87 @@ def token_create(
     handed = [replace(d, **private, profiles_file=None, token=token) for d in listed.devices]
     ClusterFile(tuple(handed)).write(output)
     console.print(f"wrote {output}: a cluster file with a {role} token")
+
+
+@token_app.command("revoke")
+def token_revoke(
+    token_id: Annotated[
+        str | None, typer.Argument(help="the token's id (quarry token create prints it)")
+    ] = None,
+    file: Annotated[
+        Path | None,
+        typer.Option(
+            help="revoke the token in this file: a token, or a cluster file that carries one "
+            "(a device's device.token too)"
+        ),
+    ] = None,
+    cluster: ClusterOption = None,
+) -> None:
+    """Revoke a token: sign a new revocation list and push it to every device. A device that
+    does not answer now learns it from its peers once back (within $QUARRY_REVOCATION_SYNC_S,
+    docs/security.md)."""
+    from quarry.coordinator.admin.revocations import every, push
+    from quarry.coordinator.membership.cluster_file import ClusterFile
+    from quarry.coordinator.membership.membership import client_of
+    from quarry.errors import QuarryError as Failed
+
+    listed = ClusterFile.read(cluster_file(cluster))
+    authority = _authority(listed)
+    entry = _revoked_entry(token_id, file, authority)
+    held = authority.revoke((entry,))
+    console.print(f"revoked {entry.id}: revocation list version {held.version}")
+    specs = every(listed.devices)
+    clients = {spec.name: client_of(spec) for spec in specs}
+    try:
+        results = push(clients, held, {spec.name: spec.address for spec in specs})
+    finally:
+        for client in clients.values():
+            client.close()
+    for name, result in results.items():
+        if isinstance(result, Failed):
+            console.print(
+                f"[yellow]{name}: not reached[/yellow] ({result}): it learns the list from its "
+                f"peers within ${settings.REVOCATION_SYNC_S.name} once back"
+            )
+        else:
+            console.print(f"{name}: holds version {result.version}")
+
+
+def _revoked_entry(token_id: str | None, file: Path | None, authority: Credentials) -> RevokedToken:
+    """What to revoke: an id (kept as long as any token may live: its own expiry is not
+    known), or the token in a file, checked as this cluster's, kept until it expires."""
+    from quarry.auth.tokens import read_claims, verify
+    from quarry.protocol.control import TOKEN_ID_CHARS_MAX, RevokedToken
+
+    if (token_id is None) == (file is None):
+        raise QuarryError("give the token's id, or --file FILE holding the token (one of them)")
+    if token_id is not None:
+        if not token_id or len(token_id) > TOKEN_ID_CHARS_MAX or not token_id.isalnum():
+            raise QuarryError(f"{token_id!r} is not a token id (quarry token create prints it)")
+        from quarry.auth.revocation import unknown_expiry
+
+        return RevokedToken(token_id, unknown_expiry())
+    assert file is not None
+    token = _token_in(file)
+    verify(authority.verify_key(), token, now=0.0)  # this cluster's (expired or not)
+    claims = read_claims(token)
+    return RevokedToken(claims.id, claims.expires_at)
+
+
+def _token_in(file: Path) -> str:
+    """The token a file holds: the file's text, or a cluster file's first inline token."""
+    from quarry.coordinator.membership.cluster_file import ClusterFile
+
+    try:
+        text = file.read_text().strip()
+    except OSError as error:
+        raise QuarryError(f"cannot read {file}: {error}") from None
+    if not text.startswith("{"):
+        return text
+    carried = [d.token for d in ClusterFile.read(file).devices if d.token]
+    if not carried:
+        raise QuarryError(f"{file} is a cluster file that carries no token")
+    return carried[0]
 
 
 @device_app.command("load")

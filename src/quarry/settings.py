@@ -208,6 +208,30 @@ INGEST_LEASE_S: Setting[float] = Setting(
     upper=3600.0,
 )
 
+# Credentials (docs/security.md). The admin token's bounds are a token's (auth/tokens.py).
+ADMIN_TOKEN_TTL_S: Setting[int] = Setting(
+    "QUARRY_ADMIN_TOKEN_TTL_S",
+    int,
+    30 * 86_400,
+    "seconds",
+    "How long the admin token `quarry init` and `quarry up` write lives (they renew it once "
+    "half of it has gone): it stays on the admin's machine beside the key that could mint "
+    "another, so it may outlive a user's token; shorten it if that machine is shared",
+    lower=60,
+    upper=400 * 86_400,
+)
+REVOCATION_SYNC_S: Setting[float] = Setting(
+    "QUARRY_REVOCATION_SYNC_S",
+    float,
+    30.0,
+    "seconds",
+    "How often a device asks its peers for a newer revocation list: a device that missed "
+    "`quarry token revoke` refuses the token at most this long (and a call's 5 s) after it "
+    "reaches a peer that has the list. Read when the device starts",
+    lower=0.1,
+    upper=3600.0,
+)
+
 # The super-plan's host memory (plan/memory.py).
 SUPER_PLAN_MEMORY_MIB: Setting[int | None] = Setting(
     "QUARRY_SUPER_PLAN_MEMORY_MIB",

@@ -8,7 +8,7 @@ import json
 import adbc_driver_manager
 import pytest
 
-from quarry.auth.tokens import Role, mint, new_secret
+from quarry.auth.tokens import Role, mint, new_signing_key
 from quarry.errors import ClusterError
 from quarry.flightsql.serve import Options, start
 
@@ -31,7 +31,7 @@ def test_a_reader_token_as_a_bearer_header_queries(endpoint):
     [
         {},  # no token at all
         {"adbc.flight.sql.authorization_header": "Bearer not-a-token"},
-        {"adbc.flight.sql.authorization_header": f"Bearer {mint(new_secret(), Role.ADMIN)}"},
+        {"adbc.flight.sql.authorization_header": f"Bearer {mint(new_signing_key(), Role.ADMIN)}"},
         {"username": "token", "password": "wrong"},
     ],
     ids=["missing", "malformed", "another-clusters", "wrong-password"],
@@ -66,7 +66,7 @@ def test_without_the_secret_the_devices_check_each_callers_token(endpoint, tmp_p
         import adbc_driver_flightsql.dbapi as flight_sql
 
         forged = {
-            "adbc.flight.sql.authorization_header": f"Bearer {mint(new_secret(), Role.READER)}"
+            "adbc.flight.sql.authorization_header": f"Bearer {mint(new_signing_key(), Role.READER)}"
         }
         for ask in (_answer, lambda c: c.adbc_get_info(), lambda c: c.adbc_get_table_types()):
             with (

@@ -3,6 +3,7 @@ required off loopback). A refused call changes nothing."""
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 import subprocess
@@ -13,7 +14,7 @@ import pytest
 
 import quarry
 from quarry.auth.credentials import Credentials
-from quarry.auth.tokens import Role, mint, new_secret
+from quarry.auth.tokens import Role, mint, new_signing_key
 from quarry.coordinator.cluster import Cluster
 from quarry.coordinator.membership.cluster_file import DeviceSpec
 from quarry.coordinator.membership.device_client import DeviceClient
@@ -38,8 +39,20 @@ def _as(cluster, token: str) -> Cluster:
 def test_credentials_and_cluster_file_are_the_owners_only(secured):
     cluster, credentials = secured
     assert stat.S_IMODE(credentials.folder.stat().st_mode) == 0o700
-    for path in (credentials.secret_file, credentials.admin_token_file, cluster.cluster_file):
+    owned = (
+        credentials.signing_key_file,
+        credentials.ca_key_file,
+        credentials.admin_token_file,
+        cluster.cluster_file,
+    )
+    for path in owned:
         assert stat.S_IMODE(path.stat().st_mode) == 0o600, path
+    for spec in cluster.specs:  # each device's own folder, which holds nothing that signs
+        enrolled = __import__("pathlib").Path(spec.data) / "credentials"
+        assert stat.S_IMODE(enrolled.stat().st_mode) == 0o700
+        assert not (enrolled / "signing.key").exists() and not (enrolled / "ca.key").exists()
+        for path in enrolled.iterdir():
+            assert stat.S_IMODE(path.stat().st_mode) == 0o600, path
 
 
 def test_a_call_without_a_valid_token_is_refused_and_changes_nothing(secured):
@@ -50,7 +63,7 @@ def test_a_call_without_a_valid_token_is_refused_and_changes_nothing(secured):
         bare.hello()
     with pytest.raises(Unauthenticated, match="no token"):
         bare.drop("physics", "particles")
-    forged = DeviceClient(spec.name, spec.address, token=mint(new_secret(), Role.ADMIN))
+    forged = DeviceClient(spec.name, spec.address, token=mint(new_signing_key(), Role.ADMIN))
     with pytest.raises(Unauthenticated, match="not issued for this cluster"):
         forged.scan("physics", "particles", 0).read_all()
     assert "physics/particles" in {d.dataset for d in cluster.datasets()}
@@ -150,3 +163,31 @@ def test_a_device_off_loopback_must_use_tls(tmp_path):
     )
     assert done.returncode != 0
     assert "must use TLS" in done.stderr + done.stdout
+
+
+@pytest.mark.slow
+def test_quarry_up_over_an_older_quarrys_credentials_makes_new_ones(tmp_path):
+    """A data folder whose credentials an older quarry made (one HMAC secret every device
+    shared) is not read any more: ``quarry up`` says so and makes an authority and a folder
+    per device; an enrolled folder is what a device serves with."""
+    from tests.commands import run_quarry
+
+    older = tmp_path / ".quarry" / "credentials"
+    older.mkdir(parents=True)
+    for name in ("secret", "admin.token", "ca.pem", "ca.key", "device.pem", "device.key"):
+        (older / name).write_bytes(b"older")
+    refused = run_quarry(
+        "device", "serve", "--data", str(tmp_path / "d"), "--credentials", str(older),
+        cwd=tmp_path, check=False,
+    )  # fmt: skip
+    assert refused.returncode != 0 and "older quarry" in refused.stderr
+    assert "re-run `quarry up`" in " ".join(refused.stderr.split())
+    up = run_quarry("up", "--devices", "1", "--detach", cwd=tmp_path)
+    try:
+        assert "older quarry's credentials" in " ".join(up.stdout.split())
+        assert not (older / "secret").exists() and (older / "signing.key").exists()
+        assert (tmp_path / ".quarry" / "dev0" / "credentials" / "device.token").exists()
+        status = json.loads(run_quarry("status", "--json", cwd=tmp_path).stdout)
+        assert [row["up"] for row in status] == [True]
+    finally:
+        run_quarry("down", cwd=tmp_path)

@@ -172,15 +172,16 @@ def test_lines_run_on_the_devices_give_the_plain_output(stored, cluster, offload
 
 
 def test_offloaded_code_needs_the_admin_role(stored, cluster):
-    from quarry.auth.tokens import Role, mint
+    from quarry.auth.credentials import Credentials
+    from quarry.auth.tokens import Role
     from quarry.coordinator.cluster import Cluster
     from quarry.errors import Forbidden
 
     folder, _, args = stored
     script = folder / "filter.py"
     script.write_text(FILTER)
-    secret = __import__("pathlib").Path(cluster.specs[0].credentials) / "secret"
-    token = mint(secret.read_bytes(), Role.READER)
+    authority = Credentials(__import__("pathlib").Path(cluster.specs[0].credentials))
+    token = authority.token(Role.READER)
     reader = Cluster([replace(d, token=token, token_file=None) for d in cluster.specs])
     with pytest.raises(Forbidden, match="admin"):
         run(script, reader, [args[0], "2.0"], offload="device")

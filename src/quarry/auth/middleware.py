@@ -1,7 +1,8 @@
 """Every call to a device carries a token; the device checks it before anything runs.
 
 A Flight server middleware reads the ``authorization: Bearer <token>`` header of each call and
-checks the token's signature (``tokens.verify``); a call without a valid one is refused there,
+checks the token's signature, expiry and revocation (``revocation.Verifier``, with the
+cluster's public key); a call without a valid one is refused there,
 before its body is even decoded. Each request kind needs a role (``REQUIRED``); the device
 checks the caller's role against it (``authorize``) before it does the work, so a refused call
 changes nothing.
@@ -11,7 +12,8 @@ from __future__ import annotations
 
 from pyarrow import flight
 
-from quarry.auth.tokens import Claims, Role, verify
+from quarry.auth.revocation import Verifier
+from quarry.auth.tokens import Claims, Role
 from quarry.errors import Forbidden, QuarryError, Unauthenticated
 from quarry.protocol import frame
 from quarry.protocol.frame import Action, Get, Put
@@ -32,6 +34,8 @@ REQUIRED: dict[str, Role] = {
     Action.DROP: Role.WRITER,
     Action.RENEW: Role.WRITER,
     Action.OUTCOME: Role.DEVICE,
+    Action.REVOCATIONS: Role.DEVICE,
+    Action.REVOKE: Role.ADMIN,
     Action.KV_GET: Role.ADMIN,
     Action.KV_PUT: Role.ADMIN,
     Action.KV_DELETE: Role.ADMIN,
@@ -68,17 +72,17 @@ class Authenticated(flight.ServerMiddleware):
 
 
 class TokenCheck(flight.ServerMiddlewareFactory):
-    """Refuses every call without a token of this cluster."""
+    """Refuses every call without a valid token of this cluster."""
 
-    def __init__(self, secret: bytes):
-        self.secret = secret
+    def __init__(self, verifier: Verifier):
+        self.verifier = verifier
 
     def start_call(self, info: flight.CallInfo, headers: dict) -> Authenticated:
         values = headers.get(HEADER) or []
         if not values or not values[0].startswith("Bearer "):
             _refuse(Unauthenticated("this call carries no token: connect with the cluster file"))
         try:
-            return Authenticated(verify(self.secret, values[0][len("Bearer ") :]))
+            return Authenticated(self.verifier.check(values[0][len("Bearer ") :]))
         except Unauthenticated as error:
             _refuse(error)
 
@@ -89,7 +93,7 @@ def _refuse(error: QuarryError) -> None:
 
 def authorize(context: flight.ServerCallContext, kind: str, needed: Role | None = None) -> None:
     """Raise ``Forbidden`` unless the caller's role allows this kind of call. A server started
-    without a secret (``--insecure``) has no middleware and checks nothing."""
+    without credentials (``--insecure``) has no middleware and checks nothing."""
     middleware = context.get_middleware(NAME)
     if middleware is None:
         return

@@ -24,6 +24,7 @@ def serve_options(serve: argparse.ArgumentParser) -> argparse.ArgumentParser:
     serve.add_argument("--credentials")
     serve.add_argument("--tls", action="store_true")
     serve.add_argument("--insecure", action="store_true")
+    serve.add_argument("--verify-clients", action="store_true")
     return serve
 
 
@@ -46,6 +47,7 @@ def main(argv: list[str] | None = None) -> int:
             options.credentials,
             options.tls,
             options.insecure,
+            options.verify_clients,
         )
     except QuarryError as error:
         print(f"error: {error}", file=sys.stderr)

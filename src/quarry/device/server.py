@@ -24,14 +24,16 @@ import pyarrow as pa
 from pyarrow import flight
 
 from quarry import auth
+from quarry.auth.enrollment import DeviceLabels
 from quarry.auth.middleware import needed
-from quarry.auth.tokens import Role, mint
+from quarry.auth.revocation import Verifier
 from quarry.device import admission, calibration, faults, loop
 from quarry.device import identity as identity_file
 from quarry.device.admission import Admission
 from quarry.device.janitor import Janitor
-from quarry.device.peers import ask_outcome
+from quarry.device.peers import PeerCredentials, ask_outcome
 from quarry.device.profile import Profile
+from quarry.device.revocation_sync import RevocationSync
 from quarry.device.unit import lookup
 from quarry.errors import CatalogChanged, ClusterError, ProtocolError, QuarryError, QueryError
 from quarry.protocol import control, frame, ingest, work
@@ -94,17 +96,28 @@ def description_message(meta: PartitionMeta) -> control.PartitionDescription:
 
 @dataclass(frozen=True)
 class Security:
-    """What a device checks callers with, and shows them: the cluster's token secret (None:
-    ``--insecure``, nothing checked), its TLS certificate and key, and the CA it trusts when it
-    calls another device."""
+    """What a server checks callers with, and shows them, from its enrolled folder: the
+    cluster's public key and the revocation list it holds (``verifier``; None: ``--insecure``,
+    nothing checked), its own TLS certificate and key, the CA it trusts, its credential (a
+    token of role ``device``) for the devices it asks, its labels, and whether it requires a
+    certificate the CA signed of every caller (``--verify-clients``: mutual TLS on every
+    call, not only between devices)."""
 
-    secret: bytes | None = None
+    verifier: Verifier | None = None
     tls: tuple[bytes, bytes] | None = None  # certificate, key (PEM)
     ca: bytes | None = None
+    credential: str | None = None
+    labels: DeviceLabels | None = None
+    verify_clients: bool = False
 
     @property
     def scheme(self) -> str:
         return "grpc+tls" if self.tls else "grpc"
+
+    @property
+    def peer(self) -> PeerCredentials:
+        """How it calls another device: its credential, and under TLS its own certificate."""
+        return PeerCredentials(self.credential, self.ca if self.tls else None, self.tls)
 
 
 class Service(flight.FlightServerBase):
@@ -125,17 +138,28 @@ class Service(flight.FlightServerBase):
         name: str | None,
         security: Security,
     ):
-        middleware = {auth.NAME: auth.TokenCheck(security.secret)} if security.secret else None
+        verifier = security.verifier
+        middleware = {auth.NAME: auth.TokenCheck(verifier)} if verifier else None
         tls = [security.tls] if security.tls else None
-        super().__init__(location, middleware=middleware, tls_certificates=tls)
+        super().__init__(
+            location,
+            middleware=middleware,
+            tls_certificates=tls,
+            verify_client=security.verify_clients,
+            root_certificates=security.ca if security.verify_clients else None,
+        )
         self.data = Path(data)
         self.profile = profile
+        self.security = security
         self.identity = identity_file.load_or_create(self.data, name, profile.name)
         self.name = self.identity["name"]
         self.started_at = time.time()
         # this process's own: a restart (new process) never repeats a generation it gave
         self.boot = uuid.uuid4().hex[:16]
-        self._hello_bytes: bytes | None = None
+        self._hello_bytes: tuple[tuple[int, int], bytes] | None = None
+        self.revocations = verifier.revocations if verifier else None
+        if self.revocations is not None:  # learns what the admin revoked while it was away
+            RevocationSync(self.revocations, security.peer, self.name).start()
 
     def _actions(self) -> dict[str, tuple[type[Message], Callable[[Any, bytes], Any]]]:
         raise NotImplementedError
@@ -148,7 +172,7 @@ class Service(flight.FlightServerBase):
         if kind != action.type:
             raise ProtocolError(f"action type {action.type!r} does not match its body ({kind!r})")
         auth.authorize(context, kind, needed(kind, header))
-        handlers = self._actions()
+        handlers = {**self._actions(), **self._credential_actions()}
         if kind not in handlers:
             raise ProtocolError(
                 f"unknown action {kind!r}; this {self.WHAT} knows {sorted(handlers)}"
@@ -195,12 +219,47 @@ class Service(flight.FlightServerBase):
             "refused": admitted["refused"],
         }
 
+    def _credential_actions(
+        self,
+    ) -> dict[str, tuple[type[Message], Callable[[Any, bytes], Any]]]:
+        """The revocation list: the admin pushes it, peers ask for it (none under
+        ``--insecure``: nothing is checked)."""
+        if self.revocations is None:
+            return {}
+        return {
+            control.RevocationPush.KIND: (control.RevocationPush, self._take_revocations),
+            control.RevocationsAsk.KIND: (control.RevocationsAsk, self._held_revocations),
+        }
+
+    def _take_revocations(
+        self, request: control.RevocationPush, payload: bytes
+    ) -> control.RevocationsHeld:
+        assert self.revocations is not None
+        self.revocations.take(request.revocations, request.peers)  # refused if not signed
+        return control.RevocationsHeld(self.revocations.version, len(self.revocations.peers))
+
+    def _held_revocations(
+        self, request: control.RevocationsAsk, payload: bytes
+    ) -> control.RevocationsReply:
+        assert self.revocations is not None
+        held = self.revocations.held
+        return control.RevocationsReply(
+            held.version, held if held.version > request.version else None
+        )
+
+    def _revocation_state(self) -> tuple[int, int]:
+        held = self.revocations
+        return (0, 0) if held is None else (held.version, len(held.peers))
+
     def _hello(self, request: control.Hello, payload: bytes) -> bytes:
-        if self._hello_bytes is None:  # who it is does not change while it runs
-            self._hello_bytes = self._hello_reply().to_bytes()
-        return self._hello_bytes
+        state = self._revocation_state()  # the rest of who it is does not change while it runs
+        if self._hello_bytes is None or self._hello_bytes[0] != state:
+            self._hello_bytes = (state, self._hello_reply().to_bytes())
+        return self._hello_bytes[1]
 
     def _hello_reply(self) -> control.HelloReply:
+        labels = self.security.labels
+        version, peers = self._revocation_state()
         return control.HelloReply(
             protocol=frame.PROTOCOL_VERSION,
             id=self.identity["id"],
@@ -211,6 +270,10 @@ class Service(flight.FlightServerBase):
             started_at=self.started_at,
             role=self.WHAT,
             checks_generation=self.CHECKS_GENERATION,
+            host=labels.host if labels else "",
+            rack=labels.rack if labels else "",
+            revocations=version,
+            peers=peers,
         )
 
 
@@ -247,12 +310,10 @@ class DeviceServer(Service):
         self._ingesting = 0  # ingest streams open now (``StatsReply.ingesting``)
         self._ingesting_lock = threading.Lock()
         # Pending ingests it took part in before it stopped: committed or aborted as their
-        # deciders say, then watched while their coordinators renew them.
-        peer_token = mint(security.secret, Role.DEVICE) if security.secret else None
+        # deciders say (asked with its own credential), then watched while their coordinators
+        # renew them.
         self.janitor = Janitor(
-            self.store,
-            self.name,
-            ask=functools.partial(ask_outcome, token=peer_token, root_ca=security.ca),
+            self.store, self.name, ask=functools.partial(ask_outcome, peer=security.peer)
         )
         self.janitor.start()
         self._inventory_cache: tuple[int, bytes] | None = None
@@ -541,6 +602,7 @@ def serve_with(
     credentials: str | Path | None = None,
     tls: bool = False,
     insecure: bool = False,
+    verify_clients: bool = False,
 ) -> None:
     """``quarry device serve``'s options: the credentials read, the profile found, then
     ``serve``. Shared by the CLI and ``python -m quarry.device`` (the lean entry point local
@@ -549,30 +611,84 @@ def serve_with(
 
     from quarry.device.profile import get_profile
 
-    security = security_of(credentials, tls, insecure)
+    security = security_of(credentials, tls, insecure, data, verify_clients)
+    name = enrolled_name(security, name)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     serve(data, get_profile(profile, profiles), host, port, name, ready_file, security)
 
 
-def security_of(credentials: str | Path | None, tls: bool, insecure: bool) -> Security:
-    """What a server (device or storage server) checks callers with, from its options."""
-    from quarry.auth.credentials import Credentials, read_private
+def enrolled_name(security: Security, name: str | None) -> str | None:
+    """The name a server runs under: the one its folder was enrolled for (``--name`` may
+    repeat it, not change it: its certificate and credential name it)."""
+    labels = security.labels
+    if labels is None:
+        return name
+    if name is not None and name != labels.name:
+        raise ClusterError(
+            f"these credentials were enrolled for device {labels.name!r}, not {name!r}: drop "
+            f"--name, or enroll {name} (quarry device enroll {name} --host ADDR --output DIR)"
+        )
+    return labels.name
 
+
+def security_of(
+    credentials: str | Path | None,
+    tls: bool,
+    insecure: bool,
+    data: str | Path | None = None,
+    verify_clients: bool = False,
+) -> Security:
+    """What a server (device or storage server) checks callers with, from its options: its
+    enrolled folder (``credentials``), and the revocation list it took since, kept in its
+    ``data`` folder."""
+    from quarry.auth.credentials import read_private
+    from quarry.auth.enrollment import DeviceFolder
+    from quarry.auth.revocation import HELD_FILE
+
+    if verify_clients and not tls:
+        raise ClusterError("--verify-clients checks the callers' TLS certificates: add --tls")
     if credentials is None and not insecure:
         raise ClusterError(
-            "a device checks every call's token: give --credentials FOLDER (made by quarry up), "
-            "or --insecure for a loopback experiment"
+            "a device checks every call's token: give --credentials FOLDER (its own, from "
+            "quarry device enroll; quarry up makes one per device), or --insecure for a "
+            "loopback experiment"
         )
     if credentials is None:
         if tls:
             raise ClusterError("--tls needs --credentials FOLDER (its certificate and key)")
         return Security()
-    found = Credentials(Path(credentials))
+    folder = DeviceFolder(Path(credentials))
+    folder.check()
+    verifier = folder.verifier(None if data is None else Path(data) / HELD_FILE)
+    credential = folder.token()
+    _check_own(verifier, credential, folder.folder)
     return Security(
-        secret=found.secret(),
-        tls=(read_private(found.cert_file), read_private(found.key_file)) if tls else None,
-        ca=read_private(found.ca_file) if tls else None,
+        verifier,
+        tls=folder.identity() if tls else None,
+        ca=read_private(folder.ca_file) if tls else None,
+        credential=credential,
+        labels=folder.labels(),
+        verify_clients=verify_clients,
     )
+
+
+def _check_own(verifier: Verifier, credential: str, folder: Path) -> None:
+    """A folder whose credential its own key does not verify is not one enrollment's: refuse
+    it. One that expired or was revoked still serves, but cannot ask its peers: say so."""
+    from quarry.auth.tokens import verify
+    from quarry.errors import Unauthenticated
+
+    try:
+        verify(verifier.public_key, credential, now=0.0)  # the signature alone
+    except Unauthenticated:
+        raise ClusterError(
+            f"{folder}: its device.token was not signed by the key in its verify.pem; enroll "
+            "the device again (quarry device enroll)"
+        ) from None
+    try:
+        verifier.check(credential)
+    except Unauthenticated as error:
+        log.warning("%s: the device's own credential: %s; enroll it again", folder, error)
 
 
 def serve(
@@ -588,8 +704,8 @@ def serve(
     TLS: tokens must not cross a network in the clear."""
     if host not in LOOPBACK and security.tls is None:
         raise ClusterError(
-            f"a device listening on {host} must use TLS (--tls-cert, --tls-key): only loopback "
-            "may be plain"
+            f"a device listening on {host} must use TLS (--tls, with its enrolled "
+            "--credentials): only loopback may be plain"
         )
     scheme = security.scheme
     server = DeviceServer(Path(data), profile, f"{scheme}://{host}:{port}", name, security)

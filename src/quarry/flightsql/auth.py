@@ -10,9 +10,10 @@ Flight SQL clients authenticate in one of two ways, and both carry the same quar
   bearer header the server answers with. The password is the token; the username is not
   checked (call it ``token``), since a token already says who it is and what it may do.
 
-With the cluster's secret (a cluster file from ``quarry up`` names its credentials) a token's
-signature is checked here, before the call is decoded; either way every query then runs with
-that token against the devices (``sessions``), which check it again and enforce its role.
+With the cluster's public key (a cluster file of the admin's names its authority) a token's
+signature and expiry are checked here, and the revocation list as the endpoint started, before
+the call is decoded; either way every query then runs with that token against the devices
+(``sessions``), which check it again, against the list they hold, and enforce its role.
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ import hashlib
 
 from pyarrow import flight
 
-from quarry.auth.tokens import TOKEN_CHARS_MAX, Role, verify
+from quarry.auth.revocation import Verifier
+from quarry.auth.tokens import TOKEN_CHARS_MAX, Role
 from quarry.errors import Unauthenticated
 
 HEADER = "authorization"
@@ -49,20 +51,21 @@ class Caller(flight.ServerMiddleware):
 
 
 class TokenGate(flight.ServerMiddlewareFactory):
-    """Refuses a call without a token (or, given the secret, with a token of another cluster
-    or a role that may not read) before the call's body is decoded."""
+    """Refuses a call without a token (or, given the cluster's public key, with a token of
+    another cluster, expired, revoked, or of a role that may not read) before the call's body
+    is decoded."""
 
-    def __init__(self, secret: bytes | None):
-        self.secret = secret
+    def __init__(self, verifier: Verifier | None):
+        self.verifier = verifier
 
     def start_call(self, info: flight.CallInfo, headers: dict[str, list[str]]) -> Caller:
         values = headers.get(HEADER) or []
         if not values:
             raise flight.FlightUnauthenticatedError(f"this call carries no token: {HOW}")
         token = token_of(values[0])
-        if self.secret is not None:
+        if self.verifier is not None:
             try:
-                role = verify(self.secret, token).role
+                role = self.verifier.check(token).role
             except Unauthenticated as error:
                 raise flight.FlightUnauthenticatedError(str(error)) from None
             if not role.allows(NEEDED):

@@ -1,8 +1,9 @@
 """Starting the endpoint: ``quarry serve`` and ``quarry up --flight-sql-port``.
 
 The endpoint reads the cluster file as any client does (the devices' addresses, their CA under
-TLS, the host's profile) and, when the file names the cluster's credentials, the secret that
-tokens are signed with, to refuse a bad token at the door; without it the devices refuse it.
+TLS, the host's profile) and, when the file names the cluster's authority, the public key that
+checks tokens (and the revocation list as it starts), to refuse a bad token at the door;
+without it the devices refuse it.
 Off loopback it must use TLS, as devices must: tokens must not cross a network in the clear.
 """
 
@@ -13,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from quarry.auth.credentials import Credentials, read_private
+from quarry.auth.revocation import Revocations, Verifier
 from quarry.coordinator.cluster import connect
 from quarry.coordinator.membership.cluster_file import DeviceSpec
 from quarry.errors import ClusterError
@@ -54,7 +56,7 @@ def start(cluster_file: str | Path, options: Options = Options()) -> FlightSqlSe
     return FlightSqlServer(
         f"{scheme}://{options.host}:{options.port}",
         Sessions(spec, source=str(cluster_file)),
-        secret=credentials.secret() if credentials else None,
+        verifier=_verifier(credentials),
         statements=Statements(options.query_seconds_max),
         pushdown=options.pushdown,
         tls=tls,
@@ -82,6 +84,15 @@ def _cluster_spec(cluster_file: str | Path) -> tuple[DeviceSpec, ...]:
     """The file's devices, once they have answered (and the host profile it names applied)."""
     with connect(cluster_file) as cluster:
         return cluster.specs
+
+
+def _verifier(credentials: Credentials | None) -> Verifier | None:
+    """The authority's public key and its revocation list: the endpoint holds nothing that
+    signs."""
+    if credentials is None:
+        return None
+    key = credentials.verify_key()
+    return Verifier(key, Revocations(key, initial=credentials.revocations()))
 
 
 def _credentials(spec: tuple[DeviceSpec, ...]) -> Credentials | None:

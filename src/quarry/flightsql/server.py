@@ -29,6 +29,7 @@ from typing import Any
 import pyarrow as pa
 from pyarrow import flight
 
+from quarry.auth.revocation import Verifier
 from quarry.coordinator.query.run import Query
 from quarry.errors import ProtocolError, QueryCancelled, QueryError
 from quarry.flightsql import auth, catalog, messages, parameters, sqlinfo
@@ -80,7 +81,7 @@ class FlightSqlServer(flight.FlightServerBase):
         self,
         location: str,
         sessions: Sessions,
-        secret: bytes | None,
+        verifier: Verifier | None,
         statements: Statements | None = None,
         pushdown: Pushdown | str = Pushdown.AUTO,
         tls: tuple[bytes, bytes] | None = None,
@@ -88,7 +89,7 @@ class FlightSqlServer(flight.FlightServerBase):
         super().__init__(
             location,
             auth_handler=auth.HeaderHandshake(),
-            middleware={auth.NAME: auth.TokenGate(secret)},
+            middleware={auth.NAME: auth.TokenGate(verifier)},
             tls_certificates=[tls] if tls else None,
         )
         self.scheme = "grpc+tls" if tls else "grpc"
@@ -206,7 +207,7 @@ class FlightSqlServer(flight.FlightServerBase):
 
     def _metadata(self, caller: auth.Caller, command: Any) -> pa.Table:
         """A catalog or endpoint answer. It too opens the caller's session: without the
-        cluster's secret that is where the devices check the token, and a forged one must not
+        cluster's public key that is where the devices check the token, and a forged one must not
         learn even what the endpoint is."""
         return self._with_session(caller, lambda session: _metadata_of(session, command))
 

@@ -6,6 +6,7 @@ as bare JSON (``to_bytes``) except ``KvValue``, which carries the value as a fra
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -71,6 +72,14 @@ class HelloReply(Message):
     # drives that hold partitions behind it: 1 for a device, its drives' for a storage server
     # (an ingest deals a table's partitions over drives, not over what the host sees)
     drives: int = bounded(low=1, high=1 << 16, default=1)
+    # its failure-domain labels, from its enrollment (``quarry device enroll --host-label,
+    # --rack``): "" when it has none (a device of ``quarry up``, or started without a folder)
+    host: str = bounded(chars_max=NAME_CHARS_MAX, default="")
+    rack: str = bounded(chars_max=NAME_CHARS_MAX, default="")
+    # the version of the cluster's revocation list it holds (0: none), and how many peers it
+    # asks for newer ones: a coordinator of the admin's pushes the list to a device behind
+    revocations: int = bounded(low=0, default=0)
+    peers: int = bounded(low=0, default=0)
 
     @property
     def is_server(self) -> bool:
@@ -367,3 +376,76 @@ class CalibrationReport(Message):
     host_kernel_s: float | None = None
     device_kernel_s: float | None = None
     measured_at: float | None = None
+
+
+# ---- credentials: the cluster's revocation list -------------------------------------------
+
+REVOKED_MAX = 100_000  # tokens revoked and not yet expired (the authority drops expired ones)
+PEERS_MAX = 1024
+TOKEN_ID_CHARS_MAX = 64
+SIGNATURE_CHARS_MAX = 128  # an Ed25519 signature is 64 bytes, 86 in base64url
+
+
+@dataclass(frozen=True)
+class RevokedToken(Message):
+    """A token that no device may accept any more, until it would have expired anyway."""
+
+    id: str = bounded(chars_max=TOKEN_ID_CHARS_MAX)
+    expires_at: float = bounded(low=0.0)
+
+
+@dataclass(frozen=True)
+class RevocationList(Message):
+    """Every revoked token, signed by the cluster's authority (Ed25519 over ``signed_bytes``):
+    a device takes a list only if the key it checks tokens with verifies it, and only if its
+    ``version`` is newer than the one it holds, so anyone may carry one but no one can forge
+    or roll one back."""
+
+    version: int = bounded(low=0)
+    issued_at: float = bounded(low=0.0)
+    revoked: tuple[RevokedToken, ...] = bounded(items_max=REVOKED_MAX, default=())
+    signature: str = bounded(chars_max=SIGNATURE_CHARS_MAX, default="")
+
+    def signed_bytes(self) -> bytes:
+        """What the signature covers: every field but itself, as canonical JSON."""
+        body = self.to_json()
+        del body["signature"]
+        return json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+
+    def ids(self) -> frozenset[str]:
+        return frozenset(entry.id for entry in self.revoked)
+
+
+@dataclass(frozen=True)
+class RevocationPush(Message):
+    """The admin's: take this list (if newer) and ask these peers for newer ones from now on
+    (the addresses of the cluster's other devices), so a device that misses a push learns it
+    from them."""
+
+    KIND = Action.REVOKE
+
+    revocations: RevocationList
+    peers: tuple[str, ...] = bounded(items_max=PEERS_MAX, default=())
+
+
+@dataclass(frozen=True)
+class RevocationsHeld(Message):
+    """What a device holds after a push: the list's version, and how many peers it asks."""
+
+    version: int = bounded(low=0)
+    peers: int = bounded(low=0, default=0)
+
+
+@dataclass(frozen=True)
+class RevocationsAsk(Message):
+    """A device's, of its peers: a list newer than ``version``, if you have one."""
+
+    KIND = Action.REVOCATIONS
+
+    version: int = bounded(low=0)
+
+
+@dataclass(frozen=True)
+class RevocationsReply(Message):
+    version: int = bounded(low=0)
+    revocations: RevocationList | None = None  # only when newer than the asker's

@@ -17,7 +17,19 @@ RECORD = control.IngestRecord("abc", 0, 4, 1, "create", 1.5, {"0": ["dev0"]}, "p
 EXAMPLES: list[Message] = [
     control.Hello(),
     control.HelloReply(
-        2, "id", "dev0", control.ProfileInfo("kinetic", cores=2), 7, "/d", 1.0, "device", True
+        2,
+        "id",
+        "dev0",
+        control.ProfileInfo("kinetic", cores=2),
+        7,
+        "/d",
+        1.0,
+        "device",
+        True,
+        host="10.0.0.2",
+        rack="r1",
+        revocations=3,
+        peers=2,
     ),
     control.Inventory(),
     control.InventoryReply(
@@ -46,6 +58,13 @@ EXAMPLES: list[Message] = [
     control.LoadStatus(0.25, 1.0, 0.0),
     control.Pulse(),
     control.PulseReply("b0a1:12", control.LoadStatus(0.25, 1.0, 0.0)),
+    control.RevocationPush(
+        control.RevocationList(3, 1.5, (control.RevokedToken("ab" * 16, 2.5),), "c2ln"),
+        ("grpc+tls://10.0.0.2:7000",),
+    ),
+    control.RevocationsHeld(3, 1),
+    control.RevocationsAsk(2),
+    control.RevocationsReply(3, control.RevocationList(3, 1.5)),
     control.Calibrate(control.CalibratePart.KERNEL, 3),
     control.CalibrateReply(kernel_s=0.01),
     control.CalibrationReport(

@@ -46,6 +46,8 @@ class Action(StrEnum):
     RENEW = "renew"  # the coordinator of an ingest is alive: keep its pending partitions
     OUTCOME = "outcome"  # asked of an ingest's decider: was it committed?
     PULSE = "pulse"  # before a query: has what the device holds changed, and its load
+    REVOKE = "revoke"  # the admin hands a device the cluster's signed revocation list
+    REVOCATIONS = "revocations"  # a device asks another for a newer revocation list
 
 
 class Put(StrEnum):

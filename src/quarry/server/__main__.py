@@ -25,12 +25,14 @@ def main(argv: list[str] | None = None) -> int:
 
     from quarry.coordinator.membership.cluster_file import read_drives
     from quarry.device.profile import get_profile
-    from quarry.device.server import security_of
+    from quarry.device.server import enrolled_name, security_of
     from quarry.server.service import serve as run
 
     try:
         drives = read_drives(options.drives)
-        security = security_of(options.credentials, options.tls, options.insecure)
+        security = security_of(
+            options.credentials, options.tls, options.insecure, options.data, options.verify_clients
+        )
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
         run(
             options.data,
@@ -38,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
             drives,
             options.host,
             options.port,
-            options.name,
+            enrolled_name(security, options.name),
             options.ready_file,
             security,
         )

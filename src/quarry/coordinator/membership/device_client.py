@@ -38,14 +38,19 @@ class DeviceClient:
         timeout_s: float = CALL_TIMEOUT_S,
         token: str | None = None,
         root_ca: bytes | None = None,
+        identity: tuple[bytes, bytes] | None = None,
     ):
         self.name = name
         self.address = address
         self.timeout_s = timeout_s
         # every call carries the token; over TLS the device must show a certificate the
-        # cluster's CA signed
+        # cluster's CA signed, and this side shows ``identity`` (certificate, key) if it has
+        # one, which a device that verifies its clients requires
         self._headers = bearer(token) if token else []
-        self._client = flight.FlightClient(address, tls_root_certs=root_ca)
+        tls: dict[str, Any] = {}
+        if root_ca is not None and identity is not None:
+            tls["cert_chain"], tls["private_key"] = identity
+        self._client = flight.FlightClient(address, tls_root_certs=root_ca, **tls)
         self.busy = BusyCounter()  # what this device's admission held back
 
     def __repr__(self) -> str:
@@ -130,6 +135,11 @@ class DeviceClient:
     def pulse(self, timeout_s: float = CONNECT_TIMEOUT_S) -> control.PulseReply:
         """Its catalog generation and its load, in one call (``Membership.pulse``)."""
         return self.ask(control.Pulse(), control.PulseReply, timeout_s=timeout_s)
+
+    def push_revocations(self, push: control.RevocationPush) -> control.RevocationsHeld:
+        """Hand the device the cluster's signed revocation list, and the peers it asks for
+        newer ones (admin role)."""
+        return self.ask(push, control.RevocationsHeld, timeout_s=CONNECT_TIMEOUT_S)
 
     def describe(self, domain: str, dataset: str, partition: int) -> control.PartitionDescription:
         request = control.PartitionRef(domain, dataset, partition)

@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from quarry import threads
-from quarry.auth.credentials import read_private
+from quarry.auth.credentials import Credentials, read_private
+from quarry.coordinator.admin import revocations
 from quarry.coordinator.membership import catalog as catalog_module
 from quarry.coordinator.membership.catalog import DatasetEntry
 from quarry.coordinator.membership.cluster_file import DeviceSpec
@@ -42,12 +43,16 @@ T = TypeVar("T")
 
 def client_of(spec: DeviceSpec) -> DeviceClient:
     """A device's client from its cluster-file entry, with the credentials the entry names: a
-    token inline or in a file (owner-readable), and the CA its TLS certificate must chain to."""
+    token inline or in a file (owner-readable), the CA its TLS certificate must chain to, and
+    on the admin's machine (the entry names the authority) the certificate this side shows."""
     token = spec.token
     if token is None and spec.token_file:
         token = read_private(Path(spec.token_file)).decode().strip()
     root_ca = read_private(Path(spec.ca_file)) if spec.ca_file else None
-    return DeviceClient(spec.name, spec.address, token=token, root_ca=root_ca)
+    identity = None
+    if root_ca is not None and spec.credentials:
+        identity = Credentials(Path(spec.credentials)).host_identity()
+    return DeviceClient(spec.name, spec.address, token=token, root_ca=root_ca, identity=identity)
 
 
 def _pulse(client: DeviceClient) -> PulseReply | None:
@@ -145,13 +150,15 @@ class Membership:
         with self._refresh_lock:
             down: dict[str, str] = {}
             info = dict(self.info)
+            answered: dict[str, HelloReply] = {}
             inventories, generations = {}, {}
             partial = set()  # storage servers with drives down: what they miss is lost, for now
             for name, result in self.each(lambda c: (c.hello(), c.inventory_reply())).items():
                 if isinstance(result, Exception):
                     down[name] = str(result)
                     continue
-                info[name], reply = result
+                answered[name], reply = result
+                info[name] = answered[name]
                 inventories[name] = reply.partitions
                 generations[name] = reply.generation
                 if reply.drives_down:
@@ -160,6 +167,8 @@ class Membership:
                 inventories, frozenset(down) | frozenset(partial), frozenset(self.devices)
             )
             self.state = CatalogState(self.state.version + 1, catalog, info, down, generations)
+        # a device back from a partition or a restart may have missed a revocation
+        revocations.bring_up_to_date(self.specs, self.devices, answered)
 
     def check(
         self, devices: Iterable[str] | None = None, state: CatalogState | None = None

@@ -66,9 +66,10 @@ def start_local(
     tls: bool = False,
 ) -> tuple[Started, Path, bool]:
     """Start ``devices`` device processes on loopback over a folder (a new temporary one,
-    which the caller owns, when ``data`` is None). The cluster's credentials (a token secret,
-    an admin token, a CA and the devices' certificate) are made in the folder first,
-    owner-readable only; every device checks every call's token, over TLS if ``tls``."""
+    which the caller owns, when ``data`` is None). The cluster's authority (a CA, a token
+    signing key, an admin token) is made in the folder first, owner-readable only, and each
+    device is enrolled with a folder of its own; every device checks every call's token, over
+    TLS if ``tls``."""
     if not 1 <= devices <= DEVICES_MAX:
         raise ClusterError(f"devices must be between 1 and {DEVICES_MAX}, got {devices}")
     profiles = [profile] * devices if isinstance(profile, str) else list(profile)

@@ -20,12 +20,15 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from quarry.auth.certificates import LOOPBACK_HOSTS
 from quarry.auth.credentials import Credentials
+from quarry.auth.enrollment import DeviceFolder, ensure_enrolled
 from quarry.coordinator.membership.cluster_file import DeviceSpec, write_drives
 from quarry.errors import ClusterError
 
 START_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 10.0
+ENROLLED = "credentials"  # a local server's own folder, under its data folder
 
 
 def device_command(
@@ -35,9 +38,11 @@ def device_command(
     port: int = 0,
     ready_file: Path | None = None,
     profiles_file: str | None = None,
-    credentials: Credentials | None = None,
+    enrolled: DeviceFolder | None = None,
     tls: bool = False,
 ) -> list[str]:
+    """A device's command line; ``enrolled``: its own credentials folder (None: no token
+    checked, ``--insecure``)."""
     command = [
         sys.executable,
         "-m",
@@ -56,13 +61,21 @@ def device_command(
         command += ["--ready-file", str(ready_file)]
     if profiles_file is not None:
         command += ["--profiles", profiles_file]
-    if credentials is not None:
-        command += ["--credentials", str(credentials.folder)]
+    if enrolled is not None:
+        command += ["--credentials", str(enrolled.folder)]
     else:
         command += ["--insecure"]
     if tls:
         command += ["--tls"]
     return command
+
+
+def enrolled_here(data: Path, name: str, credentials: Credentials | None) -> DeviceFolder | None:
+    """The folder a server started on this machine runs with: its own, under its data folder,
+    issued by the cluster's authority (``credentials``) for loopback; never the authority's."""
+    if credentials is None:
+        return None
+    return ensure_enrolled(credentials, name, LOOPBACK_HOSTS, data / ENROLLED)
 
 
 def start_device(
@@ -76,9 +89,12 @@ def start_device(
     tls: bool = False,
 ) -> tuple[DeviceSpec, subprocess.Popen]:
     """Start one device process and wait until it listens: its cluster-file entry (with the
-    profiles file, so that ``quarry device restart`` finds its profile again) and its process."""
+    profiles file, so that ``quarry device restart`` finds its profile again) and its process.
+    ``credentials``: the cluster's authority, which enrolls the device (its entry names the
+    authority: the coordinator's side); the device itself gets its enrolled folder only."""
+    enrolled = enrolled_here(data, name, credentials)
     command = device_command(
-        data, name, profile, port, data / "ready.json", profiles_file, credentials, tls
+        data, name, profile, port, data / "ready.json", profiles_file, enrolled, tls
     )
     process, info = spawn(command, data, f"device {name}", detach)
     spec = DeviceSpec(
@@ -112,7 +128,8 @@ def start_server(
     command += ["--ready-file", str(data / "ready.json")]
     if profiles_file is not None:
         command += ["--profiles", profiles_file]
-    command += ["--credentials", str(credentials.folder)] if credentials else ["--insecure"]
+    enrolled = enrolled_here(data, name, credentials)
+    command += ["--credentials", str(enrolled.folder)] if enrolled else ["--insecure"]
     if tls:
         command += ["--tls"]
     process, info = spawn(command, data, f"storage server {name}", detach)
@@ -129,7 +146,8 @@ def start_server(
 
 
 def _credential_fields(credentials: Credentials | None, tls: bool) -> dict[str, str | None]:
-    """How an entry's clients prove who they are (and the CA under TLS)."""
+    """How an entry's clients prove who they are (and the CA under TLS): the authority's
+    files, on the admin's machine."""
     if credentials is None:
         return {}
     return {
