@@ -35,11 +35,20 @@ from quarry.device.peers import PeerCredentials, ask_outcome
 from quarry.device.profile import Profile
 from quarry.device.revocation_sync import RevocationSync
 from quarry.device.unit import lookup
-from quarry.errors import CatalogChanged, ClusterError, ProtocolError, QuarryError, QueryError
-from quarry.protocol import control, frame, ingest, work
+from quarry.device.integrity import IntegrityLog
+from quarry.device.scrub import scrub
+from quarry.errors import (
+    CatalogChanged,
+    ClusterError,
+    CorruptSlice,
+    ProtocolError,
+    QuarryError,
+    QueryError,
+)
+from quarry.protocol import control, frame, ingest, integrity, work
 from quarry.protocol.frame import Exchange, Get, Put
 from quarry.protocol.message import Message
-from quarry.store import naming
+from quarry.store import mend, naming
 from quarry.store import partition as partitions
 from quarry.store.kv import KeyValueStore
 from quarry.store.partition import PartitionMeta
@@ -48,7 +57,8 @@ log = logging.getLogger("quarry.device")
 
 
 def _flight_errors(method: Callable) -> Callable:
-    """Turn every error into a Flight error carrying the typed quarry error on the wire."""
+    """Turn every error into a Flight error carrying the typed quarry error on the wire (a
+    damaged copy of its own the service remembers first: ``Service.damaged``)."""
 
     @functools.wraps(method)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -57,6 +67,8 @@ def _flight_errors(method: Callable) -> Callable:
         except flight.FlightError:
             raise
         except QuarryError as error:
+            if isinstance(error, CorruptSlice) and args and isinstance(args[0], Service):
+                error = args[0].damaged(error)
             raise flight.FlightServerError(frame.encode_error(error)) from None
         except Exception as error:  # a bug: say so, with the type, rather than hang the client
             log.exception("device error")
@@ -67,14 +79,20 @@ def _flight_errors(method: Callable) -> Callable:
     return wrapper
 
 
-def _typed_errors(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+def _typed_errors(
+    batches: Iterable[pa.RecordBatch],
+    damaged: Callable[[CorruptSlice], CorruptSlice] = lambda error: error,
+) -> Iterator[pa.RecordBatch]:
     """A stream's batches; an error raised while they are made reaches the client typed, as
-    one raised before the stream began does (``_flight_errors``)."""
+    one raised before the stream began does (``_flight_errors``), a damaged copy remembered
+    by ``damaged`` first."""
     try:
         yield from batches
     except (flight.FlightError, GeneratorExit):
         raise
     except QuarryError as error:
+        if isinstance(error, CorruptSlice):
+            error = damaged(error)
         raise flight.FlightServerError(frame.encode_error(error)) from None
     except Exception as error:
         log.exception("device error in a stream")
@@ -163,6 +181,11 @@ class Service(flight.FlightServerBase):
 
     def _actions(self) -> dict[str, tuple[type[Message], Callable[[Any, bytes], Any]]]:
         raise NotImplementedError
+
+    def damaged(self, error: CorruptSlice) -> CorruptSlice:
+        """A damaged copy met while serving a call, on its way to the caller: a device
+        remembers its own (a server passes on its drives' as they named them)."""
+        return error
 
     @_flight_errors
     def do_action(
@@ -317,6 +340,10 @@ class DeviceServer(Service):
         )
         self.janitor.start()
         self._inventory_cache: tuple[int, bytes] | None = None
+        self.integrity = IntegrityLog(self.data, self.name)
+
+    def damaged(self, error: CorruptSlice) -> CorruptSlice:
+        return self.integrity.found(error)
 
     @property
     def emulator(self):
@@ -369,7 +396,24 @@ class DeviceServer(Service):
                 control.KvList,
                 lambda r, p: control.KvKeys(self.store.list(r.prefix, r.limit)),
             ),
+            integrity.Integrity.KIND: (integrity.Integrity, lambda r, p: self.integrity.held()),
+            integrity.Scrub.KIND: (
+                integrity.Scrub,
+                lambda r, p: scrub(self.store, self.emulator, r, self.integrity),
+            ),
+            integrity.Scrubbed.KIND: (integrity.Scrubbed, self._scrubbed),
+            integrity.ForgetPartition.KIND: (integrity.ForgetPartition, self._forget),
         }
+
+    def _scrubbed(self, request: integrity.Scrubbed, payload: bytes) -> integrity.IntegrityReply:
+        self.integrity.scrubbed(request.summary)
+        return self.integrity.held()
+
+    def _forget(self, request: integrity.ForgetPartition, payload: bytes) -> control.Deleted:
+        d, n, p = request.domain, request.dataset, request.partition
+        deleted = partitions.forget(self.store, d, n, p)
+        self.integrity.mended(d, n, p)
+        return control.Deleted(deleted)
 
     def _inventory(self, request: control.Inventory, payload: bytes) -> bytes:
         """Every committed partition, and the generation it holds under. Changed only by
@@ -378,9 +422,13 @@ class DeviceServer(Service):
         cached = self._inventory_cache
         if cached is not None and cached[0] == before:
             return cached[1]
+        damaged: list[CorruptSlice] = []
         summaries = [
-            control.PartitionSummary.from_json(s) for s in partitions.inventory(self.store)
+            control.PartitionSummary.from_json(s)
+            for s in partitions.inventory(self.store, damaged)
         ]
+        for error in damaged:  # served from the metadata slice, or not at all
+            self.integrity.found(error)
         whole = self.store.writes() == before and before % 2 == 0  # no write began or was under way
         generation = self._generation(before) if whole else ""
         encoded = control.InventoryReply(summaries, generation=generation).to_bytes()
@@ -408,6 +456,8 @@ class DeviceServer(Service):
 
     def _stats(self, request: control.Stats, payload: bytes) -> control.StatsReply:
         stats = self.store.stats()
+        held = self.integrity.held()
+        unverified = sum(1 for s in partitions.inventory(self.store) if not s.get("verified"))
         return control.StatsReply(
             keys=stats["keys"],
             file_bytes=stats["file_bytes"],
@@ -417,6 +467,9 @@ class DeviceServer(Service):
             ),
             ingesting=self._ingesting,
             **self._admitted(),
+            corrupt_copies=len(held.corrupt),
+            unverified_partitions=unverified,
+            last_scrub=held.last_scrub,
         )
 
     def _calibrate(self, request: control.Calibrate, payload: bytes) -> control.CalibrateReply:
@@ -454,6 +507,8 @@ class DeviceServer(Service):
                     self._ingesting -= 1
         elif kind == Put.UPDATE_SLICE:
             reply = self._update_slice(ingest.UpdateSlice.from_json(header), reader)
+        elif kind == Put.REPAIR_SLICE:
+            reply = self._repair_slice(integrity.RepairSlice.from_json(header), reader)
         else:
             raise ProtocolError(f"unknown put {kind!r}")
         writer.write(pa.py_buffer(reply.to_bytes()))
@@ -489,15 +544,20 @@ class DeviceServer(Service):
             written.partition, written.rows, len(written.slices), written.bytes_stored
         )
 
+    def _repair_slice(
+        self, request: integrity.RepairSlice, reader: flight.MetadataRecordBatchReader
+    ) -> control.Version:
+        d, n, p = request.domain, request.dataset, request.partition
+        batch = _one_batch(reader)
+        version = mend.rewrite_slice(self.store, d, n, p, request.slice, batch, request.version)
+        slices = range(request.slice, request.slice + 1)
+        self.integrity.mended(d, n, p, frozenset({integrity.CopyPart.SLICE}), slices)
+        return control.Version(version)
+
     def _update_slice(
         self, request: ingest.UpdateSlice, reader: flight.MetadataRecordBatchReader
     ) -> control.Version:
-        table = reader.read_all()
-        batch = (
-            table.combine_chunks().to_batches()[0]
-            if table.num_rows
-            else pa.RecordBatch.from_pylist([], schema=table.schema)
-        )
+        batch = _one_batch(reader)
         version = partitions.update_slice(
             self.store,
             request.domain,
@@ -542,7 +602,7 @@ class DeviceServer(Service):
             batches = self.admission.stream(scanned, self.admission.enter(small), small)
         else:
             raise ProtocolError(f"unknown ticket {kind!r}")
-        return flight.GeneratorStream(schema, _typed_errors(batches))
+        return flight.GeneratorStream(schema, _typed_errors(batches, self.damaged))
 
     def _scan(self, request: work.ScanRequest) -> tuple[pa.Schema, Iterable[pa.RecordBatch], bool]:
         """Raw slices, through the profile's internal and external bandwidth limits, read as
@@ -575,6 +635,14 @@ class DeviceServer(Service):
                 yield batch
 
         return schema, batches(), small
+
+
+def _one_batch(reader: flight.MetadataRecordBatchReader) -> pa.RecordBatch:
+    """A put stream's rows as one batch (a slice's)."""
+    table = reader.read_all()
+    if not table.num_rows:
+        return pa.RecordBatch.from_pylist([], schema=table.schema)
+    return table.combine_chunks().to_batches()[0]
 
 
 def _at_most(meta: PartitionMeta, numbers: range, columns: list[str] | None, limit: int) -> bool:

@@ -14,6 +14,7 @@ from typing import Any
 import pyarrow as pa
 
 from quarry.protocol.frame import Action
+from quarry.protocol.integrity import ScrubSummary
 from quarry.protocol.message import Message, bounded
 
 NAME_CHARS_MAX = 256
@@ -139,6 +140,8 @@ class PartitionSummary(Message):
     bytes_stored: int = bounded(low=0, default=0)
     bytes_arrow: int = bounded(low=0, default=0)
     device: str = ""
+    # every slice carries checksums, checked on every read (False: written before them)
+    verified: bool = False
 
 
 @dataclass(frozen=True)
@@ -187,6 +190,10 @@ class SliceDescription(Message):
     # each column's stream length in the slice value (None: stored whole), and its stripe size
     columns: list[int] | None = bounded(items_max=COLUMNS_MAX, default=None)
     stripe_bytes: int = bounded(low=0, default=0)
+    # each column stream's XXH3-64 checksum (None: written before checksums)
+    checksums: list[int] | None = bounded(
+        items_max=COLUMNS_MAX, low=0, high=(1 << 64) - 1, default=None
+    )
 
 
 @dataclass(frozen=True)
@@ -220,6 +227,11 @@ class StatsReply(Message):
     exchanges_max: int = bounded(low=0, default=0)
     admitted: int = bounded(low=0, default=0)
     refused: int = bounded(low=0, default=0)
+    # integrity (docs/integrity.md): damaged copies it found and holds until they are mended,
+    # partitions written before checksums (read unverified), and its last whole scrub
+    corrupt_copies: int = bounded(low=0, default=0)
+    unverified_partitions: int = bounded(low=0, default=0)
+    last_scrub: ScrubSummary | None = None
 
 
 @dataclass(frozen=True)

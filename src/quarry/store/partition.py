@@ -31,7 +31,7 @@ from quarry.errors import (
     SchemaMismatch,
     VersionConflict,
 )
-from quarry.store import codec, naming
+from quarry.store import checksum, codec, naming
 from quarry.store.kv import KeyValueStore, Snapshot
 from quarry.store.zonemap import zone_map, zone_map_from_json, zone_map_to_json
 
@@ -62,6 +62,9 @@ class SliceInfo:
     # format), and the stripe size the value was cut at (0: one key-value).
     columns: list[int] | None = None
     stripe_bytes: int = 0
+    # Each column stream's checksum (``store.checksum``), in the same order (None: written
+    # before checksums, read unverified).
+    checksums: list[int] | None = None
 
 
 @dataclass
@@ -105,6 +108,11 @@ class PartitionMeta:
     def bytes_arrow(self) -> int:
         return sum(s.bytes_arrow for s in self.slices)
 
+    @property
+    def verified(self) -> bool:
+        """Whether every slice carries checksums (a partition written before them does not)."""
+        return all(s.checksums is not None for s in self.slices)
+
     def summary(self) -> dict[str, Any]:
         """Inventory entry: everything but the zone maps."""
         return {
@@ -121,6 +129,7 @@ class PartitionMeta:
             "bytes_stored": self.bytes_stored,
             "bytes_arrow": self.bytes_arrow,
             "device": self.device,
+            "verified": self.verified,
         }
 
     def to_json(self) -> dict[str, Any]:
@@ -146,6 +155,7 @@ class PartitionMeta:
                 s.get("version", 1),
                 s.get("columns"),
                 s.get("stripe_bytes", 0),
+                s.get("checksums"),
             )
             for s in body["slices"]
         ]
@@ -167,10 +177,39 @@ def _json_bytes(value: Any) -> bytes:
     return json.dumps(value, separators=(",", ":")).encode()
 
 
-def _stored_slice(
+def _sealed_json(value: Any) -> bytes:
+    """A metadata slice or catalog entry as stored: JSON sealed with its checksum."""
+    return checksum.seal(_json_bytes(value))
+
+
+def _unsealed_json(raw: bytes, what: str) -> tuple[Any, bool]:
+    """A sealed JSON value read back, checked (and whether it had a checksum to check)."""
+    body, verified = checksum.unseal(raw, what)
+    try:
+        return json.loads(body), verified
+    except (ValueError, UnicodeDecodeError) as error:
+        raise CorruptSlice(f"{what}: not JSON ({error})") from None
+
+
+def _meta_of(raw: bytes, what: str) -> PartitionMeta:
+    """A metadata slice from its stored bytes, checked; damage of any kind is ``CorruptSlice``."""
+    body, _ = _unsealed_json(raw, what)
+    try:
+        return PartitionMeta.from_json(body)
+    except (AssertionError, KeyError, TypeError, ValueError, AttributeError) as error:
+        raise CorruptSlice(f"{what}: does not describe a partition ({error})") from None
+
+
+def meta_what(domain: str, dataset: str, partition: int) -> str:
+    """How errors name a partition's metadata slice (``CorruptSlice`` reads it back)."""
+    return f"the metadata slice of partition {partition} of {domain}/{dataset}"
+
+
+def store_slice(
     txn: Any, key: str, batch: pa.RecordBatch, compression: str, kv_bytes_max: int, version: int
 ) -> SliceInfo:
-    """Store one slice value (a stream per column) and describe it for the metadata slice."""
+    """Store one slice value (a stream per column) and describe it for the metadata slice,
+    each stream's checksum with it."""
     value, lengths = codec.encode_columns(batch, compression)
     stripes = _put_striped(txn, key, value, kv_bytes_max)
     striped = kv_bytes_max if stripes > 1 else 0
@@ -183,7 +222,29 @@ def _stored_slice(
         version,
         lengths,
         striped,
+        checksum.of_columns(value, lengths),
     )
+
+
+def put_meta(txn: Any, meta: PartitionMeta, kv_bytes_max: int) -> None:
+    """A partition's metadata slice and its catalog entry, sealed, in place of the old ones
+    (part of the caller's transaction)."""
+    meta_key = naming.meta_key(meta.domain, meta.dataset, meta.partition)
+    for old_meta in _meta_keys(txn, meta_key):
+        txn.delete(old_meta)
+    _put_striped(txn, meta_key, _sealed_json(meta.to_json()), kv_bytes_max)
+    txn.put(
+        _catalog_key(meta.domain, meta.dataset, meta.partition), _sealed_json(meta.summary())
+    )
+
+
+def meta_in(txn: Any, domain: str, dataset: str, partition: int) -> PartitionMeta:
+    """A partition's metadata slice read inside a write transaction, checked."""
+    keys = _meta_keys(txn, naming.meta_key(domain, dataset, partition))
+    if not keys:
+        raise DatasetNotFound(f"partition {partition} of {domain}/{dataset} is not on this device")
+    raw = codec.unstripe([txn.get(k)[0] for k in keys])
+    return _meta_of(raw, meta_what(domain, dataset, partition))
 
 
 def _put_striped(txn: Any, key: str, value: bytes, kv_bytes_max: int) -> int:
@@ -301,7 +362,7 @@ class PartitionWriter:
             raise IngestFailed("partition has too many slices; use more partitions")
         key = naming.slice_key(self.meta.domain, self.meta.dataset, self.meta.partition, number)
         with self.store.transaction() as txn:
-            info = _stored_slice(
+            info = store_slice(
                 txn, key, batch, self.meta.compression, self.store.kv_bytes_max, version=1
             )
         self.meta.slices.append(info)
@@ -322,7 +383,7 @@ class PartitionWriter:
             _put_striped(
                 txn,
                 naming.pending_key(m.domain, m.dataset, m.partition) + "/meta",
-                _json_bytes(m.to_json()),
+                _sealed_json(m.to_json()),
                 self.store.kv_bytes_max,
             )
         return m
@@ -351,18 +412,10 @@ def commit(store: KeyValueStore, ingest_id: str, device: str) -> list[int]:
             if not txn.version(pending + "/meta-ready"):
                 raise IngestFailed(f"partition {pending} of ingest {ingest_id} was not finished")
             meta_keys = [k for k in txn.list(pending + "/meta") if k != pending + "/meta-ready"]
-            body = _load_json(codec.unstripe([txn.get(k)[0] for k in meta_keys]))
-            meta = PartitionMeta.from_json(body)
+            raw = codec.unstripe([txn.get(k)[0] for k in meta_keys])
+            meta = _meta_of(raw, f"the pending metadata slice {pending}")
             meta.device = device
-            _put_striped(
-                txn,
-                naming.meta_key(meta.domain, meta.dataset, meta.partition),
-                _json_bytes(meta.to_json()),
-                store.kv_bytes_max,
-            )
-            txn.put(
-                _catalog_key(meta.domain, meta.dataset, meta.partition), _json_bytes(meta.summary())
-            )
+            put_meta(txn, meta, store.kv_bytes_max)
             for key in [pending, pending + "/meta-ready", *meta_keys]:
                 txn.delete(key)
             committed.append(meta.partition)
@@ -466,18 +519,49 @@ def outcome(store: KeyValueStore, ingest_id: str, now: float) -> str:
     return "abort"
 
 
-def inventory(store: KeyValueStore) -> list[dict[str, Any]]:
-    return [_load_json(store.get(key)[0]) for key in store.list(CATALOG_PREFIX)]
+def inventory(
+    store: KeyValueStore, damaged: list[CorruptSlice] | None = None
+) -> list[dict[str, Any]]:
+    """Every committed partition's catalog entry. One that fails its check is rebuilt from
+    the metadata slice, and one whose metadata slice fails too is left out (the device cannot
+    serve it); either is added to ``damaged``."""
+    entries = []
+    for key in store.list(CATALOG_PREFIX):
+        domain, dataset, partition = key[len(CATALOG_PREFIX) :].split("/")
+        try:
+            entries.append(catalog_entry(store, domain, dataset, int(partition)))
+            continue
+        except CorruptSlice as error:
+            if damaged is not None:
+                damaged.append(error)
+        try:
+            entries.append(read_meta(store, domain, dataset, int(partition)).summary())
+        except CorruptSlice as error:
+            if damaged is not None:
+                damaged.append(error)
+    return entries
+
+
+def catalog_entry(store: KeyValueStore, domain: str, dataset: str, partition: int) -> Any:
+    """A partition's catalog entry, checked (``CorruptSlice`` if damaged)."""
+    what = f"the catalog entry of partition {partition} of {domain}/{dataset}"
+    return _unsealed_json(store.get(_catalog_key(domain, dataset, partition))[0], what)[0]
+
+
+def json_round_trip(value: Any) -> Any:
+    """``value`` as it reads back once stored as JSON (tuples become lists...)."""
+    return json.loads(_json_bytes(value))
 
 
 def read_meta(store: KeyValueStore, domain: str, dataset: str, partition: int) -> PartitionMeta:
+    """A partition's metadata slice, checked against its checksum (``CorruptSlice`` if not)."""
     try:
         raw = _read_striped_meta(store, naming.meta_key(domain, dataset, partition))
     except KeyNotFound:
         raise DatasetNotFound(
             f"partition {partition} of {domain}/{dataset} is not on this device"
         ) from None
-    return PartitionMeta.from_json(_load_json(raw))
+    return _meta_of(raw, meta_what(domain, dataset, partition))
 
 
 def read_slice(
@@ -519,32 +603,63 @@ def fetch_slice(
 
 
 def decode_read(meta: PartitionMeta, fetched: FetchedSlice) -> pa.RecordBatch:
+    """A slice's fetched bytes checked against their checksums, then decoded and checked
+    against the metadata slice: damage of any kind is ``CorruptSlice``, naming the copy."""
     info = meta.slices[fetched.number]
     try:
         if fetched.whole is not None:
             batch = codec.decode_slice(fetched.whole, meta.schema, info.rows)
             return batch.select(fetched.columns) if fetched.columns is not None else batch
         assert fetched.parts is not None and fetched.indices is not None
+        verify_parts(meta, fetched.number, fetched.parts, fetched.indices)
         return codec.decode_columns(fetched.parts, meta.columns(fetched.indices), info.rows)
     except CorruptSlice as error:
-        raise CorruptSlice(
-            f"slice {fetched.number} of partition {meta.partition} of "
-            f"{meta.domain}/{meta.dataset}: {error}"
-        ) from None
+        raise CorruptSlice(f"{slice_what(meta, fetched.number)}: {error}") from None
+
+
+def slice_what(meta: PartitionMeta, number: int) -> str:
+    """How errors name a copy of a slice (``CorruptSlice`` reads it back)."""
+    on = f" on device {meta.device}" if meta.device else ""
+    return f"slice {number} of partition {meta.partition} of {meta.domain}/{meta.dataset}{on}"
+
+
+def verify_parts(
+    meta: PartitionMeta, number: int, parts: list[Any], indices: list[int]
+) -> bool:
+    """Check column streams read off the store (``parts``, of the columns at ``indices``)
+    against the lengths and checksums the metadata slice keeps; whether they had checksums."""
+    info = meta.slices[number]
+    assert info.columns is not None, "a slice stored whole has no stream per column"
+    checksums = info.checksums
+    if checksums is not None and len(checksums) != len(info.columns):
+        raise CorruptSlice(f"{len(checksums)} checksums for {len(info.columns)} columns")
+    verified = False
+    for part, index in zip(parts, indices, strict=True):
+        expected = None if checksums is None else checksums[index]
+        what = f"column {meta.schema.field(index).name}"
+        verified = checksum.check(part, info.columns[index], expected, what) or verified
+    return verified
 
 
 def read_stored(
     store: KeyValueStore, meta: PartitionMeta, number: int, columns: list[str]
-) -> list[bytes | memoryview] | None:
-    """The stored IPC streams of ``columns`` of a slice, undecoded (None: the slice was stored
-    whole, in the first format, and has no stream per column)."""
+) -> tuple[list[bytes | memoryview], list[int] | None] | None:
+    """The stored IPC streams of ``columns`` of a slice, undecoded but checked against their
+    checksums, and those checksums, for the receiver to check again (None: none kept). None
+    for a slice stored whole, in the first format, with no stream per column."""
     info = meta.slices[number]
     if info.columns is None:
         return None
     key = naming.slice_key(meta.domain, meta.dataset, meta.partition, number)
     wanted = column_indices(meta, columns)
     parts = _column_values(store, key, info, wanted)
-    return [parts[i] for i in wanted]
+    wanted_parts = [parts[i] for i in wanted]
+    try:
+        verify_parts(meta, number, wanted_parts, wanted)
+    except CorruptSlice as error:
+        raise CorruptSlice(f"{slice_what(meta, number)}: {error}") from None
+    checksums = None if info.checksums is None else [info.checksums[i] for i in wanted]
+    return wanted_parts, checksums
 
 
 def column_indices(meta: PartitionMeta, columns: list[str] | None) -> list[int]:
@@ -639,6 +754,17 @@ def drop(store: KeyValueStore, domain: str, dataset: str) -> int:
     return deleted
 
 
+def forget(store: KeyValueStore, domain: str, dataset: str, partition: int) -> int:
+    """Delete this device's copy of one partition (slices, metadata slice, catalog entry) in
+    one transaction: a copy whose metadata slice is damaged, before a good one is copied back."""
+    prefix = naming.partition_prefix(domain, dataset, partition)
+    with store.transaction() as txn:
+        keys = [*txn.list(prefix), *txn.list(_catalog_key(domain, dataset, partition))]
+        for key in keys:
+            txn.delete(key)
+    return len(keys)
+
+
 def update_slice(
     store: KeyValueStore,
     domain: str,
@@ -656,12 +782,9 @@ def update_slice(
     """
     if not batch.schema.equals(read_meta(store, domain, dataset, partition).schema):
         raise SchemaMismatch(f"new slice schema {batch.schema} differs from {domain}/{dataset}'s")
-    meta_key = naming.meta_key(domain, dataset, partition)
     key = naming.slice_key(domain, dataset, partition, number)
     with store.transaction() as txn:
-        meta = PartitionMeta.from_json(
-            _load_json(codec.unstripe([txn.get(k)[0] for k in _meta_keys(txn, meta_key)]))
-        )
+        meta = meta_in(txn, domain, dataset, partition)
         if not 0 <= number < len(meta.slices):
             raise KeyNotFound(
                 f"slice {number} of {domain}/{dataset} partition {partition} does not exist"
@@ -675,13 +798,10 @@ def update_slice(
             )
         for old_key in naming.slice_value_keys(key, old.stripes):
             txn.delete(old_key)
-        meta.slices[number] = _stored_slice(
+        meta.slices[number] = store_slice(
             txn, key, batch, meta.compression, store.kv_bytes_max, old.version + 1
         )
-        for old_meta in _meta_keys(txn, meta_key):
-            txn.delete(old_meta)
-        _put_striped(txn, meta_key, _json_bytes(meta.to_json()), store.kv_bytes_max)
-        txn.put(_catalog_key(domain, dataset, partition), _json_bytes(meta.summary()))
+        put_meta(txn, meta, store.kv_bytes_max)
     return old.version + 1
 
 
