@@ -302,6 +302,7 @@ def status(cluster: ClusterOption = None, as_json: JsonOption = False) -> None:
         print_json([row.to_json() for row in rows])
         return
     _print_status(rows)
+    _print_integrity(rows)
     if not short:
         console.print("every partition is at its replica count")
     for deficit in short:
@@ -334,6 +335,46 @@ def _print_status(rows: list[DeviceStatus]) -> None:
             _busy(stats),
         )
     console.print(table)
+
+
+def _print_integrity(rows: list[DeviceStatus]) -> None:
+    """Each device's last scrub and what it found, the damaged copies it holds, and the
+    partitions it reads unverified (docs/integrity.md)."""
+    now = time.time()
+    for row in rows:
+        stats = row.stats
+        if stats is None:
+            continue
+        last = stats.last_scrub
+        if last is None:
+            scrubbed = "never scrubbed"
+        else:
+            ago = _ago(now - last.finished_at)
+            found = f"{last.corrupt} damaged, {last.repaired} repaired" if last.corrupt else "clean"
+            fixed = f", {last.zone_maps_fixed} zone maps rewritten" if last.zone_maps_fixed else ""
+            scrubbed = f"scrubbed {ago} ago: {last.slices:,} slices, {found}{fixed}"
+        held = ""
+        if stats.corrupt_copies:
+            held = (
+                f"; [red]{stats.corrupt_copies} damaged copies[/red] held "
+                "(`quarry repair` mends them from good ones)"
+            )
+        if stats.unverified_partitions:
+            held += (
+                f"; [yellow]{stats.unverified_partitions} partitions unverified[/yellow] "
+                "(written before checksums: ingest them again)"
+            )
+        console.print(f"{row.device}: {scrubbed}{held}")
+
+
+def _ago(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    if seconds < 2 * 86_400:
+        return f"{seconds / 3600:.0f} h"
+    return f"{seconds / 86_400:.0f} days"
 
 
 def _busy(stats: StatsReply) -> str:
@@ -946,6 +987,99 @@ def repair(
 
 
 WATCH_PERIOD_S = 5.0
+
+
+@app.command()
+def scrub(
+    bandwidth: Annotated[
+        float | None,
+        typer.Option(
+            help="MiB/s each device reads (and copies) at most, so queries keep their drives "
+            f"(default: {settings.SCRUB_MIB_PER_S.name}, {settings.SCRUB_MIB_PER_S.default:g})"
+        ),
+    ] = None,
+    no_repair: Annotated[
+        bool, typer.Option("--no-repair", help="only check: leave damaged copies as found")
+    ] = False,
+    watch: Annotated[
+        float | None,
+        typer.Option(
+            help="keep scrubbing in the background, a new pass this many seconds "
+            "after each ends (off by default; Ctrl-C stops)"
+        ),
+    ] = None,
+    cluster: ClusterOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Read every slice of every device on the device itself, check checksums and zone maps
+    against the data, and mend damaged copies from good ones (docs/integrity.md)."""
+    from quarry.progress import Bar
+
+    mib_per_s = bandwidth if bandwidth is not None else settings.SCRUB_MIB_PER_S.get()
+    if mib_per_s <= 0:
+        raise typer.BadParameter("--bandwidth must be above 0 MiB/s")
+    c = open_cluster(cluster)
+    try:
+        while True:
+            with Bar("scrub", None, "slices", enabled=None if not as_json else False) as bar:
+                report = c.scrub(mib_per_s * (1 << 20), _progress(bar), mend=not no_repair)
+            if as_json:
+                print_json(report.to_json())
+            else:
+                _print_scrub(report)
+            if watch is None:
+                break
+            time.sleep(watch)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        c.close()
+    unmended = report.repair.unmended if report.repair is not None else []
+    if watch is None and (unmended or (report.repair is None and report.corrupt)):
+        raise typer.Exit(1)  # damage left as it was found
+
+
+def _progress(bar: Any) -> Callable[[int, int], None]:
+    """A scrub's ``progress(done, total)`` onto a bar that learns its total from it."""
+    told_before = [0]
+
+    def told(done: int, total: int) -> None:
+        bar.total = total
+        bar.advance(done - told_before[0])
+        told_before[0] = done
+
+    return told
+
+
+def _print_scrub(report: Any) -> None:
+    for device in report.devices:
+        if device.error is not None:
+            console.print(f"[yellow]{device.device}[/yellow]: not scrubbed: {device.error}")
+            continue
+        found = f"[red]{len(device.corrupt)} damaged[/red]" if device.corrupt else "clean"
+        extra = ""
+        if device.zone_maps_fixed:
+            extra += f", {device.zone_maps_fixed} zone maps rewritten from their rows"
+        if device.catalogs_fixed:
+            extra += f", {device.catalogs_fixed} catalog entries rebuilt"
+        if device.unverified:
+            extra += f", {device.unverified} slices unverified (written before checksums)"
+        console.print(
+            f"{device.device}: {device.slices:,} slices, {human_bytes(device.bytes_read)} in "
+            f"{device.seconds:.1f} s: {found}{extra}"
+        )
+        for copy in device.corrupt:
+            console.print(f"  {copy.detail}")
+    repaired = report.repair
+    if repaired is not None:
+        for mended in repaired.mended:
+            source = f" from {mended.source}" if mended.source else ""
+            console.print(f"mended on {mended.copy.device}: {mended.how}{source}")
+        for copy in repaired.copied:
+            console.print(f"copied {copy['dataset']} partition {copy['partition']} to {copy['to']}")
+        for left in repaired.unmended:
+            console.print(f"[red]not mended[/red] on {left.copy.device}: {left.error}")
+    console.print("clean" if report.clean else f"{report.corrupt} damaged copies found")
 
 
 def _watch(c: Any, after_s: float, bandwidth_bytes_per_s: float) -> None:

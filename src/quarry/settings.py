@@ -208,6 +208,19 @@ INGEST_LEASE_S: Setting[float] = Setting(
     upper=3600.0,
 )
 
+# Integrity (docs/integrity.md).
+SCRUB_MIB_PER_S: Setting[float] = Setting(
+    "QUARRY_SCRUB_MIB_PER_S",
+    float,
+    100.0,
+    "MiB/s",
+    "How fast `quarry scrub` reads each device's slices (and copies good ones over damaged "
+    "ones), so queries keep their drives: raise it for an idle cluster, lower it for a busy "
+    "one; `--bandwidth` sets it for one run",
+    lower=0.0,
+    lower_open=True,
+)
+
 # Credentials (docs/security.md). The admin token's bounds are a token's (auth/tokens.py).
 ADMIN_TOKEN_TTL_S: Setting[int] = Setting(
     "QUARRY_ADMIN_TOKEN_TTL_S",

@@ -20,6 +20,7 @@ from quarry.coordinator.admin.repair import (
     deficits,
     repair,
 )
+from quarry.coordinator.admin.scrub import Progress, ScrubReport, scrub
 from quarry.coordinator.dispatch.streams import merge
 from quarry.coordinator.ingest.atomic import ingest
 from quarry.coordinator.membership.catalog import DatasetEntry
@@ -31,7 +32,7 @@ from quarry.coordinator.query.fragments import Forced
 from quarry.coordinator.query.run import Query
 from quarry.coordinator.reads.sample import Sample, sample
 from quarry.coordinator.reads.source_order import source_order
-from quarry.errors import DeviceUnavailable
+from quarry.errors import CorruptSlice, DeviceUnavailable
 from quarry.protocol.control import CalibrationReport, LoadStarted, LoadStatus
 from quarry.pushdown import Pushdown
 
@@ -145,10 +146,10 @@ class Cluster(Membership):
         end: int | None = None,
     ) -> Iterator[pa.RecordBatch]:
         """Stream one partition's slices ``first`` to ``end``, a batch per slice; a replica
-        that stops answering is left for the next, which goes on from the first slice not yet
-        received (none twice)."""
+        that stops answering, or reads a damaged copy, is left for the next, which goes on
+        from the first slice not yet received (none twice)."""
         errors: list[str] = []
-        received = first
+        received, damaged = first, False
         for device in devices:
             if device in self.down:
                 errors.append(f"{device} is down")
@@ -164,6 +165,15 @@ class Cluster(Membership):
                 return
             except DeviceUnavailable as error:
                 errors.append(str(error))
+                damaged = False
+            except CorruptSlice as error:
+                errors.append(str(error.on(device)))
+                damaged = True
+        if damaged:
+            raise CorruptSlice(
+                f"no replica of partition {partition} of {entry.qualified} holds a good copy "
+                f"from slice {received}: " + "; ".join(errors)
+            )
         raise DeviceUnavailable(
             f"no replica of partition {partition} of {entry.qualified} answers from "
             f"slice {received}: " + "; ".join(errors)
@@ -190,6 +200,17 @@ class Cluster(Membership):
         """Copy under-replicated partitions from a replica that answers to devices that do
         not hold them, until each is back at its replica count (bounded bandwidth)."""
         return repair(self, bandwidth_bytes_per_s)
+
+    def scrub(
+        self,
+        bytes_per_s: float = BANDWIDTH_BYTES_PER_S_DEFAULT,
+        progress: Progress | None = None,
+        mend: bool = True,
+    ) -> ScrubReport:
+        """Read every slice of every device on the device itself, at most ``bytes_per_s``
+        each, checking checksums and zone maps; then (``mend``) mend what is damaged from
+        good copies (docs/integrity.md). ``progress(done, total)`` counts slices."""
+        return scrub(self, bytes_per_s, progress, mend)
 
     # ---- devices as drives --------------------------------------------------------------------
 

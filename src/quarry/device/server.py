@@ -30,13 +30,13 @@ from quarry.auth.revocation import Verifier
 from quarry.device import admission, calibration, faults, loop
 from quarry.device import identity as identity_file
 from quarry.device.admission import Admission
+from quarry.device.integrity import IntegrityLog
 from quarry.device.janitor import Janitor
 from quarry.device.peers import PeerCredentials, ask_outcome
 from quarry.device.profile import Profile
 from quarry.device.revocation_sync import RevocationSync
-from quarry.device.unit import lookup
-from quarry.device.integrity import IntegrityLog
 from quarry.device.scrub import scrub
+from quarry.device.unit import lookup
 from quarry.errors import (
     CatalogChanged,
     ClusterError,
@@ -424,8 +424,7 @@ class DeviceServer(Service):
             return cached[1]
         damaged: list[CorruptSlice] = []
         summaries = [
-            control.PartitionSummary.from_json(s)
-            for s in partitions.inventory(self.store, damaged)
+            control.PartitionSummary.from_json(s) for s in partitions.inventory(self.store, damaged)
         ]
         for error in damaged:  # served from the metadata slice, or not at all
             self.integrity.found(error)

@@ -233,9 +233,7 @@ def put_meta(txn: Any, meta: PartitionMeta, kv_bytes_max: int) -> None:
     for old_meta in _meta_keys(txn, meta_key):
         txn.delete(old_meta)
     _put_striped(txn, meta_key, _sealed_json(meta.to_json()), kv_bytes_max)
-    txn.put(
-        _catalog_key(meta.domain, meta.dataset, meta.partition), _sealed_json(meta.summary())
-    )
+    txn.put(_catalog_key(meta.domain, meta.dataset, meta.partition), _sealed_json(meta.summary()))
 
 
 def meta_in(txn: Any, domain: str, dataset: str, partition: int) -> PartitionMeta:
@@ -623,9 +621,7 @@ def slice_what(meta: PartitionMeta, number: int) -> str:
     return f"slice {number} of partition {meta.partition} of {meta.domain}/{meta.dataset}{on}"
 
 
-def verify_parts(
-    meta: PartitionMeta, number: int, parts: list[Any], indices: list[int]
-) -> bool:
+def verify_parts(meta: PartitionMeta, number: int, parts: list[Any], indices: list[int]) -> bool:
     """Check column streams read off the store (``parts``, of the columns at ``indices``)
     against the lengths and checksums the metadata slice keeps; whether they had checksums."""
     info = meta.slices[number]

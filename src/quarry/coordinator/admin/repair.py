@@ -8,6 +8,10 @@ a bounded rate so foreground queries keep their links. The copy is written pendi
 partition's ingest and committed on the target alone: a copy cut short is settled by the target
 itself (its lease runs out; unfinished, it is dropped). No central server: any coordinator
 computes the same deficits and targets from the devices' own inventories.
+
+Damaged copies the devices remember (a slice or metadata slice that failed its checksum) are
+mended first, each from a good copy (``mend``): one slice rewritten, or a copy whose metadata
+slice is damaged dropped, which then counts as a deficit and is copied back here.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
+from quarry.coordinator.admin.mend import Mended, Unmended, damaged_copies, mend
 from quarry.coordinator.membership.device_client import DeviceClient, finish_put
 from quarry.coordinator.membership.placement import weight
 from quarry.errors import DeviceUnavailable, QuarryError
@@ -57,6 +62,8 @@ class RepairReport:
     unavailable: list[dict[str, Any]] = field(default_factory=list)  # no replica answers
     bytes_copied: int = 0
     seconds: float = 0.0
+    mended: list[Mended] = field(default_factory=list)  # damaged copies made good
+    unmended: list[Unmended] = field(default_factory=list)  # and those left as they are
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -65,6 +72,8 @@ class RepairReport:
             "unavailable": self.unavailable,
             "bytes_copied": self.bytes_copied,
             "seconds": round(self.seconds, 3),
+            "mended": [m.to_json() for m in self.mended],
+            "unmended": [u.to_json() for u in self.unmended],
         }
 
 
@@ -97,6 +106,9 @@ def repair(
         for partition in sorted(entry.unavailable):
             report.unavailable.append({"dataset": entry.qualified, "partition": partition})
     bucket = _Bucket(bandwidth_bytes_per_s)
+    report.mended, report.unmended = mend(cluster, damaged_copies(cluster), bucket.take)
+    if report.mended:
+        cluster.refresh()  # a copy dropped for its damaged metadata slice is a deficit now
     for deficit in deficits(cluster):
         entry = cluster.entry(deficit.dataset)
         p = next(p for p in entry.partitions if p.partition == deficit.partition)

@@ -25,6 +25,7 @@ class PartitionEntry:
     bytes_stored: int
     bytes_arrow: int
     devices: list[str]  # replicas that hold it, in placement order
+    verified: bool = False  # every copy's slices carry checksums (checked on every read)
 
 
 @dataclass
@@ -146,6 +147,7 @@ def build(
                         bytes_stored=summary.bytes_stored,
                         bytes_arrow=summary.bytes_arrow,
                         devices=[device for device, _ in held],
+                        verified=all(s.verified for _, s in held),
                     )
                 )
         catalog[entry.qualified] = entry
