@@ -45,7 +45,7 @@ REQUIRED: dict[str, Role] = {
     Action.INTEGRITY: Role.READER,
     Action.SCRUB: Role.ADMIN,  # it rewrites zone maps and catalog entries that disagree
     Action.SCRUBBED: Role.ADMIN,
-    Action.FORGET: Role.WRITER,
+    Action.REPAIR_META: Role.WRITER,
     Put.PARTITION: Role.WRITER,
     Put.UPDATE_SLICE: Role.WRITER,
     Put.REPAIR_SLICE: Role.WRITER,

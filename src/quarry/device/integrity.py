@@ -67,11 +67,17 @@ class IntegrityLog:
     def found(self, error: CorruptSlice, found_by: FoundBy = FoundBy.READ) -> CorruptSlice:
         """Remember the copy ``error`` names; the error, naming this device."""
         error = error.on(self.device)
+        self.remember(error, found_by)
+        return error
+
+    def remember(self, error: CorruptSlice, found_by: FoundBy) -> CorruptCopy | None:
+        """The copy ``error`` names, remembered (None: it names none)."""
+        error = error.on(self.device)
         copy = CorruptCopy.of(error, self.device, time.time(), found_by)
         if copy is not None:
             log.warning("damaged copy: %s", error)
             self.add([copy])
-        return error
+        return copy
 
     def add(self, copies: list[CorruptCopy]) -> None:
         if not copies:

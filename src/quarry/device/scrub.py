@@ -102,13 +102,8 @@ def agrees(kept: dict[str, dict[str, Any]], fresh: dict[str, dict[str, Any]]) ->
 
 
 def _remembered(log: IntegrityLog, errors: list[CorruptSlice]) -> tuple[CorruptCopy, ...]:
-    copies = []
-    for error in errors:
-        named = log.found(error, FoundBy.SCRUB)
-        copy = CorruptCopy.of(named, log.device, time.time(), FoundBy.SCRUB)
-        if copy is not None:
-            copies.append(copy)
-    return tuple(copies)
+    copies = (log.remember(error, FoundBy.SCRUB) for error in errors)
+    return tuple(copy for copy in copies if copy is not None)
 
 
 class _Pace:

@@ -402,18 +402,21 @@ class DeviceServer(Service):
                 lambda r, p: scrub(self.store, self.emulator, r, self.integrity),
             ),
             integrity.Scrubbed.KIND: (integrity.Scrubbed, self._scrubbed),
-            integrity.ForgetPartition.KIND: (integrity.ForgetPartition, self._forget),
+            integrity.RepairMeta.KIND: (integrity.RepairMeta, self._repair_meta),
         }
 
     def _scrubbed(self, request: integrity.Scrubbed, payload: bytes) -> integrity.IntegrityReply:
         self.integrity.scrubbed(request.summary)
         return self.integrity.held()
 
-    def _forget(self, request: integrity.ForgetPartition, payload: bytes) -> control.Deleted:
+    def _repair_meta(self, request: integrity.RepairMeta, payload: bytes) -> integrity.ScrubReply:
+        """A good copy's metadata slice in place of the damaged one, then its own slices
+        checked against it (one that does not check is reported, to be mended in turn)."""
         d, n, p = request.domain, request.dataset, request.partition
-        deleted = partitions.forget(self.store, d, n, p)
-        self.integrity.mended(d, n, p)
-        return control.Deleted(deleted)
+        mend.install_meta(self.store, d, n, p, payload, self.name)
+        parts = frozenset({integrity.CopyPart.METADATA, integrity.CopyPart.CATALOG})
+        self.integrity.mended(d, n, p, parts)
+        return scrub(self.store, self.emulator, integrity.Scrub(d, n, p), self.integrity)
 
     def _inventory(self, request: control.Inventory, payload: bytes) -> bytes:
         """Every committed partition, and the generation it holds under. Changed only by

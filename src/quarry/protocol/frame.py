@@ -52,7 +52,7 @@ class Action(StrEnum):
     SCRUB = "scrub"  # read and check a range of slices of a partition, mend what it can itself
     INTEGRITY = "integrity"  # the damaged copies a device found and its last whole scrub
     SCRUBBED = "scrubbed"  # a whole scrub of the device is over: keep its summary
-    FORGET = "forget_partition"  # drop a device's damaged copy of one partition
+    REPAIR_META = "repair_meta"  # a damaged metadata slice replaced by a good copy's
 
 
 class Put(StrEnum):

@@ -6,8 +6,8 @@ device raises ``CorruptSlice`` and remembers the copy (``CorruptCopy``) until it
 scrub reads a range of a partition's slices on the device itself (``Scrub``), so nothing but the
 findings crosses the network; a coordinator walks every partition of every device that way and
 then mends each damaged copy from a good one: a slice rewritten from a replica's rows
-(``RepairSlice``), a partition whose metadata slice is damaged dropped (``ForgetPartition``) and
-copied back whole by ``quarry repair``.
+(``RepairSlice``), a metadata slice replaced by a replica's (``RepairMeta``), after which the
+device checks its own slices against it.
 """
 
 from __future__ import annotations
@@ -172,11 +172,13 @@ class RepairSlice(Message):
 
 
 @dataclass(frozen=True)
-class ForgetPartition(Message):
-    """Drop the device's copy of one partition (its metadata slice is damaged: nothing of it
-    can be read); the answer is a ``Deleted``. ``quarry repair`` copies it back."""
+class RepairMeta(Message):
+    """Replace a damaged metadata slice with a good copy's (the payload: its stored value,
+    sealed with its checksum, which the device checks). Replicas hold the same slices, so the
+    device keeps its own slice values and scrubs them against it at once: the answer is that
+    ``ScrubReply``, and a slice that does not check is mended like any other."""
 
-    KIND = Action.FORGET
+    KIND = Action.REPAIR_META
 
     domain: str = bounded(chars_max=NAME_CHARS_MAX)
     dataset: str = bounded(chars_max=NAME_CHARS_MAX)

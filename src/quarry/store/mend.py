@@ -1,7 +1,9 @@
 """Writes that mend a damaged copy on its own device (docs/integrity.md).
 
 A slice that fails its checksum is rewritten from a good copy's rows (``rewrite_slice``): the
-same rows, so its version stays and its zone map comes out the same. A zone map that disagrees
+same rows, so its version stays and its zone map comes out the same. A damaged metadata slice is
+replaced by a good copy's (``install_meta``): replicas hold the same slices, so the device keeps
+its own values and a scrub then checks them against it. A zone map that disagrees
 with rows that check is rewritten from the rows (``set_zone_maps``): a summary is never trusted
 over the data it summarises, or an answer would depend on whether it was read. A catalog entry
 that fails its check is rebuilt from the metadata slice (``rewrite_catalog``). Each is one
@@ -15,7 +17,7 @@ from typing import Any
 import pyarrow as pa
 
 from quarry.errors import CorruptSlice, KeyNotFound, SchemaMismatch, VersionConflict
-from quarry.store import naming
+from quarry.store import checksum, naming
 from quarry.store import partition as partitions
 from quarry.store.kv import KeyValueStore
 
@@ -59,6 +61,26 @@ def rewrite_slice(
         )
         partitions.put_meta(txn, meta, store.kv_bytes_max)
     return version
+
+
+def install_meta(
+    store: KeyValueStore, domain: str, dataset: str, partition: int, sealed: bytes, device: str
+) -> None:
+    """Put a good copy's metadata slice (``sealed``, as stored, checked here) in place of this
+    device's damaged one, naming this device; its slice values stay as they are."""
+    what = f"the good copy of {partitions.meta_what(domain, dataset, partition)}"
+    if not checksum.is_sealed(sealed):
+        raise CorruptSlice(f"{what}: carries no checksum, so nothing shows it is good")
+    meta = partitions.meta_of(sealed, what)
+    if (meta.domain, meta.dataset, meta.partition) != (domain, dataset, partition):
+        raise CorruptSlice(
+            f"{what}: describes partition {meta.partition} of {meta.domain}/{meta.dataset}"
+        )
+    meta.device = device
+    with store.transaction() as txn:
+        if not txn.list(naming.partition_prefix(domain, dataset, partition)):
+            raise KeyNotFound(f"partition {partition} of {domain}/{dataset} is not on this device")
+        partitions.put_meta(txn, meta, store.kv_bytes_max)
 
 
 def set_zone_maps(

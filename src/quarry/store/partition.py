@@ -191,7 +191,7 @@ def _unsealed_json(raw: bytes, what: str) -> tuple[Any, bool]:
         raise CorruptSlice(f"{what}: not JSON ({error})") from None
 
 
-def _meta_of(raw: bytes, what: str) -> PartitionMeta:
+def meta_of(raw: bytes, what: str) -> PartitionMeta:
     """A metadata slice from its stored bytes, checked; damage of any kind is ``CorruptSlice``."""
     body, _ = _unsealed_json(raw, what)
     try:
@@ -242,7 +242,7 @@ def meta_in(txn: Any, domain: str, dataset: str, partition: int) -> PartitionMet
     if not keys:
         raise DatasetNotFound(f"partition {partition} of {domain}/{dataset} is not on this device")
     raw = codec.unstripe([txn.get(k)[0] for k in keys])
-    return _meta_of(raw, meta_what(domain, dataset, partition))
+    return meta_of(raw, meta_what(domain, dataset, partition))
 
 
 def _put_striped(txn: Any, key: str, value: bytes, kv_bytes_max: int) -> int:
@@ -411,7 +411,7 @@ def commit(store: KeyValueStore, ingest_id: str, device: str) -> list[int]:
                 raise IngestFailed(f"partition {pending} of ingest {ingest_id} was not finished")
             meta_keys = [k for k in txn.list(pending + "/meta") if k != pending + "/meta-ready"]
             raw = codec.unstripe([txn.get(k)[0] for k in meta_keys])
-            meta = _meta_of(raw, f"the pending metadata slice {pending}")
+            meta = meta_of(raw, f"the pending metadata slice {pending}")
             meta.device = device
             put_meta(txn, meta, store.kv_bytes_max)
             for key in [pending, pending + "/meta-ready", *meta_keys]:
@@ -559,7 +559,7 @@ def read_meta(store: KeyValueStore, domain: str, dataset: str, partition: int) -
         raise DatasetNotFound(
             f"partition {partition} of {domain}/{dataset} is not on this device"
         ) from None
-    return _meta_of(raw, meta_what(domain, dataset, partition))
+    return meta_of(raw, meta_what(domain, dataset, partition))
 
 
 def read_slice(
@@ -748,17 +748,6 @@ def drop(store: KeyValueStore, domain: str, dataset: str) -> int:
     deleted += store.delete_prefix(f"{CATALOG_PREFIX}{domain}/{dataset}/")
     deleted += store.delete_prefix(f"{naming.CACHE_PREFIX}{domain}/{dataset}/")
     return deleted
-
-
-def forget(store: KeyValueStore, domain: str, dataset: str, partition: int) -> int:
-    """Delete this device's copy of one partition (slices, metadata slice, catalog entry) in
-    one transaction: a copy whose metadata slice is damaged, before a good one is copied back."""
-    prefix = naming.partition_prefix(domain, dataset, partition)
-    with store.transaction() as txn:
-        keys = [*txn.list(prefix), *txn.list(_catalog_key(domain, dataset, partition))]
-        for key in keys:
-            txn.delete(key)
-    return len(keys)
 
 
 def update_slice(

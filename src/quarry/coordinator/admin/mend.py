@@ -4,10 +4,11 @@ Each device remembers the damaged copies it met (a query's read, a scrub) until 
 mended. ``mend`` takes them from every device that answers and mends each from a good copy on
 another replica: a slice is read from a holder (which checks it as it reads) and written over
 the damaged one with the same rows and version (``RepairSlice``), so one bad slice costs one
-slice's copy, not a partition's. A metadata slice is the partition's root: nothing of that copy
-can be read, so the copy is dropped (``ForgetPartition``) once another holder shows a good one,
-and ``repair`` copies the partition back as for a lost device. A catalog entry is rebuilt by
-its own device from its metadata slice (a scrub of no slices does it). With no good copy
+slice's copy, not a partition's. A damaged metadata slice is replaced by a holder's good one
+(``RepairMeta``, its stored value, checksum and all): replicas hold the same slices, so the
+device keeps its own values and scrubs them against it at once, and any that do not check are
+mended in turn. A catalog entry is rebuilt by its own device from its metadata slice (a scrub
+of no slices does it). With no good copy
 anywhere (replicas 1, or every copy damaged) a copy is left as it is and reported: what it
 still holds stays readable, slice by slice, and nothing damaged is ever an answer.
 """
@@ -22,18 +23,19 @@ import pyarrow as pa
 
 from quarry.coordinator.membership.device_client import DeviceClient, finish_put
 from quarry.errors import CorruptSlice, DeviceUnavailable, QuarryError
-from quarry.protocol.control import Deleted, Version
+from quarry.protocol.control import Version
 from quarry.protocol.integrity import (
     CopyPart,
     CorruptCopy,
-    ForgetPartition,
     Integrity,
     IntegrityReply,
+    RepairMeta,
     RepairSlice,
     Scrub,
     ScrubReply,
 )
 from quarry.records import Record
+from quarry.store import checksum, codec, naming
 
 if TYPE_CHECKING:
     from quarry.coordinator.membership.membership import Membership
@@ -78,33 +80,49 @@ def integrity_of(client: DeviceClient) -> IntegrityReply | None:
 def mend(
     cluster: Membership, copies: list[CorruptCopy], take: Callable[[int], None]
 ) -> tuple[list[Mended], list[Unmended]]:
-    """Mend each copy from a good one; ``take(bytes)`` paces the slices copied."""
+    """Mend each copy from a good one; ``take(bytes)`` paces the slices copied. A metadata
+    slice mended may show slices of that copy that do not check against it: mended too."""
     mended, unmended = [], []
-    for copy in copies:
+    waiting = list(copies)
+    seen = {copy.key for copy in waiting}
+    while waiting:
+        copy = waiting.pop(0)
         try:
-            mended.append(_mend_one(cluster, copy, take))
+            done, more = _mend_one(cluster, copy, take)
+            mended.append(done)
         except QuarryError as error:
             unmended.append(Unmended(copy, str(error)))
+            continue
+        fresh = [c for c in more if c.key not in seen]
+        seen.update(c.key for c in fresh)
+        waiting.extend(fresh)
     return mended, unmended
 
 
-def _mend_one(cluster: Membership, copy: CorruptCopy, take: Callable[[int], None]) -> Mended:
+def _mend_one(
+    cluster: Membership, copy: CorruptCopy, take: Callable[[int], None]
+) -> tuple[Mended, tuple[CorruptCopy, ...]]:
+    """One copy mended; and the damaged copies that mending it brought to light."""
     if copy.device in cluster.down or copy.device not in cluster.devices:
         raise DeviceUnavailable(f"device {copy.device} does not answer")
     device = cluster.devices[copy.device]
     if copy.part is CopyPart.CATALOG:
         device.ask(Scrub(copy.domain, copy.dataset, copy.partition, 0, 0), ScrubReply)
-        return Mended(copy, "catalog entry rebuilt from its metadata slice")
+        return Mended(copy, "catalog entry rebuilt from its metadata slice"), ()
     holders = _other_holders(cluster, copy)
     if copy.part is CopyPart.METADATA:
-        source = _good_metadata(holders, copy)
-        device.ask(ForgetPartition(copy.domain, copy.dataset, copy.partition), Deleted)
-        return Mended(copy, "damaged copy dropped; copied back whole by repair", source.name)
+        source, sealed = _good_metadata(holders, copy)
+        take(len(sealed))
+        request = RepairMeta(copy.domain, copy.dataset, copy.partition)
+        checked = device.ask(request, ScrubReply, payload=sealed)
+        return Mended(
+            copy, "metadata slice replaced by a good copy's", source.name
+        ), checked.corrupt
     errors = []
     for holder in holders:
         try:
             _copy_slice(holder, device, copy, take)
-            return Mended(copy, "slice rewritten from a good copy", holder.name)
+            return Mended(copy, "slice rewritten from a good copy", holder.name), ()
         except (CorruptSlice, DeviceUnavailable) as error:
             errors.append(str(error))
     raise CorruptSlice(f"no good copy of {_named(copy)} answers: {'; '.join(errors) or 'none'}")
@@ -132,14 +150,19 @@ def _other_holders(cluster: Membership, copy: CorruptCopy) -> list[DeviceClient]
     ]
 
 
-def _good_metadata(holders: list[DeviceClient], copy: CorruptCopy) -> DeviceClient:
-    """A holder whose metadata slice of the partition checks (it reads it to describe it)."""
+def _good_metadata(holders: list[DeviceClient], copy: CorruptCopy) -> tuple[DeviceClient, bytes]:
+    """A holder whose metadata slice of the partition checks, and that slice as stored."""
     errors = []
+    key = naming.meta_key(copy.domain, copy.dataset, copy.partition)
+    what = f"the metadata slice of partition {copy.partition} of {copy.qualified}"
     for holder in holders:
         try:
-            holder.describe(copy.domain, copy.dataset, copy.partition)
-            return holder
-        except (CorruptSlice, DeviceUnavailable) as error:
+            keys = [k for k in holder.kv_list(key) if k == key or k.startswith(key + ".")]
+            sealed = codec.unstripe([holder.kv_get(k)[0] for k in sorted(keys)])
+            if not checksum.unseal(sealed, f"{what} on device {holder.name}")[1]:
+                raise CorruptSlice(f"{what} on device {holder.name} carries no checksum")
+            return holder, sealed
+        except QuarryError as error:  # damaged there too, not there, or not answering
             errors.append(str(error))
     raise CorruptSlice(
         f"no other replica holds a good copy of partition {copy.partition} of {copy.qualified}"

@@ -10,8 +10,8 @@ itself (its lease runs out; unfinished, it is dropped). No central server: any c
 computes the same deficits and targets from the devices' own inventories.
 
 Damaged copies the devices remember (a slice or metadata slice that failed its checksum) are
-mended first, each from a good copy (``mend``): one slice rewritten, or a copy whose metadata
-slice is damaged dropped, which then counts as a deficit and is copied back here.
+mended first, each from a good copy on another replica (``mend``): one slice, or one metadata
+slice, rewritten in place.
 """
 
 from __future__ import annotations
@@ -107,8 +107,6 @@ def repair(
             report.unavailable.append({"dataset": entry.qualified, "partition": partition})
     bucket = _Bucket(bandwidth_bytes_per_s)
     report.mended, report.unmended = mend(cluster, damaged_copies(cluster), bucket.take)
-    if report.mended:
-        cluster.refresh()  # a copy dropped for its damaged metadata slice is a deficit now
     for deficit in deficits(cluster):
         entry = cluster.entry(deficit.dataset)
         p = next(p for p in entry.partitions if p.partition == deficit.partition)
