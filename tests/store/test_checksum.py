@@ -70,8 +70,8 @@ def test_a_codec_round_trip_keeps_a_checksum_per_column_stream(tmp_path, compres
     back = pa.Table.from_batches(list(partitions.read_slices(store, meta)))
     assert back.equals(_ones())
     # a describe carries them, typed
-    body = meta.to_json()
-    described = PartitionDescription.from_json({"summary": meta.summary(), "slices": body["slices"]})
+    slices = meta.to_json()["slices"]
+    described = PartitionDescription.from_json({"summary": meta.summary(), "slices": slices})
     assert described.slices[0].checksums == meta.slices[0].checksums
     assert described.summary.verified
 
