@@ -84,8 +84,11 @@ class IntegrityLog:
             return
         with self._lock:
             kept = {c.key: c for c in self._held.corrupt}
-            for copy in copies:
-                kept.setdefault(copy.key, copy)  # first found, first kept
+            fresh = [copy for copy in copies if copy.key not in kept]
+            if not fresh:  # known already (a query meets the same copy again and again)
+                return
+            for copy in fresh:
+                kept[copy.key] = copy
             listed = sorted(kept.values(), key=lambda c: c.found_at)[-CORRUPT_KEPT_MAX:]
             self._save(IntegrityReply(tuple(listed), self._held.last_scrub))
 
