@@ -75,8 +75,8 @@ def resume(task: T, lost: DeviceLost, dead: set[str], reports: dict[int, WorkRep
         replica = next((c for c in task.replicas.get(partition, ()) if c.name not in dead), None)
         if replica is None and isinstance(lost.error, CorruptSlice):
             raise CorruptSlice(
-                f"no other replica of partition {partition} of {task.request.domain}/"
-                f"{task.request.dataset} holds a good copy: {lost.error}"
+                f"{lost.error}; no other replica of partition {partition} of "
+                f"{task.request.domain}/{task.request.dataset} holds a good copy to read instead"
             ) from None
         if replica is None:
             raise DeviceUnavailable(
