@@ -668,6 +668,7 @@ def _device_row(counted: WorkCounters, name: str, partitions: str) -> list[str]:
         str(counted.slices_scanned),
         str(counted.slices_executed),
         str(counted.slices_pushed_back),
+        str(counted.slices_verified),
         f"{counted.rows_read:,}",
         human_bytes(counted.bytes_read),
         human_bytes(counted.bytes_shipped),
@@ -697,6 +698,7 @@ def _print_analyzed(analyzed: Analyze) -> None:
         "scanned",
         "executed",
         "pushed back",
+        "verified",
         "rows read",
         "bytes read",
         "bytes shipped",
@@ -713,6 +715,12 @@ def _print_analyzed(analyzed: Analyze) -> None:
     for d in analyzed.devices:
         for fallback in d.fallbacks:
             console.print(f"[yellow]{d.device}[/yellow]: {fallback}")
+        if d.counters.slices_rejected:  # a damaged copy: read from a replica instead
+            damaged = [f["error"] for f in d.failovers if "error" in f]
+            console.print(
+                f"[red]{d.device}[/red]: {d.counters.slices_rejected} damaged copies rejected, "
+                f"read from a replica instead: {escape('; '.join(dict.fromkeys(damaged)))}"
+            )
     if levels is not None:
         console.print(
             f"drive links {human_bytes(levels.drive_links_bytes)}, network "

@@ -235,12 +235,20 @@ def test_scrub_and_status_from_the_command_line(tmp_path):
         assert "never scrubbed" in _quarry("status", cwd=tmp_path).stdout
         assert "clean" in _quarry("scrub", cwd=tmp_path).stdout
         rows = json.loads(_quarry("status", "--json", cwd=tmp_path).stdout)
-        victim = rows[0]
+        with quarry.connect(tmp_path / ".quarry" / "cluster.json") as cluster:
+            serves = cluster.entry("t/ones").partitions[0].devices[0]
+        victim = next(row for row in rows if row["device"] == serves)
         os.kill(victim["pid"], signal.SIGKILL)
         (kv,) = [p for p in tmp_path.rglob("kv") if p.parent.name == victim["device"]]
         key = naming.slice_key("t", "ones", 0, 0)
         _put(kv, key, _value(kv, key)[:-8])
         _quarry("device", "restart", victim["device"], cwd=tmp_path)
+        sql = "SELECT max(v) AS m, sum(v) AS s FROM ones"
+        analyzed = _quarry("sql", sql, "--analyze", "--pushdown", "never", cwd=tmp_path).stdout
+        shown = " ".join(analyzed.split())  # as a terminal wraps it, on one line
+        assert "1 damaged copies rejected" in shown and "slice 0 of partition 0" in shown
+        answer = _quarry("sql", sql, "--format", "json", cwd=tmp_path).stdout
+        assert json.loads(answer)["result"] == [{"m": 1.0, "s": float(ROWS)}]
         scrubbed = json.loads(_quarry("scrub", "--json", cwd=tmp_path).stdout)
         assert scrubbed["corrupt"] == 1 and len(scrubbed["repair"]["mended"]) == 1
         shown = _quarry("status", cwd=tmp_path).stdout
