@@ -106,3 +106,5 @@ def test_a_read_that_meets_damage_is_remembered_naming_the_device(device):
     assert copy.slice == 4 and copy.found_by is FoundBy.READ
     log.found(CorruptSlice("slice 4 of partition 0 of d/n on device dev0: again"))
     assert len(log.held().corrupt) == 1  # the same copy, once
+    log.dropped("d", "n")  # the dataset dropped: nothing of it left to mend
+    assert log.held().corrupt == ()

@@ -115,6 +115,15 @@ class IntegrityLog:
             if len(kept) != len(self._held.corrupt):
                 self._save(IntegrityReply(kept, self._held.last_scrub))
 
+    def dropped(self, domain: str, dataset: str) -> None:
+        """A dataset dropped: its damaged copies are gone with it."""
+        with self._lock:
+            kept = tuple(
+                c for c in self._held.corrupt if (c.domain, c.dataset) != (domain, dataset)
+            )
+            if len(kept) != len(self._held.corrupt):
+                self._save(IntegrityReply(kept, self._held.last_scrub))
+
     def scrubbed(self, summary: ScrubSummary) -> None:
         with self._lock:
             self._save(IntegrityReply(self._held.corrupt, summary))

@@ -372,10 +372,7 @@ class DeviceServer(Service):
                     ingest.Outcome(partitions.outcome(self.store, r.ingest_id, time.time()))
                 ),
             ),
-            ingest.Drop.KIND: (
-                ingest.Drop,
-                lambda r, p: control.Deleted(partitions.drop(self.store, r.domain, r.dataset)),
-            ),
+            ingest.Drop.KIND: (ingest.Drop, self._drop),
             control.Stats.KIND: (control.Stats, self._stats),
             control.Load.KIND: (control.Load, self._load),
             control.LoadStatusRequest.KIND: (
@@ -404,6 +401,11 @@ class DeviceServer(Service):
             integrity.Scrubbed.KIND: (integrity.Scrubbed, self._scrubbed),
             integrity.RepairMeta.KIND: (integrity.RepairMeta, self._repair_meta),
         }
+
+    def _drop(self, request: ingest.Drop, payload: bytes) -> control.Deleted:
+        deleted = partitions.drop(self.store, request.domain, request.dataset)
+        self.integrity.dropped(request.domain, request.dataset)
+        return control.Deleted(deleted)
 
     def _scrubbed(self, request: integrity.Scrubbed, payload: bytes) -> integrity.IntegrityReply:
         self.integrity.scrubbed(request.summary)

@@ -125,11 +125,16 @@ def _mend_one(
             return Mended(copy, "slice rewritten from a good copy", holder.name), ()
         except (CorruptSlice, DeviceUnavailable) as error:
             errors.append(str(error))
-    raise CorruptSlice(f"no good copy of {_named(copy)} answers: {'; '.join(errors) or 'none'}")
+    raise CorruptSlice(
+        f"no other replica holds a good copy of {_named(copy)} "
+        f"({'; '.join(errors) or 'it has none'}): it is kept, what of it still checks stays "
+        "readable; ingest the dataset again to restore it"
+    )
 
 
 def _named(copy: CorruptCopy) -> str:
-    what = f"slice {copy.slice}" if copy.slice is not None else f"the {copy.part.value} entry"
+    whats = {CopyPart.SLICE: f"slice {copy.slice}", CopyPart.METADATA: "the metadata slice"}
+    what = whats.get(copy.part, "the catalog entry")
     return f"{what} of partition {copy.partition} of {copy.qualified} on device {copy.device}"
 
 
