@@ -9,12 +9,12 @@ checks exactly the bytes a read takes, no more. The metadata slice is the root: 
 sealed with a checksum of its own (``seal``), and so is the catalog entry made from it.
 
 XXH3-64 rather than CRC-32C (both maintained, both take any buffer, so a slice read in place
-through LMDB's map is checked without a copy): on this machine it hashes 21-27 GB/s out of
-cache and 47 GB/s in it, the crc32c package 19-22 and 26, google-crc32c 6 and 28 (and copies
-what it is given first). A 64-bit digest lets a random corruption through once in 2^64 checks,
-CRC-32C once in 2^32; CRC-32C's one edge, detecting every burst of up to 32 bits whatever the
-length, matters for short network frames, not for values of megabytes read whole
-(``bench/checksum.py`` measures both beside decoding and scanning).
+through LMDB's map is checked without a copy): on this machine it hashes 53-57 GB/s in cache
+and 25 GB/s out of it, the crc32c package 24-31 and 24, google-crc32c 16-17 and 1.4 (it
+copies what it is given first). A 64-bit digest lets a random corruption through once in 2^64
+checks, CRC-32C once in 2^32; CRC-32C's one edge, detecting every burst of up to 32 bits
+whatever the length, matters for short network frames, not for values of megabytes read whole.
+A read checks at memory speed, about 100 ms per GB (``bench/checksum.py``, docs/integrity.md).
 
 A value written before checksums has none (``None``): it reads as it always did, unverified,
 and ``quarry status`` counts such partitions (docs/integrity.md says why they are not refused).
