@@ -24,6 +24,9 @@ def serve_options(serve: argparse.ArgumentParser) -> argparse.ArgumentParser:
     serve.add_argument("--credentials")
     serve.add_argument("--tls", action="store_true")
     serve.add_argument("--insecure", action="store_true")
+    # its failure domain: the host it runs on (default: this machine's name) and its rack
+    serve.add_argument("--host-label")
+    serve.add_argument("--rack")
     return serve
 
 
@@ -46,6 +49,8 @@ def main(argv: list[str] | None = None) -> int:
             options.credentials,
             options.tls,
             options.insecure,
+            options.host_label,
+            options.rack,
         )
     except QuarryError as error:
         print(f"error: {error}", file=sys.stderr)

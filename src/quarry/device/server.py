@@ -12,11 +12,12 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import socket
 import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -93,6 +94,20 @@ def description_message(meta: PartitionMeta) -> control.PartitionDescription:
 
 
 @dataclass(frozen=True)
+class Labels:
+    """A device's failure domain, said in its hello: the host it runs on (the machine's name
+    unless told otherwise: ``quarry up --hosts`` emulates several on one machine) and its rack
+    ("": none). Placement keeps a partition's replicas on distinct ones."""
+
+    host: str
+    rack: str = ""
+
+    @classmethod
+    def of(cls, host: str | None = None, rack: str | None = None) -> Labels:
+        return cls(host or socket.gethostname(), rack or "")
+
+
+@dataclass(frozen=True)
 class Security:
     """What a device checks callers with, and shows them: the cluster's token secret (None:
     ``--insecure``, nothing checked), its TLS certificate and key, and the CA it trusts when it
@@ -124,6 +139,7 @@ class Service(flight.FlightServerBase):
         location: str,
         name: str | None,
         security: Security,
+        labels: Labels | None = None,
     ):
         middleware = {auth.NAME: auth.TokenCheck(security.secret)} if security.secret else None
         tls = [security.tls] if security.tls else None
@@ -132,6 +148,7 @@ class Service(flight.FlightServerBase):
         self.profile = profile
         self.identity = identity_file.load_or_create(self.data, name, profile.name)
         self.name = self.identity["name"]
+        self.labels = labels or Labels.of()
         self.started_at = time.time()
         # this process's own: a restart (new process) never repeats a generation it gave
         self.boot = uuid.uuid4().hex[:16]
@@ -211,6 +228,8 @@ class Service(flight.FlightServerBase):
             started_at=self.started_at,
             role=self.WHAT,
             checks_generation=self.CHECKS_GENERATION,
+            host=self.labels.host,
+            rack=self.labels.rack,
         )
 
 
@@ -235,8 +254,9 @@ class DeviceServer(Service):
         location: str,
         name: str | None = None,
         security: Security = Security(),
+        labels: Labels | None = None,
     ):
-        super().__init__(data, profile, location, name, security)
+        super().__init__(data, profile, location, name, security, labels)
         self.store = KeyValueStore(self.data / "kv", kv_bytes_max=profile.kv_bytes_max)
         from quarry.device.emulation import Emulator
 
@@ -246,6 +266,7 @@ class DeviceServer(Service):
         self.runtime = loop.Runtime(self.store, Emulator(profile), self.name, self.admission)
         self._ingesting = 0  # ingest streams open now (``StatsReply.ingesting``)
         self._ingesting_lock = threading.Lock()
+        self._copies: dict[int, control.CopyInFlight] = {}  # by stream, as far as they came
         # Pending ingests it took part in before it stopped: committed or aborted as their
         # deciders say, then watched while their coordinators renew them.
         peer_token = mint(security.secret, Role.DEVICE) if security.secret else None
@@ -288,6 +309,22 @@ class DeviceServer(Service):
                 ingest.Drop,
                 lambda r, p: control.Deleted(partitions.drop(self.store, r.domain, r.dataset)),
             ),
+            ingest.Retire.KIND: (
+                ingest.Retire,
+                lambda r, p: ingest.Applied(
+                    partitions.retire(
+                        self.store, r.domain, r.dataset, r.partition, r.ingest_id, time.time()
+                    )
+                ),
+            ),
+            ingest.Holders.KIND: (
+                ingest.Holders,
+                lambda r, p: ingest.Applied(
+                    partitions.set_holders(
+                        self.store, r.domain, r.dataset, r.partition, r.ingest_id, list(r.devices)
+                    )
+                ),
+            ),
             control.Stats.KIND: (control.Stats, self._stats),
             control.Load.KIND: (control.Load, self._load),
             control.LoadStatusRequest.KIND: (
@@ -314,6 +351,7 @@ class DeviceServer(Service):
         """Every committed partition, and the generation it holds under. Changed only by
         commit and drop: the encoded answer is kept until the store's catalog changes."""
         before = self.store.writes()
+        visible = self.store.visible_writes()
         cached = self._inventory_cache
         if cached is not None and cached[0] == before:
             return cached[1]
@@ -321,19 +359,21 @@ class DeviceServer(Service):
             control.PartitionSummary.from_json(s) for s in partitions.inventory(self.store)
         ]
         whole = self.store.writes() == before and before % 2 == 0  # no write began or was under way
-        generation = self._generation(before) if whole else ""
+        generation = self._generation(visible) if whole else ""
         encoded = control.InventoryReply(summaries, generation=generation).to_bytes()
         if whole:
             self._inventory_cache = (before, encoded)
         return encoded
 
-    def _generation(self, writes: int) -> str:
-        """Equal twice only if the store saw no write in between, in this same process."""
-        return f"{self.boot}:{writes}"
+    def _generation(self, visible_writes: int) -> str:
+        """Equal twice only if the store saw no write of what is committed in between (a copy
+        streaming in, a lease renewed, are not: ``KeyValueStore.visible_writes``), in this same
+        process."""
+        return f"{self.boot}:{visible_writes}"
 
     def _pulse(self, request: control.Pulse, payload: bytes) -> control.PulseReply:
         load = control.LoadStatus(**self.emulator.load())
-        return control.PulseReply(self._generation(self.store.writes()), load)
+        return control.PulseReply(self._generation(self.store.visible_writes()), load)
 
     def _commit(self, request: ingest.Commit, payload: bytes) -> ingest.Committed:
         faults.hit(self.name, "commit")
@@ -355,6 +395,7 @@ class DeviceServer(Service):
                 1 for k in self.store.list(naming.PENDING_PREFIX) if k.count("/") == 3
             ),
             ingesting=self._ingesting,
+            copies=tuple(self._copies.values())[: control.COPIES_MAX],
             **self._admitted(),
         )
 
@@ -412,21 +453,51 @@ class DeviceServer(Service):
             device=self.name,
         )
         writer = partitions.PartitionWriter(
-            self.store, meta, slice_rows=request.slice_rows, lease_s=request.lease_s
+            self.store,
+            meta,
+            slice_rows=request.slice_rows,
+            lease_s=request.lease_s,
+            copy=bool(request.copy_from),
         )
+        copy = self._copy_started(request)
         try:
             for chunk in reader:
                 if chunk.data is not None and chunk.data.num_rows:
                     writer.write(chunk.data)
+                    if copy is not None:
+                        self._copy_advanced(copy, chunk.data.nbytes)
             written = writer.finish()
             faults.hit(self.name, "prepare")
         except BaseException:
             # The stream broke (client gone) or the rows were bad: leave nothing pending behind.
             partitions.abort(self.store, request.ingest.id)
             raise
+        finally:
+            if copy is not None:
+                self._copies.pop(copy, None)
         return ingest.PartitionWritten(
             written.partition, written.rows, len(written.slices), written.bytes_stored
         )
+
+    def _copy_started(self, request: ingest.PutPartition) -> int | None:
+        """A copy of a partition committed elsewhere (a move, a repair) begins: listed in the
+        device's stats (``quarry status``: moves in flight) until its stream ends."""
+        if not request.copy_from:
+            return None
+        key = id(request)
+        self._copies[key] = control.CopyInFlight(
+            f"{request.domain}/{request.dataset}",
+            request.partition,
+            request.copy_from,
+            0,
+            request.copy_bytes,
+        )
+        return key
+
+    def _copy_advanced(self, key: int, size_bytes: int) -> None:
+        copy = self._copies.get(key)
+        if copy is not None:
+            self._copies[key] = replace(copy, bytes_received=copy.bytes_received + size_bytes)
 
     def _update_slice(
         self, request: ingest.UpdateSlice, reader: flight.MetadataRecordBatchReader
@@ -456,7 +527,7 @@ class DeviceServer(Service):
 
     def _check_generation(self, expected: str) -> None:
         """Refuse work planned on a catalog this device no longer matches, before any of it."""
-        if expected and expected != self._generation(self.store.writes()):
+        if expected and expected != self._generation(self.store.visible_writes()):
             raise CatalogChanged(
                 f"device {self.name}: what it holds changed since the coordinator read its "
                 "catalog; read it again and run the query again"
@@ -541,6 +612,8 @@ def serve_with(
     credentials: str | Path | None = None,
     tls: bool = False,
     insecure: bool = False,
+    host_label: str | None = None,
+    rack: str | None = None,
 ) -> None:
     """``quarry device serve``'s options: the credentials read, the profile found, then
     ``serve``. Shared by the CLI and ``python -m quarry.device`` (the lean entry point local
@@ -551,7 +624,8 @@ def serve_with(
 
     security = security_of(credentials, tls, insecure)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    serve(data, get_profile(profile, profiles), host, port, name, ready_file, security)
+    labels = Labels.of(host_label, rack)
+    serve(data, get_profile(profile, profiles), host, port, name, ready_file, security, labels)
 
 
 def security_of(credentials: str | Path | None, tls: bool, insecure: bool) -> Security:
@@ -583,6 +657,7 @@ def serve(
     name: str | None = None,
     ready_file: str | Path | None = None,
     security: Security = Security(),
+    labels: Labels | None = None,
 ) -> None:
     """Run a device until it is stopped (SIGTERM / SIGINT). Anywhere but loopback it needs
     TLS: tokens must not cross a network in the clear."""
@@ -592,7 +667,7 @@ def serve(
             "may be plain"
         )
     scheme = security.scheme
-    server = DeviceServer(Path(data), profile, f"{scheme}://{host}:{port}", name, security)
+    server = DeviceServer(Path(data), profile, f"{scheme}://{host}:{port}", name, security, labels)
     if ready_file is not None:
         write_ready(ready_file, f"{scheme}://{host}:{server.port}", server.port, server.name)
     log.info("device %s (%s) listening on %s:%d", server.name, profile.name, host, server.port)

@@ -22,7 +22,8 @@ from quarry.errors import ProtocolError, ProtocolMismatch, QuarryError, error_cl
 
 # 2: every message typed; one work exchange for every kind of work (was query and program)
 # 3: a partition's work counters travel as one message (WorkMetrics.counters: WorkCounters)
-PROTOCOL_VERSION = 3
+# 4: hello says a device's failure domain (host, rack); partitions move (retire, holders)
+PROTOCOL_VERSION = 4
 MAGIC = b"QRY"
 HEADER_BYTES_MAX = 16 << 20  # a JSON header above this is a bug, not a request
 _LENGTH = struct.Struct(">I")
@@ -46,6 +47,8 @@ class Action(StrEnum):
     RENEW = "renew"  # the coordinator of an ingest is alive: keep its pending partitions
     OUTCOME = "outcome"  # asked of an ingest's decider: was it committed?
     PULSE = "pulse"  # before a query: has what the device holds changed, and its load
+    RETIRE = "retire"  # a partition moved elsewhere leaves this device
+    HOLDERS = "holders"  # which devices hold a partition now (after a move)
 
 
 class Put(StrEnum):

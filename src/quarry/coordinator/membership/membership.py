@@ -9,6 +9,7 @@ those functions behind one handle for users.
 from __future__ import annotations
 
 import threading
+from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future
 from pathlib import Path
@@ -21,6 +22,7 @@ from quarry.coordinator.membership.catalog import DatasetEntry
 from quarry.coordinator.membership.cluster_file import DeviceSpec
 from quarry.coordinator.membership.device_client import DeviceClient
 from quarry.coordinator.membership.freshness import CatalogCheck, CatalogState, Loads
+from quarry.coordinator.membership.placement import Domain
 from quarry.coordinator.query.host_admission import Workload
 from quarry.coordinator.query.plan_cache import Kept
 from quarry.coordinator.query.settled_cuts import Settled
@@ -188,6 +190,35 @@ class Membership:
 
     def live_devices(self) -> list[DeviceClient]:
         return [c for n, c in sorted(self.devices.items()) if n not in self.down]
+
+    @property
+    def drained(self) -> frozenset[str]:
+        """Devices ``quarry device drain`` emptied: they take nothing new."""
+        return frozenset(spec.name for spec in self.specs if spec.drained)
+
+    def placing_devices(self) -> list[DeviceClient]:
+        """The devices new partitions may go to: those that answer and are not drained."""
+        return [c for c in self.live_devices() if c.name not in self.drained]
+
+    def domains(self) -> dict[str, Domain]:
+        """Every device's failure domain: as its hello says it, else as the cluster file
+        does, else a host of its own (a device that says nothing shares no domain)."""
+        found = {}
+        for spec in self.specs:
+            info = self.info.get(spec.name)
+            host = (info.host if info else "") or spec.host or spec.name
+            rack = (info.rack if info else "") or spec.rack or ""
+            found[spec.name] = Domain(host, rack)
+        return found
+
+    def held(self) -> Counter[str]:
+        """Replicas each device holds, over every dataset listed."""
+        return Counter(
+            device
+            for entry in self.catalog.values()
+            for p in entry.partitions
+            for device in p.devices
+        )
 
     def device(self, name: str) -> DeviceClient:
         if name not in self.devices:

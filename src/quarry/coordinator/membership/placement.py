@@ -85,7 +85,7 @@ def best_spread(replicas: int, domains: Mapping[str, Domain]) -> Spread:
     return Spread(min(replicas, every.racks), min(replicas, every.hosts))
 
 
-def _level(device: str, chosen: Iterable[str], domains: Mapping[str, Domain]) -> int:
+def apart(device: str, chosen: Iterable[str], domains: Mapping[str, Domain]) -> int:
     """2: ``device`` adds a rack (and so a host) to ``chosen``; 1: a host only; 0: neither."""
     domain = domains[device]
     others = [domains[c] for c in chosen]
@@ -254,7 +254,7 @@ def _fill(state: _Planning) -> None:
                     continue
                 if capped == 2 and state.load[d] >= share:
                     continue
-                if _level(d, held, state.domains) < level:
+                if apart(d, held, state.domains) < level:
                     continue
                 state.add(g, p, d)
 

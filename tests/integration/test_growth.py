@@ -1,0 +1,192 @@
+"""Growing and draining a cluster online: a fifth device takes about a fifth of the replicas while
+queries run and every partition stays on at least its replica count, checked continuously by
+another coordinator reading the devices; a device drained then removed leaves nothing to repair;
+replicas of a partition never share a host while enough hosts exist."""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+
+import duckdb
+import pyarrow as pa
+import pytest
+
+import quarry
+from quarry.coordinator.membership.membership import Membership
+from quarry.errors import QuarryError
+from quarry.samples import particles
+
+DATASETS = 4
+PARTITIONS = 10  # each: 40 partitions, 80 replicas
+ROWS = 160_000  # per dataset: 6.4 MB, 0.64 MB a partition
+QUERIES = 50
+BANDWIDTH_BYTES_PER_S = 1e6  # slow enough that the queries all run while partitions move
+QUERY_SHAPES = (
+    "SELECT count(*) AS n, sum(ke) AS s FROM {t} WHERE ke > 5",
+    "SELECT (id % 7) AS g, count(*) AS n, sum(y) AS s FROM {t} GROUP BY g ORDER BY g",
+    "SELECT min(x) AS lo, max(x) AS hi, avg(ke) AS m FROM {t}",
+)
+
+
+class ReplicaChecker(threading.Thread):
+    """Another coordinator reading the catalog from the devices, again and again: every sample
+    read whole (each device's generation the same after the read as during it) must list every
+    dataset with every partition on at least its replica count."""
+
+    def __init__(self, specs, expected: dict[str, int]):
+        super().__init__(name="replica-checker", daemon=True)
+        self.membership = Membership(specs)
+        self.expected = expected  # dataset -> partitions
+        self.samples = 0
+        self.violations: list[str] = []
+        self.stopping = threading.Event()
+
+    def run(self) -> None:
+        while not self.stopping.is_set():
+            self.membership.refresh()
+            state = self.membership.state
+            try:
+                pulses = {n: c.pulse().generation for n, c in self.membership.devices.items()}
+            except QuarryError as error:
+                self.violations.append(f"a device stopped answering: {error}")
+                return
+            if state.down or any(not state.generations.get(n) for n in pulses):
+                continue
+            if any(state.generations[n] != g for n, g in pulses.items()):
+                continue  # something committed while it read: not one moment of the cluster
+            self.samples += 1
+            self.violations.extend(_short(state.catalog, self.expected))
+
+    def stop(self) -> None:
+        if not self.stopping.is_set():
+            self.stopping.set()
+            self.join(timeout=60)
+            self.membership.close()
+
+
+def _short(catalog, expected: dict[str, int]) -> list[str]:
+    found = []
+    for name, partitions in expected.items():
+        entry = catalog.get(name)
+        if entry is None or entry.unavailable:
+            found.append(f"{name} not listed whole")
+            continue
+        replicas = entry.ingests[0].replicas
+        held = {p.partition: len(p.devices) for p in entry.partitions}
+        if sorted(held) != list(range(partitions)) or min(held.values()) < replicas:
+            found.append(f"{name}: {held}")
+    return found
+
+
+class Queries(threading.Thread):
+    """``QUERIES`` queries, one after another, each checked against DuckDB on the same rows."""
+
+    def __init__(self, cluster, tables: dict[str, pa.Table]):
+        super().__init__(name="queries", daemon=True)
+        self.cluster = cluster
+        self.tables = tables
+        self.wrong: list[str] = []
+        self.times: list[tuple[float, float]] = []
+
+    def run(self) -> None:
+        rng = random.Random(3)
+        for _ in range(QUERIES):
+            name = rng.choice(sorted(self.tables))
+            shape = rng.choice(QUERY_SHAPES)
+            started = time.monotonic()
+            try:
+                got = self.cluster.sql(shape.format(t=name.replace("/", "."))).read_all()
+            except QuarryError as error:
+                self.wrong.append(f"{name}: {error}")
+                continue
+            finally:
+                self.times.append((started, time.monotonic()))
+            rows = self.tables[name]  # noqa: F841 - DuckDB reads it by name
+            expected = duckdb.sql(shape.format(t="rows")).fetch_arrow_table()
+            if not _close(got, expected):
+                self.wrong.append(f"{name}: {got.to_pylist()} != {expected.to_pylist()}")
+
+
+def _close(got: pa.Table, expected: pa.Table) -> bool:
+    if got.num_rows != expected.num_rows:
+        return False
+    for a, b in zip(got.to_pylist(), expected.to_pylist(), strict=True):
+        for x, y in zip(a.values(), b.values(), strict=True):
+            if x != pytest.approx(y, rel=1e-9):
+                return False
+    return True
+
+
+@pytest.mark.slow
+def test_a_fifth_device_takes_a_fifth_online_and_a_drained_one_leaves_no_repair():
+    tables = {f"physics/p{k}": particles.table(ROWS, seed=20 + k) for k in range(DATASETS)}
+    with quarry.local(devices=4) as cluster:
+        for name, table in tables.items():
+            cluster.ingest(table, name, replicas=2, partitions=PARTITIONS)
+        cluster.start_device("dev4")
+        checker = ReplicaChecker(cluster.specs, dict.fromkeys(tables, PARTITIONS))
+        checker.start()
+        try:
+            _grow_and_drain(cluster, tables, checker)
+        finally:
+            checker.stop()
+
+
+def _grow_and_drain(cluster, tables: dict[str, pa.Table], checker: ReplicaChecker) -> None:
+    queries = Queries(cluster, tables)
+    started = time.monotonic()
+    queries.start()
+    report = cluster.rebalance(BANDWIDTH_BYTES_PER_S)
+    ended = time.monotonic()
+    queries.join(timeout=300)
+    during = sum(1 for s, e in queries.times if s >= started and e <= ended)
+    print(
+        f"a fifth device: {report.moved_fraction:.3f} of {report.replicas} replicas moved "
+        f"(ideal 0.200), {report.bytes_copied / 1e6:.1f} MB in {report.seconds:.1f} s; "
+        f"{during} queries during the move; {checker.samples} whole catalog samples"
+    )
+    assert report.failed == []
+    assert {m.target for m in report.moved} == {"dev4"}  # nothing else moved
+    assert abs(report.moved_fraction - 0.2) <= 0.03
+    assert queries.wrong == [] and len(queries.times) == QUERIES
+    assert during == QUERIES, f"only {during} queries ran while partitions moved"
+    assert cluster.rebalance(dry_run=True).planned == []  # a fixed point
+
+    held = sum(
+        1 for entry in cluster.catalog.values() for p in entry.partitions if "dev2" in p.devices
+    )
+    drained = cluster.drain("dev2", BANDWIDTH_BYTES_PER_S * 4)
+    checker.stop()
+    print(f"draining dev2: {len(drained.moved)} replica(s) moved for its {held}")
+    assert checker.violations == [] and checker.samples >= 20
+    assert drained.failed == []
+    assert sum(1 for m in drained.moved if m.source == "dev2") == held
+    assert len(drained.moved) <= held * 1.25
+    assert cluster.deficits() == []
+    cluster.remove_device("dev2")
+    assert cluster.deficits() == []  # no repair needed
+    for name, table in tables.items():
+        entry = cluster.entry(name)
+        assert all(len(p.devices) == 2 and "dev2" not in p.devices for p in entry.partitions)
+        back = cluster.scan(name).read_all().sort_by("id")
+        assert back.equals(table.sort_by("id"))
+
+
+@pytest.mark.slow
+def test_replicas_never_share_a_host_while_enough_exist_and_one_host_is_said():
+    table = particles.table(20_000, seed=4)
+    with quarry.local(devices=6, hosts=3) as cluster:
+        entry = cluster.ingest(table, "physics/p", replicas=2, partitions=12)
+        assert entry.warnings == ()
+        hosts = {row.device: row.host for row in cluster.status()}
+        assert sorted(set(hosts.values())) == ["host0", "host1", "host2"]
+        for p in entry.partitions:
+            assert len({hosts[d] for d in p.devices}) == 2, p
+        assert cluster.placement_warnings() == []
+    with quarry.local(devices=2) as cluster:
+        entry = cluster.ingest(table, "physics/p", replicas=2)
+        assert entry.warnings == ("replicas 2 but only 1 host: partitions share a host",)
+        (shared,) = cluster.placement_warnings()
+        assert shared.message() == "replicas 2 but only 1 host: partitions share a host"
