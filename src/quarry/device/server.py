@@ -358,10 +358,11 @@ class DeviceServer(Service):
         summaries = [
             control.PartitionSummary.from_json(s) for s in partitions.inventory(self.store)
         ]
-        whole = self.store.writes() == before and before % 2 == 0  # no write began or was under way
-        generation = self._generation(visible) if whole else ""
+        # no write of what queries read began or was under way: the generation holds for it
+        settled = self.store.visible_writes() == visible and visible % 2 == 0
+        generation = self._generation(visible) if settled else ""
         encoded = control.InventoryReply(summaries, generation=generation).to_bytes()
-        if whole:
+        if settled and self.store.writes() == before and before % 2 == 0:  # nor any other
             self._inventory_cache = (before, encoded)
         return encoded
 

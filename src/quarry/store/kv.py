@@ -124,6 +124,7 @@ class KeyValueStore:
         # of which those that may change what a reader of committed data sees (``visible``)
         self._visible_writes = 0
         self._lock = threading.Lock()
+        self._writer = threading.Lock()  # the one write transaction under way
         self._snapshots = 0  # open Snapshots
 
     def close(self) -> None:
@@ -141,13 +142,23 @@ class KeyValueStore:
                 shown[0] = True
                 self._visible_writes += 1  # under way from now (odd), as if it began so
 
-        with self._env.begin(write=True) as txn:
-            self._writes += 1  # LMDB holds one writer at a time: the count is exact
+        # One writer at a time (LMDB's rule too), held until its count has moved past its
+        # commit: a reader that finds the count even and unchanged around a read saw no write
+        # under way, committed or not (counted before the commit, a reader could cache what
+        # came before it under the count that follows it, for good).
+        with self._writer:
+            txn = self._env.begin(write=True)
+            self._writes += 1
             self._visible_writes += visible
             try:
                 yield Transaction(txn, self._data, self._versions, self.kv_bytes_max, show)
+            except BaseException:
+                txn.abort()
+                raise
+            else:
+                txn.commit()
             finally:
-                self._writes += 1  # and once more when it ends: odd means under way
+                self._writes += 1  # and once more when it is over: odd means under way
                 self._visible_writes += shown[0]
 
     def writes(self) -> int:

@@ -479,7 +479,15 @@ def outcome(store: KeyValueStore, ingest_id: str, now: float) -> str:
 
 
 def inventory(store: KeyValueStore) -> list[dict[str, Any]]:
-    return [_load_json(store.get(key)[0]) for key in store.list(CATALOG_PREFIX)]
+    """Every committed partition's summary; one dropped or moved away while they are listed
+    is left out (the write changed the store's count: whoever caches this reads it again)."""
+    found = []
+    for key in store.list(CATALOG_PREFIX):
+        try:
+            found.append(_load_json(store.get(key)[0]))
+        except KeyNotFound:
+            continue
+    return found
 
 
 def read_meta(store: KeyValueStore, domain: str, dataset: str, partition: int) -> PartitionMeta:

@@ -32,13 +32,11 @@ def test_replicas_bounded_by_devices():
 def _ingested(
     rng: random.Random, domains: dict[str, Domain], datasets: int, partitions: int, replicas: int
 ) -> list[Group]:
-    """Datasets ingested one after another, each placed as an ingest places it (leaning to the
-    lighter devices)."""
+    """Datasets ingested one after another, each placed as an ingest places it."""
     groups: list[Group] = []
     for _ in range(datasets):
         name = f"d{rng.randrange(1 << 30)}/t"
-        held = Counter(d for g in groups for devices in g.holders.values() for d in devices)
-        placed = place_all(name, range(partitions), domains, replicas, held)
+        placed = place_all(name, range(partitions), domains, replicas)
         groups.append(Group(name, replicas, {p: tuple(d) for p, d in placed.items()}))
     return groups
 

@@ -128,7 +128,6 @@ def ingest(
             range(first, first + partition_count),
             dict(sorted(domains.items())),
             replicas,
-            cluster.held(),  # a new dataset leans to the lighter devices (one just added)
         ).items()
     }
     involved = sorted({d for names in placement.values() for d in names})

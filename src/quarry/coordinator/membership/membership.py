@@ -9,7 +9,6 @@ those functions behind one handle for users.
 from __future__ import annotations
 
 import threading
-from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future
 from pathlib import Path
@@ -210,15 +209,6 @@ class Membership:
             rack = (info.rack if info else "") or spec.rack or ""
             found[spec.name] = Domain(host, rack)
         return found
-
-    def held(self) -> Counter[str]:
-        """Replicas each device holds, over every dataset listed."""
-        return Counter(
-            device
-            for entry in self.catalog.values()
-            for p in entry.partitions
-            for device in p.devices
-        )
 
     def device(self, name: str) -> DeviceClient:
         if name not in self.devices:

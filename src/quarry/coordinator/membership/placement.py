@@ -97,22 +97,18 @@ def apart(device: str, chosen: Iterable[str], domains: Mapping[str, Domain]) -> 
 
 
 def place_all(
-    dataset: str,
-    partitions: range,
-    devices: Devices,
-    replicas: int,
-    background: Mapping[str, int] | None = None,
+    dataset: str, partitions: range, devices: Devices, replicas: int
 ) -> dict[int, list[str]]:
     """For each partition, the ``replicas`` devices that hold it, highest weight first: a plan
-    from nothing. ``background``: the replicas each device holds already (of other datasets),
-    so a new dataset leans to the lighter devices."""
+    from nothing, from the names and domains alone (what other datasets hold is evened out by
+    ``plan``, when a rebalance runs)."""
     domains = domains_of(devices)
     if not 1 <= replicas <= len(domains):
         raise ValueError(
             f"replicas must be between 1 and the number of devices ({len(domains)}), got {replicas}"
         )
     group = Group(dataset, replicas, {p: () for p in partitions})
-    (placed,) = plan([group], domains, background)
+    (placed,) = plan([group], domains)
     return {p: list(devices_of_p) for p, devices_of_p in placed.items()}
 
 
@@ -155,17 +151,14 @@ class _Planning:
         self.group_load[g][device] -= 1
 
 
-def plan(
-    groups: Sequence[Group], devices: Devices, background: Mapping[str, int] | None = None
-) -> list[dict[int, tuple[str, ...]]]:
+def plan(groups: Sequence[Group], devices: Devices) -> list[dict[int, tuple[str, ...]]]:
     """Where each group's partitions should be, changing as little of where they are as the
     rules allow (module docstring). ``devices``: those that may hold partitions (a drained
-    device is left out: its replicas go elsewhere); ``background``: replicas they hold that
-    no group here moves. Per group, partition -> its devices, highest weight first."""
+    device is left out: its replicas go elsewhere). Per group, partition -> its devices,
+    highest weight first."""
     domains = domains_of(devices)
     assert domains, "a plan needs a device"
     state = _Planning(list(groups), domains)
-    state.load.update({d: n for d, n in (background or {}).items() if d in domains})
     for group in groups:
         assert group.replicas >= 1, group
         state.placed.append(
@@ -221,42 +214,36 @@ def _drop_cost(state: _Planning, g: int, partition: int, device: str) -> tuple[b
 
 
 def _fill(state: _Planning) -> None:
-    """Give every partition short of its replicas the devices that rank highest for it, over
-    every partition at once (pairs by weight): devices in a new rack first, then on a new host,
-    then any; within each, devices under their share (of the group, and of every replica
-    placed) before those over it."""
-    needing = [
-        (g, p)
-        for g, placed in enumerate(state.placed)
-        for p, held in placed.items()
-        if len(held) < state.groups[g].replicas
-    ]
-    if not needing:
-        return
+    """Give every partition short of its replicas, in order, the devices that rank highest for
+    it: in a rack new to its replicas first, then on a new host, then any (domains before
+    loads); within each, devices under their share of the group, then under their share of
+    every replica placed, before those over it."""
     devices = len(state.domains)
-    assert all(state.groups[g].replicas <= devices for g, _ in needing), (
-        "more replicas than devices"
-    )
-    pairs = sorted(
-        ((state.weight(g, p, d), g, p, d) for g, p in needing for d in state.domains),
-        reverse=True,
-    )
     shares = [group.share(devices) for group in state.groups]
-    short = sum(state.groups[g].replicas - len(state.placed[g][p]) for g, p in needing)
+    short = sum(
+        state.groups[g].replicas - len(held)
+        for g, placed in enumerate(state.placed)
+        for held in placed.values()
+    )
+    if not short:
+        return
     share = math.ceil((sum(state.load.values()) + short) / devices)
-    for level in (2, 1, 0):
-        for capped in (2, 1, 0):
-            for _, g, p, d in pairs:
-                held = state.placed[g][p]
-                if len(held) >= state.groups[g].replicas or d in held:
-                    continue
-                if capped >= 1 and state.group_load[g][d] >= shares[g]:
-                    continue
-                if capped == 2 and state.load[d] >= share:
-                    continue
-                if apart(d, held, state.domains) < level:
-                    continue
-                state.add(g, p, d)
+    for g, placed in enumerate(state.placed):
+        replicas = state.groups[g].replicas
+        assert replicas <= devices, f"{replicas} replicas over {devices} devices"
+        for partition in sorted(placed):
+            held = placed[partition]
+            while len(held) < replicas:
+                best = min(
+                    (d for d in state.domains if d not in held),
+                    key=lambda d, g=g, p=partition, held=held: (
+                        -apart(d, held, state.domains),
+                        state.group_load[g][d] >= shares[g],
+                        state.load[d] >= share,
+                        -state.weight(g, p, d),
+                    ),
+                )
+                state.add(g, partition, best)
 
 
 def _balance(state: _Planning) -> None:
