@@ -5,18 +5,28 @@ replicas of a partition never share a host while enough hosts exist."""
 
 from __future__ import annotations
 
+import contextlib
+import json
+import os
 import random
+import signal
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 
 import duckdb
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 import quarry
+from quarry.auth.credentials import create as create_credentials
 from quarry.coordinator.membership.membership import Membership
 from quarry.errors import QuarryError
 from quarry.samples import particles
+from tests.commands import run_quarry
 
 DATASETS = 4
 PARTITIONS = 10  # each: 40 partitions, 80 replicas
@@ -190,3 +200,91 @@ def test_replicas_never_share_a_host_while_enough_exist_and_one_host_is_said():
         assert entry.warnings == ("replicas 2 but only 1 host: partitions share a host",)
         (shared,) = cluster.placement_warnings()
         assert shared.message() == "replicas 2 but only 1 host: partitions share a host"
+
+
+def _serve(folder: Path, name: str, credentials: Path, host_label: str) -> tuple[str, int]:
+    """A device started by hand, outside the cluster (as on another machine): its address and
+    pid."""
+    ready = folder / "ready.json"
+    command = [sys.executable, "-m", "quarry", "device", "serve", "--data", str(folder)]
+    command += ["--name", name, "--credentials", str(credentials), "--ready-file", str(ready)]
+    command += ["--host-label", host_label]
+    folder.mkdir(parents=True)
+    with open(folder / "device.log", "ab") as log:
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 60
+    while not ready.exists():
+        assert process.poll() is None and time.monotonic() < deadline, "the device did not start"
+        time.sleep(0.05)
+    return json.loads(ready.read_text())["address"], process.pid
+
+
+@pytest.mark.slow
+def test_add_drain_and_remove_from_the_command_line(tmp_path):
+    path = tmp_path / "particles.parquet"
+    pq.write_table(particles.table(100_000, seed=6), path)
+    run_quarry("up", "--devices", "4", "--hosts", "2", "--detach", cwd=tmp_path)
+    started: list[int] = []
+    try:
+        ingested = run_quarry(
+            "ingest",
+            str(path),
+            "--dataset",
+            "physics/p",
+            "--replicas",
+            "2",
+            "--partitions",
+            "12",
+            cwd=tmp_path,
+        ).stdout
+        assert "warning" not in ingested
+        shown = run_quarry("status", cwd=tmp_path).stdout
+        assert "host0" in shown and "host1" in shown and "warning" not in shown
+
+        stranger = tmp_path / "elsewhere"
+        create_credentials(stranger)
+        address, pid = _serve(tmp_path / "dev8", "dev8", stranger / "credentials", "host2")
+        started.append(pid)
+        refused = run_quarry("device", "add", address, cwd=tmp_path, check=False)
+        assert refused.returncode != 0 and "refused this cluster's token" in refused.stderr
+
+        credentials = tmp_path / ".quarry" / "credentials"
+        address, pid = _serve(tmp_path / "dev4", "dev4", credentials, "host2")
+        started.append(pid)
+        wrong = run_quarry("device", "add", address, "--name", "devX", cwd=tmp_path, check=False)
+        assert wrong.returncode != 0 and "calls itself 'dev4'" in wrong.stderr
+        added = json.loads(run_quarry("device", "add", address, "--json", cwd=tmp_path).stdout)
+        assert added["failed"] == [] and {m["to"] for m in added["moved"]} == {"dev4"}
+        rows = {
+            r["device"]: r for r in json.loads(run_quarry("status", "--json", cwd=tmp_path).stdout)
+        }
+        assert rows["dev4"]["host"] == "host2" and rows["dev4"]["partitions"] > 0
+        _apart(tmp_path, rows)
+
+        drained = run_quarry("device", "drain", "dev1", cwd=tmp_path).stdout
+        assert "needs no repair" in drained
+        assert "(drained)" in run_quarry("status", cwd=tmp_path).stdout
+        removed = run_quarry("device", "remove", "dev1", cwd=tmp_path).stdout
+        assert "nothing to repair" in removed
+        shown = run_quarry("status", cwd=tmp_path).stdout
+        assert "every partition is at its replica count" in shown
+        assert json.loads(run_quarry("repair", "--dry-run", "--json", cwd=tmp_path).stdout) == []
+        rows = {
+            r["device"]: r for r in json.loads(run_quarry("status", "--json", cwd=tmp_path).stdout)
+        }
+        _apart(tmp_path, rows)
+        with quarry.connect(tmp_path / ".quarry" / "cluster.json") as cluster:
+            back = cluster.scan("physics/p").read_all().sort_by("id")
+        assert back.equals(pq.read_table(path).sort_by("id"))
+    finally:
+        run_quarry("down", cwd=tmp_path, check=False)
+        for pid in started:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+
+
+def _apart(tmp_path: Path, rows: dict) -> None:
+    """Every partition of physics/p on two devices of two hosts."""
+    described = json.loads(run_quarry("describe", "physics/p", "--json", cwd=tmp_path).stdout)
+    for p in described["partitions_detail"]:
+        assert len({rows[d]["host"] for d in p["devices"]}) == 2, p

@@ -22,8 +22,7 @@ from quarry.errors import ProtocolError, ProtocolMismatch, QuarryError, error_cl
 
 # 2: every message typed; one work exchange for every kind of work (was query and program)
 # 3: a partition's work counters travel as one message (WorkMetrics.counters: WorkCounters)
-# 4: hello says a device's failure domain (host, rack); partitions move (retire, holders)
-PROTOCOL_VERSION = 4
+PROTOCOL_VERSION = 3
 MAGIC = b"QRY"
 HEADER_BYTES_MAX = 16 << 20  # a JSON header above this is a bug, not a request
 _LENGTH = struct.Struct(">I")
