@@ -288,3 +288,70 @@ def _apart(tmp_path: Path, rows: dict) -> None:
     described = json.loads(run_quarry("describe", "physics/p", "--json", cwd=tmp_path).stdout)
     for p in described["partitions_detail"]:
         assert len({rows[d]["host"] for d in p["devices"]}) == 2, p
+
+
+# slices of 64 KiB: a partition's copy streams in several, so it is seen part way
+SMALL_SLICES = '[profiles.small]\nfrom = "host"\nkv_bytes_max = 65536\n'
+REBALANCE_IN_ITS_OWN_PROCESS = """
+import sys
+import quarry
+with quarry.connect(sys.argv[1]) as cluster:
+    cluster.rebalance(float(sys.argv[2]))
+"""
+
+
+@pytest.mark.slow
+def test_a_rebalance_killed_mid_move_leaves_every_replica_and_runs_again(tmp_path):
+    """The coordinator running a rebalance is killed while a copy streams: every partition is
+    still on at least its replica count, `status` showed the move in flight, the copy cut short
+    is gone once its lease ran out, an ingest meanwhile is whole, and the rebalance run again
+    finishes where placement says."""
+    tables = {f"physics/p{k}": particles.table(80_000, seed=30 + k) for k in range(2)}
+    profiles = tmp_path / "profiles.toml"
+    profiles.write_text(SMALL_SLICES)
+    with quarry.local(
+        devices=3, profile="small", profiles_file=str(profiles), data=tmp_path / "cluster"
+    ) as cluster:
+        for name, table in tables.items():
+            cluster.ingest(table, name, replicas=2, partitions=6)
+        cluster.start_device("dev3", profile="small")
+        mover = subprocess.Popen(
+            [sys.executable, "-c", REBALANCE_IN_ITS_OWN_PROCESS, str(cluster.cluster_file), "3e5"],
+            env={**os.environ, "QUARRY_INGEST_LEASE_S": "2"},
+        )
+        try:
+            in_flight = _copies_seen(cluster, "dev3", deadline_s=60)
+            extra = particles.table(10_000, seed=39)
+            cluster.ingest(extra, "physics/extra", replicas=2)  # while partitions move
+            _copies_seen(cluster, "dev3", deadline_s=60)
+        finally:
+            mover.kill()  # mid-copy: a copy takes about 1.8 s at 0.3 MB/s
+            mover.wait()
+        assert in_flight[0].source in {"dev0", "dev1", "dev2"} and in_flight[0].bytes_total
+        assert cluster.device("dev3").stats().pending_partitions == 1  # the copy cut short
+        assert cluster.deficits() == []
+        for entry in cluster.catalog.values():
+            assert all(len(p.devices) >= 2 for p in entry.partitions), entry.qualified
+        deadline = time.monotonic() + 30
+        while cluster.device("dev3").stats().pending_partitions:
+            assert time.monotonic() < deadline, "the copy cut short is still pending"
+            time.sleep(0.2)
+        report = cluster.rebalance(1e7)
+        assert report.failed == [] and cluster.rebalance(dry_run=True).planned == []
+        assert all(
+            len(p.devices) == 2 for entry in cluster.catalog.values() for p in entry.partitions
+        )
+        for name, table in {**tables, "physics/extra": extra}.items():
+            back = cluster.scan(name).read_all().sort_by("id")
+            assert back.equals(table.sort_by("id"))
+
+
+def _copies_seen(cluster, device: str, deadline_s: float) -> list:
+    """The copies coming into ``device`` as `quarry status` shows them, once one has rows in."""
+    deadline = time.monotonic() + deadline_s
+    while True:
+        row = next(r for r in cluster.status() if r.device == device)
+        if row.stats is not None and any(c.bytes_received for c in row.stats.copies):
+            return list(row.stats.copies)
+        assert time.monotonic() < deadline, "no move in flight"
+        time.sleep(0.05)
