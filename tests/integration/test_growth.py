@@ -355,3 +355,28 @@ def _copies_seen(cluster, device: str, deadline_s: float) -> list:
             return list(row.stats.copies)
         assert time.monotonic() < deadline, "no move in flight"
         time.sleep(0.05)
+
+
+@pytest.mark.slow
+def test_a_coordinator_that_read_the_catalog_before_a_move_still_reads_every_row(monkeypatch):
+    """Another coordinator opened the cluster before a device was added and read the catalog
+    before partitions moved, and the devices they left have already let their rows go: its scan
+    finds where they went (its cluster file read again), its query is planned again, and
+    neither answers short."""
+    monkeypatch.setenv("QUARRY_MOVED_KEEP_S", "0")  # the devices let moved rows go at once
+    table = particles.table(40_000, seed=41)
+    sql = "SELECT count(*) AS n, sum(ke) AS s FROM physics.p"
+    with quarry.local(devices=2) as cluster:
+        cluster.ingest(table, "physics/p", replicas=1, partitions=8)
+        expected = cluster.sql(sql).read_all()
+        with quarry.connect(cluster.cluster_file) as stale:
+            assert stale.entry("physics/p").partitions  # its catalog, read before the move
+            cluster.start_device("dev2")
+            assert cluster.rebalance().moved
+            time.sleep(2.5)  # the janitors' passes: the moved rows are gone from dev0, dev1
+            assert stale.scan("physics/p").read_all().sort_by("id").equals(table.sort_by("id"))
+        with quarry.connect(cluster.cluster_file) as stale:
+            stale.entry("physics/p")
+            cluster.drain("dev2")
+            time.sleep(2.5)
+            assert stale.sql(sql).read_all().equals(expected)
