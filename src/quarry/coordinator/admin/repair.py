@@ -124,7 +124,6 @@ def _targets(cluster: Membership, entry: DatasetEntry, p: PartitionEntry) -> lis
     domains = cluster.domains()
     live = [c.name for c in cluster.placing_devices() if c.name not in p.devices]
     held = [d for d in p.devices if d in domains]
-
     return sorted(
         live,
         key=lambda name: (
