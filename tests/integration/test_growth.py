@@ -380,3 +380,26 @@ def test_a_coordinator_that_read_the_catalog_before_a_move_still_reads_every_row
             cluster.drain("dev2")
             time.sleep(2.5)
             assert stale.sql(sql).read_all().equals(expected)
+
+
+@pytest.mark.slow
+def test_a_dataset_dropped_while_it_moves_can_be_ingested_again(tmp_path):
+    """Dropped while its partitions move: the moves of it fail (said in the report), the
+    copies that made it leave nothing behind, and the name is free again."""
+    table = particles.table(80_000, seed=50)
+    profiles = tmp_path / "profiles.toml"
+    profiles.write_text(SMALL_SLICES)
+    with quarry.local(devices=3, profile="small", profiles_file=str(profiles)) as cluster:
+        cluster.ingest(table, "physics/p", replicas=2, partitions=6)
+        cluster.start_device("dev3", profile="small")
+        reports: list = []
+        mover = threading.Thread(target=lambda: reports.append(cluster.rebalance(3e5)))
+        mover.start()
+        _copies_seen(cluster, "dev3", deadline_s=60)
+        cluster.drop("physics/p")
+        mover.join(timeout=120)
+        (report,) = reports
+        assert report.failed and {f.move.dataset for f in report.failed} == {"physics/p"}
+        cluster.ingest(table, "physics/p", replicas=2, partitions=6)
+        assert cluster.scan("physics/p").read_all().sort_by("id").equals(table.sort_by("id"))
+        assert cluster.deficits() == []

@@ -23,6 +23,7 @@ partition on one device too many, which the next plan takes off again: run it ag
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -35,7 +36,7 @@ from quarry.coordinator.admin.repair import (
     record_of,
 )
 from quarry.coordinator.membership.placement import Group, plan
-from quarry.errors import ClusterError, QuarryError
+from quarry.errors import ClusterError, DatasetNotFound, QuarryError
 from quarry.progress import Bar
 
 if TYPE_CHECKING:
@@ -228,6 +229,7 @@ def _move(
     entry, p = move.entry, move.partition
     moves = move.moves()
     sources = [d for d in (*move.drops, *move.holders) if d not in cluster.down]
+    copied: list[str] = []
     try:
         for target in move.adds:
             report.bytes_copied += copy_partition(
@@ -240,6 +242,7 @@ def _move(
                 holders=list(move.target),
                 copied_bytes=bar.advance,
             )
+            copied.append(target)
         for device in move.target:
             held = cluster.devices[device].holders(
                 entry.domain, entry.name, p.partition, move.ingest_id, list(move.target)
@@ -252,6 +255,25 @@ def _move(
         for device in move.drops:
             cluster.devices[device].retire(entry.domain, entry.name, p.partition, move.ingest_id)
     except QuarryError as error:
+        _orphans_gone(cluster, move, copied)
         report.failed.extend(MoveFailed(m, str(error)) for m in moves)
         return
     report.moved.extend(moves)
+
+
+def _orphans_gone(cluster: Membership, move: PartitionPlan, copied: list[str]) -> None:
+    """Copies committed for a partition its holders no longer hold (its dataset dropped while
+    it moved) go too: left, they would keep the name from being ingested again there."""
+    entry, p = move.entry, move.partition
+    for device in move.holders:
+        try:
+            held = cluster.devices[device].describe(entry.domain, entry.name, p.partition)
+        except DatasetNotFound:
+            continue
+        except QuarryError:
+            return  # it does not answer: it may hold it still
+        if held.summary.ingest.id == move.ingest_id:
+            return  # still held where it was: the copies are replicas more, not orphans
+    for device in copied:
+        with contextlib.suppress(QuarryError):
+            cluster.devices[device].retire(entry.domain, entry.name, p.partition, move.ingest_id)
