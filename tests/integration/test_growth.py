@@ -32,7 +32,7 @@ DATASETS = 4
 PARTITIONS = 10  # each: 40 partitions, 80 replicas
 ROWS = 160_000  # per dataset: 6.4 MB, 0.64 MB a partition
 QUERIES = 50
-BANDWIDTH_BYTES_PER_S = 1e6  # slow enough that the queries all run while partitions move
+BANDWIDTH_BYTES_PER_S = 4e5  # slow enough (25 s) that the queries all run while partitions move
 QUERY_SHAPES = (
     "SELECT count(*) AS n, sum(ke) AS s FROM {t} WHERE ke > 5",
     "SELECT (id % 7) AS g, count(*) AS n, sum(y) AS s FROM {t} GROUP BY g ORDER BY g",
@@ -167,7 +167,7 @@ def _grow_and_drain(cluster, tables: dict[str, pa.Table], checker: ReplicaChecke
     held = sum(
         1 for entry in cluster.catalog.values() for p in entry.partitions if "dev2" in p.devices
     )
-    drained = cluster.drain("dev2", BANDWIDTH_BYTES_PER_S * 4)
+    drained = cluster.drain("dev2", BANDWIDTH_BYTES_PER_S * 10)
     checker.stop()
     print(f"draining dev2: {len(drained.moved)} replica(s) moved for its {held}")
     assert checker.violations == [] and checker.samples >= 20
