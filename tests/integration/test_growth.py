@@ -195,6 +195,10 @@ def test_replicas_never_share_a_host_while_enough_exist_and_one_host_is_said():
         for p in entry.partitions:
             assert len({hosts[d] for d in p.devices}) == 2, p
         assert cluster.placement_warnings() == []
+        cluster.kill_device("dev0")  # host0 keeps dev3: repair copies apart from survivors
+        assert cluster.repair().failed == [] and cluster.deficits() == []
+        for p in cluster.entry("physics/p").partitions:
+            assert len(p.devices) == 2 and len({hosts[d] for d in p.devices}) == 2, p
     with quarry.local(devices=2) as cluster:
         entry = cluster.ingest(table, "physics/p", replicas=2)
         assert entry.warnings == ("replicas 2 but only 1 host: partitions share a host",)
@@ -202,13 +206,15 @@ def test_replicas_never_share_a_host_while_enough_exist_and_one_host_is_said():
         assert shared.message() == "replicas 2 but only 1 host: partitions share a host"
 
 
-def _serve(folder: Path, name: str, credentials: Path, host_label: str) -> tuple[str, int]:
+def _serve(
+    folder: Path, name: str, credentials: Path, host_label: str, tls: bool = False
+) -> tuple[str, int]:
     """A device started by hand, outside the cluster (as on another machine): its address and
     pid."""
     ready = folder / "ready.json"
     command = [sys.executable, "-m", "quarry", "device", "serve", "--data", str(folder)]
     command += ["--name", name, "--credentials", str(credentials), "--ready-file", str(ready)]
-    command += ["--host-label", host_label]
+    command += ["--host-label", host_label, *(["--tls"] if tls else [])]
     folder.mkdir(parents=True)
     with open(folder / "device.log", "ab") as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
@@ -403,3 +409,29 @@ def test_a_dataset_dropped_while_it_moves_can_be_ingested_again(tmp_path):
         cluster.ingest(table, "physics/p", replicas=2, partitions=6)
         assert cluster.scan("physics/p").read_all().sort_by("id").equals(table.sort_by("id"))
         assert cluster.deficits() == []
+
+
+@pytest.mark.slow
+def test_a_device_joins_over_tls_only_with_a_certificate_of_the_cluster(tmp_path):
+    with quarry.local(devices=2, tls=True, data=tmp_path / "cluster") as cluster:
+        stranger = tmp_path / "elsewhere"
+        create_credentials(stranger)
+        pids = []
+        try:
+            address, pid = _serve(tmp_path / "dev8", "dev8", stranger / "credentials", "h", True)
+            pids.append(pid)
+            with pytest.raises(QuarryError, match="certificate this cluster's CA signed"):
+                cluster.add_device(address)
+            credentials = tmp_path / "cluster" / "credentials"
+            address, pid = _serve(tmp_path / "dev2", "dev2", credentials, "h2", tls=True)
+            pids.append(pid)
+            assert address.startswith("grpc+tls://")
+            spec = cluster.add_device(address)
+            assert (spec.name, spec.host, spec.ca_file is not None) == ("dev2", "h2", True)
+            listed = json.loads(cluster.cluster_file.read_text())["devices"]
+            assert [d["name"] for d in listed] == ["dev0", "dev1", "dev2"]
+            assert cluster.status()[-1].up
+        finally:
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGTERM)
