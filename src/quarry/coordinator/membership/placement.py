@@ -1,24 +1,26 @@
 """Partition placement: rendezvous (highest random weight) hashing, bounded loads, failure domains.
 
-Every coordinator computes the same placement from the dataset name, the partition numbers, the
-device names and their failure domains alone: no placement table to keep. A partition ranks the
-devices by ``weight``; it goes to the highest that keep its replicas in distinct domains (racks,
-then hosts) while enough exist, and that are not yet full: plain rendezvous hashing leaves a few
-partitions per device badly uneven (16 over 4 devices can land 7/4/3/2), so each device takes at
-most its fair share of an ingest's partitions. Domains come before loads: a partition's replicas
-never share a host while enough hosts exist, even if a device must then hold more than its share.
+An ingest's placement comes from the dataset name, the partition numbers, the device names and
+their failure domains alone, so every coordinator computes the same: no placement table to keep.
+A partition ranks the devices by ``weight``; it goes to the highest that keep its replicas in
+distinct domains (racks, then hosts) while enough exist, and that are not yet full: plain
+rendezvous hashing leaves a few partitions per device badly uneven (16 over 4 devices can land
+7/4/3/2), so each device takes at most its fair share of an ingest's partitions. Domains come
+before loads: a partition's replicas never share a host while enough hosts exist, even if a
+device must then hold more than its share.
 
 A bounded-load placement computed afresh is not stable under growth: a device added changes
 every share, and each partition displaced from a full device displaces another (measured over
 400 random names, 40 partitions, 2 replicas, a fifth device added to four: 23% of the replicas
-move where 20% must; 10 partitions on 4 devices: 34%). So a cluster that changes is not placed
-afresh: ``plan`` starts from where the partitions are and changes only what must change: the
-replicas of devices taken out, replicas sharing a domain that can now be apart, and, for balance,
-partitions from the most loaded devices to the least loaded, those that rank the lighter device
-higher first. Adding a device to N moves about 1/(N+1) of the replicas (all to it) and draining
-one moves its replicas and nothing else (``tests/coordinator/membership/test_placement.py``
-measures both). A plan is a fixed point: planning its result again moves nothing, so a
-rebalance cut short is planned again from wherever it stopped.
+move where 20% must; 10 partitions with one replica: 34%). So a cluster that changes is not
+placed afresh: ``plan`` starts from where the partitions are (what the devices hold, so again
+the same for every coordinator) and changes only what must change: the replicas of devices
+taken out, replicas sharing a domain that can now be apart, and, for balance, partitions from
+the most loaded devices to the least loaded, those that rank the lighter device higher first.
+Adding a device to N moves about 1/(N+1) of the replicas (all to it) and draining one moves its
+replicas and a few more that even the rest out (``tests/coordinator/membership/
+test_placement.py`` measures both). A plan is a fixed point: planning its result again moves
+nothing, so a rebalance cut short is planned again from wherever it stopped.
 """
 
 from __future__ import annotations
@@ -264,6 +266,8 @@ def _balance(state: _Planning) -> None:
 
 
 def _best_move(state: _Planning, shares: list[int]) -> tuple[int, int, str, str] | None:
+    """(group, partition, from, to) of the next balancing move, the widest gap between two
+    devices' loads first; None once no two differ by two or more (or none can give)."""
     by_load = sorted(state.domains, key=lambda d: (state.load[d], d))
     held_by: dict[str, list[tuple[int, int]]] = {d: [] for d in state.domains}
     for g, placed in enumerate(state.placed):
