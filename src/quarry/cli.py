@@ -1000,15 +1000,18 @@ def device_add(
     c = open_cluster(cluster)
     try:
         spec = c.add_device(address, name)
-        if not as_json:
-            where = f"host {spec.host}" + (f", rack {spec.rack}" if spec.rack else "")
-            console.print(f"added {spec.name} at {spec.address} ({where})")
-        if rebalance:
-            _print_rebalance(c.rebalance(bandwidth * 1e6), as_json)
-        elif as_json:
-            print_json(spec.to_json())
+        report = c.rebalance(bandwidth * 1e6) if rebalance else None
     finally:
         c.close()
+    # what it is, not how the cluster's entries reach it (a token may be among those)
+    added = {"name": spec.name, "address": spec.address, "host": spec.host, "rack": spec.rack}
+    if as_json:
+        print_json({"device": added, **(report.to_json() if report is not None else {})})
+        return
+    where = f"host {spec.host}" + (f", rack {spec.rack}" if spec.rack else "")
+    console.print(f"added {spec.name} at {spec.address} ({where})")
+    if report is not None:
+        _print_rebalance(report, as_json)
 
 
 @device_app.command("drain")

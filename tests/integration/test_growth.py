@@ -260,6 +260,12 @@ def test_add_drain_and_remove_from_the_command_line(tmp_path):
         wrong = run_quarry("device", "add", address, "--name", "devX", cwd=tmp_path, check=False)
         assert wrong.returncode != 0 and "calls itself 'dev4'" in wrong.stderr
         added = json.loads(run_quarry("device", "add", address, "--json", cwd=tmp_path).stdout)
+        assert added["device"] == {
+            "name": "dev4",
+            "address": address,
+            "host": "host2",
+            "rack": None,
+        }
         assert added["failed"] == [] and {m["to"] for m in added["moved"]} == {"dev4"}
         rows = {
             r["device"]: r for r in json.loads(run_quarry("status", "--json", cwd=tmp_path).stdout)

@@ -42,6 +42,7 @@ from quarry.progress import Bar
 if TYPE_CHECKING:
     from quarry.coordinator.membership.catalog import DatasetEntry, PartitionEntry
     from quarry.coordinator.membership.membership import Membership
+    from quarry.protocol.control import IngestRecord
 
 __all__ = ["BANDWIDTH_BYTES_PER_S_DEFAULT", "Move", "RebalanceReport", "planned", "rebalance"]
 
@@ -187,9 +188,9 @@ def planned(cluster: Membership) -> tuple[list[PartitionPlan], int]:
     return plans, replicas
 
 
-def _by_ingest(entry: DatasetEntry) -> Iterable[tuple[Any, list[PartitionEntry]]]:
+def _by_ingest(entry: DatasetEntry) -> Iterable[tuple[IngestRecord, list[PartitionEntry]]]:
     """The dataset's partitions by the ingest that placed them (each one placement group)."""
-    found: dict[str, tuple[Any, list[PartitionEntry]]] = {}
+    found: dict[str, tuple[IngestRecord, list[PartitionEntry]]] = {}
     for p in entry.partitions:
         record = record_of(entry, p.partition)
         found.setdefault(record.id, (record, []))[1].append(p)
