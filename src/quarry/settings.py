@@ -245,6 +245,18 @@ REVOCATION_SYNC_S: Setting[float] = Setting(
     upper=3600.0,
 )
 
+# Moves (coordinator/admin/rebalance.py): a device a partition moved away from.
+MOVED_KEEP_S: Setting[float] = Setting(
+    "QUARRY_MOVED_KEEP_S",
+    float,
+    600.0,
+    "seconds",
+    "How long a device keeps the rows of a partition moved away from it, for queries that "
+    "planned before the move: raise it above your longest query, lower it to free space sooner",
+    lower=0.0,
+    upper=DAY_S,
+)
+
 # The super-plan's host memory (plan/memory.py).
 SUPER_PLAN_MEMORY_MIB: Setting[int | None] = Setting(
     "QUARRY_SUPER_PLAN_MEMORY_MIB",

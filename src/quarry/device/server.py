@@ -12,11 +12,12 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import socket
 import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -113,6 +114,20 @@ def description_message(meta: PartitionMeta) -> control.PartitionDescription:
 
 
 @dataclass(frozen=True)
+class Labels:
+    """A device's failure domain, said in its hello: the host it runs on (the machine's name
+    unless told otherwise: ``quarry up --hosts`` emulates several on one machine) and its rack
+    ("": none). Placement keeps a partition's replicas on distinct ones."""
+
+    host: str
+    rack: str = ""
+
+    @classmethod
+    def of(cls, host: str | None = None, rack: str | None = None) -> Labels:
+        return cls(host or socket.gethostname(), rack or "")
+
+
+@dataclass(frozen=True)
 class Security:
     """What a server checks callers with, and shows them, from its enrolled folder: the
     cluster's public key and the revocation list it holds (``verifier``; None: ``--insecure``,
@@ -155,6 +170,7 @@ class Service(flight.FlightServerBase):
         location: str,
         name: str | None,
         security: Security,
+        labels: Labels | None = None,
     ):
         verifier = security.verifier
         middleware = {auth.NAME: auth.TokenCheck(verifier)} if verifier else None
@@ -171,6 +187,7 @@ class Service(flight.FlightServerBase):
         self.security = security
         self.identity = identity_file.load_or_create(self.data, name, profile.name)
         self.name = self.identity["name"]
+        self.labels = labels or Labels.of()
         self.started_at = time.time()
         # this process's own: a restart (new process) never repeats a generation it gave
         self.boot = uuid.uuid4().hex[:16]
@@ -281,7 +298,6 @@ class Service(flight.FlightServerBase):
         return self._hello_bytes[1]
 
     def _hello_reply(self) -> control.HelloReply:
-        labels = self.security.labels
         version, peers = self._revocation_state()
         return control.HelloReply(
             protocol=frame.PROTOCOL_VERSION,
@@ -293,8 +309,8 @@ class Service(flight.FlightServerBase):
             started_at=self.started_at,
             role=self.WHAT,
             checks_generation=self.CHECKS_GENERATION,
-            host=labels.host if labels else "",
-            rack=labels.rack if labels else "",
+            host=self.labels.host,
+            rack=self.labels.rack,
             revocations=version,
             peers=peers,
         )
@@ -321,8 +337,9 @@ class DeviceServer(Service):
         location: str,
         name: str | None = None,
         security: Security = Security(),
+        labels: Labels | None = None,
     ):
-        super().__init__(data, profile, location, name, security)
+        super().__init__(data, profile, location, name, security, labels)
         self.store = KeyValueStore(self.data / "kv", kv_bytes_max=profile.kv_bytes_max)
         from quarry.device.emulation import Emulator
 
@@ -332,6 +349,7 @@ class DeviceServer(Service):
         self.runtime = loop.Runtime(self.store, Emulator(profile), self.name, self.admission)
         self._ingesting = 0  # ingest streams open now (``StatsReply.ingesting``)
         self._ingesting_lock = threading.Lock()
+        self._copies: dict[int, control.CopyInFlight] = {}  # by stream, as far as they came
         # Pending ingests it took part in before it stopped: committed or aborted as their
         # deciders say (asked with its own credential), then watched while their coordinators
         # renew them.
@@ -373,6 +391,22 @@ class DeviceServer(Service):
                 ),
             ),
             ingest.Drop.KIND: (ingest.Drop, self._drop),
+            ingest.Retire.KIND: (
+                ingest.Retire,
+                lambda r, p: ingest.Applied(
+                    partitions.retire(
+                        self.store, r.domain, r.dataset, r.partition, r.ingest_id, time.time()
+                    )
+                ),
+            ),
+            ingest.Holders.KIND: (
+                ingest.Holders,
+                lambda r, p: ingest.Applied(
+                    partitions.set_holders(
+                        self.store, r.domain, r.dataset, r.partition, r.ingest_id, list(r.devices)
+                    )
+                ),
+            ),
             control.Stats.KIND: (control.Stats, self._stats),
             control.Load.KIND: (control.Load, self._load),
             control.LoadStatusRequest.KIND: (
@@ -424,6 +458,7 @@ class DeviceServer(Service):
         """Every committed partition, and the generation it holds under. Changed only by
         commit and drop: the encoded answer is kept until the store's catalog changes."""
         before = self.store.writes()
+        visible = self.store.visible_writes()
         cached = self._inventory_cache
         if cached is not None and cached[0] == before:
             return cached[1]
@@ -433,20 +468,23 @@ class DeviceServer(Service):
         ]
         for error in damaged:  # served from the metadata slice, or not at all
             self.integrity.found(error)
-        whole = self.store.writes() == before and before % 2 == 0  # no write began or was under way
-        generation = self._generation(before) if whole else ""
+        # no write of what queries read began or was under way: the generation holds for it
+        settled = self.store.visible_writes() == visible and visible % 2 == 0
+        generation = self._generation(visible) if settled else ""
         encoded = control.InventoryReply(summaries, generation=generation).to_bytes()
-        if whole:
+        if settled and self.store.writes() == before and before % 2 == 0:  # nor any other
             self._inventory_cache = (before, encoded)
         return encoded
 
-    def _generation(self, writes: int) -> str:
-        """Equal twice only if the store saw no write in between, in this same process."""
-        return f"{self.boot}:{writes}"
+    def _generation(self, visible_writes: int) -> str:
+        """Equal twice only if the store saw no write of what is committed in between (a copy
+        streaming in, a lease renewed, are not: ``KeyValueStore.visible_writes``), in this same
+        process."""
+        return f"{self.boot}:{visible_writes}"
 
     def _pulse(self, request: control.Pulse, payload: bytes) -> control.PulseReply:
         load = control.LoadStatus(**self.emulator.load())
-        return control.PulseReply(self._generation(self.store.writes()), load)
+        return control.PulseReply(self._generation(self.store.visible_writes()), load)
 
     def _commit(self, request: ingest.Commit, payload: bytes) -> ingest.Committed:
         faults.hit(self.name, "commit")
@@ -470,6 +508,7 @@ class DeviceServer(Service):
                 1 for k in self.store.list(naming.PENDING_PREFIX) if k.count("/") == 3
             ),
             ingesting=self._ingesting,
+            copies=tuple(self._copies.values())[: control.COPIES_MAX],
             **self._admitted(),
             corrupt_copies=len(held.corrupt),
             unverified_partitions=unverified,
@@ -532,18 +571,28 @@ class DeviceServer(Service):
             device=self.name,
         )
         writer = partitions.PartitionWriter(
-            self.store, meta, slice_rows=request.slice_rows, lease_s=request.lease_s
+            self.store,
+            meta,
+            slice_rows=request.slice_rows,
+            lease_s=request.lease_s,
+            copy=bool(request.copy_from),
         )
+        copy = self._copy_started(request)
         try:
             for chunk in reader:
                 if chunk.data is not None and chunk.data.num_rows:
                     writer.write(chunk.data)
+                    if copy is not None:
+                        self._copy_advanced(copy, chunk.data.nbytes)
             written = writer.finish()
             faults.hit(self.name, "prepare")
         except BaseException:
             # The stream broke (client gone) or the rows were bad: leave nothing pending behind.
             partitions.abort(self.store, request.ingest.id)
             raise
+        finally:
+            if copy is not None:
+                self._copies.pop(copy, None)
         return ingest.PartitionWritten(
             written.partition, written.rows, len(written.slices), written.bytes_stored
         )
@@ -557,6 +606,26 @@ class DeviceServer(Service):
         slices = range(request.slice, request.slice + 1)
         self.integrity.mended(d, n, p, frozenset({integrity.CopyPart.SLICE}), slices)
         return control.Version(version)
+
+    def _copy_started(self, request: ingest.PutPartition) -> int | None:
+        """A copy of a partition committed elsewhere (a move, a repair) begins: listed in the
+        device's stats (``quarry status``: moves in flight) until its stream ends."""
+        if not request.copy_from:
+            return None
+        key = id(request)
+        self._copies[key] = control.CopyInFlight(
+            f"{request.domain}/{request.dataset}",
+            request.partition,
+            request.copy_from,
+            0,
+            request.copy_bytes,
+        )
+        return key
+
+    def _copy_advanced(self, key: int, size_bytes: int) -> None:
+        copy = self._copies.get(key)
+        if copy is not None:
+            self._copies[key] = replace(copy, bytes_received=copy.bytes_received + size_bytes)
 
     def _update_slice(
         self, request: ingest.UpdateSlice, reader: flight.MetadataRecordBatchReader
@@ -581,7 +650,7 @@ class DeviceServer(Service):
 
     def _check_generation(self, expected: str) -> None:
         """Refuse work planned on a catalog this device no longer matches, before any of it."""
-        if expected and expected != self._generation(self.store.writes()):
+        if expected and expected != self._generation(self.store.visible_writes()):
             raise CatalogChanged(
                 f"device {self.name}: what it holds changed since the coordinator read its "
                 "catalog; read it again and run the query again"
@@ -675,6 +744,8 @@ def serve_with(
     tls: bool = False,
     insecure: bool = False,
     verify_clients: bool = False,
+    host_label: str | None = None,
+    rack: str | None = None,
 ) -> None:
     """``quarry device serve``'s options: the credentials read, the profile found, then
     ``serve``. Shared by the CLI and ``python -m quarry.device`` (the lean entry point local
@@ -686,7 +757,14 @@ def serve_with(
     security = security_of(credentials, tls, insecure, data, verify_clients)
     name = enrolled_name(security, name)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    serve(data, get_profile(profile, profiles), host, port, name, ready_file, security)
+    # the flags say where it runs when given (``quarry up --hosts`` emulates several hosts on
+    # one machine), else its enrollment does, else this machine's name
+    enrolled = security.labels
+    labels = Labels.of(
+        host_label or (enrolled.host if enrolled else None),
+        rack or (enrolled.rack if enrolled else None),
+    )
+    serve(data, get_profile(profile, profiles), host, port, name, ready_file, security, labels)
 
 
 def enrolled_name(security: Security, name: str | None) -> str | None:
@@ -771,6 +849,7 @@ def serve(
     name: str | None = None,
     ready_file: str | Path | None = None,
     security: Security = Security(),
+    labels: Labels | None = None,
 ) -> None:
     """Run a device until it is stopped (SIGTERM / SIGINT). Anywhere but loopback it needs
     TLS: tokens must not cross a network in the clear."""
@@ -780,7 +859,7 @@ def serve(
             "--credentials): only loopback may be plain"
         )
     scheme = security.scheme
-    server = DeviceServer(Path(data), profile, f"{scheme}://{host}:{port}", name, security)
+    server = DeviceServer(Path(data), profile, f"{scheme}://{host}:{port}", name, security, labels)
     if ready_file is not None:
         write_ready(ready_file, f"{scheme}://{host}:{server.port}", server.port, server.name)
     log.info("device %s (%s) listening on %s:%d", server.name, profile.name, host, server.port)

@@ -53,6 +53,8 @@ class Action(StrEnum):
     INTEGRITY = "integrity"  # the damaged copies a device found and its last whole scrub
     SCRUBBED = "scrubbed"  # a whole scrub of the device is over: keep its summary
     REPAIR_META = "repair_meta"  # a damaged metadata slice replaced by a good copy's
+    RETIRE = "retire"  # a partition moved elsewhere leaves this device
+    HOLDERS = "holders"  # which devices hold a partition now (after a move)
 
 
 class Put(StrEnum):

@@ -269,10 +269,14 @@ class PartitionWriter:
         meta: PartitionMeta,
         slice_rows: int | None = None,
         lease_s: float = LEASE_S_DEFAULT,
+        copy: bool = False,
     ):
         self.store = store
         self.meta = meta
         self.lease_s = lease_s
+        # a copy of a partition committed elsewhere (a move, a repair): committing it adds a
+        # replica of rows every query already reads right, so no query need plan again
+        self.copy = copy
         self._pending_rows: list[pa.RecordBatch] = []
         self._pending_count = 0
         bytes_per_row = max(1.0, _bytes_per_row_estimate(meta.schema))
@@ -284,7 +288,8 @@ class PartitionWriter:
 
     def _start(self) -> None:
         d, n, p = self.meta.domain, self.meta.dataset, self.meta.partition
-        with self.store.transaction() as txn:
+        with self.store.transaction(visible=False) as txn:
+            _clear_retired(txn, d, n, p)  # a copy arriving where the partition was moved from
             if txn.list(naming.meta_key(d, n, p)):
                 raise DatasetExists(
                     f"dataset {d}/{n} already has partition {p} on this device: drop it first "
@@ -300,6 +305,7 @@ class PartitionWriter:
                 "ingest": self.meta.ingest,
                 "started_at": now,
                 "lease_until": now + self.lease_s,
+                "copy": self.copy,
             }
             txn.put(pending, _json_bytes(marker))
         self._started = True
@@ -359,7 +365,7 @@ class PartitionWriter:
         if number >= naming.SLICES_MAX:
             raise IngestFailed("partition has too many slices; use more partitions")
         key = naming.slice_key(self.meta.domain, self.meta.dataset, self.meta.partition, number)
-        with self.store.transaction() as txn:
+        with self.store.transaction(visible=False) as txn:
             info = store_slice(
                 txn, key, batch, self.meta.compression, self.store.kv_bytes_max, version=1
             )
@@ -376,7 +382,7 @@ class PartitionWriter:
         if self._pending_count:
             self._cut(self._pending_count)
         m = self.meta
-        with self.store.transaction() as txn:
+        with self.store.transaction(visible=False) as txn:
             txn.put(naming.pending_key(m.domain, m.dataset, m.partition) + "/meta-ready", b"1")
             _put_striped(
                 txn,
@@ -398,15 +404,19 @@ def _bytes_per_row_estimate(schema: pa.Schema) -> float:
 
 
 def commit(store: KeyValueStore, ingest_id: str, device: str) -> list[int]:
-    """Make every pending partition of an ingest visible; one transaction for all of them."""
+    """Make every pending partition of an ingest visible; one transaction for all of them.
+    Copies alone (a move, a repair) leave the catalog generation as it was: a replica more of
+    a partition listed already changes no answer a query planned before it would give."""
     committed: list[int] = []
-    with store.transaction() as txn:
+    with store.transaction(visible=False) as txn:
         for pending in txn.list(naming.PENDING_PREFIX):
             if pending.count("/") != 3:
                 continue  # a sub-key such as ".../meta"
             body = _load_json(txn.get(pending)[0])
             if body["ingest"]["id"] != ingest_id:
                 continue
+            if not body.get("copy", False):
+                txn.show()
             if not txn.version(pending + "/meta-ready"):
                 raise IngestFailed(f"partition {pending} of ingest {ingest_id} was not finished")
             meta_keys = [k for k in txn.list(pending + "/meta") if k != pending + "/meta-ready"]
@@ -446,8 +456,9 @@ def abort(store: KeyValueStore, ingest_id: str | None = None) -> int:
         if ingest_id is not None and body["ingest"]["id"] != ingest_id:
             continue
         domain, dataset, partition = pending[len(naming.PENDING_PREFIX) :].split("/")
-        deleted += store.delete_prefix(naming.partition_prefix(domain, dataset, int(partition)))
-        deleted += store.delete_prefix(pending)
+        prefix = naming.partition_prefix(domain, dataset, int(partition))
+        deleted += store.delete_prefix(prefix, visible=False)  # pending: no reader sees it
+        deleted += store.delete_prefix(pending, visible=False)
     return deleted
 
 
@@ -476,15 +487,16 @@ def abort_unfinished(store: KeyValueStore, ingest_id: str) -> int:
         if body["ingest"]["id"] != ingest_id:
             continue
         domain, dataset, partition = pending[len(naming.PENDING_PREFIX) :].split("/")
-        deleted += store.delete_prefix(naming.partition_prefix(domain, dataset, int(partition)))
-        deleted += store.delete_prefix(pending)
+        prefix = naming.partition_prefix(domain, dataset, int(partition))
+        deleted += store.delete_prefix(prefix, visible=False)  # pending: no reader sees it
+        deleted += store.delete_prefix(pending, visible=False)
     return deleted
 
 
 def renew(store: KeyValueStore, ingest_id: str, lease_s: float) -> int:
     """The ingest's coordinator is alive: its pending partitions here stay ``lease_s`` longer."""
     renewed = 0
-    with store.transaction() as txn:
+    with store.transaction(visible=False) as txn:
         for pending in txn.list(naming.PENDING_PREFIX):
             if pending.count("/") != 3:
                 continue
@@ -522,18 +534,23 @@ def inventory(
 ) -> list[dict[str, Any]]:
     """Every committed partition's catalog entry. One that fails its check is rebuilt from
     the metadata slice, and one whose metadata slice fails too is left out (the device cannot
-    serve it); either is added to ``damaged``."""
+    serve it); either is added to ``damaged``. One dropped or moved away while they are listed
+    is left out (the write changed the store's count: whoever caches this reads it again)."""
     entries = []
     for key in store.list(CATALOG_PREFIX):
         domain, dataset, partition = key[len(CATALOG_PREFIX) :].split("/")
         try:
             entries.append(catalog_entry(store, domain, dataset, int(partition)))
             continue
+        except KeyNotFound:
+            continue
         except CorruptSlice as error:
             if damaged is not None:
                 damaged.append(error)
         try:
             entries.append(read_meta(store, domain, dataset, int(partition)).summary())
+        except KeyNotFound:
+            continue
         except CorruptSlice as error:
             if damaged is not None:
                 damaged.append(error)
@@ -747,7 +764,93 @@ def drop(store: KeyValueStore, domain: str, dataset: str) -> int:
     deleted = store.delete_prefix(naming.dataset_prefix(domain, dataset))
     deleted += store.delete_prefix(f"{CATALOG_PREFIX}{domain}/{dataset}/")
     deleted += store.delete_prefix(f"{naming.CACHE_PREFIX}{domain}/{dataset}/")
+    store.delete_prefix(f"{naming.RETIRED_PREFIX}{domain}/{dataset}/", visible=False)
     return deleted
+
+
+# ---- moves: a partition copied elsewhere leaves this device -------------------------------------
+
+
+def retire(
+    store: KeyValueStore, domain: str, dataset: str, partition: int, ingest_id: str, now: float
+) -> bool:
+    """Take a committed partition out of this device's inventory (it was copied elsewhere and
+    committed there): from now on no query planned anew reads it here. Its rows and metadata
+    stay until ``purge_retired`` runs past the grace, so work planned before the move still
+    reads whole what it started on. Only the partition of ``ingest_id``: a dataset dropped
+    and ingested again under the name is not touched. Returns whether it retired one."""
+    catalog_key = _catalog_key(domain, dataset, partition)
+    with store.transaction() as txn:
+        if not txn.version(catalog_key):
+            return False
+        summary = _load_json(txn.get(catalog_key)[0])
+        if summary["ingest"]["id"] != ingest_id:
+            return False
+        txn.delete(catalog_key)
+        marker = {"ingest": ingest_id, "retired_at": now}
+        txn.put(naming.retired_key(domain, dataset, partition), _json_bytes(marker))
+    return True
+
+
+def purge_retired(store: KeyValueStore, keep_s: float, now: float) -> int:
+    """Delete the rows of partitions retired more than ``keep_s`` ago; returns how many."""
+    purged = 0
+    for key in store.list(naming.RETIRED_PREFIX):
+        try:
+            marker = _load_json(store.get(key)[0])
+        except KeyNotFound:
+            continue
+        if marker.get("retired_at", 0.0) + keep_s > now:
+            continue
+        domain, dataset, partition = key[len(naming.RETIRED_PREFIX) :].split("/")
+        with store.transaction(visible=False) as txn:  # nothing listed changes
+            purged += _clear_retired(txn, domain, dataset, int(partition))
+    return purged
+
+
+def _clear_retired(txn: Any, domain: str, dataset: str, partition: int) -> int:
+    """Delete a retired partition's leftovers and its mark, if it is retired here."""
+    marker = naming.retired_key(domain, dataset, partition)
+    if not txn.version(marker) or txn.version(_catalog_key(domain, dataset, partition)):
+        return 0
+    for key in txn.list(naming.partition_prefix(domain, dataset, partition)):
+        txn.delete(key)
+    txn.delete(marker)
+    return 1
+
+
+def set_holders(
+    store: KeyValueStore,
+    domain: str,
+    dataset: str,
+    partition: int,
+    ingest_id: str,
+    devices: list[str],
+) -> bool:
+    """Record which devices hold a committed partition now (its ingest's placement, as this
+    copy remembers it): after a move the catalog waits for those devices, not the ones the
+    ingest first chose. Returns whether this device holds the partition of ``ingest_id``."""
+    catalog_key = _catalog_key(domain, dataset, partition)
+    meta_key = naming.meta_key(domain, dataset, partition)
+    # what a query reads does not change (its rows, its slices): no new catalog generation
+    with store.transaction(visible=False) as txn:
+        if not txn.version(catalog_key):
+            return False
+        summary = _load_json(txn.get(catalog_key)[0])
+        if summary["ingest"]["id"] != ingest_id:
+            return False
+        meta_keys = _meta_keys(txn, meta_key)
+        meta = _load_json(codec.unstripe([txn.get(k)[0] for k in meta_keys]))
+        for body in (summary, meta):
+            body["ingest"]["placement"] = {
+                **body["ingest"].get("placement", {}),
+                str(partition): list(devices),
+            }
+        txn.put(catalog_key, _json_bytes(summary))
+        for old in meta_keys:
+            txn.delete(old)
+        _put_striped(txn, meta_key, _json_bytes(meta), store.kv_bytes_max)
+    return True
 
 
 def update_slice(
