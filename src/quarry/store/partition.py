@@ -559,8 +559,14 @@ def inventory(
 
 def catalog_entry(store: KeyValueStore, domain: str, dataset: str, partition: int) -> Any:
     """A partition's catalog entry, checked (``CorruptSlice`` if damaged)."""
+    return catalog_entry_in(store, domain, dataset, partition)
+
+
+def catalog_entry_in(reader: Any, domain: str, dataset: str, partition: int) -> Any:
+    """A partition's catalog entry read through ``reader`` (the store or a transaction of
+    it), checked (``CorruptSlice`` if damaged)."""
     what = f"the catalog entry of partition {partition} of {domain}/{dataset}"
-    return _unsealed_json(store.get(_catalog_key(domain, dataset, partition))[0], what)[0]
+    return _unsealed_json(reader.get(_catalog_key(domain, dataset, partition))[0], what)[0]
 
 
 def json_round_trip(value: Any) -> Any:
@@ -783,7 +789,7 @@ def retire(
     with store.transaction() as txn:
         if not txn.version(catalog_key):
             return False
-        summary = _load_json(txn.get(catalog_key)[0])
+        summary = catalog_entry_in(txn, domain, dataset, partition)
         if summary["ingest"]["id"] != ingest_id:
             return False
         txn.delete(catalog_key)
@@ -836,20 +842,21 @@ def set_holders(
     with store.transaction(visible=False) as txn:
         if not txn.version(catalog_key):
             return False
-        summary = _load_json(txn.get(catalog_key)[0])
+        summary = catalog_entry_in(txn, domain, dataset, partition)
         if summary["ingest"]["id"] != ingest_id:
             return False
         meta_keys = _meta_keys(txn, meta_key)
-        meta = _load_json(codec.unstripe([txn.get(k)[0] for k in meta_keys]))
+        raw = codec.unstripe([txn.get(k)[0] for k in meta_keys])
+        meta, _ = _unsealed_json(raw, meta_what(domain, dataset, partition))
         for body in (summary, meta):
             body["ingest"]["placement"] = {
                 **body["ingest"].get("placement", {}),
                 str(partition): list(devices),
             }
-        txn.put(catalog_key, _json_bytes(summary))
+        txn.put(catalog_key, _sealed_json(summary))
         for old in meta_keys:
             txn.delete(old)
-        _put_striped(txn, meta_key, _json_bytes(meta), store.kv_bytes_max)
+        _put_striped(txn, meta_key, _sealed_json(meta), store.kv_bytes_max)
     return True
 
 
