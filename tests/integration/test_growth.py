@@ -22,7 +22,9 @@ import pyarrow.parquet as pq
 import pytest
 
 import quarry
+from quarry.auth.credentials import Credentials
 from quarry.auth.credentials import create as create_credentials
+from quarry.auth.enrollment import enroll
 from quarry.coordinator.membership.membership import Membership
 from quarry.errors import QuarryError
 from quarry.samples import particles
@@ -209,13 +211,14 @@ def test_replicas_never_share_a_host_while_enough_exist_and_one_host_is_said():
 def _serve(
     folder: Path, name: str, credentials: Path, host_label: str, tls: bool = False
 ) -> tuple[str, int]:
-    """A device started by hand, outside the cluster (as on another machine): its address and
-    pid."""
+    """A device started by hand, outside the cluster (as on another machine), with a folder
+    the authority in ``credentials`` enrolled it with: its address and pid."""
     ready = folder / "ready.json"
-    command = [sys.executable, "-m", "quarry", "device", "serve", "--data", str(folder)]
-    command += ["--name", name, "--credentials", str(credentials), "--ready-file", str(ready)]
-    command += ["--host-label", host_label, *(["--tls"] if tls else [])]
     folder.mkdir(parents=True)
+    enrolled = enroll(Credentials(credentials), name, ("127.0.0.1",), folder / "enrolled")
+    command = [sys.executable, "-m", "quarry", "device", "serve", "--data", str(folder)]
+    command += ["--name", name, "--credentials", str(enrolled.folder), "--ready-file", str(ready)]
+    command += ["--host-label", host_label, *(["--tls"] if tls else [])]
     with open(folder / "device.log", "ab") as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 60
