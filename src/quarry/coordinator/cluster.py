@@ -35,6 +35,7 @@ from quarry.coordinator.membership.placement import Shared, shared_domains
 from quarry.coordinator.query.explain import Explain
 from quarry.coordinator.query.fragments import Forced
 from quarry.coordinator.query.run import Query
+from quarry.coordinator.reads.degraded import Rebuilder
 from quarry.coordinator.reads.sample import Sample, sample
 from quarry.coordinator.reads.source_order import source_order
 from quarry.errors import ClusterError, CorruptSlice, DatasetNotFound, DeviceUnavailable
@@ -110,7 +111,7 @@ class Cluster(Membership):
     def drop(self, dataset: str) -> int:
         entry = self.entry(dataset)
         holders = sorted(
-            {d for p in entry.partitions for d in p.devices}
+            {d for p in [*entry.partitions, *entry.parity] if not p.lost for d in p.devices}
             | {d for ds in entry.unavailable.values() for d in ds}
         )
         deleted = 0
@@ -219,6 +220,12 @@ class Cluster(Membership):
             if now is None or not set(now.devices) - tried:
                 break
             devices = now.devices
+        coded = next((p for p in entry.partitions if p.partition == partition), None)
+        if coded is not None and coded.stripe is not None:  # erasure coded: from its stripe
+            yield from Rebuilder(self, coded).scan(
+                entry.domain, entry.name, partition, received, end, columns
+            )
+            return
         if damaged:
             raise CorruptSlice(
                 f"no replica of partition {partition} of {entry.qualified} holds a good copy "

@@ -92,6 +92,16 @@ class HelloReply(Message):
 
 
 @dataclass(frozen=True)
+class StripeGroup(Message):
+    """The partitions of one stripe group of an erasure-coded ingest (``store/parity.py``):
+    K data partitions, in stripe position order, and the M parity partitions computed over
+    them, in parity block order."""
+
+    data: tuple[int, ...] = bounded(items_max=64)
+    parity: tuple[int, ...] = bounded(items_max=16)
+
+
+@dataclass(frozen=True)
 class IngestRecord(Message):
     """One ingest, as every partition it wrote remembers it (and the catalog rebuilds from)."""
 
@@ -114,9 +124,18 @@ class IngestRecord(Message):
     # the column each partition was sorted by ("" none): slices then hold narrow ranges of it,
     # which zone maps prune (Kinetic Pipe's clustered index); the source's order is not kept
     cluster_by: str = bounded(chars_max=NAME_CHARS_MAX, default="")
+    # erasure coded ("ec:K+M"; "" kept in ``replicas`` copies): its stripe groups, whose
+    # parity partitions are in ``placement`` too
+    redundancy: str = bounded(chars_max=32, default="")
+    stripes: tuple[StripeGroup, ...] = bounded(items_max=PARTITION_MAX, default=())
 
     def __post_init__(self) -> None:
         assert self.mode in ("create", "append"), f"mode must be create or append: {self.mode!r}"
+
+    def written(self) -> list[int]:
+        """Every partition this ingest writes: its data partitions, then its parity ones."""
+        data = range(self.first_partition, self.first_partition + self.partitions)
+        return [*data, *(p for group in self.stripes for p in group.parity)]
 
 
 @dataclass(frozen=True)

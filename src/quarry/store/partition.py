@@ -212,7 +212,19 @@ def store_slice(
     each stream's checksum with it."""
     value, lengths = codec.encode_columns(batch, compression)
     stripes = _put_striped(txn, key, value, kv_bytes_max)
-    striped = kv_bytes_max if stripes > 1 else 0
+    return describe_slice(batch, value, lengths, stripes, kv_bytes_max, version)
+
+
+def describe_slice(
+    batch: pa.RecordBatch,
+    value: bytes,
+    lengths: list[int],
+    stripes: int,
+    kv_bytes_max: int,
+    version: int = 1,
+) -> SliceInfo:
+    """What the metadata slice says of a slice value (also computed off the device: the parity
+    of an erasure-coded stripe keeps it, so a lost slice is rebuilt and checked exactly)."""
     return SliceInfo(
         batch.num_rows,
         len(value),
@@ -221,7 +233,7 @@ def store_slice(
         zone_map(batch),
         version,
         lengths,
-        striped,
+        kv_bytes_max if stripes > 1 else 0,
         checksum.of_columns(value, lengths),
     )
 

@@ -81,6 +81,7 @@ class Dispatch:
         expect: Callable[[str], str] | None = None,
         loads_seen: Callable[[dict[str, LoadStatus]], None] | None = None,
         cancelled: threading.Event | None = None,
+        down: Iterable[str] = (),
     ) -> None:
         # ``marks``: also yield a ``ChunkDone`` after the output of every slice range known
         # whole, as a device does (a storage server passes them on to its own upstream).
@@ -97,7 +98,9 @@ class Dispatch:
         self.requests = 0  # work exchanges opened
         self.bytes_sent = 0  # payload bytes sent to devices
         self._hosts: dict[int, Unit] = {}  # the host units that completed anything
-        self.dead: set[str] = set()  # devices that stopped answering during this work
+        # devices that stopped answering during this work (or did before: ``down``, their work
+        # goes straight to the next replica, or to a stripe's parity)
+        self.dead: set[str] = set(down)
         # set by ``cancel``, from any thread (shared by the runs of one query: ``cancelled``)
         self.cancelled = cancelled if cancelled is not None else threading.Event()
         # from asking a device to open a stream (a work exchange, a raw scan, a fetch of
@@ -309,6 +312,9 @@ class Dispatch:
     def _exchange(self, task: Task) -> Iterator[pa.RecordBatch]:
         """One task on its device; if the device stops answering, the rest on replicas."""
         try:
+            if task.client.name in self.dead:
+                error = DeviceUnavailable(f"device {task.client.name} does not answer")
+                raise DeviceLost(error, Progress())
             yield from self._rounds(task)
         except DeviceLost as lost:
             reports = {p: self.report(task, p) for p in task.request.partitions}
@@ -463,7 +469,11 @@ class Dispatch:
                 report.add_raw(notice.slices, notice.rows, notice.bytes_stored)
 
         def arriving() -> Iterator[pa.RecordBatch]:
-            reader = self._opened(lambda: task.client.get(fetch, payload))
+            if getattr(task.client, "rebuilds", False):  # from parity: only what the unit reads
+                columns = task.host.columns() if raw else None
+                reader = self._opened(lambda: task.client.get(fetch, payload, columns=columns))
+            else:
+                reader = self._opened(lambda: task.client.get(fetch, payload))
             for shipped in task.client.batches(reader):
                 size = pa.ipc.get_record_batch_size(shipped)
                 slices, checked = self._decoded(report, shipped)

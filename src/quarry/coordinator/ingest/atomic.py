@@ -19,6 +19,7 @@ import math
 import threading
 import time
 import uuid
+from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -27,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from quarry import settings
+from quarry.coordinator.ingest.parity import ParityBuilder
 from quarry.coordinator.ingest.sources import GuardedReader, open_source
 from quarry.coordinator.membership.catalog import DatasetEntry
 from quarry.coordinator.membership.device_client import DeviceClient, finish_put
@@ -44,9 +46,9 @@ from quarry.errors import (
     Unauthenticated,
 )
 from quarry.progress import Bar
-from quarry.protocol.control import IngestRecord
-from quarry.protocol.ingest import PutPartition, Renew, Renewed
-from quarry.store import naming
+from quarry.protocol.control import IngestRecord, StripeGroup
+from quarry.protocol.ingest import PartitionWritten, PutPartition, Renew, Renewed
+from quarry.store import naming, parity
 from quarry.store.codec import check_compression, rows_per_slice
 
 if TYPE_CHECKING:
@@ -79,13 +81,21 @@ def ingest(
     format: str | None = None,
     progress: bool | None = None,
     cluster_by: str | None = None,
+    redundancy: str = "",
 ) -> DatasetEntry:
+    """``redundancy``: "" keeps ``replicas`` copies of each partition; "ec:K+M" stripes the
+    partitions K at a time with M parity partitions each (``store/parity.py``)."""
     domain, name = naming.split_dataset(dataset)
     check_compression(compression)
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    code = parity.parse(redundancy)
+    if code is not None and replicas != 1:
+        raise InvalidOption(f"{code.text} keeps one copy of each slice and parity: drop replicas")
     cluster.refresh()
     existing = cluster.catalog.get(f"{domain}/{name}")
+    if existing is not None and mode == "append":
+        code = parity.parse(existing.ingests[0].redundancy)  # an append keeps the dataset's
     if mode == "create" and existing is not None:
         raise DatasetExists(
             f"dataset {domain}/{name} already exists ({existing.rows} rows): drop it first "
@@ -109,27 +119,42 @@ def ingest(
             f"asked for {replicas} replicas but {len(devices)} devices answer: use 1 to "
             f"{len(devices)}"
         )
+    if code is not None and code.k + code.m > len(devices):
+        raise IngestFailed(
+            f"{code.text} puts each stripe's {code.k + code.m} slices on as many devices, but "
+            f"{len(devices)} answer: start more or choose a smaller K+M"
+        )
 
     first_batch, rows = _peek(GuardedReader(opened))
     drives = sum(cluster.info[d.name].drives for d in devices if d.name in cluster.info)
     drives = max(drives, len(devices))
     partition_count = partitions or _partition_count(first_batch, opened.rows_total, drives)
-    first = 0 if existing is None else max(p.partition for p in existing.partitions) + 1
-    if first + partition_count > naming.PARTITIONS_MAX:
-        raise IngestFailed(f"{domain}/{name} would exceed {naming.PARTITIONS_MAX} partitions")
+    if code is not None:
+        partition_count = _striped_count(code, partition_count, len(devices), drives)
+    first = 0 if existing is None else _next_partition(existing, data=True)
+    limit = naming.PARTITIONS_MAX if code is None else parity.PARITY_FIRST
+    if first + partition_count > limit:
+        raise IngestFailed(f"{domain}/{name} would exceed {limit} data partitions")
     ingest_id = uuid.uuid4().hex
     by_id = {d.name: d for d in devices}
     # where each device sits (host, rack): replicas of a partition go to distinct ones
     domains = {device: at for device, at in cluster.domains().items() if device in by_id}
-    placement = {
-        str(p): devices_of_p
-        for p, devices_of_p in place_all(
-            f"{domain}/{name}",
-            range(first, first + partition_count),
-            dict(sorted(domains.items())),
-            replicas,
-        ).items()
-    }
+    stripes: tuple[StripeGroup, ...] = ()
+    if code is None:
+        placement = {
+            str(p): devices_of_p
+            for p, devices_of_p in place_all(
+                f"{domain}/{name}",
+                range(first, first + partition_count),
+                dict(sorted(domains.items())),
+                replicas,
+            ).items()
+        }
+    else:
+        parity_first = _next_partition(existing, data=False) if existing else parity.PARITY_FIRST
+        stripes, placement = _place_stripes(
+            code, f"{domain}/{name}", first, partition_count, parity_first, domains
+        )
     involved = sorted({d for names in placement.values() for d in names})
     group_rows = _group_rows(first_batch, opened.rows_total, partition_count)
     record = IngestRecord(
@@ -148,14 +173,29 @@ def ingest(
         addresses={d: by_id[d].address for d in involved},
         group_rows=group_rows,
         cluster_by=cluster_by or "",
+        redundancy=code.text if code is not None else "",
+        stripes=stripes,
     )
     lease_s = lease_seconds()
     streams: dict[tuple[int, str], tuple[Any, Any]] = {}
 
     kv_bytes_max = {d.name: cluster.info[d.name].profile.kv_bytes_max for d in devices}
+    parity_partitions = {p for group in stripes for p in group.parity}
+    slice_rows_of: dict[int, int | None] = {}  # as each data partition's devices cut it
 
     def stream(partition: int, device: str, rows: pa.Table | None = None) -> tuple[Any, Any]:
         key = (partition, device)
+        if key not in streams and partition in parity_partitions:
+            request = PutPartition(
+                domain=domain,
+                dataset=name,
+                partition=partition,
+                ingest=record,
+                hints={"parity": record.redundancy},
+                lease_s=lease_s,
+                slice_rows=1,  # a parity slice is one stripe's row
+            )
+            streams[key] = by_id[device].open_put(request, parity.SCHEMA)
         if key not in streams:
             replicas_kv = [kv_bytes_max[d] for d in placement[str(partition)]]
             request = PutPartition(
@@ -169,16 +209,44 @@ def ingest(
                 lease_s=lease_s,
                 slice_rows=_slice_rows(rows, min(replicas_kv)),
             )
+            slice_rows_of.setdefault(partition, request.slice_rows)
             streams[key] = by_id[device].open_put(request, schema)
         return streams[key]
 
+    builder = None
+    if code is not None:
+
+        def send_parity(partition: int, row: pa.RecordBatch) -> None:
+            (device,) = placement[str(partition)]
+            writer, _ = stream(partition, device)
+            by_id[device].guard(lambda: writer.write_batch(row))
+
+        builder = ParityBuilder(
+            code,
+            stripes,
+            schema,
+            compression,
+            {p: kv_bytes_max[placement[str(p)][0]] for g in stripes for p in g.data},
+            cluster_by,
+            send_parity,
+        )
+
+    def fed(partition: int, rows: pa.Table) -> None:
+        if builder is not None:
+            builder.add(partition, rows, slice_rows_of.get(partition))
+
     with Renewer([by_id[d] for d in involved], ingest_id, lease_s):
         try:
-            _send(rows, opened, record, by_id, stream, progress)
-            for partition in range(first, first + partition_count):
+            _send(rows, opened, record, by_id, stream, progress, fed)
+            if builder is not None:
+                builder.finish()
+            for partition in record.written():
                 for device in placement[str(partition)]:
                     writer, reader = stream(partition, device)
-                    by_id[device].guard(lambda w=writer, r=reader: finish_put(w, r))
+                    ack = by_id[device].guard(lambda w=writer, r=reader: finish_put(w, r))
+                    if builder is not None and partition not in parity_partitions:
+                        written = PartitionWritten.from_bytes(ack)
+                        builder.check(partition, written.slices, written.bytes_stored, device)
             _decide(by_id[record.decider], record)
         except BaseException as error:
             _abort(by_id, involved, ingest_id, streams)
@@ -198,8 +266,75 @@ def ingest(
             f"ingest of {domain}/{name} is committed but not yet visible on every device; "
             "they settle it on their own within seconds: list it again"
         )
-    shared = shared_domains(((replicas, p) for p in placement.values()), domains)
+    spread = code.k + code.m if code is not None else replicas
+    held = [stripe_devices(g, placement) for g in stripes] or list(placement.values())
+    shared = shared_domains(((spread, p) for p in held), domains)
     return replace(entry, warnings=tuple(s.message() for s in shared)) if shared else entry
+
+
+def _striped_count(code: parity.Code, count: int, devices: int, drives: int) -> int:
+    """Data partitions of an erasure-coded ingest: whole stripe groups of K; a table that fills
+    every drive gets a number of groups that deals data evenly over the devices (K data
+    partitions of each group land on K of them), so a healthy query waits on no device more
+    than on another."""
+    groups = -(-count // code.k)
+    if count >= drives:
+        even = devices // math.gcd(devices, code.k)
+        groups = -(-groups // even) * even
+    return groups * code.k
+
+
+def _next_partition(existing: DatasetEntry, data: bool) -> int:
+    """The first number an append's data (or parity) partitions take."""
+    if data:
+        numbers = [p.partition for p in existing.partitions] + list(existing.unavailable)
+        return max(numbers) + 1
+    numbers = [p.partition for p in existing.parity] + list(existing.parity_lost)
+    return max(numbers, default=parity.PARITY_FIRST - 1) + 1
+
+
+def _place_stripes(
+    code: parity.Code,
+    dataset: str,
+    first: int,
+    count: int,
+    parity_first: int,
+    domains: dict[str, Any],
+) -> tuple[tuple[StripeGroup, ...], dict[str, list[str]]]:
+    """Stripe groups and where each member goes: a group's K+M partitions on K+M devices in
+    distinct failure domains while enough exist (placed as K+M replicas of one partition), the
+    M that hold the least data so far taking its parity, so data spreads evenly."""
+    groups = count // code.k
+    placed = place_all(f"{dataset}#stripes", range(groups), dict(sorted(domains.items())), code.k + code.m)
+    data_load: dict[str, float] = dict.fromkeys(domains, 0.0)
+    # a device's data to come: its places in the groups not yet given roles, each worth the
+    # data share of a place (K of K+M), so a device in many groups takes parity in some
+    ahead = Counter(d for g in range(groups) for d in placed[g])
+    stripes, placement = [], {}
+    for g in range(groups):
+        devices = list(placed[g])
+        ahead.subtract(devices)
+        share = code.k / (code.k + code.m)
+        by_load = sorted(
+            devices, key=lambda d: (-(data_load[d] + share * ahead[d]), -devices.index(d))
+        )
+        parity_devices = set(by_load[: code.m])
+        data_devices = [d for d in devices if d not in parity_devices]
+        parity_ordered = [d for d in devices if d in parity_devices]
+        data = tuple(range(first + g * code.k, first + (g + 1) * code.k))
+        parity_numbers = tuple(range(parity_first + g * code.m, parity_first + (g + 1) * code.m))
+        for partition, device in zip(data, data_devices, strict=True):
+            placement[str(partition)] = [device]
+            data_load[device] += 1
+        for partition, device in zip(parity_numbers, parity_ordered, strict=True):
+            placement[str(partition)] = [device]
+        stripes.append(StripeGroup(data, parity_numbers))
+    return tuple(stripes), placement
+
+
+def stripe_devices(group: StripeGroup, placement: dict[str, list[str]]) -> list[str]:
+    """The devices a stripe group's members are on (each one, for its domains to be apart)."""
+    return [d for p in (*group.data, *group.parity) for d in placement.get(str(p), [])]
 
 
 def _check_cluster_by(column: str | None, schema: pa.Schema) -> None:
@@ -317,6 +452,7 @@ def _send(
     by_id: dict[str, DeviceClient],
     stream: Any,
     progress: bool | None,
+    fed: Any = None,
 ) -> None:
     """Deal the source's rows round-robin to the record's partitions in groups of its
     ``group_rows``: the source's order can be read back (``coordinator/reads/source_order.py``)."""
@@ -340,6 +476,7 @@ def _send(
                     placement,
                     by_id,
                     stream,
+                    fed,
                 )
                 rest = table.slice(group_rows)
                 pending, pending_rows = rest.to_batches(), rest.num_rows
@@ -347,7 +484,7 @@ def _send(
             bar.advance(batch.num_rows)
         if pending_rows:
             table = pa.Table.from_batches(pending, schema=schema)
-            _deliver(table, first + group % partition_count, placement, by_id, stream)
+            _deliver(table, first + group % partition_count, placement, by_id, stream, fed)
 
 
 def _deliver(
@@ -356,11 +493,15 @@ def _deliver(
     placement: dict[str, list[str]],
     by_id: dict[str, DeviceClient],
     stream: Any,
+    fed: Any = None,
 ) -> None:
+    """Rows to every replica of their partition (and to the parity being computed)."""
     for device in placement[str(partition)]:
         writer, _ = stream(partition, device, rows)
         for batch in rows.to_batches():
             by_id[device].guard(lambda w=writer, b=batch: w.write_batch(b))
+    if fed is not None:
+        fed(partition, rows)
 
 
 def _abort(

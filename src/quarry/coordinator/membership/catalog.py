@@ -14,7 +14,29 @@ from typing import Any
 
 import pyarrow as pa
 
-from quarry.protocol.control import IngestRecord, PartitionSummary
+from quarry.protocol.control import IngestRecord, PartitionSummary, StripeGroup
+from quarry.store import parity
+
+
+@dataclass(frozen=True)
+class Stripe:
+    """The stripe group an erasure-coded partition belongs to (``store/parity.py``): its K
+    data partitions and M parity partitions, and the devices that answer holding each (none:
+    lost; rebuilt from any K that are held)."""
+
+    dataset: str  # domain/name
+    code: parity.Code
+    data: tuple[int, ...]
+    parity: tuple[int, ...]
+    holders: dict[int, tuple[str, ...]]
+
+    def position(self, partition: int) -> int:
+        """The block number of a member: data 0..K-1, parity K..K+M-1."""
+        return [*self.data, *self.parity].index(partition)
+
+    @property
+    def held(self) -> int:
+        return sum(1 for devices in self.holders.values() if devices)
 
 
 @dataclass
@@ -26,6 +48,10 @@ class PartitionEntry:
     bytes_arrow: int
     devices: list[str]  # replicas that hold it, in placement order
     verified: bool = False  # every copy's slices carry checksums (checked on every read)
+    stripe: Stripe | None = None  # erasure coded: its stripe group
+    # no device holding it answers, and its stripe can rebuild it: read from parity (its rows,
+    # slices and bytes are then its group's average until it is repaired)
+    lost: bool = False
 
 
 @dataclass
@@ -42,6 +68,19 @@ class DatasetEntry:
     unavailable: dict[int, list[str]] = field(default_factory=dict)
     # what the ingest that returned it has to say (replicas that must share a host...)
     warnings: tuple[str, ...] = ()
+    # erasure coded: the parity partitions held, and those no device that answers holds
+    parity: list[PartitionEntry] = field(default_factory=list)
+    parity_lost: dict[int, list[str]] = field(default_factory=dict)
+
+    @property
+    def redundancy(self) -> str:
+        """How the dataset survives a lost device: ``ec:K+M`` or ``replicas:N``."""
+        first = self.ingests[0]
+        return first.redundancy or f"replicas:{first.replicas}"
+
+    @property
+    def parity_bytes_stored(self) -> int:
+        return sum(p.bytes_stored for p in self.parity)
 
     @property
     def qualified(self) -> str:
@@ -67,10 +106,20 @@ class DatasetEntry:
 
     def unavailable_message(self) -> str:
         devices = sorted({d for ds in self.unavailable.values() for d in ds})
+        stripes = ""
+        if self.ingests[0].redundancy:
+            code = parity.parse(self.ingests[0].redundancy)
+            assert code is not None
+            stripes = (
+                f" (and their stripes keep fewer than the {code.k} of {code.k + code.m} blocks "
+                f"{code.text} needs to rebuild them"
+                + (f"; parity partitions {sorted(self.parity_lost)} are lost too" if self.parity_lost else "")
+                + ")"
+            )
         return (
             f"dataset {self.qualified} is unavailable: partitions "
             f"{sorted(self.unavailable)} are only on device(s) {', '.join(devices)}, which do "
-            "not answer. Start them (quarry status shows which) and try again."
+            f"not answer{stripes}. Start them (quarry status shows which) and try again."
         )
 
     def partitions_by_device(self) -> dict[str, list[int]]:
@@ -124,7 +173,9 @@ def build(
         complete.sort(key=lambda i: i.record.created_at)
         if not complete or complete[0].record.mode != "create":
             continue
-        first = next(iter(complete[0].parts.values()))[0][1]
+        first = _data_summary(complete)
+        if first is None:  # every data partition lost: nothing says what the rows are
+            continue
         entry = DatasetEntry(
             domain=domain,
             name=dataset,
@@ -135,13 +186,21 @@ def build(
             ingests=[i.record for i in complete],
         )
         for ingest in complete:
-            for partition in _expected(ingest.record):
+            stripes = _stripes(ingest, entry.qualified)
+            for partition in ingest.record.written():
                 held = ingest.parts.get(partition)
+                stripe = stripes.get(partition)
+                is_parity = stripe is not None and partition in stripe.parity
                 if not held:
-                    entry.unavailable[partition] = _claimed(ingest, partition)
+                    if is_parity:
+                        entry.parity_lost[partition] = _claimed(ingest, partition)
+                    elif stripe is not None and stripe.held >= stripe.code.k:
+                        entry.partitions.append(_lost(ingest, partition, stripe))
+                    else:
+                        entry.unavailable[partition] = _claimed(ingest, partition)
                     continue
                 summary = held[0][1]
-                entry.partitions.append(
+                (entry.parity if is_parity else entry.partitions).append(
                     PartitionEntry(
                         partition=partition,
                         rows=summary.rows,
@@ -150,10 +209,60 @@ def build(
                         bytes_arrow=summary.bytes_arrow,
                         devices=[device for device, _ in held],
                         verified=all(s.verified for _, s in held),
+                        stripe=stripe,
                     )
                 )
+        entry.partitions.sort(key=lambda p: p.partition)
         catalog[entry.qualified] = entry
     return dict(sorted(catalog.items()))
+
+
+def _data_summary(complete: list[_Ingest]) -> PartitionSummary | None:
+    """A data partition's summary (a parity partition's schema is parity's), the first held."""
+    for ingest in complete:
+        for partition in _expected(ingest.record):
+            if ingest.parts.get(partition):
+                return ingest.parts[partition][0][1]
+    return None
+
+
+def _stripes(ingest: _Ingest, dataset: str) -> dict[int, Stripe]:
+    """Every member partition of an erasure-coded ingest -> its stripe group."""
+    code = parity.parse(ingest.record.redundancy)
+    if code is None:
+        return {}
+    found: dict[int, Stripe] = {}
+    for group in ingest.record.stripes:
+        stripe = _stripe(ingest, code, group, dataset)
+        for partition in (*group.data, *group.parity):
+            found[partition] = stripe
+    return found
+
+
+def _stripe(ingest: _Ingest, code: parity.Code, group: StripeGroup, dataset: str) -> Stripe:
+    holders = {
+        p: tuple(device for device, _ in ingest.parts.get(p, ()))
+        for p in (*group.data, *group.parity)
+    }
+    return Stripe(dataset, code, tuple(group.data), tuple(group.parity), holders)
+
+
+def _lost(ingest: _Ingest, partition: int, stripe: Stripe) -> PartitionEntry:
+    """A data partition no device that answers holds, which its stripe rebuilds: its size is
+    its live siblings' average (exact once repaired; reads of it are exact anyway)."""
+    siblings = [ingest.parts[p][0][1] for p in stripe.data if ingest.parts.get(p)]
+    count = max(1, len(siblings))
+    return PartitionEntry(
+        partition=partition,
+        rows=sum(s.rows for s in siblings) // count,
+        slices=max((s.slices for s in siblings), default=0),
+        bytes_stored=sum(s.bytes_stored for s in siblings) // count,
+        bytes_arrow=sum(s.bytes_arrow for s in siblings) // count,
+        devices=_claimed(ingest, partition),
+        verified=True,
+        stripe=stripe,
+        lost=True,
+    )
 
 
 def _expected(ingest: IngestRecord) -> range:
@@ -174,7 +283,7 @@ def _claimed(ingest: _Ingest, partition: int) -> list[str]:
 
 
 def _complete(ingest: _Ingest, down: frozenset[str]) -> bool:
-    for partition in _expected(ingest.record):
+    for partition in ingest.record.written():
         holders = [device for device, _ in ingest.parts.get(partition, [])]
         missing = [d for d in _claimed(ingest, partition) if d not in holders]
         if len(holders) < ingest.record.replicas and not (missing and set(missing) <= down):

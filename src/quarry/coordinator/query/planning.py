@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from quarry.coordinator.dispatch.dispatch import Task
 from quarry.coordinator.query.cost_inputs import device_figures, sample_subplan
+from quarry.coordinator.reads.degraded import Rebuilder
 from quarry.coordinator.query.explain import CutChosen
 from quarry.coordinator.query.selectivity import SampledSelectivity
 from quarry.coordinator.query.settled_cuts import Key
@@ -136,10 +137,13 @@ def _pairs_of(cluster: Membership, decomposition: Decomposition) -> tuple[JoinFi
 
 
 def device_for(cluster: Membership, entry: DatasetEntry, partition: PartitionEntry) -> str:
-    """The replica that serves a partition: the first in placement order that answers."""
+    """The replica that serves a partition: the first in placement order that answers (a
+    lost erasure-coded one: its device, which dispatch finds dead and leaves for parity)."""
     for name in partition.devices:
         if name not in cluster.down:
             return name
+    if partition.stripe is not None and partition.devices:
+        return partition.devices[0]
     raise DeviceUnavailable(
         f"no replica of partition {partition.partition} of {entry.qualified} answers "
         f"(held by {', '.join(partition.devices)})"
@@ -148,12 +152,16 @@ def device_for(cluster: Membership, entry: DatasetEntry, partition: PartitionEnt
 
 def replicas_of(cluster: Membership, partition: PartitionEntry, chosen: str) -> list[Any]:
     """The other replicas of a partition, in placement order: where its work goes if the
-    chosen device stops answering mid-way."""
-    return [
+    chosen device stops answering mid-way (or reads a damaged copy). An erasure-coded data
+    partition's last is its stripe, rebuilt on the host (``reads/degraded.py``)."""
+    others: list[Any] = [
         cluster.devices[name]
         for name in partition.devices
         if name != chosen and name not in cluster.down
     ]
+    if partition.stripe is not None and partition.partition in partition.stripe.data:
+        others.append(Rebuilder(cluster, partition))
+    return others
 
 
 def partition_task(

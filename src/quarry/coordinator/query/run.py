@@ -282,6 +282,7 @@ class Query:
             expect=state.expected if checked_by_devices else None,
             loads_seen=self.cluster.loads_seen,
             cancelled=self.cancelled,
+            down=self.cluster.down,
         )
         self.clocks.run_started(len(self.decomposition.fragments))
         pairs = self._pairs()

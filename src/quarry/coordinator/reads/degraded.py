@@ -1,0 +1,303 @@
+"""Degraded reads: a lost data partition of an erasure-coded dataset, rebuilt on the host.
+
+A ``Rebuilder`` stands in the list of a lost partition's replicas, last (``replicas_of``), so
+the one dispatch treats it as it treats a device: when the partition's device is dead, or read
+a damaged copy, the rest of its work "fails over" to the rebuilder. It answers a work request
+by handing every slice not done elsewhere back raw, and each raw range it is asked for it
+rebuilds from K survivors of the stripe (the other data partitions' stored values and parity
+blocks, read from their devices as byte streams, checked there): so the host runs the same
+unit of work on the rebuilt rows, and every kind of work (SQL, gene statistics, samples,
+offload) gives the answer the healthy cluster gives. A rebuilt slice is checked against the
+checksums its device wrote (kept with the parity), as a read on that device checks it.
+
+Its cost is the physical bound of a degraded read: K slices read and shipped for every slice
+rebuilt, and one decode on the host's CPU.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+
+from quarry.coordinator.membership.catalog import DatasetEntry, PartitionEntry, Stripe
+from quarry.errors import CorruptSlice, DeviceUnavailable, QuarryError
+from quarry.protocol.counters import WorkCounters
+from quarry.protocol.stage import Stage
+from quarry.protocol.work import (
+    PartitionReport,
+    PushedBack,
+    SliceRange,
+    SliceRequest,
+    WorkDone,
+    WorkMetrics,
+    WorkRequest,
+    ranges_of,
+)
+from quarry.store import parity, stored
+from quarry.store.partition import FetchedSlice, PartitionMeta, SliceInfo, decode_read
+
+if TYPE_CHECKING:
+    from quarry.coordinator.membership.membership import Membership
+
+SLICES_PER_READ = 4  # stripes rebuilt at once: K streams of this many slices held in memory
+SURVIVOR_SETS_MAX = 4  # a survivor that fails mid-rebuild is replaced at most this often
+
+
+@dataclass
+class Layout:
+    """What the parity says of a lost partition: its slices' descriptions, and every stripe's
+    K slice lengths (to pad them as they were coded)."""
+
+    meta: PartitionMeta
+    lengths: list[list[int]]  # per stripe number, per data block
+
+
+class Rebuilder:
+    """Stands for a lost data partition's device: serves its slices rebuilt from parity."""
+
+    rebuilds = True  # dispatch tells it which columns a raw range needs (``get``)
+
+    def __init__(self, cluster: Membership, partition: PartitionEntry):
+        assert partition.stripe is not None, "only an erasure-coded partition is rebuilt"
+        self.cluster = cluster
+        self.entry: DatasetEntry = cluster.catalog[partition.stripe.dataset]
+        self.partition = partition.partition
+        self.stripe: Stripe = partition.stripe
+        self.name = f"parity:{self.partition}"  # unique per partition: failover groups by it
+        self.failed: set[str] = set()  # devices that failed a survivor read here
+        self._layout: Layout | None = None
+        self.rebuilt_slices = 0
+        self.decode_s = 0.0  # host CPU seconds spent decoding stripes
+        self.bytes_read = 0  # survivors' bytes read to rebuild
+
+    def __repr__(self) -> str:
+        return f"Rebuilder({self.entry.qualified}, partition {self.partition})"
+
+    # ---- what dispatch calls on a device --------------------------------------------------------
+
+    def work(self, request: WorkRequest, payload: bytes = b"") -> Iterator[Any]:
+        """Every slice not done elsewhere, handed back raw for the host to run the unit on."""
+        layout = self.layout()
+        total = len(layout.meta.slices)
+        done = {n for r in request.elsewhere if r.partition == self.partition for n in range(r.first, r.end)}
+        wanted = [n for n in range(total) if n not in done]
+        ranges = tuple(SliceRange(r.first, r.end) for r in ranges_of(wanted))
+        if ranges:
+            slices = layout.meta.slices
+            yield PushedBack(
+                self.partition,
+                ranges,
+                Stage.RAW,
+                rows=sum(slices[n].rows for n in wanted),
+                bytes_stored=sum(slices[n].bytes_stored for n in wanted),
+            )
+        counters = WorkCounters(
+            slices_total=total, slices_elsewhere=len(done & set(range(total)))
+        )
+        report = PartitionReport(self.partition, (), WorkMetrics(counters=counters))
+        yield WorkDone(partitions=(report,), summary={"rebuilt_from": self.stripe.code.text})
+
+    def get(
+        self, request: SliceRequest, payload: bytes = b"", columns: list[str] | None = None
+    ) -> Iterator[pa.RecordBatch]:
+        assert request.stage is Stage.RAW, "a rebuilt range is handed back raw"
+        return self._ranges([(r.first, r.end) for r in request.ranges], columns)
+
+    def scan(
+        self,
+        domain: str,
+        dataset: str,
+        partition: int,
+        first: int = 0,
+        end: int | None = None,
+        columns: list[str] | None = None,
+        stored: bool = False,
+        generation: str = "",
+    ) -> Iterator[pa.RecordBatch]:
+        total = len(self.layout().meta.slices)
+        return self._ranges([(first, total if end is None else min(end, total))], columns)
+
+    def batches(self, reader: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        yield from reader
+
+    # ---- rebuilding -----------------------------------------------------------------------------
+
+    def layout(self) -> Layout:
+        """The lost partition's slices, from a parity partition's stripe descriptions."""
+        if self._layout is None:
+            self._layout = self._read_layout()
+        return self._layout
+
+    def _read_layout(self) -> Layout:
+        position = self.stripe.data.index(self.partition)
+        errors = []
+        for number in self.stripe.parity:
+            for client in self._clients(number):
+                try:
+                    reader = client.scan(self.entry.domain, self.entry.name, number, columns=[parity.INFOS])
+                    described = [
+                        row
+                        for batch in client.batches(reader)
+                        for row in batch.column(parity.INFOS).to_pylist()
+                    ]
+                except (DeviceUnavailable, CorruptSlice) as error:
+                    self.failed.add(client.name)
+                    errors.append(str(error))
+                    continue
+                return self._layout_of(described, position, number)
+        raise self._missing(f"no parity partition of its stripe answers ({'; '.join(errors)})")
+
+    def _layout_of(self, described: list[str | None], position: int, number: int) -> Layout:
+        what = f"parity partition {number} of {self.entry.qualified}"
+        k = self.stripe.code.k
+        infos: list[SliceInfo] = []
+        lengths: list[list[int]] = []
+        for text in described:
+            row = parity.infos_of(text, k, what)
+            lengths.append([0 if i is None else int(i["bytes_stored"]) for i in row])
+            if row[position] is not None:
+                infos.append(parity.info_from_json(row[position]))
+        meta = PartitionMeta(
+            domain=self.entry.domain,
+            dataset=self.entry.name,
+            partition=self.partition,
+            ingest={},
+            schema=self.entry.schema,
+            compression=self.entry.compression,
+            slices=infos,
+            device=self.name,
+        )
+        return Layout(meta, lengths)
+
+    def _ranges(
+        self, ranges: list[tuple[int, int]], columns: list[str] | None
+    ) -> Iterator[pa.RecordBatch]:
+        for first, end in ranges:
+            for start in range(first, end, SLICES_PER_READ):
+                yield from self._rebuilt(start, min(end, start + SLICES_PER_READ), columns)
+
+    def _rebuilt(self, first: int, end: int, columns: list[str] | None) -> list[pa.RecordBatch]:
+        """Slices [first, end) rebuilt; a survivor that fails is replaced by another."""
+        errors: list[str] = []
+        for _ in range(SURVIVOR_SETS_MAX):
+            survivors = self._survivors()
+            try:
+                blocks = {p: self._read(p, client, first, end) for p, client in survivors}
+            except (DeviceUnavailable, CorruptSlice) as error:
+                errors.append(str(error))
+                continue
+            return [self._decoded(number, blocks, columns) for number in range(first, end)]
+        raise self._missing("; ".join(errors))
+
+    def _survivors(self) -> list[tuple[int, Any]]:
+        """K members of the stripe held by devices that answer (data first: fewer to read when
+        a partition has ended), each with the device to read it from."""
+        chosen = []
+        for member in (*self.stripe.data, *self.stripe.parity):
+            if member == self.partition:
+                continue
+            client = next(iter(self._clients(member)), None)
+            if client is not None:
+                chosen.append((member, client))
+            if len(chosen) == self.stripe.code.k:
+                break
+        if len(chosen) < self.stripe.code.k:
+            raise self._missing(
+                f"only {len(chosen)} other members of its stripe answer, {self.stripe.code.k} "
+                "are needed"
+            )
+        return chosen[: self.stripe.code.k]
+
+    def _clients(self, member: int) -> list[Any]:
+        down = self.cluster.down
+        return [
+            self.cluster.devices[d]
+            for d in self.stripe.holders.get(member, ())
+            if d not in down and d not in self.failed and d in self.cluster.devices
+        ]
+
+    def _read(self, member: int, client: Any, first: int, end: int) -> dict[int, bytes]:
+        """Slice number -> the member's stored value (a data slice's whole value, or a parity
+        block), for the slices it has in [first, end)."""
+        is_parity = member in self.stripe.parity
+        try:
+            if is_parity:
+                reader = client.scan(
+                    self.entry.domain, self.entry.name, member, first, end, [parity.PARITY]
+                )
+            else:
+                reader = client.scan(
+                    self.entry.domain, self.entry.name, member, first, end,
+                    self.entry.schema.names, stored=True,
+                )
+            values: dict[int, bytes] = {}
+            number = first
+            for batch in client.batches(reader):
+                for value in _values(batch, is_parity):
+                    values[number] = value
+                    self.bytes_read += len(value)
+                    number += 1
+            return values
+        except (DeviceUnavailable, CorruptSlice):
+            self.failed.add(client.name)
+            raise
+
+    def _decoded(
+        self, number: int, read: dict[int, dict[int, bytes]], columns: list[str] | None
+    ) -> pa.RecordBatch:
+        """Slice ``number`` of the lost partition, decoded from its stripe and checked."""
+        layout = self.layout()
+        code, stripe = self.stripe.code, self.stripe
+        lengths = layout.lengths[number]
+        blocks: dict[int, bytes] = {}
+        for member, values in read.items():
+            position = stripe.position(member)
+            if position < code.k and not lengths[position]:
+                blocks[position] = b""  # a partition with no slice here: zeros, as coded
+            elif number in values:
+                blocks[position] = values[number]
+        for position in range(code.k):  # ended partitions are known without reading
+            if not lengths[position] and stripe.data[position] != self.partition:
+                blocks.setdefault(position, b"")
+        started = time.thread_time()
+        length = max(1, max(lengths))
+        data = parity.decode(code, blocks, length)
+        self.decode_s += time.thread_time() - started
+        position = stripe.data.index(self.partition)
+        info = layout.meta.slices[number]
+        value = data[position][: info.bytes_stored]
+        assert info.columns is not None, "a coded slice has a stream per column"
+        offsets = [0]
+        for size in info.columns:
+            offsets.append(offsets[-1] + size)
+        indices = (
+            list(range(len(self.entry.schema)))
+            if columns is None
+            else [self.entry.schema.get_field_index(c) for c in columns]
+        )
+        view = memoryview(value)
+        parts = [view[offsets[i] : offsets[i + 1]] for i in indices]
+        self.rebuilt_slices += 1
+        return decode_read(layout.meta, FetchedSlice(number, columns, None, parts, indices))
+
+    def _missing(self, why: str) -> QuarryError:
+        lost = f"partition {self.partition} of {self.entry.qualified}"
+        return DeviceUnavailable(
+            f"cannot rebuild {lost} from its {self.stripe.code.text} stripe (data partitions "
+            f"{list(self.stripe.data)}, parity partitions {list(self.stripe.parity)}): {why}"
+        )
+
+
+def _values(batch: pa.RecordBatch, is_parity: bool) -> list[bytes]:
+    """The values in a survivor's batch: a parity block per row, or a data slice's stored
+    value (its column streams in schema order, joined) per row."""
+    if is_parity:
+        return [bytes(v) for v in batch.column(parity.PARITY).to_pylist()]
+    names = [n for n in batch.schema.names if n not in (stored.ROWS, stored.CHECKSUMS)]
+    return [
+        b"".join(batch.column(n)[row].as_py() for n in names) for row in range(batch.num_rows)
+    ]
