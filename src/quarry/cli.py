@@ -306,6 +306,7 @@ def status(cluster: ClusterOption = None, as_json: JsonOption = False) -> None:
     rows = c.status()
     short = c.deficits()
     shared = c.placement_warnings()
+    kept = {row.dataset: row.redundancy for row in c.datasets()}
     c.close()
     if as_json:
         print_json([row.to_json() for row in rows])
@@ -315,9 +316,18 @@ def status(cluster: ClusterOption = None, as_json: JsonOption = False) -> None:
     _print_moves(rows)
     for warning in shared:
         console.print(f"[yellow]warning[/yellow]: {warning.message()}")
+    if kept:
+        console.print("redundancy: " + ", ".join(f"{d} {how}" for d, how in sorted(kept.items())))
     if not short:
         console.print("every partition is at its replica count")
     for deficit in short:
+        if deficit.redundancy:
+            console.print(
+                f"[yellow]lost[/yellow] {deficit.dataset} partition {deficit.partition}: no "
+                f"device that answers holds it; read rebuilt from its {deficit.redundancy} "
+                "stripe until `quarry repair` rebuilds it onto a device"
+            )
+            continue
         held = ", ".join(deficit.holders) or "no device that answers"
         console.print(
             f"[yellow]under-replicated[/yellow] {deficit.dataset} partition {deficit.partition}: "
@@ -468,6 +478,13 @@ def ingest(
     path: Annotated[Path, typer.Argument(help="file to ingest (Parquet, CSV/TSV, Arrow IPC)")],
     dataset: Annotated[str, typer.Option(help="DOMAIN/NAME")],
     replicas: Annotated[int, typer.Option(help="copies of each partition")] = 1,
+    ec: Annotated[
+        str | None,
+        typer.Option(
+            help="erasure code K+M instead of replicas (e.g. 8+2): stripes of K whole-row "
+            "slices on K devices, M parity slices on M more; survives M lost devices"
+        ),
+    ] = None,
     compression: Annotated[str, typer.Option(help="zstd, lz4 or none")] = "none",
     partitions: Annotated[int | None, typer.Option(help="number of partitions")] = None,
     append: Annotated[bool, typer.Option(help="add the rows to an existing dataset")] = False,
@@ -515,6 +532,7 @@ def ingest(
         mode="append" if append else "create",
         format=format,
         cluster_by=cluster_by,
+        redundancy=f"ec:{ec}" if ec else "",
     )
     elapsed = time.perf_counter() - started
     c.close()
@@ -524,9 +542,14 @@ def ingest(
         return
     for warning in entry.warnings:
         console.print(f"[yellow]warning[/yellow]: {warning}")
+    parity = (
+        f" + {human_bytes(entry.parity_bytes_stored)} parity ({entry.redundancy})"
+        if entry.parity
+        else ""
+    )
     console.print(
         f"ingested {entry.qualified}: {entry.rows:,} rows in {len(entry.partitions)} "
-        f"partitions, {human_bytes(entry.bytes_stored)} stored, {elapsed:.2f} s"
+        f"partitions, {human_bytes(entry.bytes_stored)} stored{parity}, {elapsed:.2f} s"
     )
 
 
@@ -540,7 +563,16 @@ def datasets(cluster: ClusterOption = None, as_json: JsonOption = False) -> None
         print_json([row.to_json() for row in rows])
         return
     table = Table(title="datasets")
-    columns = ("dataset", "rows", "partitions", "stored", "compression", "devices", "available")
+    columns = (
+        "dataset",
+        "rows",
+        "partitions",
+        "stored",
+        "redundancy",
+        "compression",
+        "devices",
+        "available",
+    )
     for column in columns:
         table.add_column(column)
     for row in rows:
@@ -559,11 +591,23 @@ def datasets(cluster: ClusterOption = None, as_json: JsonOption = False) -> None
             f"{row.rows:,}" + (" (partial)" if missing else ""),
             str(row.partitions) + (f" + {len(missing)} missing" if missing else ""),
             human_bytes(row.bytes_stored),
+            _redundancy(row),
             row.compression,
             spread,
             available,
         )
     console.print(table)
+
+
+def _redundancy(row: Any) -> str:
+    """How a dataset survives a lost device, and what it reads rebuilt from parity now."""
+    if not row.redundancy.startswith("ec:"):
+        return row.redundancy
+    shown = f"{row.redundancy} (+{human_bytes(row.parity_bytes_stored)} parity)"
+    if row.rebuilt_partitions:
+        numbers = ", ".join(str(p) for p in row.rebuilt_partitions)
+        shown += f"; partitions {numbers} [yellow]rebuilt from parity[/yellow] (quarry repair)"
+    return shown
 
 
 @app.command()

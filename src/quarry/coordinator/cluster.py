@@ -222,7 +222,7 @@ class Cluster(Membership):
             devices = now.devices
         coded = next((p for p in entry.partitions if p.partition == partition), None)
         if coded is not None and coded.stripe is not None:  # erasure coded: from its stripe
-            yield from Rebuilder(self, coded).scan(
+            yield from Rebuilder.of(self, coded).scan(
                 entry.domain, entry.name, partition, received, end, columns
             )
             return

@@ -8,10 +8,9 @@ over the slices' stored values (every column's stream, as they lie in the store)
 zeros to the stripe's longest, and kept as slice ``s`` of the group's M parity partitions (on M
 more devices), one row per stripe:
 
-| column | what |
-| --- | --- |
-| ``parity`` | the parity block (the stripe's longest value long) |
-| ``infos`` | JSON: each data slice's ``SliceInfo`` (rows, stream lengths, checksums, zone map), null where a partition has no slice ``s`` |
+- ``parity``: the parity block (as long as the stripe's longest value);
+- ``infos``: JSON, each data slice's ``SliceInfo`` (rows, stream lengths, checksums, zone
+  map), null where a partition has no slice ``s``;
 
 so a rebuilt value is cut to its own length and checked against the checksums it was written
 with, exactly as a read on its device checks it. The parity partitions are partitions of the
@@ -93,7 +92,9 @@ def encode(code: Code, values: list[bytes]) -> tuple[list[bytes], int]:
     length = max(1, max(len(v) for v in values))
     padded = [v + bytes(length - len(v)) if len(v) < length else v for v in values]
     wanted = list(range(code.k, code.k + code.m))
-    return [bytes(block) for block in zfec.Encoder(code.k, code.k + code.m).encode(padded, wanted)], length
+    return [
+        bytes(block) for block in zfec.Encoder(code.k, code.k + code.m).encode(padded, wanted)
+    ], length
 
 
 def decode(code: Code, blocks: dict[int, bytes], length: int) -> list[bytes]:

@@ -8,7 +8,9 @@ slice's copy, not a partition's. A damaged metadata slice is replaced by a holde
 (``RepairMeta``, its stored value, checksum and all): replicas hold the same slices, so the
 device keeps its own values and scrubs them against it at once, and any that do not check are
 mended in turn. A catalog entry is rebuilt by its own device from its metadata slice (a scrub
-of no slices does it). With no good copy
+of no slices does it). A damaged slice of an
+erasure-coded dataset (no replica) is rebuilt from K other members of its stripe and written
+over it the same way. With no good copy
 anywhere (replicas 1, or every copy damaged) a copy is left as it is and reported: what it
 still holds stays readable, slice by slice, and nothing damaged is ever an answer.
 """
@@ -22,6 +24,7 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 
 from quarry.coordinator.membership.device_client import DeviceClient, finish_put
+from quarry.coordinator.reads.degraded import Rebuilder
 from quarry.errors import CorruptSlice, DeviceUnavailable, QuarryError
 from quarry.protocol.control import Version
 from quarry.protocol.integrity import (
@@ -38,6 +41,7 @@ from quarry.records import Record
 from quarry.store import checksum, codec, naming
 
 if TYPE_CHECKING:
+    from quarry.coordinator.membership.catalog import Stripe
     from quarry.coordinator.membership.membership import Membership
 
 
@@ -125,6 +129,11 @@ def _mend_one(
             return Mended(copy, "slice rewritten from a good copy", holder.name), ()
         except (CorruptSlice, DeviceUnavailable) as error:
             errors.append(str(error))
+    stripe = _stripe_of(cluster, copy)
+    if stripe is not None:
+        rebuilder = Rebuilder(cluster, stripe, copy.partition)
+        _rebuild_slice(rebuilder, device, copy, take)
+        return Mended(copy, f"slice rebuilt from its {stripe.code.text} stripe", rebuilder.name), ()
     raise CorruptSlice(
         f"no other replica holds a good copy of {_named(copy)} "
         f"({'; '.join(errors) or 'it has none'}): it is kept, what of it still checks stays "
@@ -153,6 +162,33 @@ def _other_holders(cluster: Membership, copy: CorruptCopy) -> list[DeviceClient]
         for name in partition.devices
         if name != copy.device and name not in cluster.down
     ]
+
+
+def _stripe_of(cluster: Membership, copy: CorruptCopy) -> Stripe | None:
+    """The stripe group of an erasure-coded partition the copy is of (None: replicas)."""
+    entry = cluster.catalog.get(copy.qualified)
+    for p in [] if entry is None else [*entry.partitions, *entry.parity]:
+        if p.stripe is not None and copy.partition in (*p.stripe.data, *p.stripe.parity):
+            return p.stripe
+    return None
+
+
+def _rebuild_slice(
+    rebuilder: Rebuilder, device: DeviceClient, copy: CorruptCopy, take: Callable[[int], None]
+) -> None:
+    """The slice rebuilt from its stripe (checked against its checksums) written over the
+    damaged one, at the version the device keeps."""
+    assert copy.slice is not None
+    description = device.describe(copy.domain, copy.dataset, copy.partition)
+    version = description.slices[copy.slice].version
+    end = copy.slice + 1
+    batches = list(rebuilder.scan(copy.domain, copy.dataset, copy.partition, copy.slice, end))
+    take(sum(pa.ipc.get_record_batch_size(b) for b in batches))
+    request = RepairSlice(copy.domain, copy.dataset, copy.partition, copy.slice, version)
+    writer, reader = device.open_put(request, description.summary.schema)
+    for part in batches:
+        device.guard(lambda part=part: writer.write_batch(part))
+    Version.from_bytes(device.guard(lambda: finish_put(writer, reader)))
 
 
 def _good_metadata(holders: list[DeviceClient], copy: CorruptCopy) -> tuple[DeviceClient, bytes]:

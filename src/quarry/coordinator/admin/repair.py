@@ -11,6 +11,11 @@ itself (its lease, renewed while the copy runs, runs out; unfinished, it is drop
 server: any coordinator computes the same deficits and targets from the devices' own
 inventories. A move (``rebalance``) copies the same way.
 
+An erasure-coded dataset has no replica to copy from: a lost member of a stripe group (a data
+partition or a parity partition) is rebuilt from K others of its stripe (``reads/degraded.py``)
+onto a device that answers and holds no other member of the group, in a failure domain none of
+them is in while one exists, and committed there the same way.
+
 Damaged copies the devices remember (a slice or metadata slice that failed its checksum) are
 mended first, each from a good copy on another replica (``mend``): one slice, or one metadata
 slice, rewritten in place.
@@ -20,7 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
@@ -30,12 +35,14 @@ from quarry.coordinator.admin.mend import Mended, Unmended, damaged_copies, mend
 from quarry.coordinator.ingest.atomic import Renewer, lease_seconds
 from quarry.coordinator.membership.device_client import DeviceClient, finish_put
 from quarry.coordinator.membership.placement import apart, weight
+from quarry.coordinator.reads.degraded import Rebuilder
 from quarry.errors import DeviceUnavailable, QuarryError
 from quarry.protocol.control import IngestRecord
 from quarry.protocol.ingest import PutPartition
+from quarry.store import parity
 
 if TYPE_CHECKING:
-    from quarry.coordinator.membership.catalog import DatasetEntry, PartitionEntry
+    from quarry.coordinator.membership.catalog import DatasetEntry, PartitionEntry, Stripe
     from quarry.coordinator.membership.membership import Membership
 
 BANDWIDTH_BYTES_PER_S_DEFAULT = 200e6  # a repair's share of the links; foreground keeps the rest
@@ -49,14 +56,16 @@ class Deficit:
     partition: int
     holders: tuple[str, ...]
     replicas: int
+    redundancy: str = ""  # "ec:K+M": a lost member of a stripe group, rebuilt from its stripe
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        body = {
             "dataset": self.dataset,
             "partition": self.partition,
             "holders": list(self.holders),
             "replicas": self.replicas,
         }
+        return {**body, "redundancy": self.redundancy} if self.redundancy else body
 
 
 @dataclass
@@ -85,6 +94,8 @@ def record_of(entry: DatasetEntry, partition: int) -> IngestRecord:
     for record in entry.ingests:
         if record.first_partition <= partition < record.first_partition + record.partitions:
             return record
+        if any(partition in group.parity for group in record.stripes):
+            return record
     raise AssertionError(f"partition {partition} of {entry.qualified} belongs to no ingest")
 
 
@@ -94,8 +105,12 @@ def deficits(cluster: Membership) -> list[Deficit]:
     for entry in cluster.catalog.values():
         for p in entry.partitions:
             wanted = record_of(entry, p.partition).replicas
-            if len(p.devices) < wanted:
+            if p.lost:  # erasure coded: held nowhere that answers, rebuilt from its stripe
+                found.append(Deficit(entry.qualified, p.partition, (), wanted, entry.redundancy))
+            elif len(p.devices) < wanted:
                 found.append(Deficit(entry.qualified, p.partition, tuple(p.devices), wanted))
+        for partition in sorted(entry.parity_lost):
+            found.append(Deficit(entry.qualified, partition, (), 1, entry.redundancy))
     return found
 
 
@@ -113,6 +128,10 @@ def repair(
     report.mended, report.unmended = mend(cluster, damaged_copies(cluster), bucket.take)
     for deficit in deficits(cluster):
         entry = cluster.entry(deficit.dataset)
+        stripe = _stripe_of(entry, deficit.partition)
+        if stripe is not None:
+            _rebuild(cluster, entry, stripe, deficit, bucket, report)
+            continue
         p = next(p for p in entry.partitions if p.partition == deficit.partition)
         for target in _targets(cluster, entry, p)[: deficit.replicas - len(deficit.holders)]:
             try:
@@ -125,6 +144,105 @@ def repair(
     cluster.refresh()
     report.seconds = time.perf_counter() - started
     return report
+
+
+def _stripe_of(entry: DatasetEntry, partition: int) -> Stripe | None:
+    for p in [*entry.partitions, *entry.parity]:
+        if p.stripe is not None and partition in (*p.stripe.data, *p.stripe.parity):
+            return p.stripe
+    return None
+
+
+def _rebuild(
+    cluster: Membership,
+    entry: DatasetEntry,
+    stripe: Stripe,
+    deficit: Deficit,
+    bucket: Bucket,
+    report: RepairReport,
+) -> None:
+    """A lost member of a stripe group rebuilt onto the best device that holds no other."""
+    targets = _stripe_targets(cluster, entry, stripe, deficit.partition)
+    if not targets:
+        error = "every device that answers holds a member of its stripe already"
+        report.failed.append({**deficit.to_json(), "to": "", "error": error})
+        return
+    try:
+        copied = rebuild_partition(cluster, entry, stripe, deficit.partition, targets[0], bucket)
+    except QuarryError as error:
+        report.failed.append({**deficit.to_json(), "to": targets[0], "error": str(error)})
+        return
+    report.bytes_copied += copied
+    report.copied.append(
+        {**deficit.to_json(), "to": targets[0], "bytes": copied, "rebuilt_from": stripe.code.text}
+    )
+
+
+def _stripe_targets(
+    cluster: Membership, entry: DatasetEntry, stripe: Stripe, partition: int
+) -> list[str]:
+    """Devices that answer, are not drained and hold no member of the stripe group: in a rack,
+    then on a host, no member is in first; then by rendezvous weight."""
+    domains = cluster.domains()
+    members = {d for devices in stripe.holders.values() for d in devices if d in domains}
+    live = [c.name for c in cluster.placing_devices() if c.name not in members]
+    return sorted(
+        live,
+        key=lambda name: (
+            -apart(name, members, domains),
+            -weight(entry.qualified, partition, name),
+        ),
+    )
+
+
+def rebuild_partition(
+    cluster: Membership,
+    entry: DatasetEntry,
+    stripe: Stripe,
+    partition: int,
+    target: str,
+    bucket: Bucket,
+) -> int:
+    """Rebuild a lost stripe member from K others and commit it on ``target``; the bytes it
+    wrote. Its slices keep their boundaries (and so their checksums): a data partition's rows
+    are written with the slice size of its first slice, a parity partition's a row a slice."""
+    rebuilder = Rebuilder(cluster, stripe, partition)
+    target_client = cluster.devices[target]
+    record = record_of(entry, partition)
+    record = replace(
+        record,
+        decider=target,
+        addresses={target: target_client.address},
+        placement={**record.placement, str(partition): [target]},
+    )
+    if rebuilder.is_parity:
+        schema, slice_rows, compression = parity.SCHEMA, 1, "none"
+        hints: dict[str, Any] = {"parity": stripe.code.text}
+    else:
+        slices = rebuilder.meta().slices
+        schema, compression, hints = entry.schema, entry.compression, entry.hints
+        slice_rows = slices[0].rows if slices else None
+    lease_s = lease_seconds()
+    request = PutPartition(
+        domain=entry.domain,
+        dataset=entry.name,
+        partition=partition,
+        ingest=record,
+        compression=compression,
+        metadata=entry.metadata if not rebuilder.is_parity else {},
+        hints=hints,
+        lease_s=lease_s,
+        slice_rows=slice_rows,
+        copy_from=rebuilder.name,
+    )
+    return _write_copy(
+        target_client,
+        request,
+        schema,
+        rebuilder.scan(entry.domain, entry.name, partition),
+        bucket,
+        None,
+    )
 
 
 def _targets(cluster: Membership, entry: DatasetEntry, p: PartitionEntry) -> list[str]:
@@ -181,13 +299,27 @@ def copy_partition(
         copy_from=reader_client.name,
         copy_bytes=summary.bytes_arrow,
     )
+    scan = reader_client.scan(entry.domain, entry.name, p.partition)
+    batches = reader_client.batches(scan)
+    return _write_copy(target_client, request, summary.schema, batches, bucket, copied_bytes)
+
+
+def _write_copy(
+    target_client: DeviceClient,
+    request: PutPartition,
+    schema: pa.Schema,
+    batches: Iterator[pa.RecordBatch],
+    bucket: Bucket,
+    copied_bytes: Callable[[int], None] | None,
+) -> int:
+    """A copy's rows written to its target, pending, and committed there alone."""
+    record, lease_s = request.ingest, request.lease_s
     copied = 0
     # renewed while the rows stream (a copy at a bounded rate may outlast one lease)
     with Renewer([target_client], record.id, lease_s):
-        writer, reader = target_client.open_put(request, summary.schema)
+        writer, reader = target_client.open_put(request, schema)
         try:
-            scan = reader_client.scan(entry.domain, entry.name, p.partition)
-            for batch in reader_client.batches(scan):
+            for batch in batches:
                 size = pa.ipc.get_record_batch_size(batch)
                 bucket.take(size)
                 target_client.guard(lambda b=batch: writer.write_batch(b))
@@ -199,8 +331,11 @@ def copy_partition(
             with contextlib.suppress(QuarryError):  # else the target drops it when its lease ends
                 target_client.abort(record.id)
             raise
-        if p.partition not in target_client.commit(record.id):
-            raise QuarryError(f"device {target} did not commit its copy of partition {p.partition}")
+        if request.partition not in target_client.commit(record.id):
+            raise QuarryError(
+                f"device {target_client.name} did not commit its copy of partition "
+                f"{request.partition}"
+            )
     return copied
 
 

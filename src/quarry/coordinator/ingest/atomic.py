@@ -305,7 +305,9 @@ def _place_stripes(
     distinct failure domains while enough exist (placed as K+M replicas of one partition), the
     M that hold the least data so far taking its parity, so data spreads evenly."""
     groups = count // code.k
-    placed = place_all(f"{dataset}#stripes", range(groups), dict(sorted(domains.items())), code.k + code.m)
+    placed = place_all(
+        f"{dataset}#stripes", range(groups), dict(sorted(domains.items())), code.k + code.m
+    )
     data_load: dict[str, float] = dict.fromkeys(domains, 0.0)
     # a device's data to come: its places in the groups not yet given roles, each worth the
     # data share of a place (K of K+M), so a device in many groups takes parity in some

@@ -107,14 +107,12 @@ class DatasetEntry:
     def unavailable_message(self) -> str:
         devices = sorted({d for ds in self.unavailable.values() for d in ds})
         stripes = ""
-        if self.ingests[0].redundancy:
-            code = parity.parse(self.ingests[0].redundancy)
-            assert code is not None
+        code = parity.parse(self.ingests[0].redundancy)
+        if code is not None:
+            also = f"; parity partitions {sorted(self.parity_lost)} too" if self.parity_lost else ""
             stripes = (
                 f" (and their stripes keep fewer than the {code.k} of {code.k + code.m} blocks "
-                f"{code.text} needs to rebuild them"
-                + (f"; parity partitions {sorted(self.parity_lost)} are lost too" if self.parity_lost else "")
-                + ")"
+                f"{code.text} needs to rebuild them{also})"
             )
         return (
             f"dataset {self.qualified} is unavailable: partitions "

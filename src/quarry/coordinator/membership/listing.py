@@ -86,6 +86,12 @@ class DatasetSummary:
     version: str
     available: bool
     unavailable_partitions: dict[int, tuple[str, ...]]  # partition -> the devices it is on
+    # how it survives a lost device: "replicas:N" or "ec:K+M"; an erasure-coded one's parity
+    # bytes (beside ``bytes_stored``, the data's), and its data partitions no device that
+    # answers holds, read rebuilt from parity (their rows are estimates until repaired)
+    redundancy: str = "replicas:1"
+    parity_bytes_stored: int = 0
+    rebuilt_partitions: tuple[int, ...] = ()
 
     @classmethod
     def of(cls, entry: DatasetEntry) -> Self:
@@ -110,13 +116,16 @@ class DatasetSummary:
             "unavailable_partitions": {
                 str(p): list(d) for p, d in self.unavailable_partitions.items()
             },
+            "redundancy": self.redundancy,
+            "parity_bytes_stored": self.parity_bytes_stored,
+            "rebuilt_partitions": list(self.rebuilt_partitions),
         }
 
 
 def _summary_fields(entry: DatasetEntry) -> dict[str, Any]:
     by_device: dict[str, list[int]] = defaultdict(lambda: [0, 0])
     for p in entry.partitions:
-        for device in p.devices:
+        for device in [] if p.lost else p.devices:
             by_device[device][0] += 1
             by_device[device][1] += p.rows
     return {
@@ -135,6 +144,9 @@ def _summary_fields(entry: DatasetEntry) -> dict[str, Any]:
         "version": entry.version,
         "available": not entry.unavailable,
         "unavailable_partitions": {p: tuple(d) for p, d in sorted(entry.unavailable.items())},
+        "redundancy": entry.redundancy,
+        "parity_bytes_stored": entry.parity_bytes_stored,
+        "rebuilt_partitions": tuple(p.partition for p in entry.partitions if p.lost),
     }
 
 

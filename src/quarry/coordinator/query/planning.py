@@ -15,10 +15,10 @@ from typing import TYPE_CHECKING, Any
 
 from quarry.coordinator.dispatch.dispatch import Task
 from quarry.coordinator.query.cost_inputs import device_figures, sample_subplan
-from quarry.coordinator.reads.degraded import Rebuilder
 from quarry.coordinator.query.explain import CutChosen
 from quarry.coordinator.query.selectivity import SampledSelectivity
 from quarry.coordinator.query.settled_cuts import Key
+from quarry.coordinator.reads.degraded import Rebuilder
 from quarry.cost.model import Choice, HostFigures, SubPlanFigures, choose
 from quarry.cost.told import told
 from quarry.device.unit import Unit, host_emulator
@@ -160,7 +160,7 @@ def replicas_of(cluster: Membership, partition: PartitionEntry, chosen: str) -> 
         if name != chosen and name not in cluster.down
     ]
     if partition.stripe is not None and partition.partition in partition.stripe.data:
-        others.append(Rebuilder(cluster, partition))
+        others.append(Rebuilder.of(cluster, partition))
     return others
 
 

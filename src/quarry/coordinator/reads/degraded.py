@@ -38,7 +38,7 @@ from quarry.protocol.work import (
     ranges_of,
 )
 from quarry.store import parity, stored
-from quarry.store.partition import FetchedSlice, PartitionMeta, SliceInfo, decode_read
+from quarry.store.partition import FetchedSlice, PartitionMeta, decode_read
 
 if TYPE_CHECKING:
     from quarry.coordinator.membership.membership import Membership
@@ -49,55 +49,67 @@ SURVIVOR_SETS_MAX = 4  # a survivor that fails mid-rebuild is replaced at most t
 
 @dataclass
 class Layout:
-    """What the parity says of a lost partition: its slices' descriptions, and every stripe's
-    K slice lengths (to pad them as they were coded)."""
+    """What a stripe group's parity (or, without one, its data partitions' metadata slices)
+    says of every stripe: its K data slices' descriptions (None: a partition with no slice at
+    that number), so a rebuilt value is padded as it was coded, cut to its length and checked."""
 
-    meta: PartitionMeta
-    lengths: list[list[int]]  # per stripe number, per data block
+    infos: list[list[dict[str, Any] | None]]  # per stripe number, per data block
+
+    def lengths(self, number: int) -> list[int]:
+        return [0 if i is None else int(i["bytes_stored"]) for i in self.infos[number]]
 
 
 class Rebuilder:
-    """Stands for a lost data partition's device: serves its slices rebuilt from parity."""
+    """Stands for a lost member of a stripe group (a data partition: its slices' rows; a
+    parity partition: its parity rows), rebuilt from K others."""
 
     rebuilds = True  # dispatch tells it which columns a raw range needs (``get``)
 
-    def __init__(self, cluster: Membership, partition: PartitionEntry):
-        assert partition.stripe is not None, "only an erasure-coded partition is rebuilt"
+    def __init__(self, cluster: Membership, stripe: Stripe, partition: int):
         self.cluster = cluster
-        self.entry: DatasetEntry = cluster.catalog[partition.stripe.dataset]
-        self.partition = partition.partition
-        self.stripe: Stripe = partition.stripe
-        self.name = f"parity:{self.partition}"  # unique per partition: failover groups by it
+        self.entry: DatasetEntry = cluster.catalog[stripe.dataset]
+        self.partition = partition
+        self.stripe = stripe
+        self.is_parity = partition in stripe.parity
+        self.name = f"parity:{partition}"  # unique per partition: failover groups by it
         self.failed: set[str] = set()  # devices that failed a survivor read here
         self._layout: Layout | None = None
+        self._meta: PartitionMeta | None = None
         self.rebuilt_slices = 0
         self.decode_s = 0.0  # host CPU seconds spent decoding stripes
         self.bytes_read = 0  # survivors' bytes read to rebuild
 
+    @classmethod
+    def of(cls, cluster: Membership, partition: PartitionEntry) -> Rebuilder:
+        assert partition.stripe is not None, "only an erasure-coded partition is rebuilt"
+        return cls(cluster, partition.stripe, partition.partition)
+
     def __repr__(self) -> str:
         return f"Rebuilder({self.entry.qualified}, partition {self.partition})"
 
-    # ---- what dispatch calls on a device --------------------------------------------------------
+    # ---- what dispatch calls on a device ------------------------------------------------------
 
     def work(self, request: WorkRequest, payload: bytes = b"") -> Iterator[Any]:
         """Every slice not done elsewhere, handed back raw for the host to run the unit on."""
-        layout = self.layout()
-        total = len(layout.meta.slices)
-        done = {n for r in request.elsewhere if r.partition == self.partition for n in range(r.first, r.end)}
+        meta = self.meta()
+        total = len(meta.slices)
+        done = {
+            n
+            for r in request.elsewhere
+            if r.partition == self.partition
+            for n in range(r.first, r.end)
+        }
         wanted = [n for n in range(total) if n not in done]
         ranges = tuple(SliceRange(r.first, r.end) for r in ranges_of(wanted))
         if ranges:
-            slices = layout.meta.slices
             yield PushedBack(
                 self.partition,
                 ranges,
                 Stage.RAW,
-                rows=sum(slices[n].rows for n in wanted),
-                bytes_stored=sum(slices[n].bytes_stored for n in wanted),
+                rows=sum(meta.slices[n].rows for n in wanted),
+                bytes_stored=sum(meta.slices[n].bytes_stored for n in wanted),
             )
-        counters = WorkCounters(
-            slices_total=total, slices_elsewhere=len(done & set(range(total)))
-        )
+        counters = WorkCounters(slices_total=total, slices_elsewhere=len(done & set(range(total))))
         report = PartitionReport(self.partition, (), WorkMetrics(counters=counters))
         yield WorkDone(partitions=(report,), summary={"rebuilt_from": self.stripe.code.text})
 
@@ -118,60 +130,82 @@ class Rebuilder:
         stored: bool = False,
         generation: str = "",
     ) -> Iterator[pa.RecordBatch]:
-        total = len(self.layout().meta.slices)
+        """Slices [first, end) rebuilt: a data partition's rows, a parity partition's rows."""
+        total = self.slices()
         return self._ranges([(first, total if end is None else min(end, total))], columns)
 
     def batches(self, reader: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         yield from reader
 
-    # ---- rebuilding -----------------------------------------------------------------------------
+    # ---- what the stripe says -------------------------------------------------------------------
+
+    def slices(self) -> int:
+        """How many slices the lost member has (a parity partition: one per stripe)."""
+        return len(self.layout().infos) if self.is_parity else len(self.meta().slices)
+
+    def meta(self) -> PartitionMeta:
+        """A lost data partition's metadata slice, as its stripes describe it."""
+        if self._meta is None:
+            assert not self.is_parity
+            position = self.stripe.data.index(self.partition)
+            infos = [row[position] for row in self.layout().infos if row[position] is not None]
+            self._meta = PartitionMeta(
+                domain=self.entry.domain,
+                dataset=self.entry.name,
+                partition=self.partition,
+                ingest={},
+                schema=self.entry.schema,
+                compression=self.entry.compression,
+                slices=[parity.info_from_json(i) for i in infos],
+                device=self.name,
+            )
+        return self._meta
 
     def layout(self) -> Layout:
-        """The lost partition's slices, from a parity partition's stripe descriptions."""
         if self._layout is None:
             self._layout = self._read_layout()
         return self._layout
 
     def _read_layout(self) -> Layout:
-        position = self.stripe.data.index(self.partition)
+        """From a parity partition's stripe descriptions, else (every parity partition lost)
+        from the data partitions' own metadata slices."""
         errors = []
         for number in self.stripe.parity:
+            if number == self.partition:
+                continue
             for client in self._clients(number):
                 try:
-                    reader = client.scan(self.entry.domain, self.entry.name, number, columns=[parity.INFOS])
+                    scan = client.scan(
+                        self.entry.domain, self.entry.name, number, columns=[parity.INFOS]
+                    )
                     described = [
                         row
-                        for batch in client.batches(reader)
+                        for batch in client.batches(scan)
                         for row in batch.column(parity.INFOS).to_pylist()
                     ]
                 except (DeviceUnavailable, CorruptSlice) as error:
                     self.failed.add(client.name)
                     errors.append(str(error))
                     continue
-                return self._layout_of(described, position, number)
+                what = f"parity partition {number} of {self.entry.qualified}"
+                k = self.stripe.code.k
+                return Layout([parity.infos_of(text, k, what) for text in described])
+        if self.is_parity:
+            return self._layout_of_data(errors)
         raise self._missing(f"no parity partition of its stripe answers ({'; '.join(errors)})")
 
-    def _layout_of(self, described: list[str | None], position: int, number: int) -> Layout:
-        what = f"parity partition {number} of {self.entry.qualified}"
-        k = self.stripe.code.k
-        infos: list[SliceInfo] = []
-        lengths: list[list[int]] = []
-        for text in described:
-            row = parity.infos_of(text, k, what)
-            lengths.append([0 if i is None else int(i["bytes_stored"]) for i in row])
-            if row[position] is not None:
-                infos.append(parity.info_from_json(row[position]))
-        meta = PartitionMeta(
-            domain=self.entry.domain,
-            dataset=self.entry.name,
-            partition=self.partition,
-            ingest={},
-            schema=self.entry.schema,
-            compression=self.entry.compression,
-            slices=infos,
-            device=self.name,
-        )
-        return Layout(meta, lengths)
+    def _layout_of_data(self, errors: list[str]) -> Layout:
+        described = []
+        for member in self.stripe.data:
+            client = next(iter(self._clients(member)), None)
+            if client is None:
+                raise self._missing(f"data partition {member} and every parity partition are lost")
+            slices = client.describe(self.entry.domain, self.entry.name, member).slices
+            described.append([parity.info_json(parity.info_from_json(d.to_json())) for d in slices])
+        stripes = max((len(d) for d in described), default=0)
+        return Layout([[d[n] if n < len(d) else None for d in described] for n in range(stripes)])
+
+    # ---- rebuilding -----------------------------------------------------------------------------
 
     def _ranges(
         self, ranges: list[tuple[int, int]], columns: list[str] | None
@@ -194,8 +228,8 @@ class Rebuilder:
         raise self._missing("; ".join(errors))
 
     def _survivors(self) -> list[tuple[int, Any]]:
-        """K members of the stripe held by devices that answer (data first: fewer to read when
-        a partition has ended), each with the device to read it from."""
+        """K members of the stripe held by devices that answer (data first: a parity row is
+        rebuilt from the data alone, with no decode), each with the device to read it from."""
         chosen = []
         for member in (*self.stripe.data, *self.stripe.parity):
             if member == self.partition:
@@ -231,8 +265,13 @@ class Rebuilder:
                 )
             else:
                 reader = client.scan(
-                    self.entry.domain, self.entry.name, member, first, end,
-                    self.entry.schema.names, stored=True,
+                    self.entry.domain,
+                    self.entry.name,
+                    member,
+                    first,
+                    end,
+                    self.entry.schema.names,
+                    stored=True,
                 )
             values: dict[int, bytes] = {}
             number = first
@@ -249,27 +288,17 @@ class Rebuilder:
     def _decoded(
         self, number: int, read: dict[int, dict[int, bytes]], columns: list[str] | None
     ) -> pa.RecordBatch:
-        """Slice ``number`` of the lost partition, decoded from its stripe and checked."""
-        layout = self.layout()
-        code, stripe = self.stripe.code, self.stripe
-        lengths = layout.lengths[number]
-        blocks: dict[int, bytes] = {}
-        for member, values in read.items():
-            position = stripe.position(member)
-            if position < code.k and not lengths[position]:
-                blocks[position] = b""  # a partition with no slice here: zeros, as coded
-            elif number in values:
-                blocks[position] = values[number]
-        for position in range(code.k):  # ended partitions are known without reading
-            if not lengths[position] and stripe.data[position] != self.partition:
-                blocks.setdefault(position, b"")
-        started = time.thread_time()
-        length = max(1, max(lengths))
-        data = parity.decode(code, blocks, length)
-        self.decode_s += time.thread_time() - started
-        position = stripe.data.index(self.partition)
-        info = layout.meta.slices[number]
-        value = data[position][: info.bytes_stored]
+        """Slice ``number`` of the lost member, from its stripe: rows decoded and checked, or
+        a parity row coded again."""
+        values = self._stripe(number, read)
+        self.rebuilt_slices += 1
+        if self.is_parity:
+            blocks, _ = parity.encode(self.stripe.code, values)
+            j = self.stripe.parity.index(self.partition)
+            return parity.parity_row(blocks[j], self.layout().infos[number])
+        meta = self.meta()
+        info = meta.slices[number]
+        value = values[self.stripe.data.index(self.partition)]
         assert info.columns is not None, "a coded slice has a stream per column"
         offsets = [0]
         for size in info.columns:
@@ -281,8 +310,27 @@ class Rebuilder:
         )
         view = memoryview(value)
         parts = [view[offsets[i] : offsets[i + 1]] for i in indices]
-        self.rebuilt_slices += 1
-        return decode_read(layout.meta, FetchedSlice(number, columns, None, parts, indices))
+        return decode_read(meta, FetchedSlice(number, columns, None, parts, indices))
+
+    def _stripe(self, number: int, read: dict[int, dict[int, bytes]]) -> list[bytes]:
+        """Stripe ``number``'s K data values, each cut to its own length."""
+        code, stripe = self.stripe.code, self.stripe
+        lengths = self.layout().lengths(number)
+        blocks: dict[int, bytes] = {}
+        for member, values in read.items():
+            position = stripe.position(member)
+            if number in values:
+                blocks[position] = values[number]
+        for position in range(code.k):  # partitions with no slice here: zeros, as coded
+            if not lengths[position]:
+                blocks.setdefault(position, b"")
+        if all(p in blocks for p in range(code.k)):
+            data = [blocks[p] for p in range(code.k)]
+        else:
+            started = time.thread_time()
+            data = parity.decode(code, blocks, max(1, max(lengths)))
+            self.decode_s += time.thread_time() - started
+        return [value[:length] for value, length in zip(data, lengths, strict=True)]
 
     def _missing(self, why: str) -> QuarryError:
         lost = f"partition {self.partition} of {self.entry.qualified}"
@@ -298,6 +346,4 @@ def _values(batch: pa.RecordBatch, is_parity: bool) -> list[bytes]:
     if is_parity:
         return [bytes(v) for v in batch.column(parity.PARITY).to_pylist()]
     names = [n for n in batch.schema.names if n not in (stored.ROWS, stored.CHECKSUMS)]
-    return [
-        b"".join(batch.column(n)[row].as_py() for n in names) for row in range(batch.num_rows)
-    ]
+    return [b"".join(batch.column(n)[row].as_py() for n in names) for row in range(batch.num_rows)]
