@@ -114,8 +114,8 @@ def _held(cluster: Membership, device: str) -> list[tuple[DatasetEntry, Partitio
     return [
         (entry, p)
         for entry in cluster.catalog.values()
-        for p in entry.partitions
-        if device in p.devices
+        for p in [*entry.partitions, *entry.parity]  # parity partitions are slices too
+        if device in p.devices and not p.lost
     ]
 
 

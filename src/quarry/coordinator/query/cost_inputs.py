@@ -10,6 +10,7 @@ from urllib.parse import urlsplit
 
 import pyarrow as pa
 
+from quarry.coordinator.reads.degraded import Rebuilder
 from quarry.cost.model import DeviceFigures, SubPlanFigures
 from quarry.device.controller import PUSHBACK_NOTICE_SLICES
 from quarry.device.units.substrait import read_columns, run_on_host
@@ -38,7 +39,8 @@ def sample_slice(
     sub-plans and filters of every query over it."""
 
     def fetch() -> tuple[list[pa.RecordBatch], PartitionDescription]:
-        partition = max(entry.partitions, key=lambda p: p.rows)
+        # a lost erasure-coded partition is not sampled: its rows are rebuilt on the host
+        partition = max(entry.partitions, key=lambda p: (not p.lost, p.rows))
         live = [cluster.devices[d] for d in partition.devices if d not in cluster.down]
         if not live:
             raise DeviceUnavailable(f"no replica of {entry.qualified}'s sampled slice answers")
@@ -48,6 +50,12 @@ def sample_slice(
                 batches = device.guard(lambda reader=reader: [c.data for c in reader])
                 return batches, device.describe(entry.domain, entry.name, partition.partition)
             except CorruptSlice as error:
+                if device is live[-1] and partition.stripe is not None:  # from its stripe
+                    rebuilt = Rebuilder.of(cluster, partition)
+                    batches = list(
+                        rebuilt.scan(entry.domain, entry.name, partition.partition, 0, 1)
+                    )
+                    return batches, device.describe(entry.domain, entry.name, partition.partition)
                 if device is live[-1]:
                     raise CorruptSlice(
                         f"no replica of partition {partition.partition} of {entry.qualified} "

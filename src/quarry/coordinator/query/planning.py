@@ -223,6 +223,8 @@ def choose_cuts(
             continue
         stored: dict[str, int] = {}
         for p in entry.partitions:
+            if p.lost:  # rebuilt on the host from its stripe, whatever the cut
+                continue
             device = device_for(cluster, entry, p)
             stored[device] = stored.get(device, 0) + p.bytes_stored
         figures = sampled(cluster, fragment, entry)
