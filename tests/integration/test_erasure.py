@@ -13,7 +13,7 @@ from pathlib import Path
 import duckdb
 import pyarrow as pa
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 import quarry
@@ -153,9 +153,10 @@ def _sql(shape) -> str:
 
 @pytest.mark.slow
 @settings(
-    max_examples=6,
+    max_examples=10,
     deadline=None,
     derandomize=True,
+    phases=(Phase.explicit, Phase.generate),  # an example costs seconds: no shrinking
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
 @given(
@@ -174,7 +175,8 @@ def test_ec_4_2_any_two_lost_devices_answer_as_healthy(ec_4_2, lost, shapes):
             expected = _expected(table, sql)
             for mode in MODES:
                 got = cluster.sql(sql, pushdown=mode).read_all()
-                assert_same_rows(got, expected, "ORDER BY" in sql, f"{victims} {mode}: {sql}")
+                context = f"{victims} lost, {mode}: {sql}"
+                assert_same_rows(got, expected, "ORDER BY" in sql, context=context)
     finally:
         for victim in victims:
             cluster.restart_device(victim)
@@ -269,7 +271,7 @@ def test_tpch_on_ec_4_2_healthy_and_with_a_device_killed_mid_query(tpch_ec, tpch
     for number in sorted(tpch.queries):
         sql = tpch.queries[number]
         got = cluster.sql(sql, pushdown="auto").read_all()
-        assert_same_rows(got, tpch.expected(number), _ordered(sql), f"Q{number} healthy")
+        assert_same_rows(got, tpch.expected(number), _ordered(sql), context=f"Q{number} healthy")
     devices = sorted(cluster.devices)
     for number in sorted(tpch.queries):
         sql = tpch.queries[number]
@@ -291,4 +293,5 @@ def test_tpch_on_ec_4_2_healthy_and_with_a_device_killed_mid_query(tpch_ec, tpch
         cluster.restart_device(victim)
         cluster.refresh()
         assert "error" not in outcome, f"Q{number}, {victim} killed: {outcome.get('error')!r}"
-        assert_same_rows(outcome["table"], tpch.expected(number), _ordered(sql), f"Q{number}")
+        expected = tpch.expected(number)
+        assert_same_rows(outcome["table"], expected, _ordered(sql), context=f"Q{number}")
