@@ -160,6 +160,10 @@ def planned(cluster: Membership) -> tuple[list[PartitionPlan], int]:
     members: list[tuple[DatasetEntry, str, list[PartitionEntry]]] = []
     groups: list[Group] = []
     for entry in cluster.catalog.values():
+        if entry.parity or entry.parity_lost:
+            # erasure coded: a stripe group's members stay where its ingest (or a repair) put
+            # them, on distinct devices; moving them one by one could set two together
+            continue
         for record, partitions in _by_ingest(entry):
             if record.replicas > len(domains):
                 raise ClusterError(

@@ -164,8 +164,7 @@ def _rebuild(
     """A lost member of a stripe group rebuilt onto the best device that holds no other."""
     targets = _stripe_targets(cluster, entry, stripe, deficit.partition)
     if not targets:
-        error = "every device that answers holds a member of its stripe already"
-        report.failed.append({**deficit.to_json(), "to": "", "error": error})
+        report.failed.append({**deficit.to_json(), "to": "", "error": "no device answers"})
         return
     try:
         copied = rebuild_partition(cluster, entry, stripe, deficit.partition, targets[0], bucket)
@@ -181,14 +180,18 @@ def _rebuild(
 def _stripe_targets(
     cluster: Membership, entry: DatasetEntry, stripe: Stripe, partition: int
 ) -> list[str]:
-    """Devices that answer, are not drained and hold no member of the stripe group: in a rack,
-    then on a host, no member is in first; then by rendezvous weight."""
+    """Devices that answer and are not drained: those holding no member of the stripe group
+    first (in a rack, then on a host, no member is in first), then, when every one holds a
+    member already (8+2 on ten devices, two lost), those holding the fewest: the stripe is
+    whole again, if less spread, until devices are added and ``quarry rebalance`` runs."""
     domains = cluster.domains()
-    members = {d for devices in stripe.holders.values() for d in devices if d in domains}
-    live = [c.name for c in cluster.placing_devices() if c.name not in members]
+    held = [d for devices in stripe.holders.values() for d in devices if d in domains]
+    members = set(held)
+    live = [c.name for c in cluster.placing_devices()]
     return sorted(
         live,
         key=lambda name: (
+            held.count(name),
             -apart(name, members, domains),
             -weight(entry.qualified, partition, name),
         ),
