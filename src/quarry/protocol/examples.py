@@ -45,6 +45,7 @@ EXAMPLES: list[Message] = [
     control.LoadStatusRequest(),
     control.LoadStatus(0.25, 1.0, 0.0),
     control.Pulse(),
+    control.Heartbeat(period_s=1.0, lifetime_s=300.0),
     control.PulseReply("b0a1:12", control.LoadStatus(0.25, 1.0, 0.0)),
     control.Calibrate(control.CalibratePart.KERNEL, 3),
     control.CalibrateReply(kernel_s=0.01),

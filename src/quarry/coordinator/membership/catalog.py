@@ -152,6 +152,31 @@ def build(
     return dict(sorted(catalog.items()))
 
 
+def missed_commits(inventories: dict[str, list[PartitionSummary]]) -> dict[str, set[str]]:
+    """Per device that answers, the ingests it was placed in and does not list though their
+    decider lists them committed: it missed the commit (it was cut off when it was sent) and
+    holds its partitions pending until its lease runs out and it asks the decider. Committing
+    them now is what it would do then; a device that holds nothing of them commits nothing."""
+    held = {
+        (device, summary.ingest.id, summary.partition)
+        for device, summaries in inventories.items()
+        for summary in summaries
+    }
+    decided = {
+        summary.ingest.id: summary.ingest
+        for device, summaries in inventories.items()
+        for summary in summaries
+        if summary.ingest.decider == device
+    }
+    missed: dict[str, set[str]] = defaultdict(set)
+    for ingest_id, record in decided.items():
+        for partition, devices in record.placement.items():
+            for device in devices:
+                if device in inventories and (device, ingest_id, int(partition)) not in held:
+                    missed[device].add(ingest_id)
+    return dict(missed)
+
+
 def _expected(ingest: IngestRecord) -> range:
     return range(ingest.first_partition, ingest.first_partition + ingest.partitions)
 
