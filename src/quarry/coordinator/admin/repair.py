@@ -5,9 +5,11 @@ A partition is under-replicated when fewer devices that answer hold it than its 
 (rendezvous weight) among those that answer and do not hold it, slice by slice with the same
 slice boundaries (so slice numbers name the same rows on every replica, as failover needs), at
 a bounded rate so foreground queries keep their links. The copy is written pending under the
-partition's ingest and committed on the target alone: a copy cut short is settled by the target
-itself (its lease runs out; unfinished, it is dropped). No central server: any coordinator
-computes the same deficits and targets from the devices' own inventories.
+partition's ingest, its lease renewed while it streams (``QUARRY_INGEST_LEASE_S``), and
+committed on the target alone: a copy cut short (the repair's process gone, or a link cut
+silently) is settled by the target itself once its lease runs out (unfinished, it is dropped).
+No central server: any coordinator computes the same deficits and targets from the devices'
+own inventories.
 """
 
 from __future__ import annotations
@@ -19,11 +21,12 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
+from quarry.coordinator.ingest.atomic import Renewer, lease_seconds
 from quarry.coordinator.membership.device_client import DeviceClient, finish_put
 from quarry.coordinator.membership.placement import weight
 from quarry.errors import DeviceUnavailable, QuarryError
 from quarry.protocol.control import IngestRecord
-from quarry.protocol.ingest import LEASE_S_DEFAULT, PutPartition
+from quarry.protocol.ingest import PutPartition
 
 if TYPE_CHECKING:
     from quarry.coordinator.membership.catalog import DatasetEntry, PartitionEntry
@@ -133,6 +136,7 @@ def _copy(
     # short (it is the decider; an unfinished copy is dropped).
     target_client = cluster.devices[target]
     record = replace(summary.ingest, decider=target, addresses={target: target_client.address})
+    lease_s = lease_seconds()
     request = PutPartition(
         domain=entry.domain,
         dataset=entry.name,
@@ -141,22 +145,23 @@ def _copy(
         compression=summary.compression,
         metadata=summary.metadata,
         hints=summary.hints,
-        lease_s=LEASE_S_DEFAULT,
+        lease_s=lease_s,
         slice_rows=description.slices[0].rows if description.slices else None,
     )
-    writer, reader = target_client.open_put(request, summary.schema)
     copied = 0
-    try:
-        for batch in source.batches(source.scan(entry.domain, entry.name, p.partition)):
-            size = pa.ipc.get_record_batch_size(batch)
-            bucket.take(size)
-            target_client.guard(lambda b=batch: writer.write_batch(b))
-            copied += size
-        target_client.guard(lambda: finish_put(writer, reader))
-    except BaseException:
-        with contextlib.suppress(QuarryError):  # else the target drops it when its lease ends
-            target_client.abort(record.id)
-        raise
+    with Renewer([target_client], record.id, lease_s):
+        writer, reader = target_client.open_put(request, summary.schema)
+        try:
+            for batch in source.batches(source.scan(entry.domain, entry.name, p.partition)):
+                size = pa.ipc.get_record_batch_size(batch)
+                bucket.take(size)
+                target_client.guard(lambda b=batch: writer.write_batch(b))
+                copied += size
+            target_client.guard(lambda: finish_put(writer, reader))
+        except BaseException:
+            with contextlib.suppress(QuarryError):  # else the target drops it when its lease ends
+                target_client.abort(record.id)
+            raise
     if p.partition not in target_client.commit(record.id):
         raise QuarryError(f"device {target} did not commit its copy of partition {p.partition}")
     return copied
