@@ -89,6 +89,7 @@ class DeviceClient:
         if isinstance(error, flight.FlightUnauthenticatedError):
             return Unauthenticated(f"device {self.name} refused the call: {text.splitlines()[0]}")
         if is_silence(error):
+            self.heartbeat.went_silent()
             return self.liveness.silent(self.name, self.address)
         if (
             isinstance(

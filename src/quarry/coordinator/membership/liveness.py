@@ -147,6 +147,14 @@ class Heartbeat:
         weakly: a listener that goes away is not kept alive by this thread)."""
         self._listener = weakref.WeakMethod(method)
 
+    def went_silent(self) -> None:
+        """A call on this client found the device silent: its heartbeat says so too from now
+        on, until a heartbeat comes in (the heartbeat's own stream may not have broken yet, and
+        every call to the device until then would wait out the bound again). Not for a device
+        that refused the heartbeat stream: nothing would ever say it answers again."""
+        if not self._refused:
+            self._changed(silent=True)
+
     def _changed(self, silent: bool) -> None:
         if self.silent == silent:
             return
