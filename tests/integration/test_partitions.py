@@ -17,6 +17,7 @@ import pytest
 from quarry import netns, settings
 from quarry.coordinator.ingest import atomic
 from quarry.coordinator.query.explain import Explain
+from quarry.coordinator.query.planning import serving
 from quarry.errors import DeviceUnavailable, QuarryError
 from quarry.samples import particles
 from tests.plan.conftest import tpch  # noqa: F401 - the session fixture
@@ -151,8 +152,7 @@ def test_a_link_cut_mid_query_fails_over_within_the_bound(namespaced, tpch):  # 
 def test_a_healed_device_serves_again_without_a_restart(namespaced):
     running, expected = namespaced
     cluster = running.cluster
-    entry = cluster.entry("physics/particles")
-    victim = entry.partitions[0].devices[0]  # serves partition 0 while it answers
+    victim = serving(cluster, cluster.entry("physics/particles"))[0]  # serves partition 0
     running.cut(victim)
     started = time.perf_counter()
     table, _ = _query(cluster, PARTICLE_SQL, "always")

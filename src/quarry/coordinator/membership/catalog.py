@@ -145,7 +145,7 @@ def build(
                         slices=summary.slices,
                         bytes_stored=summary.bytes_stored,
                         bytes_arrow=summary.bytes_arrow,
-                        devices=[device for device, _ in held],
+                        devices=_in_placement_order(ingest.record, partition, held),
                     )
                 )
         catalog[entry.qualified] = entry
@@ -175,6 +175,15 @@ def missed_commits(inventories: dict[str, list[PartitionSummary]]) -> dict[str, 
                 if device in inventories and (device, ingest_id, int(partition)) not in held:
                     missed[device].add(ingest_id)
     return dict(missed)
+
+
+def _in_placement_order(
+    record: IngestRecord, partition: int, held: list[tuple[str, PartitionSummary]]
+) -> list[str]:
+    """The devices holding a partition, as its ingest placed them (then any others, such as a
+    repair's copy, by name): a failover tries its replicas in this order."""
+    order = {device: rank for rank, device in enumerate(_placement(record, partition))}
+    return sorted((device for device, _ in held), key=lambda d: (order.get(d, len(order)), d))
 
 
 def _expected(ingest: IngestRecord) -> range:

@@ -2,25 +2,32 @@
 
 A killed device's kernel resets its connections, so the host hears of the loss at once. A
 partition (a pulled cable, a dead switch port, a powered-off host) resets nothing: a call on it
-waits for an answer that never comes. So every channel to a device runs gRPC keepalive: a ping
-every ``keepalive_time`` and, if no answer comes within ``keepalive_timeout`` (nor an ACK of
-data sent, the kernel's TCP_USER_TIMEOUT set to the same), the connection is closed and every
-call on it fails at once, whatever it was (an action, a scan, a work exchange, an ingest's put).
-The two add up to ``QUARRY_DEVICE_SILENCE_S``: a device that answers nothing for that long is
-lost, and its work fails over exactly as a killed one's does. A device that answers pings is
-alive however long its work takes (a ten-minute scan on a slow drive sends nothing for minutes).
+waits for an answer that never comes. So every channel to a device runs gRPC keepalive, which
+also sets the kernel's TCP_USER_TIMEOUT: data the host sent that the device's kernel has not
+acknowledged within ``keepalive_timeout`` closes the connection, and every call on it fails at
+once, whatever it was (an action, a scan, a work exchange, an ingest's put). While bytes flow the
+host always has some in flight (window updates, flow-control pings, the rows of an ingest); on
+a quiet connection gRPC sends a ping after ``keepalive_time`` without data. The two add up to
+``QUARRY_DEVICE_SILENCE_S``: a device whose link stays silent that long is lost, and its work
+fails over exactly as a killed one's does. A device that answers is alive however long its work
+takes (a ten-minute scan on a slow drive sends nothing for minutes), and a link that is slow
+but moving is never taken for silence: what is measured is the kernel's acknowledgements, which
+do not wait behind the rows queued on a saturated link (an HTTP/2 ping's answer does: pings
+are given gRPC's own 60 s, so a drive far behind on a slow shared link is not declared lost).
 
 gRPC servers take frequent pings for abuse ("too_many_pings": after a few pings with no data
 sent back, the server closes the connection) unless they are told otherwise, and pyarrow's
 Flight server takes no such option. Data the server writes resets that count, so every client
 keeps one stream open on which the device writes an empty batch every ``period_s``
-(``Heartbeat``, the ``heartbeat`` ticket): the pings then always follow data. Measured on this
-machine (pyarrow 26's gRPC): calls on a link cut silently (a device in a network namespace, its
-veth's root end set down) failed 3.0 s after the cut with keepalive 2 s + 3 s and not in 12 s
-without it; a device process stopped (SIGSTOP: the kernel still ACKs, nothing answers a ping)
-was found 4.9 s after, and not in 15 s without ``grpc.http2.ping_timeout_ms``; a 25-second
-silent action passed with the heartbeat stream open, and was cut "too_many_pings" after 10 s
-without it.
+(``Heartbeat``, the ``heartbeat`` ticket): the pings then always follow data.
+
+Measured on this machine (pyarrow 26's gRPC; a device in a network namespace, its veth's root
+end set down): calls across the cut failed 3.0 s after it with keepalive 2 s + 3 s, and not in
+12 s without keepalive; a 25-second silent action passed with the heartbeat stream open, and
+was cut "too_many_pings" after 10 s without it. A process stopped while its kernel still
+answers (SIGSTOP) is not silence to TCP: its calls end at their deadlines (the silence bound for
+hello and pulse) or at gRPC's 60-second ping timeout; holding every ping to 3 s found it in 4.9
+s, but then declared drives lost on a saturated shaped link, so it is not done.
 
 After a partition heals the channel connects again by itself: its reconnection back-off is held
 to a fraction of the bound, and each connection attempt gives up after the rest, so a device
@@ -89,10 +96,6 @@ class Liveness:
         return [
             ("grpc.keepalive_time_ms", self.keepalive_ms),
             ("grpc.keepalive_timeout_ms", self.keepalive_timeout_ms),
-            # every ping's wait, not only keepalive's: gRPC keeps one ping in flight, and a
-            # flow-control (BDP) ping in flight when the device goes silent would otherwise hold
-            # the keepalive ping back for its own 60 s
-            ("grpc.http2.ping_timeout_ms", self.keepalive_timeout_ms),
             # pings only while a call is open (the heartbeat stream is one, while it runs)
             ("grpc.keepalive_permit_without_calls", 0),
             # the client's own limit on pings between its data frames: none (a scan's caller

@@ -136,14 +136,30 @@ def _pairs_of(cluster: Membership, decomposition: Decomposition) -> tuple[JoinFi
 
 
 def device_for(cluster: Membership, entry: DatasetEntry, partition: PartitionEntry) -> str:
-    """The replica that serves a partition: the first in placement order that answers."""
-    for name in partition.devices:
-        if name not in cluster.down:
-            return name
-    raise DeviceUnavailable(
-        f"no replica of partition {partition.partition} of {entry.qualified} answers "
-        f"(held by {', '.join(partition.devices)})"
-    )
+    """The replica that serves a partition (``serving``)."""
+    return serving(cluster, entry)[partition.partition]
+
+
+def serving(cluster: Membership, entry: DatasetEntry) -> dict[int, str]:
+    """Per partition, the replica that serves it: of those that answer, the one with the
+    fewest bytes to serve so far, partitions taken largest first (ties: placement order). The
+    first replica in placement order served every partition it held before: with replicas 2
+    over three devices on 100 Mbit/s links, host-only read all 160 MB of a table from one
+    device, at a third of the three links' rate (13.5 s against 4.3 s link-bound). The same
+    catalog always gives the same answer (kept plans and the cost model's cut agree)."""
+    load = dict.fromkeys(cluster.devices, 0)
+    chosen: dict[int, str] = {}
+    for p in sorted(entry.partitions, key=lambda p: (-p.bytes_stored, p.partition)):
+        live = [name for name in p.devices if name not in cluster.down]
+        if not live:
+            raise DeviceUnavailable(
+                f"no replica of partition {p.partition} of {entry.qualified} answers "
+                f"(held by {', '.join(p.devices)})"
+            )
+        device = min(live, key=lambda name: (load.get(name, 0), live.index(name)))
+        load[device] = load.get(device, 0) + p.bytes_stored
+        chosen[p.partition] = device
+    return chosen
 
 
 def replicas_of(cluster: Membership, partition: PartitionEntry, chosen: str) -> list[Any]:
@@ -214,8 +230,9 @@ def choose_cuts(
         if entry.unavailable or entry.rows == 0:
             continue
         stored: dict[str, int] = {}
+        served = serving(cluster, entry)
         for p in entry.partitions:
-            device = device_for(cluster, entry, p)
+            device = served[p.partition]
             stored[device] = stored.get(device, 0) + p.bytes_stored
         figures = sampled(cluster, fragment, entry)
         devices = device_figures(cluster, entry, stored, loads or {})
