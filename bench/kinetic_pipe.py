@@ -49,12 +49,13 @@ host's link (shipped to the coordinator) and bytes read on the drives. Writes
 ``bench/results/kinetic_pipe.json`` and ``.png`` (bars like the paper's Figures 6-8).
 
 ``--netns`` (root, ``ip`` and ``tc``: ``quarry.netns``) starts each drive in a network namespace
-of its own, on its own address, TLS on, and runs scenario A twice: with the host's link
-emulated in this process (as above; "A") and with it a real link the kernel shapes, a token
-bucket on the host's side of the bridge every drive reaches it through ("A netns"). Each A row
-also says what fraction of the link's rate host-only moved its bytes at (``link_fraction``:
-bytes shipped over the run's wall time, over the link's rate). Writes
-``bench/results/kinetic_pipe_netns.json`` and ``.png``.
+of its own, on its own address, TLS on, and runs scenario A three times: with the host's link
+emulated in this process (as above; "A"), with it a real link the kernel shapes, a token
+bucket on the host's side of the bridge every drive reaches it through ("A netns"), and with
+that rate split over the drives' own links instead ("A links"). Each A row also says what
+fraction of the link's rate host-only moved its bytes at (``link_fraction``: bytes shipped over
+the run's wall time, over the link's rate). Writes ``bench/results/kinetic_pipe_netns.json``
+and ``.png``.
 """
 
 from __future__ import annotations
@@ -434,7 +435,7 @@ def run_all(
     for scenario in args.scenarios:
         names = ["C", "C clustered"] if scenario == "C" else [scenario]
         if scenario == "A" and network is not None:
-            names = ["A", "A netns"]
+            names = ["A", "A netns", "A links"]
         for name in names:
             for query in QUERIES:
                 for selectivity in args.selectivities:
@@ -452,7 +453,7 @@ def run_all(
                 set_host_profile(None)
                 figures_cache[key] = query_figures(cluster, sql, f"physics/{dataset}")
             q = figures_cache[key]
-            host = scenario_hosts(drives, q, selectivity)[name.removesuffix(" netns")]
+            host = scenario_hosts(drives, q, selectivity)[name.split()[0]]
             bound = bound_of(selectivity, host, drives, q, rows=query == "select")
             expected = duck.execute(QUERIES[query].format(table="particles", x=x))
             expected = expected.fetch_arrow_table()
@@ -491,20 +492,29 @@ def run_all(
 
 @contextlib.contextmanager
 def host_link(scenario: str, host: HostSetting, network: Any) -> Any:
-    """The host as the scenario has it while the pair runs: its link emulated in this process,
-    or ("A netns") a kernel token bucket on its side of the bridge, nothing emulated."""
-    if not scenario.endswith(" netns"):
-        set_host_profile(host.profile())
+    """The host as the scenario has it while the pair runs: its link emulated in this process;
+    or ("A netns") a kernel token bucket on its side of the bridge, nothing emulated; or ("A
+    links") the same rate split over the drives' own links, the host's unshaped (the issue's
+    configuration: each host behind its own 100 Mbit/s)."""
+    if scenario in ("A netns", "A links"):
+        links = network.links
+        if scenario == "A netns":
+            network.shape_host(host.link_bytes_per_s)
+        else:
+            for name in links:
+                network.shape(name, host.link_bytes_per_s / len(links))
         try:
             yield
         finally:
-            set_host_profile(None)
+            network.shape_host(None)
+            for name in links:
+                network.shape(name, None)
         return
-    network.shape_host(host.link_bytes_per_s)
+    set_host_profile(host.profile())
     try:
         yield
     finally:
-        network.shape_host(None)
+        set_host_profile(None)
 
 
 def link_fraction(run: dict[str, Any], host: HostSetting) -> float | None:
