@@ -50,6 +50,7 @@ SAMPLE_SLICES_KEPT_MAX = 16
 # a new one (a device's load is its slots' use over the last two seconds, BUSY_WINDOW_S), so a
 # query need not wait for its own pulse to choose its cut
 LOADS_FRESH_S = 0.5
+RECONCILED_KEPT_MAX = 4096  # commits sent to devices that missed them, remembered (``_reconcile``)
 
 T = TypeVar("T")
 
@@ -213,6 +214,8 @@ class Membership:
             asked = {(name, generations.get(name, ""), i) for i in ingest_ids} - self._reconciled
             if not asked:
                 continue
+            if len(self._reconciled) > RECONCILED_KEPT_MAX:  # a bound: at worst, asked again
+                self._reconciled = set()
             self._reconciled |= asked
             client = self.devices[name]
             for _, _, ingest_id in sorted(asked):
