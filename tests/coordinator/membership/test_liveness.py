@@ -147,3 +147,18 @@ def test_replicas_are_listed_in_placement_order_and_serve_evenly():
     cluster.down = {"dev0": "silent", "dev2": "silent"}
     with pytest.raises(DeviceUnavailable, match="partition 4 of t/d"):
         serving(cluster, entry)
+
+
+def test_a_replica_with_nothing_to_serve_is_found_along_a_chain():
+    """Greedy alone left dev2 idle and dev1 with two partitions: only moving partition 0 to
+    dev2 and then partition 3 to dev3 evens them (tests/integration/test_failover.py kills dev2
+    and must see it at work)."""
+    holders = [["dev3", "dev2"], ["dev0", "dev2"], ["dev0", "dev1"], ["dev3", "dev1"]]
+    sizes = [10_547_880, 10_547_880, 9_648_504, 9_493_784]
+    partitions = [
+        SimpleNamespace(partition=n, devices=d, bytes_stored=b)
+        for n, (d, b) in enumerate(zip(holders, sizes, strict=True))
+    ]
+    entry = SimpleNamespace(partitions=partitions, qualified="physics/particles")
+    cluster = SimpleNamespace(devices=dict.fromkeys(["dev0", "dev1", "dev2", "dev3"]), down={})
+    assert sorted(serving(cluster, entry).values()) == ["dev0", "dev1", "dev2", "dev3"]
