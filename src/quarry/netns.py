@@ -23,9 +23,8 @@ its own host, and lets a test or a benchmark cut, heal and shape its link
   host). Added delay needs ``netem``, which this kernel lacks: ``shape(delay_ms=...)`` raises
   ``NetnsUnavailable`` saying so where it is missing.
 
-TLS is on, with the credentials ``quarry up --tls`` makes, issued for the devices' addresses
-(``make_credentials``: the one place they are made, so that per-device enrollment can replace
-it). It needs root, ``ip`` and ``tc``: ``missing()`` says in one line what is not there, and the
+TLS is on: the cluster's authority is made here (``make_credentials``) and each device runs
+with its own folder, enrolled for its address, as on a storage host (docs/deploy.md). It needs root, ``ip`` and ``tc``: ``missing()`` says in one line what is not there, and the
 tests skip with that line. Everything is named with a per-run prefix (``qn<pid><letter>``), so
 parallel runs never collide, and ``close`` removes all of it (device processes, namespaces,
 links, the bridge), also when a test fails; a run killed before it could clean up is swept by
@@ -50,9 +49,11 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from quarry.auth.credentials import Credentials, create
+from quarry.auth.enrollment import DeviceFolder, ensure_enrolled
 from quarry.coordinator.cluster import Cluster
 from quarry.coordinator.membership.cluster_file import ClusterFile, DeviceSpec
 from quarry.coordinator.processes.spawn import (
+    ENROLLED,
     STOP_TIMEOUT_S,
     credentials_of,
     device_command,
@@ -357,11 +358,20 @@ def _start(
         DEVICE_PORT,
         Path(spec.data) / "ready.json",
         profiles_file,
-        credentials_of(spec),
+        _enrolled(spec, link),
         tls=True,
     )
     command = [*network.exec_prefix(spec.name), *command, "--host", link.address]
     return spawn(command, Path(spec.data), f"device {spec.name} in {link.namespace}")
+
+
+def _enrolled(spec: DeviceSpec, link: Link) -> DeviceFolder:
+    """The device's own folder, issued by the cluster's authority for its address (a device
+    never holds the authority: it starts refusing to)."""
+    assert spec.data is not None
+    authority = credentials_of(spec)
+    assert authority is not None
+    return ensure_enrolled(authority, spec.name, (link.address,), Path(spec.data) / ENROLLED)
 
 
 @contextlib.contextmanager
