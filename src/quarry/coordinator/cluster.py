@@ -114,13 +114,20 @@ class Cluster(Membership):
             {d for p in [*entry.partitions, *entry.parity] if not p.lost for d in p.devices}
             | {d for ds in entry.unavailable.values() for d in ds}
         )
+        # every holder must answer before any drops: one cut off would keep its part, and
+        # the dataset would come back half (a device that goes silent between this and its
+        # drop still can: the window is one call)
+        down = [name for name in holders if name in self.down]
+        if not down:
+            answers = self.each_started(lambda c: c.pulse(), holders)
+            down = [n for n in holders if isinstance(answers[n].result(), DeviceUnavailable)]
+        if down:
+            raise DeviceUnavailable(
+                f"cannot drop {dataset}: device {down[0]} holding part of it does not answer; "
+                "start it (or wait for its link) and try again"
+            )
         deleted = 0
         for name in holders:
-            if name in self.down:
-                raise DeviceUnavailable(
-                    f"cannot drop {dataset}: device {name} holding part of it does not answer; "
-                    "start it and try again"
-                )
             deleted += self.devices[name].drop(entry.domain, entry.name)
         self.refresh()
         return deleted
