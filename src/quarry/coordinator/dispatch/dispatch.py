@@ -228,17 +228,21 @@ class Dispatch:
                 failover = {"from": lost[-1][0], "to": client.name, "slices_done_before": received}
                 report.failovers.append({**failover, "error": str(lost[-1][1])})
             try:
-                reader = self._opened(
-                    lambda client=client, first=received: client.scan(
-                        request.domain,
-                        request.dataset,
-                        partition,
-                        first=first,
-                        columns=columns,
-                        stored=task.stored_raw,
-                        generation=self._expected(client.name),
+                if getattr(client, "rebuilds", False):  # a lost partition, from its stripe
+                    skip = _elsewhere(request, partition)
+                    reader = client.rebuilt(first=received, skip=skip, columns=columns)
+                else:
+                    reader = self._opened(
+                        lambda client=client, first=received: client.scan(
+                            request.domain,
+                            request.dataset,
+                            partition,
+                            first=first,
+                            columns=columns,
+                            stored=task.stored_raw,
+                            generation=self._expected(client.name),
+                        )
                     )
-                )
                 for shipped in client.batches(reader):
                     size = pa.ipc.get_record_batch_size(shipped)
                     slices, checked = self._decoded(report, shipped)
@@ -319,7 +323,10 @@ class Dispatch:
         except DeviceLost as lost:
             reports = {p: self.report(task, p) for p in task.request.partitions}
             for resumed in resume(task, lost, self.dead, reports):
-                yield from self._exchange(resumed)
+                if resumed.host_only:  # rebuilt from parity on the host
+                    yield from self._host_only(resumed)
+                else:
+                    yield from self._exchange(resumed)
 
     def _rounds(self, task: Task) -> Iterator[pa.RecordBatch]:
         payload = task.payload
@@ -469,11 +476,7 @@ class Dispatch:
                 report.add_raw(notice.slices, notice.rows, notice.bytes_stored)
 
         def arriving() -> Iterator[pa.RecordBatch]:
-            if getattr(task.client, "rebuilds", False):  # from parity: only what the unit reads
-                columns = task.host.columns() if raw else None
-                reader = self._opened(lambda: task.client.get(fetch, payload, columns=columns))
-            else:
-                reader = self._opened(lambda: task.client.get(fetch, payload))
+            reader = self._opened(lambda: task.client.get(fetch, payload))
             for shipped in task.client.batches(reader):
                 size = pa.ipc.get_record_batch_size(shipped)
                 slices, checked = self._decoded(report, shipped)
@@ -483,6 +486,13 @@ class Dispatch:
                 yield from slices
 
         return list(self._complete(task.host, notice.stage, arriving()))
+
+
+def _elsewhere(request: WorkRequest, partition: int) -> frozenset[int]:
+    """The slices of a partition that another device ran already (a failover's)."""
+    return frozenset(
+        n for r in request.elsewhere if r.partition == partition for n in range(r.first, r.end)
+    )
 
 
 def _marks(partition: int, numbers: list[int]) -> Iterator[ChunkDone]:

@@ -107,5 +107,16 @@ def resume(task: T, lost: DeviceLost, dead: set[str], reports: dict[int, WorkRep
                         "error": str(lost.error),
                     }
                 )
-        resumed.append(replace(task, client=replica, request=request, failovers=task.failovers + 1))
+        # a lost erasure-coded partition goes on on the host, over its rows rebuilt from its
+        # stripe (``reads/degraded.py``): read raw, the unit run on them here
+        host_only = task.host_only or getattr(replica, "rebuilds", False)
+        resumed.append(
+            replace(
+                task,
+                client=replica,
+                request=request,
+                failovers=task.failovers + 1,
+                host_only=host_only,
+            )
+        )
     return resumed

@@ -116,6 +116,15 @@ class DatasetSummary:
             "unavailable_partitions": {
                 str(p): list(d) for p, d in self.unavailable_partitions.items()
             },
+            **self._erasure_json(),
+        }
+
+    def _erasure_json(self) -> dict[str, Any]:
+        """An erasure-coded dataset's code, parity and rebuilt partitions (a replicated one's
+        shape is as it always was: ``replicas``)."""
+        if not self.redundancy.startswith("ec:"):
+            return {}
+        return {
             "redundancy": self.redundancy,
             "parity_bytes_stored": self.parity_bytes_stored,
             "rebuilt_partitions": list(self.rebuilt_partitions),

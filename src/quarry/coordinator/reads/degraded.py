@@ -1,12 +1,12 @@
 """Degraded reads: a lost data partition of an erasure-coded dataset, rebuilt on the host.
 
 A ``Rebuilder`` stands in the list of a lost partition's replicas, last (``replicas_of``), so
-the one dispatch treats it as it treats a device: when the partition's device is dead, or read
-a damaged copy, the rest of its work "fails over" to the rebuilder. It answers a work request
-by handing every slice not done elsewhere back raw, and each raw range it is asked for it
-rebuilds from K survivors of the stripe (the other data partitions' stored values and parity
-blocks, read from their devices as byte streams, checked there): so the host runs the same
-unit of work on the rebuilt rows, and every kind of work (SQL, gene statistics, samples,
+the one dispatch treats it as a replica: when the partition's device is dead, or read a
+damaged copy, the rest of its work "fails over" to the rebuilder (``failover.resume``), which
+the dispatch reads raw, as it reads a partition under pushdown never: every slice not done
+elsewhere, rebuilt from K survivors of the stripe (the other data partitions' stored values
+and parity blocks, read from their devices as byte streams, checked there). So the host runs
+the same unit of work on the rebuilt rows, and every kind of work (SQL, gene statistics, samples,
 offload) gives the answer the healthy cluster gives. A rebuilt slice is checked against the
 checksums its device wrote (kept with the parity), as a read on that device checks it.
 
@@ -25,18 +25,7 @@ import pyarrow as pa
 
 from quarry.coordinator.membership.catalog import DatasetEntry, PartitionEntry, Stripe
 from quarry.errors import CorruptSlice, DeviceUnavailable, QuarryError
-from quarry.protocol.counters import WorkCounters
-from quarry.protocol.stage import Stage
-from quarry.protocol.work import (
-    PartitionReport,
-    PushedBack,
-    SliceRange,
-    SliceRequest,
-    WorkDone,
-    WorkMetrics,
-    WorkRequest,
-    ranges_of,
-)
+from quarry.protocol.work import ranges_of
 from quarry.store import parity, stored
 from quarry.store.partition import FetchedSlice, PartitionMeta, decode_read
 
@@ -63,7 +52,7 @@ class Rebuilder:
     """Stands for a lost member of a stripe group (a data partition: its slices' rows; a
     parity partition: its parity rows), rebuilt from K others."""
 
-    rebuilds = True  # dispatch tells it which columns a raw range needs (``get``)
+    rebuilds = True  # dispatch reads its slices raw and runs the unit on them (``rebuilt``)
 
     def __init__(self, cluster: Membership, stripe: Stripe, partition: int):
         self.cluster = cluster
@@ -89,35 +78,13 @@ class Rebuilder:
 
     # ---- what dispatch calls on a device ------------------------------------------------------
 
-    def work(self, request: WorkRequest, payload: bytes = b"") -> Iterator[Any]:
-        """Every slice not done elsewhere, handed back raw for the host to run the unit on."""
-        meta = self.meta()
-        total = len(meta.slices)
-        done = {
-            n
-            for r in request.elsewhere
-            if r.partition == self.partition
-            for n in range(r.first, r.end)
-        }
-        wanted = [n for n in range(total) if n not in done]
-        ranges = tuple(SliceRange(r.first, r.end) for r in ranges_of(wanted))
-        if ranges:
-            yield PushedBack(
-                self.partition,
-                ranges,
-                Stage.RAW,
-                rows=sum(meta.slices[n].rows for n in wanted),
-                bytes_stored=sum(meta.slices[n].bytes_stored for n in wanted),
-            )
-        counters = WorkCounters(slices_total=total, slices_elsewhere=len(done & set(range(total))))
-        report = PartitionReport(self.partition, (), WorkMetrics(counters=counters))
-        yield WorkDone(partitions=(report,), summary={"rebuilt_from": self.stripe.code.text})
-
-    def get(
-        self, request: SliceRequest, payload: bytes = b"", columns: list[str] | None = None
+    def rebuilt(
+        self, first: int = 0, skip: frozenset[int] = frozenset(), columns: list[str] | None = None
     ) -> Iterator[pa.RecordBatch]:
-        assert request.stage is Stage.RAW, "a rebuilt range is handed back raw"
-        return self._ranges([(r.first, r.end) for r in request.ranges], columns)
+        """Slices from ``first`` on, but those in ``skip`` (done elsewhere before the device was
+        lost), rebuilt: what dispatch reads raw and runs the unit on."""
+        wanted = [n for n in range(first, self.slices()) if n not in skip]
+        return self._ranges([(r.first, r.end) for r in ranges_of(wanted)], columns)
 
     def scan(
         self,
