@@ -6,12 +6,14 @@ visible whole or not at all."""
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from pathlib import Path
 
 import duckdb
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
@@ -20,6 +22,7 @@ import quarry
 from quarry.errors import DeviceUnavailable, IngestFailed, QuarryError
 from quarry.samples import particles
 from quarry.store import naming
+from tests.commands import run_quarry
 from tests.integration.test_integrity import _flip
 from tests.plan.conftest import TPCH_TABLES, tpch  # noqa: F401 - the session fixture
 from tests.plan.harness import assert_same_rows
@@ -295,3 +298,22 @@ def test_tpch_on_ec_4_2_healthy_and_with_a_device_killed_mid_query(tpch_ec, tpch
         assert "error" not in outcome, f"Q{number}, {victim} killed: {outcome.get('error')!r}"
         expected = tpch.expected(number)
         assert_same_rows(outcome["table"], expected, _ordered(sql), context=f"Q{number}")
+
+
+@pytest.mark.slow
+def test_ingest_with_ec_from_the_command_line(tmp_path):
+    path = tmp_path / "particles.parquet"
+    pq.write_table(particles.table(100_000, seed=2), path)
+    run_quarry("up", "--devices", "3", "--detach", cwd=tmp_path)
+    try:
+        ingested = run_quarry(
+            "ingest", str(path), "--dataset", "physics/p", "--ec", "2+1", cwd=tmp_path
+        ).stdout
+        assert "parity (ec:2+1)" in " ".join(ingested.split())
+        (listed,) = json.loads(run_quarry("datasets", "--json", cwd=tmp_path).stdout)
+        assert listed["redundancy"] == "ec:2+1" and listed["parity_bytes_stored"] > 0
+        assert "ec:2+1" in run_quarry("datasets", cwd=tmp_path).stdout
+        status = run_quarry("status", cwd=tmp_path).stdout
+        assert "physics/p ec:2+1" in " ".join(status.split())
+    finally:
+        run_quarry("down", cwd=tmp_path, check=False)
