@@ -4,6 +4,8 @@ never sent."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pyarrow as pa
 
 from quarry.protocol import control, ingest, work
@@ -15,6 +17,9 @@ SCHEMA = pa.schema([("id", pa.int64()), ("ke", pa.float64())])
 RECORD = control.IngestRecord("abc", 0, 4, 1, "create", 1.5, {"0": ["dev0"]}, "p.parquet")
 
 EXAMPLES: list[Message] = [
+    dataclasses.replace(
+        RECORD, redundancy="ec:2+1", stripes=(control.StripeGroup((0, 1), (5000,)),)
+    ),
     control.Hello(),
     control.HelloReply(
         2,
