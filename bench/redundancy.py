@@ -273,7 +273,8 @@ def plot(results: dict[str, Any], rates: list[dict[str, Any]]) -> Path:
             results["repair"]["bytes_copied"] / results["repair"]["seconds"] / 1e9
         )
     for row in rates:
-        bars[f"{row['library'].split()[0]} {row['code']} decode"] = row["decode_gb_per_s"]
+        library = row["library"].replace(" 1.8.0", "").replace(" 1.6.0.0", "")
+        bars[f"{library} {row['code']} decode"] = row["decode_gb_per_s"]
     ax.barh(list(bars), list(bars.values()))
     ax.set_xlabel("GB/s")
     ax.set_title("rebuild on the host vs raw decode")
