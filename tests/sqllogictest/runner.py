@@ -25,7 +25,7 @@ import re
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
-from enum import Enum
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
@@ -246,7 +246,7 @@ def as_expected(found: list[str], query: Query) -> tuple[str, ...]:
 # ---- engines and outcomes ------------------------------------------------------------------
 
 
-class Outcome(str, Enum):
+class Outcome(StrEnum):
     RIGHT = "right"
     WRONG = "wrong"  # an answer, not the expected one
     REFUSED = "refused"  # an error of the kind the engine promises (QuarryError for quarry)
@@ -275,7 +275,7 @@ def judge(
         table = answer(query.sql)
     except refusals as error:
         return Verdict(Outcome.REFUSED, _first_line(error))
-    except Exception as error:  # noqa: BLE001 - what is not a refusal is what we look for
+    except Exception as error:  # what is not a refusal is what we look for
         return Verdict(Outcome.CRASHED, f"{type(error).__name__}: {_first_line(error)}")
     try:
         got = as_expected(values(table, query.types), query)
@@ -385,8 +385,9 @@ class FileResult:
 
 
 def _same_everywhere(result: QueryResult) -> bool:
-    outcomes = {(v.outcome, v.detail if v.outcome is Outcome.WRONG else "") for v in
-                result.quarry.values()}
+    outcomes = {
+        (v.outcome, v.detail if v.outcome is Outcome.WRONG else "") for v in result.quarry.values()
+    }
     return len(outcomes) == 1
 
 

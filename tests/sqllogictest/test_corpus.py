@@ -115,7 +115,10 @@ def test_the_corpus_answers_as_duckdb_does(cluster, name):
     connection = runner.reference(script)
     with runner.Ingested(cluster, runner.tables_of(connection)) as ingested:
         result = runner.run_script(
-            script, ingested.answer, (QuarryError,), modes_every=MODES_EVERY,
+            script,
+            ingested.answer,
+            (QuarryError,),
+            modes_every=MODES_EVERY,
             duckdb_connection=connection,
         )
     figures = result.figures()
