@@ -308,10 +308,15 @@ def _for_duckdb(
         (fragment,) = alone.fragments
         fragments.append(replace(fragment, name=name))
         host_tables += [HostTable(r, name) for r in duckdb_super.references(dataset, catalog)]
+    # DataFusion's names and types where it planned the query as DuckDB does (a star may
+    # expand otherwise over a join's USING columns)
+    output = needs.output if needs.output is not None else schema
+    if len(output) != len(schema):
+        output = schema
     return Decomposition(
         b"",
         fragments,
-        needs.output if needs.output is not None else schema,
+        output,
         pushdown,
         host_sql=sql,
         host_tables=tuple(host_tables),
