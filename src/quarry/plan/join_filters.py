@@ -15,8 +15,8 @@ only where the cut cannot change the answer:
   the probe side that match nothing (inner; the null-supplying side of an outer join; either
   side of a semi join; the filtering side of an anti join);
 - between the probe fragment and the join, every operator commutes with a filter on that column:
-  filters, projections that pass it on, sorts, aggregates grouping by it, inner joins, and the
-  preserved side of outer, semi and anti joins (no LIMIT, no union);
+  filters, projections that pass it on, sorts, aggregates grouping by it, inner joins, the
+  preserved side of outer, semi and anti joins, and unions, into each input (no LIMIT);
 - every read of the probe fragment in the super-plan is cut by the same pair: the fragment's
   rows are shared by its reads (TPC-H Q2 reads partsupp's fragment in the query and in its
   subquery, each joined to part's keys; Q21's second read of lineitem is not, and is not cut);
