@@ -304,7 +304,18 @@ def produce_logical(ctx: SessionContext, logical_plan) -> plan_pb2.Plan:
     # would read the stale copy. `expression_references` carries the same information.
     plan.DiscardUnknownFields()
     _unique_names_in(plan)
+    _conditioned_joins(plan)
     return plan
+
+
+def _conditioned_joins(plan: plan_pb2.Plan) -> None:
+    """DataFusion's optimizer drops a join condition it finds always true (``a LEFT JOIN b ON
+    NOT CAST(NULL AS INTEGER) IS NOT NULL``, in SQLite's corpus) and its producer then writes
+    the join with none, which its consumer refuses ("join condition should not be empty"): the
+    condition is written back as the ``true`` it was."""
+    for rel in tree.iter_rels(plan):
+        if tree.kind(rel) == "join" and not rel.join.HasField("expression"):
+            rel.join.expression.literal.boolean = True
 
 
 def _unique_names_in(plan: plan_pb2.Plan) -> None:
