@@ -30,6 +30,9 @@ _EXPORTS = {
     "ExpressionMatrix": "matrix",
     "GeneBlocks": "matrix",
     "rank_genes": "rank",
+    "query": "query",
+    "CellQuery": "query",
+    "collect": "collections",
     "rank_genes_groups": "groups_rank",
     "to_anndata": "scanpy_layout",
     "pseudobulk": "pseudobulk",
@@ -63,6 +66,9 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
+    "CellQuery",
+    "collect",
+    "query",
     "DecodedSlice",
     "ExpressionMatrix",
     "GeneBlocks",

@@ -127,7 +127,7 @@ class StoredMatrix:
         table = table.sort_by(POSITION_COLUMN).drop_columns([POSITION_COLUMN])
         positions_ok = table.num_rows == 0 or table.column(id_column).null_count == 0
         assert positions_ok, f"{self.dataset + suffix} lost ids"
-        table = _restore_categories(table, self.description.get("categories", {}).get(suffix, {}))
+        table = restore_categories(table, self.description.get("categories", {}).get(suffix, {}))
         _axis_cache[key] = table
         while len(_axis_cache) > AXIS_CACHE_ENTRIES_MAX:
             _axis_cache.popitem(last=False)
@@ -392,7 +392,7 @@ def _axis_table(table: pa.Table) -> tuple[pa.Table, dict[str, list[str]]]:
     return stored.add_column(0, POSITION_COLUMN, positions), categories
 
 
-def _restore_categories(table: pa.Table, categories: Mapping[str, list[str]]) -> pa.Table:
+def restore_categories(table: pa.Table, categories: Mapping[str, list[str]]) -> pa.Table:
     for name, labels in categories.items():
         if name not in table.column_names:
             continue

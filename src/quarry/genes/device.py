@@ -33,6 +33,7 @@ import pyarrow as pa
 from quarry.device.unit import Chunk, Skipped, Unit, register
 from quarry.genes.errors import GenesInputError, StaleDataset
 from quarry.genes.groups import grouping_digest
+from quarry.genes.layout import slice_layout
 from quarry.genes.ranks import RANK_SCHEMA, combine_ranks, rank_sums, select_rank_sides
 from quarry.genes.stats import PARTIAL_SCHEMA, accumulate, combine, select_sides
 from quarry.protocol.message import Message, bounded
@@ -102,6 +103,14 @@ class Accumulate(Unit):
     @property
     def output_schema(self) -> pa.Schema:
         return self.SCHEMA
+
+    @classmethod
+    def calibration_work(cls, batch: pa.RecordBatch, rng: np.random.Generator):
+        """The host's own work on a calibration slice (``dispatch.host_accumulate_s_per_byte``):
+        the statistic over 10 random groups."""
+        _, _, cells = slice_layout(batch)
+        groups = rng.integers(0, 10, cells).astype(np.int32)
+        return lambda: cls.KERNEL(batch, groups, 10)
 
     # ---- the statistic: a unit of the same shape (``RankSums``) changes only these -------------
 
