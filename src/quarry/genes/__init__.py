@@ -33,6 +33,8 @@ _EXPORTS = {
     "query": "query",
     "CellQuery": "query",
     "collect": "collections",
+    "mean_var": "moments",
+    "highly_variable_genes": "moments",
     "rank_genes_groups": "groups_rank",
     "to_anndata": "scanpy_layout",
     "pseudobulk": "pseudobulk",
@@ -68,6 +70,8 @@ def __dir__() -> list[str]:
 __all__ = [
     "CellQuery",
     "collect",
+    "highly_variable_genes",
+    "mean_var",
     "query",
     "DecodedSlice",
     "ExpressionMatrix",

@@ -107,9 +107,11 @@ def side_statistics(
     push_back: PushBack | None = None,
     policy: Mapping[str, Any] | None = None,
     unit: type[Accumulate] = Accumulate,
+    version_suffix: str = "",
 ) -> tuple[pa.RecordBatch, Report]:
     """Per gene and side i, the statistics of the union of groups `sides[i]` (group = i): the
-    moments (``Accumulate``) or the rank sums (``RankSums``)."""
+    moments (``Accumulate``) or the rank sums (``RankSums``). ``version_suffix`` names a
+    transform of the values the unit applies (its statistics are cached apart)."""
     pushdown = Pushdown.parse(pushdown, GENES_MODES)
     assert 1 <= len(sides) <= SIDES_MAX, len(sides)
     assert len(grouping.group_of_cell) == matrix.cell_count, "grouping of another dataset"
@@ -121,7 +123,7 @@ def side_statistics(
             f"dataset {matrix.dataset!r}: push_back names partitions {unknown} it does not have"
         )
     dispatch = Dispatch()
-    tasks = _tasks(matrix, grouping, sides, pushdown, push_back, policy, unit)
+    tasks = _tasks(matrix, grouping, sides, pushdown, push_back, policy, unit, version_suffix)
     results = list(dispatch.run(tasks, len(tasks), RESULT_BATCHES_MAX, "quarry-genes"))
     if results:
         statistics = tasks[0].host.merge(results)
@@ -140,11 +142,12 @@ def _tasks(
     push_back: PushBack,
     policy: Mapping[str, Any] | None,
     unit: type[Accumulate],
+    version_suffix: str = "",
 ) -> list[Task]:
     """One task per device: every partition it serves, in one request (its cache is per
     partition, its output one Combine over them)."""
     args = AccumulateArgs(
-        version=matrix.version,
+        version=matrix.version + version_suffix,
         ingest_ids=tuple(sorted(i.id for i in matrix.entry.ingests)),
         grouping=grouping.digest(),
         group_count=grouping.group_count,

@@ -135,17 +135,25 @@ def _on_cluster(
     request: Request,
     pushdown: Pushdown,
 ) -> pd.DataFrame:
-    from quarry.genes.datasets import open_matrix
-    from quarry.genes.dispatch import side_statistics
+    from quarry.genes.collections import members_of
+    from quarry.genes.moments import moments
 
     started = time.perf_counter()
-    matrix = open_matrix(cluster, dataset)
-    grouping = grouping_from_column(matrix, request.groupby)
+    members, _ = members_of(cluster, dataset)
+    matrix = members[0]
+    if len(members) > 1:
+        comparisons(_collection_grouping(members, request.groupby), groups, request.reference)
+        if request.method == "wilcoxon" or request.pts:
+            raise GenesInputError(
+                f"collection {dataset!r}: Wilcoxon's ranks and pts need every cell of a gene in "
+                "one ranking, and each matrix of a collection holds only its own cells; use a "
+                "t-test, or rank each matrix"
+            )
+    else:
+        comparisons(grouping_from_column(matrix, request.groupby), groups, request.reference)
+    found = moments(members, request.groupby, pushdown)
+    grouping, arrays, reports = found.grouping, found.arrays, list(found.reports)
     ranked, against = comparisons(grouping, groups, request.reference)
-    every = [[g] for g in range(grouping.group_count)]
-    statistics, report = side_statistics(matrix, grouping, every, pushdown)
-    reports = [report]
-    arrays = GroupArrays.of(statistics, grouping.group_count)
     ranks = _ranks(matrix, grouping, ranked, request, pushdown, reports)
     host_started = time.perf_counter()
     log1p_base = matrix.metadata.get("log1p_base")
@@ -164,7 +172,7 @@ def _on_cluster(
     tstat_s = time.perf_counter() - host_started
     result.attrs["quarry"] = quarry_attrs(reports, pushdown, tstat_s, time.perf_counter() - started)
     result.attrs["metadata"] = dict(matrix.metadata)
-    result.attrs["dataset"] = matrix.dataset
+    result.attrs["dataset"] = matrix.dataset if len(members) == 1 else dataset
     result.attrs["version"] = matrix.version
     result.attrs["params"] = {
         "groupby": request.groupby,
@@ -175,6 +183,23 @@ def _on_cluster(
         "corr_method": request.corr_method,
     }
     return result
+
+
+def _collection_grouping(members: list[Any], groupby: str) -> Grouping:
+    """The labels of ``groupby`` over every member (checked before any device works)."""
+    labels: list[str] = []
+    counts: list[int] = []
+    for matrix in members:
+        grouping = grouping_from_column(matrix, groupby)
+        for label, count in zip(grouping.labels, grouping.cell_counts(), strict=True):
+            if label is None:
+                continue
+            if label not in labels:
+                labels.append(label)
+                counts.append(0)
+            counts[labels.index(label)] += int(count)
+    codes = np.repeat(np.arange(len(labels), dtype=np.int32), counts)
+    return Grouping(codes, tuple(labels), members[0].dataset, f"column {groupby!r}")
 
 
 @dataclass
