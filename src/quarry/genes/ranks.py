@@ -7,6 +7,10 @@ value. Per row it also counts the cells expressing the gene (non-zero; scanpy's 
 scipy's tie term ``sum(t^3 - t)`` over the gene's runs of equal values (the zeros of a sparse
 row are one run). The host turns rank sums into z-scores (``wilcoxon``).
 
+A sparse float32 slice is ranked with one sort for all its genes (``kernels.
+packed_sparse_rank_sums``: a 64-bit key per value, numpy's vectorized sort, one scan), several
+times faster than a compiled argsort per gene and the same bits (rank sums are sums of halves).
+
 Rank sums of a union of groups add up; the tie term belongs to the gene. A gene is never split
 across slices, so partials of the same (gene, group) never need merging: ``combine_ranks``
 refuses them rather than add ranks of two different rankings.
@@ -54,7 +58,11 @@ def rank_sums(
         if not len(block.gene_ids) and batches:
             continue
         values = block.block
-        if sparse.issparse(values):
+        if sparse.issparse(values) and _packable(values, group_count):
+            rank_sum, expressed, ties = kernels.packed_sparse_rank_sums(
+                values.indptr, values.indices, values.data, groups, cells_in_group
+            )
+        elif sparse.issparse(values):
             rank_sum, expressed, ties = kernels.sparse_rank_sums(
                 values.indptr, values.indices, values.data, groups, cells_in_group
             )
@@ -62,6 +70,16 @@ def rank_sums(
             rank_sum, expressed, ties = kernels.dense_rank_sums(values, groups, cells_in_group)
         batches.append(_rows(block.gene_ids, rank_sum, expressed, ties))
     return combine_ranks(batches)
+
+
+def _packable(values: sparse.csr_matrix, group_count: int) -> bool:
+    """Whether a block's keys fit the one-sort kernel (float32 values, rows and groups that
+    fit their bits); the per-gene kernel gives the same bits otherwise."""
+    return (
+        values.data.dtype == np.float32
+        and values.shape[0] <= kernels.PACKED_ROWS_MAX
+        and group_count <= kernels.PACKED_GROUPS_MAX
+    )
 
 
 def _rows(
