@@ -29,6 +29,7 @@ _EXPORTS = {
     "encode_slices": "layout",
     "ExpressionMatrix": "matrix",
     "GeneBlocks": "matrix",
+    "CellBlocks": "matrix",
     "rank_genes": "rank",
     "query": "query",
     "CellQuery": "query",
@@ -68,6 +69,7 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
+    "CellBlocks",
     "CellQuery",
     "collect",
     "highly_variable_genes",
