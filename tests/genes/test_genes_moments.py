@@ -121,6 +121,7 @@ def test_statistics_are_identical_under_every_pushdown(genes_cluster, stored_pbm
     assert frames["never"].attrs["quarry"]["slices_executed"] == 0
 
 
+@pytest.mark.slow
 def test_a_collection_counts_as_its_concatenation(genes_cluster, pbmc_twice):
     import scanpy as sc
 
@@ -145,8 +146,29 @@ def test_a_collection_counts_as_its_concatenation(genes_cluster, pbmc_twice):
             ours.loc[shared, "scores"], theirs.loc[shared, "scores"], rtol=1e-5
         )
 
-    with pytest.raises(genes.GenesInputError, match="Wilcoxon's ranks and pts"):
-        genes.rank_genes_groups(genes_cluster, name, "louvain", method="wilcoxon")
+
+@pytest.mark.slow
+@pytest.mark.parametrize("reference", ["rest", "2"])
+def test_wilcoxon_over_a_collection_ranks_the_concatenation(genes_cluster, pbmc_twice, reference):
+    """Each member ships its genes' distinct values per group; the host ranks them as one."""
+    import scanpy as sc
+
+    name, joined = pbmc_twice
+    ranked = genes.rank_genes_groups(
+        genes_cluster, name, "louvain", method="wilcoxon", reference=reference, tie_correct=True
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        sc.tl.rank_genes_groups(
+            joined, "louvain", method="wilcoxon", reference=reference, tie_correct=True,
+            use_raw=False,
+        )  # fmt: skip
+    for group in ("0", "3", "7"):
+        ours = ranked[ranked["group"] == group].set_index("names")
+        theirs = sc.get.rank_genes_groups_df(joined, group=group).set_index("names")
+        np.testing.assert_allclose(
+            ours.loc[theirs.index, "scores"], theirs["scores"], rtol=1e-6, atol=1e-9
+        )
 
 
 def test_pseudobulk_over_a_collection_sums_both(genes_cluster, pbmc_twice, stored_pbmc):

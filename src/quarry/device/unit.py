@@ -52,6 +52,7 @@ UNIT_MODULES = (
     "quarry.genes.device",
     "quarry.genes.axis_unit",
     "quarry.genes.hvg_unit",
+    "quarry.genes.value_counts",
     "quarry.capacity.device",
     "quarry.offload.device",
 )

@@ -143,18 +143,12 @@ def _on_cluster(
     matrix = members[0]
     if len(members) > 1:
         comparisons(_collection_grouping(members, request.groupby), groups, request.reference)
-        if request.method == "wilcoxon" or request.pts:
-            raise GenesInputError(
-                f"collection {dataset!r}: Wilcoxon's ranks and pts need every cell of a gene in "
-                "one ranking, and each matrix of a collection holds only its own cells; use a "
-                "t-test, or rank each matrix"
-            )
     else:
         comparisons(grouping_from_column(matrix, request.groupby), groups, request.reference)
     found = moments(members, request.groupby, pushdown)
     grouping, arrays, reports = found.grouping, found.arrays, list(found.reports)
     ranked, against = comparisons(grouping, groups, request.reference)
-    ranks = _ranks(matrix, grouping, ranked, request, pushdown, reports)
+    ranks = _ranks(members, grouping, ranked, request, pushdown, reports)
     host_started = time.perf_counter()
     log1p_base = matrix.metadata.get("log1p_base")
     with ThreadPoolExecutor(max_workers=HOST_THREADS) as pool:
@@ -220,7 +214,7 @@ class AllRanks:
 
 
 def _ranks(
-    matrix: Any,
+    members: list[Any],
     grouping: Grouping,
     ranked: list[int],
     request: Request,
@@ -230,32 +224,46 @@ def _ranks(
     """Rank sums where the method or ``pts`` needs them: one ranking of all cells, shared by
     every group against the rest (and by ``pts``); against a label, one of the pair's cells per
     group, as scanpy ranks them."""
-    from quarry.genes.dispatch import side_statistics
-
     wilcoxon_wanted = request.method == "wilcoxon"
     against_label = request.reference != REST
     ranks = AllRanks()
     if not (wilcoxon_wanted or request.pts):
         return ranks
-    if matrix.orientation != "genes":
-        raise GenesInputError(
-            f"dataset {matrix.dataset!r} is stored by cells: ranks and pts need each gene "
-            "whole in one slice; store it by genes (the default)"
-        )
+    for matrix in members:
+        if matrix.orientation != "genes" and len(members) == 1:
+            raise GenesInputError(
+                f"dataset {matrix.dataset!r} is stored by cells: ranks and pts need each gene "
+                "whole in one slice; store it by genes (the default)"
+            )
     if request.pts or not against_label:
-        every = [[g] for g in range(grouping.group_count)]
-        statistics, report = side_statistics(matrix, grouping, every, pushdown, unit=RankSums)
-        reports.append(report)
+        statistics = _rank_statistics(members, grouping, pushdown, reports)
         ranks.shared = _rank_arrays(statistics, grouping.group_count, len(grouping.group_of_cell))
     if wilcoxon_wanted and against_label:
         reference_id = grouping.id_of(request.reference)
         ranks.pairs = {}
         for g in ranked:
             pair = _pair(grouping, g, reference_id)
-            statistics, report = side_statistics(matrix, pair, [[0], [1]], pushdown, unit=RankSums)
-            reports.append(report)
+            statistics = _rank_statistics(members, pair, pushdown, reports)
             ranks.pairs[g] = _rank_arrays(statistics, 2, int(pair.cell_counts().sum()))
     return ranks
+
+
+def _rank_statistics(
+    members: list[Any], grouping: Grouping, pushdown: Pushdown, reports: list[Report]
+) -> Any:
+    """Rank sums per (gene, group) of one ranking of the grouping's cells: on the devices of a
+    matrix (``RankSums``), or from every member's value counts for a collection."""
+    from quarry.genes.dispatch import side_statistics
+    from quarry.genes.value_counts import collection_ranks
+
+    if len(members) == 1:
+        every = [[g] for g in range(grouping.group_count)]
+        statistics, report = side_statistics(members[0], grouping, every, pushdown, unit=RankSums)
+        reports.append(report)
+        return statistics
+    statistics, more = collection_ranks(members, grouping, pushdown)
+    reports.extend(more)
+    return statistics
 
 
 def _pair(grouping: Grouping, group: int, reference: int) -> Grouping:

@@ -228,16 +228,33 @@ def packed_sparse_rank_sums(
     rows, group_count = len(indptr) - 1, len(cells_in_group)
     assert data.dtype == np.float32 and rows <= PACKED_ROWS_MAX
     assert group_count <= PACKED_GROUPS_MAX
-    pack, _ = _packer()
-    keys = np.empty(len(data), dtype=np.int64)
-    per_row = np.zeros(rows, dtype=np.int64)
-    count = pack(indptr, indices, data.view(np.uint32), groups, keys, per_row)
-    keys = np.sort(keys[:count])  # numpy's vectorized sort: the one pass that is not linear
+    keys, per_row = _sorted_keys(indptr, indices, data, groups)
     rank_sum, ties = np.zeros((rows, group_count)), np.zeros(rows)
     expressed = np.zeros((rows, group_count), dtype=np.int64)
     _, scan = _packer()
     scan(keys, per_row, cells_in_group.astype(np.int64), rank_sum, expressed, ties)
     return rank_sum, expressed, ties
+
+
+def packed_keys(
+    indptr: np.ndarray, indices: np.ndarray, data: np.ndarray, groups: np.ndarray
+) -> np.ndarray:
+    """The sorted keys (row, order-preserving value bits, group) of a float32 CSR block's
+    non-zero values of ranked cells (int64: the row takes 15 bits)."""
+    assert data.dtype == np.float32 and len(indptr) - 1 <= PACKED_ROWS_MAX
+    keys, _ = _sorted_keys(indptr, indices, data, groups)
+    return keys
+
+
+def _sorted_keys(
+    indptr: np.ndarray, indices: np.ndarray, data: np.ndarray, groups: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    pack, _ = _packer()
+    keys = np.empty(len(data), dtype=np.int64)
+    per_row = np.zeros(len(indptr) - 1, dtype=np.int64)
+    count = pack(indptr, indices, data.view(np.uint32), groups, keys, per_row)
+    # numpy's vectorized sort: the one pass that is not linear
+    return np.sort(keys[:count]), per_row
 
 
 @cache
