@@ -162,7 +162,7 @@ class CellQuery:
     @property
     def obs(self) -> pd.DataFrame:
         frames = [part.obs for part in self.parts]
-        return pd.concat(frames) if len(frames) > 1 else frames[0]
+        return _stacked(frames) if len(frames) > 1 else frames[0]
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -254,6 +254,19 @@ class CellQuery:
         report.slices_executed += work.slices_executed
         report.slices_pushed_back += work.slices_pushed_back
         report.matrices.append(work.to_json())
+
+
+def _stacked(frames: list[pd.DataFrame]) -> pd.DataFrame:
+    """Members' obs one after the other; a categorical column stays categorical, its categories
+    the union of the members' in order of first appearance (pandas would make it object)."""
+    frames = [frame.copy() for frame in frames]
+    for name in frames[0].columns:
+        kinds = [frame[name].dtype for frame in frames]
+        if all(isinstance(kind, pd.CategoricalDtype) for kind in kinds):
+            union = pd.api.types.union_categoricals([frame[name] for frame in frames])
+            for frame in frames:
+                frame[name] = frame[name].cat.set_categories(union.categories)
+    return pd.concat(frames)
 
 
 def _stored_axes(part: Part) -> tuple[np.ndarray | None, np.ndarray | None]:
