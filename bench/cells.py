@@ -30,8 +30,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -46,7 +48,7 @@ import pyarrow as pa
 from scipy import sparse
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import png_path, write_json
+from common import RESULTS, png_path, write_json
 from de_million import MemoryWatch
 
 import quarry
@@ -108,6 +110,7 @@ class Generator:
         self.marker_type = np.full(gene_count, -1)
         markers = self.rng.choice(gene_count, len(CELL_TYPES) * MARKERS_PER_TYPE, replace=False)
         self.marker_type[markers] = np.repeat(np.arange(len(CELL_TYPES)), MARKERS_PER_TYPE)
+        self.nonzero = 0  # values made so far
 
     def cell_blocks(self) -> Iterator[sparse.csr_matrix]:
         """cells x genes blocks, each made from a dense draw of its size (bounded)."""
@@ -138,6 +141,7 @@ class Generator:
             row, column = np.nonzero(mask)
             rate = np.where(marked[row, column], 6.0, 2.0)
             data = np.log1p(1.0 + self.rng.poisson(rate)).astype(np.float32)
+            self.nonzero += len(data)
             yield sparse.csr_matrix((data, (row, column)), shape=(stop - start, self.cells))
 
     def tables(self) -> tuple[pa.Table, pa.Table]:
@@ -251,11 +255,14 @@ def soma_ingest(adata: Any, soma: Path) -> dict[str, Any]:
 
 def quarry_ingest(cluster: Any, adata: Any) -> dict[str, Any]:
     record: dict[str, Any] = {}
-    for orientation in ("cells", "genes"):
-        say(f"quarry: ingest by {orientation}")
+    for orientation, compression in (("cells", "none"), ("genes", "none"), ("cells", "zstd")):
+        name = f"by_{orientation}" + ("_zstd" if compression == "zstd" else "")
+        say(f"quarry: ingest {name}")
         started = time.perf_counter()
-        stored = genes.ingest(cluster, adata, f"bench/by_{orientation}", orientation=orientation)
-        record[orientation] = {
+        stored = genes.ingest(
+            cluster, adata, f"bench/{name}", orientation=orientation, compression=compression
+        )
+        record[name] = {
             "ingest_s": time.perf_counter() - started,
             "bytes_stored": stored.entry.bytes_stored,
             "slices": sum(p.slices for p in stored.entry.partitions),
@@ -279,12 +286,12 @@ def axis_queries(
             }
             say(f"axis query {label} of cells, {count} genes")
             expected = adata[mask][:, names].X
-            for orientation in ("cells", "genes"):
-                q = genes.query(cluster, f"bench/by_{orientation}", where, names)
-                with timed(row, f"quarry_by_{orientation}_s"):
+            for stored in ("by_cells", "by_genes", "by_cells_zstd"):
+                q = genes.query(cluster, f"bench/{stored}", where, names)
+                with timed(row, f"quarry_{stored}_s"):
                     got = q.to_anndata()
                 report = q.report
-                row[f"quarry_by_{orientation}"] = {
+                row[f"quarry_{stored}"] = {
                     "bytes_read": report.bytes_read,
                     "bytes_shipped": report.bytes_shipped,
                     "bytes_matrix": report.bytes_matrix,
@@ -467,7 +474,7 @@ def part_two(args: argparse.Namespace) -> dict[str, Any]:
                 stored = genes.ingest(cluster, blocks, name, progress=False)
                 result[f"{name}_ingest_s"] = time.perf_counter() - started
                 result[f"{name}_bytes_stored"] = stored.entry.bytes_stored
-                result[f"{name}_nonzero"] = stored.description.get("nonzero")
+                result[f"{name}_nonzero"] = generator.nonzero
                 names.append(name)
             genes.collect(cluster, "atlas/all", names)
             sets = gene_sets(Generator(10, args.genes, args.density, 0).gene_names, args.seed + 1)
@@ -509,19 +516,20 @@ def plot(result: dict[str, Any], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    figure, axes = plt.subplots(1, 3, figsize=(17, 5))
+    figure, axes = plt.subplots(1, 4, figsize=(22, 5.5))
     one = result.get("part_one", {})
     queries = one.get("queries", [])
     labels = [f"{q['query']}\n{q['genes']} genes" for q in queries]
     x = np.arange(len(queries))
-    width = 0.27
+    width = 0.2
     series = [
         ("quarry by cells", [q.get("quarry_by_cells_s", 0) for q in queries], "tab:blue"),
+        ("quarry by cells, zstd", [q.get("quarry_by_cells_zstd_s", 0) for q in queries], "navy"),
         ("quarry by genes", [q.get("quarry_by_genes_s", 0) for q in queries], "tab:cyan"),
         ("TileDB-SOMA", [q.get("tiledb", {}).get("seconds", 0) for q in queries], "tab:orange"),
     ]
     for i, (name, values, color) in enumerate(series):
-        axes[0].bar(x + (i - 1) * width, values, width, label=name, color=color)
+        axes[0].bar(x + (i - 1.5) * width, values, width, label=name, color=color)
     axes[0].set_xticks(x, labels, fontsize=8)
     axes[0].set_yscale("log")
     axes[0].set_ylabel("seconds (log)")
@@ -529,11 +537,16 @@ def plot(result: dict[str, Any], path: Path) -> None:
     axes[0].legend(fontsize=8)
     reads = [
         ("quarry by cells", [q["quarry_by_cells"]["bytes_read"] for q in queries], "tab:blue"),
+        (
+            "quarry by cells, zstd",
+            [q.get("quarry_by_cells_zstd", {}).get("bytes_read", 0) for q in queries],
+            "navy",
+        ),
         ("quarry by genes", [q["quarry_by_genes"]["bytes_read"] for q in queries], "tab:cyan"),
         ("TileDB-SOMA", [q.get("tiledb", {}).get("bytes_read", 0) for q in queries], "tab:orange"),
     ]
     for i, (name, values, color) in enumerate(reads):
-        axes[1].bar(x + (i - 1) * width, np.maximum(values, 1), width, label=name, color=color)
+        axes[1].bar(x + (i - 1.5) * width, np.maximum(values, 1), width, label=name, color=color)
     if queries:
         axes[1].axhline(queries[0]["quarry_by_cells"]["bytes_matrix"], color="gray", ls="--")
     axes[1].set_xticks(x, labels, fontsize=8)
@@ -561,6 +574,23 @@ def plot(result: dict[str, Any], path: Path) -> None:
         axes[2].annotate(
             f"{value:.2f}", (i, max(value, 1e-3)), ha="center", va="bottom", fontsize=8
         )
+    two = result.get("part_two", {})
+    steps = two.get("steps", {})
+    names = [name.split(",")[0].split(" (")[0] for name in steps]
+    seconds = [step.get("seconds", 0) for step in steps.values()]
+    axes[3].bar(range(len(steps)), seconds, color="tab:blue")
+    axes[3].set_xticks(range(len(steps)), names, fontsize=8, rotation=15)
+    for i, value in enumerate(seconds):
+        axes[3].annotate(f"{value:.1f} s", (i, value), ha="center", va="bottom", fontsize=8)
+    peaks = two.get("memory", {})
+    host = peaks.get("host", {}).get("vm_hwm_bytes", 0) / 2**30
+    device = max((v["vm_hwm_bytes"] for k, v in peaks.items() if k != "host"), default=0) / 2**30
+    cells = two.get("members", 0) * two.get("member_cells", 0)
+    axes[3].set_title(
+        f"collection of {cells:,} cells: seconds\npeak RSS host {host:.1f} GiB, "
+        f"each device at most {device:.1f} GiB",
+        fontsize=10,
+    )
     matrix = one.get("matrix", {})
     figure.suptitle(
         f"{matrix.get('cells', 0):,} cells x {matrix.get('genes', 0):,} genes, "
@@ -582,15 +612,27 @@ def main() -> None:
     parser.add_argument("--skip-illico", action="store_true")
     parser.add_argument("--skip-scanpy-wilcoxon", action="store_true")
     parser.add_argument("--skip-part-two", action="store_true")
+    parser.add_argument("--only-part-two", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--name", default="cells")
     args = parser.parse_args()
     free = shutil.disk_usage(tempfile.gettempdir()).free
     result: dict[str, Any] = {"arguments": vars(args), "disk_free_bytes_at_start": free}
+    if args.only_part_two:  # a process of its own: its peak memory is part two's alone
+        write_json(f"{args.name}_part_two", part_two(args))
+        return
     with tempfile.TemporaryDirectory(prefix="quarry-cells-") as work:
         result["part_one"] = part_one(args, Path(work))
     write_json(args.name, result)
     if not args.skip_part_two:
-        result["part_two"] = part_two(args)
+        command = [sys.executable, __file__, *sys.argv[1:], "--only-part-two"]
+        subprocess.run(command, check=True)
+        part = RESULTS / f"{args.name}_part_two.json"
+        result["part_two"] = {
+            k: v
+            for k, v in json.loads(part.read_text()).items()
+            if k not in ("environment", "benchmark")
+        }
+        part.unlink()
     path = write_json(args.name, result)
     plot(result, png_path(args.name))
     say(f"wrote {path}")

@@ -201,6 +201,7 @@ def test_the_r_example_ranks_genes_through_reticulate(genes_cluster, stored_pbmc
     np.testing.assert_allclose(from_r["pvals_adj"], expected["pvals_adj"], rtol=1e-11)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(shutil.which("Rscript") is None, reason=R_MISSING)
 def test_the_r_example_queries_cells_through_reticulate(genes_cluster, stored_pbmc, tmp_path):
     rscript = shutil.which("Rscript")

@@ -42,7 +42,6 @@ from quarry.protocol.work import ranges_of
 from quarry.store.partition import PartitionMeta
 
 PROGRAM = "genes.accumulate"
-CACHE_FORMAT = b"1"
 # Groupings whose statistics a device keeps per dataset version; the oldest-named others go.
 CACHED_GROUPINGS_MAX = 64
 SIDES_MAX = 4096  # one per group of a grouping (rank_genes_groups), or the two of a comparison
@@ -98,6 +97,7 @@ class Accumulate(Unit):
         self.host_partials: list[pa.RecordBatch] = []
 
     SCHEMA: pa.Schema = PARTIAL_SCHEMA  # what ``KERNEL`` gives and the unit ships
+    CACHE_FORMAT = b"1"  # of its cached statistics: another format is recomputed
     KERNEL = staticmethod(accumulate)  # (slice, group of each cell, groups) -> partial
 
     @property
@@ -232,7 +232,7 @@ def _load(unit: Accumulate, meta: PartitionMeta) -> Cached | None:
         return None  # a damaged cache entry: recompute (the put below replaces it)
     metadata = table.schema.metadata or {}
     if (
-        metadata.get(b"format") != CACHE_FORMAT
+        metadata.get(b"format") != unit.CACHE_FORMAT
         or metadata.get(b"ingest", b"").decode() != meta.ingest["id"]
     ):
         return None  # written for other data: recompute (the put below replaces it)
@@ -250,7 +250,7 @@ def _store(unit: Accumulate, work: PartitionWork, statistics: pa.RecordBatch) ->
     if work.stored is not None and not work.stored.covered <= covered:
         return  # the cache covers slices this request did not: keep the larger coverage
     metadata = {
-        b"format": CACHE_FORMAT,
+        b"format": unit.CACHE_FORMAT,
         b"ingest": work.meta.ingest["id"].encode(),
         b"covered": json.dumps(sorted(covered)).encode(),
     }
@@ -309,6 +309,7 @@ class RankSums(Accumulate):
 
     NAME = "genes.rank_sums"
     SCHEMA = RANK_SCHEMA
+    CACHE_FORMAT = b"2"  # 2: with each group's sum
     KERNEL = staticmethod(rank_sums)
 
     def reduce(

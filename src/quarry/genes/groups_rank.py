@@ -5,7 +5,9 @@ them: which genes mark each cluster against the rest, ranked as scanpy ranks the
 request asks the devices for every group's statistics at once (one side per group: the
 devices read each slice once and ship genes x groups rows, never a value):
 
-- the moments (``Accumulate``: n, mean, m2) for the t-tests and every method's fold changes;
+- the moments (``Accumulate``: n, mean, m2) for the t-tests and every method's fold changes
+  (Wilcoxon against the rest of one matrix takes its means from the rank pass instead, which
+  sums each group's values in Accumulate's order: one request, the same bits);
 - for ``wilcoxon`` and ``pts``, the rank sums and the cells expressing each gene
   (``RankSums``: a slice holds whole genes across cells, so each gene's ranks are local to
   the device that holds it). Against the rest every group shares one ranking (all cells);
@@ -73,6 +75,8 @@ class Ranks:
     expressed: np.ndarray  # genes x groups
     ties: np.ndarray  # genes
     ranked_cells: int
+    genes: np.ndarray | None = None  # gene row numbers of the arrays' rows
+    sums: np.ndarray | None = None  # genes x groups: each group's values summed
 
 
 def rank_genes_groups(
@@ -145,10 +149,20 @@ def _on_cluster(
         comparisons(_collection_grouping(members, request.groupby), groups, request.reference)
     else:
         comparisons(grouping_from_column(matrix, request.groupby), groups, request.reference)
-    found = moments(members, request.groupby, pushdown)
-    grouping, arrays, reports = found.grouping, found.arrays, list(found.reports)
-    ranked, against = comparisons(grouping, groups, request.reference)
-    ranks = _ranks(members, grouping, ranked, request, pushdown, reports)
+    if len(members) == 1 and request.method == "wilcoxon" and request.reference == REST:
+        # One request: the rank sums' pass also sums each group's values, as Accumulate does,
+        # which gives the fold changes' means to the bit; Wilcoxon needs no other moment.
+        grouping = grouping_from_column(matrix, request.groupby)
+        ranked, against = comparisons(grouping, groups, request.reference)
+        reports: list[Report] = []
+        ranks = _ranks(members, grouping, ranked, request, pushdown, reports)
+        assert ranks.shared is not None
+        arrays = _means_of(ranks.shared, grouping)
+    else:
+        found = moments(members, request.groupby, pushdown)
+        grouping, arrays, reports = found.grouping, found.arrays, list(found.reports)
+        ranked, against = comparisons(grouping, groups, request.reference)
+        ranks = _ranks(members, grouping, ranked, request, pushdown, reports)
     host_started = time.perf_counter()
     log1p_base = matrix.metadata.get("log1p_base")
     with ThreadPoolExecutor(max_workers=HOST_THREADS) as pool:
@@ -286,7 +300,20 @@ def _rank_arrays(statistics: Any, group_count: int, ranked_cells: int) -> Ranks:
     rank_sum[row, group] = table["rank_sum"].to_numpy()
     expressed[row, group] = table["expressed"].to_numpy()
     ties[row] = table["ties"].to_numpy()
-    return Ranks(rank_sum, expressed, ties, ranked_cells)
+    sums = np.zeros((len(genes), group_count))
+    sums[row, group] = table["sum"].to_numpy()
+    return Ranks(rank_sum, expressed, ties, ranked_cells, genes, sums)
+
+
+def _means_of(ranks: Ranks, grouping: Grouping) -> GroupArrays:
+    """The groups' sizes and means from a ranking's sums (``sum / cells``, Accumulate's own
+    division); no m2: only the t-tests read it."""
+    assert ranks.genes is not None and ranks.sums is not None
+    cells = grouping.cell_counts()
+    n = np.broadcast_to(cells.astype(np.int64), ranks.sums.shape).copy()
+    with np.errstate(divide="ignore", invalid="ignore"):
+        mean = np.where(n > 0, ranks.sums / cells.astype(np.float64), 0.0)
+    return GroupArrays(ranks.genes, n, mean, np.zeros_like(mean))
 
 
 def _group_frame(

@@ -243,6 +243,7 @@ def ranks_from_counts(
     expressed = expressed.reshape(gene_count, group_count)
     zero_average = negatives + (zeros + 1) / 2.0
     rank_sum += (cells_in_group[np.newaxis, :] - expressed) * zero_average[:, np.newaxis]
+    sums = np.bincount(key, count * value, minlength=gene_count * group_count)
     run_ties = run_total.astype(np.float64) ** 3 - run_total
     ties = np.bincount(run_gene, run_ties, minlength=gene_count)
     ties += zeros.astype(np.float64) ** 3 - zeros
@@ -253,6 +254,7 @@ def ranks_from_counts(
             pa.array(rank_sum.ravel(), type=pa.float64()),
             pa.array(expressed.ravel(), type=pa.int64()),
             pa.array(np.repeat(ties, group_count), type=pa.float64()),
+            pa.array(sums, type=pa.float64()),
         ],
         schema=RANK_SCHEMA,
     )
