@@ -613,17 +613,30 @@ def main() -> None:
     parser.add_argument("--skip-scanpy-wilcoxon", action="store_true")
     parser.add_argument("--skip-part-two", action="store_true")
     parser.add_argument("--only-part-two", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--reuse-part-two",
+        action="store_true",
+        help="keep the collection's results of the last run (part one measured again)",
+    )
     parser.add_argument("--name", default="cells")
     args = parser.parse_args()
     free = shutil.disk_usage(tempfile.gettempdir()).free
     result: dict[str, Any] = {"arguments": vars(args), "disk_free_bytes_at_start": free}
+    previous_part_two, previous_date = None, None
+    if args.reuse_part_two:
+        previous = json.loads((RESULTS / f"{args.name}.json").read_text())
+        previous_part_two = previous["part_two"]
+        previous_date = previous["environment"]["date"]
     if args.only_part_two:  # a process of its own: its peak memory is part two's alone
         write_json(f"{args.name}_part_two", part_two(args))
         return
     with tempfile.TemporaryDirectory(prefix="quarry-cells-") as work:
         result["part_one"] = part_one(args, Path(work))
     write_json(args.name, result)
-    if not args.skip_part_two:
+    if args.reuse_part_two:  # part two of the last run, kept as it was measured
+        result["part_two"] = previous_part_two
+        result["part_two_from"] = previous_date
+    elif not args.skip_part_two:
         command = [sys.executable, __file__, *sys.argv[1:], "--only-part-two"]
         subprocess.run(command, check=True)
         part = RESULTS / f"{args.name}_part_two.json"

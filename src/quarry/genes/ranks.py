@@ -61,16 +61,17 @@ def rank_sums(
             continue
         values = block.block
         if sparse.issparse(values) and _packable(values, group_count):
-            rank_sum, expressed, ties = kernels.packed_sparse_rank_sums(
+            rank_sum, expressed, ties, sums = kernels.packed_sparse_rank_sums(
                 values.indptr, values.indices, values.data, groups, cells_in_group
             )
         elif sparse.issparse(values):
             rank_sum, expressed, ties = kernels.sparse_rank_sums(
                 values.indptr, values.indices, values.data, groups, cells_in_group
             )
+            sums = _group_sums(values, groups, group_count)
         else:
             rank_sum, expressed, ties = kernels.dense_rank_sums(values, groups, cells_in_group)
-        sums = _group_sums(values, groups, group_count)
+            sums = _group_sums(values, groups, group_count)
         batches.append(_rows(block.gene_ids, rank_sum, expressed, ties, sums))
     return combine_ranks(batches)
 
