@@ -42,6 +42,7 @@ if TYPE_CHECKING:
 
 if TYPE_CHECKING:  # the commands import what they run when they run
     from quarry.auth.credentials import Credentials
+    from quarry.coordinator.admin.rebalance import RebalanceReport
     from quarry.coordinator.membership.cluster_file import ClusterFile, DeviceSpec
     from quarry.coordinator.membership.listing import DeviceStatus
     from quarry.protocol.control import Measured, RevokedToken, StatsReply
@@ -127,6 +128,13 @@ def up(
             "docs/flightsql.md)"
         ),
     ] = None,
+    hosts: Annotated[
+        int,
+        typer.Option(
+            help="say the devices run on this many hosts (host0, host1... round-robin): "
+            "failure domains on one machine (0: this machine's name)"
+        ),
+    ] = 0,
 ) -> None:
     """Start an embedded cluster of device processes on localhost; every call carries a token
     (the cluster's credentials are made in the data folder, owner-readable only). With
@@ -171,7 +179,7 @@ def up(
         started = start_tree(tree, server_profile, data.resolve(), profiles, tls, detach)
     else:
         started, _root, _ = start_local(
-            devices, chosen, data, detach=detach, profiles_file=profiles, tls=tls
+            devices, chosen, data, detach=detach, profiles_file=profiles, tls=tls, hosts=hosts
         )
     processes = list(started.processes.values())  # the host's devices first, then behind them
     host = HostSpec(host_profile, profiles) if host_profile else None
@@ -297,11 +305,16 @@ def status(cluster: ClusterOption = None, as_json: JsonOption = False) -> None:
     c = open_cluster(cluster)
     rows = c.status()
     short = c.deficits()
+    shared = c.placement_warnings()
     c.close()
     if as_json:
         print_json([row.to_json() for row in rows])
         return
     _print_status(rows)
+    _print_integrity(rows)
+    _print_moves(rows)
+    for warning in shared:
+        console.print(f"[yellow]warning[/yellow]: {warning.message()}")
     if not short:
         console.print("every partition is at its replica count")
     for deficit in short:
@@ -314,18 +327,33 @@ def status(cluster: ClusterOption = None, as_json: JsonOption = False) -> None:
 
 def _print_status(rows: list[DeviceStatus]) -> None:
     table = Table(title="devices")
-    columns = ("device", "address", "up", "profile", "partitions", "keys", "file", "work", "busy")
+    columns = (
+        "device",
+        "address",
+        "up",
+        "domain",
+        "profile",
+        "partitions",
+        "keys",
+        "file",
+        "work",
+        "busy",
+    )
     for column in columns:
         table.add_column(column)
     for row in rows:
         stats = row.stats
+        domain = f"{row.rack}/{row.host}" if row.rack else row.host
+        if row.drained:
+            domain += " (drained)"
         if stats is None:
-            table.add_row(row.device, row.address, "[red]no[/red]", *["-"] * 6)
+            table.add_row(row.device, row.address, "[red]no[/red]", domain, *["-"] * 6)
             continue
         table.add_row(
             row.device,
             row.address,
             "yes",
+            domain,
             row.profile or "-",
             str(stats.partitions),
             str(stats.keys),
@@ -334,6 +362,57 @@ def _print_status(rows: list[DeviceStatus]) -> None:
             _busy(stats),
         )
     console.print(table)
+
+
+def _print_integrity(rows: list[DeviceStatus]) -> None:
+    """Each device's last scrub and what it found, the damaged copies it holds, and the
+    partitions it reads unverified (docs/integrity.md)."""
+    now = time.time()
+    for row in rows:
+        stats = row.stats
+        if stats is None:
+            continue
+        last = stats.last_scrub
+        if last is None:
+            scrubbed = "never scrubbed"
+        else:
+            ago = _ago(now - last.finished_at)
+            found = f"{last.corrupt} damaged, {last.repaired} repaired" if last.corrupt else "clean"
+            fixed = f", {last.zone_maps_fixed} zone maps rewritten" if last.zone_maps_fixed else ""
+            scrubbed = f"scrubbed {ago} ago: {last.slices:,} slices, {found}{fixed}"
+        held = ""
+        if stats.corrupt_copies:
+            held = (
+                f"; [red]{stats.corrupt_copies} damaged copies[/red] held "
+                "(`quarry repair` mends them from good ones)"
+            )
+        if stats.unverified_partitions:
+            held += (
+                f"; [yellow]{stats.unverified_partitions} partitions unverified[/yellow] "
+                "(written before checksums: ingest them again)"
+            )
+        console.print(f"{row.device}: {scrubbed}{held}")
+
+
+def _ago(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    if seconds < 2 * 86_400:
+        return f"{seconds / 3600:.0f} h"
+    return f"{seconds / 86_400:.0f} days"
+
+
+def _print_moves(rows: list[DeviceStatus]) -> None:
+    """The partitions being copied into each device now: moves (and repairs) in flight."""
+    for row in rows:
+        for copy in row.stats.copies if row.stats is not None else ():
+            done = f"{copy.bytes_received / copy.bytes_total:.0%} of " if copy.bytes_total else ""
+            console.print(
+                f"moving {copy.dataset} partition {copy.partition}: {copy.source} -> "
+                f"{row.device}, {done}{human_bytes(copy.bytes_total or copy.bytes_received)}"
+            )
 
 
 def _busy(stats: StatsReply) -> str:
@@ -440,8 +519,11 @@ def ingest(
     elapsed = time.perf_counter() - started
     c.close()
     if as_json:
-        print_json({**DatasetSummary.of(entry).to_json(), "seconds": elapsed})
+        warned = {"warnings": list(entry.warnings)} if entry.warnings else {}
+        print_json({**DatasetSummary.of(entry).to_json(), "seconds": elapsed, **warned})
         return
+    for warning in entry.warnings:
+        console.print(f"[yellow]warning[/yellow]: {warning}")
     console.print(
         f"ingested {entry.qualified}: {entry.rows:,} rows in {len(entry.partitions)} "
         f"partitions, {human_bytes(entry.bytes_stored)} stored, {elapsed:.2f} s"
@@ -627,6 +709,7 @@ def _device_row(counted: WorkCounters, name: str, partitions: str) -> list[str]:
         str(counted.slices_scanned),
         str(counted.slices_executed),
         str(counted.slices_pushed_back),
+        str(counted.slices_verified),
         f"{counted.rows_read:,}",
         human_bytes(counted.bytes_read),
         human_bytes(counted.bytes_shipped),
@@ -656,6 +739,7 @@ def _print_analyzed(analyzed: Analyze) -> None:
         "scanned",
         "executed",
         "pushed back",
+        "verified",
         "rows read",
         "bytes read",
         "bytes shipped",
@@ -672,6 +756,12 @@ def _print_analyzed(analyzed: Analyze) -> None:
     for d in analyzed.devices:
         for fallback in d.fallbacks:
             console.print(f"[yellow]{d.device}[/yellow]: {fallback}")
+        if d.counters.slices_rejected:  # a damaged copy: read from a replica instead
+            damaged = [f["error"] for f in d.failovers if "error" in f]
+            console.print(
+                f"[red]{d.device}[/red]: {d.counters.slices_rejected} damaged copies rejected, "
+                f"read from a replica instead: {escape('; '.join(dict.fromkeys(damaged)))}"
+            )
     if levels is not None:
         console.print(
             f"drive links {human_bytes(levels.drive_links_bytes)}, network "
@@ -831,6 +921,14 @@ def device_serve(
             "connect)"
         ),
     ] = False,
+    host_label: Annotated[
+        str | None,
+        typer.Option(
+            help="the host it runs on, its failure domain (default: this machine's name): no "
+            "two replicas of a partition share one while enough exist"
+        ),
+    ] = None,
+    rack: Annotated[str | None, typer.Option(help="its rack, a failure domain too")] = None,
 ) -> None:
     """Run one device: an Arrow Flight server over an LMDB key-value store."""
     from quarry.device.server import serve_with
@@ -847,6 +945,8 @@ def device_serve(
         tls,
         insecure,
         verify_clients,
+        host_label,
+        rack,
     )
 
 
@@ -948,6 +1048,99 @@ def repair(
 WATCH_PERIOD_S = 5.0
 
 
+@app.command()
+def scrub(
+    bandwidth: Annotated[
+        float | None,
+        typer.Option(
+            help="MiB/s each device reads (and copies) at most, so queries keep their drives "
+            f"(default: {settings.SCRUB_MIB_PER_S.name}, {settings.SCRUB_MIB_PER_S.default:g})"
+        ),
+    ] = None,
+    no_repair: Annotated[
+        bool, typer.Option("--no-repair", help="only check: leave damaged copies as found")
+    ] = False,
+    watch: Annotated[
+        float | None,
+        typer.Option(
+            help="keep scrubbing in the background, a new pass this many seconds "
+            "after each ends (off by default; Ctrl-C stops)"
+        ),
+    ] = None,
+    cluster: ClusterOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Read every slice of every device on the device itself, check checksums and zone maps
+    against the data, and mend damaged copies from good ones (docs/integrity.md)."""
+    from quarry.progress import Bar
+
+    mib_per_s = bandwidth if bandwidth is not None else settings.SCRUB_MIB_PER_S.get()
+    if mib_per_s <= 0:
+        raise typer.BadParameter("--bandwidth must be above 0 MiB/s")
+    c = open_cluster(cluster)
+    try:
+        while True:
+            with Bar("scrub", None, "slices", enabled=None if not as_json else False) as bar:
+                report = c.scrub(mib_per_s * (1 << 20), _progress(bar), mend=not no_repair)
+            if as_json:
+                print_json(report.to_json())
+            else:
+                _print_scrub(report)
+            if watch is None:
+                break
+            time.sleep(watch)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        c.close()
+    unmended = report.repair.unmended if report.repair is not None else []
+    if watch is None and (unmended or (report.repair is None and report.corrupt)):
+        raise typer.Exit(1)  # damage left as it was found
+
+
+def _progress(bar: Any) -> Callable[[int, int], None]:
+    """A scrub's ``progress(done, total)`` onto a bar that learns its total from it."""
+    told_before = [0]
+
+    def told(done: int, total: int) -> None:
+        bar.total = total
+        bar.advance(done - told_before[0])
+        told_before[0] = done
+
+    return told
+
+
+def _print_scrub(report: Any) -> None:
+    for device in report.devices:
+        if device.error is not None:
+            console.print(f"[yellow]{device.device}[/yellow]: not scrubbed: {device.error}")
+            continue
+        found = f"[red]{len(device.corrupt)} damaged[/red]" if device.corrupt else "clean"
+        extra = ""
+        if device.zone_maps_fixed:
+            extra += f", {device.zone_maps_fixed} zone maps rewritten from their rows"
+        if device.catalogs_fixed:
+            extra += f", {device.catalogs_fixed} catalog entries rebuilt"
+        if device.unverified:
+            extra += f", {device.unverified} slices unverified (written before checksums)"
+        console.print(
+            f"{device.device}: {device.slices:,} slices, {human_bytes(device.bytes_read)} in "
+            f"{device.seconds:.1f} s: {found}{extra}"
+        )
+        for copy in device.corrupt:
+            console.print(f"  {copy.detail}")
+    repaired = report.repair
+    if repaired is not None:
+        for mended in repaired.mended:
+            source = f" from {mended.source}" if mended.source else ""
+            console.print(f"mended on {mended.copy.device}: {mended.how}{source}")
+        for copy in repaired.copied:
+            console.print(f"copied {copy['dataset']} partition {copy['partition']} to {copy['to']}")
+        for left in repaired.unmended:
+            console.print(f"[red]not mended[/red] on {left.copy.device}: {left.error}")
+    console.print("clean" if report.clean else f"{report.corrupt} damaged copies found")
+
+
 def _watch(c: Any, after_s: float, bandwidth_bytes_per_s: float) -> None:
     """An automatic repair: once a device has not answered for ``after_s``, copy what it held
     elsewhere. Runs until interrupted."""
@@ -995,7 +1188,8 @@ def device_remove(
     ] = False,
     cluster: ClusterOption = None,
 ) -> None:
-    """Take a device out of the cluster for good (then `quarry repair` restores replicas)."""
+    """Take a device out of the cluster for good: after `quarry device drain` it holds nothing
+    and nothing needs repair; otherwise `quarry repair` restores replicas."""
     from quarry.coordinator.membership.cluster_file import ClusterFile
     from quarry.coordinator.processes.spawn import stop_device
 
@@ -1011,16 +1205,138 @@ def device_remove(
         for p in entry.partitions
         if p.devices == [name]
     )
-    c.close()
+    c.close()  # its catalog is still read below
     if only and not force:
         raise ClusterError(
             f"{name} holds the only replica of {len(only)} partition(s) ({', '.join(only[:3])}"
-            f"{' ...' if len(only) > 3 else ''}): repair first, or --force to lose them"
+            f"{' ...' if len(only) > 3 else ''}): drain it first (quarry device drain "
+            f"{name}), or --force to lose them"
         )
+    held = sum(1 for entry in c.catalog.values() for p in entry.partitions if name in p.devices)
     if spec.pid is not None:
         stop_device(spec)
     listed.without(name).write(file)
-    console.print(f"removed {name}; `quarry repair` copies what it held to the others")
+    if held:
+        console.print(f"removed {name}; `quarry repair` copies what it held to the others")
+    else:
+        console.print(f"removed {name}; it held no partition: nothing to repair")
+
+
+BandwidthOption = Annotated[
+    float, typer.Option(help="MB/s the copies may use, so foreground queries keep going")
+]
+
+
+def _print_rebalance(report: RebalanceReport, as_json: bool) -> None:
+    if as_json:
+        print_json(report.to_json())
+        return
+    for failure in report.failed:
+        console.print(f"[red]could not move[/red] {failure.to_json()}")
+    copied = sum(1 for m in report.moved if m.target is not None)
+    console.print(
+        f"{copied} replica(s) moved of {report.replicas} ({report.moved_fraction:.1%}), "
+        f"{human_bytes(report.bytes_copied)} in {report.seconds:.1f} s"
+    )
+
+
+@device_app.command("add")
+def device_add(
+    address: Annotated[
+        str, typer.Argument(help="where the running device listens: grpc+tls://HOST:PORT")
+    ],
+    name: Annotated[
+        str | None, typer.Option(help="the name it is added under (it must call itself so)")
+    ] = None,
+    rebalance: Annotated[bool, typer.Option(help="give it its share of the partitions now")] = True,
+    bandwidth: BandwidthOption = 200.0,
+    cluster: ClusterOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Introduce a running device to this cluster: its certificate is checked against the
+    cluster's CA and it checks the cluster's token; then it is added to the cluster file, and
+    a rebalance moves its share of the partitions to it."""
+    c = open_cluster(cluster)
+    try:
+        spec = c.add_device(address, name)
+        report = c.rebalance(bandwidth * 1e6) if rebalance else None
+    finally:
+        c.close()
+    # what it is, not how the cluster's entries reach it (a token may be among those)
+    added = {"name": spec.name, "address": spec.address, "host": spec.host, "rack": spec.rack}
+    if as_json:
+        print_json({"device": added, **(report.to_json() if report is not None else {})})
+        return
+    where = f"host {spec.host}" + (f", rack {spec.rack}" if spec.rack else "")
+    console.print(f"added {spec.name} at {spec.address} ({where})")
+    if report is not None:
+        _print_rebalance(report, as_json)
+
+
+@device_app.command("drain")
+def device_drain(
+    name: str,
+    bandwidth: BandwidthOption = 200.0,
+    undo: Annotated[bool, typer.Option(help="take a drained device back")] = False,
+    cluster: ClusterOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Move a device's partitions to where placement without it puts them, and keep new ones
+    off it: `quarry device remove` then needs no repair."""
+    c = open_cluster(cluster)
+    try:
+        report = c.drain(name, bandwidth * 1e6, undo=undo)
+    finally:
+        c.close()
+    _print_rebalance(report, as_json)
+    if not as_json and not undo and not report.failed:
+        console.print(f"{name} is drained: `quarry device remove {name}` needs no repair")
+
+
+@app.command()
+def rebalance(
+    bandwidth: BandwidthOption = 200.0,
+    dry_run: Annotated[bool, typer.Option(help="only list what would move")] = False,
+    watch: Annotated[
+        bool,
+        typer.Option(help="keep watching: move partitions whenever placement changes"),
+    ] = False,
+    cluster: ClusterOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Move partitions, online and at a bounded rate, to where placement puts them now (a
+    device added or drained, hosts relabelled); never on fewer devices than their replicas."""
+    c = open_cluster(cluster)
+    try:
+        if watch:
+            _watch_placement(c, bandwidth * 1e6)
+            return
+        report = c.rebalance(bandwidth * 1e6, dry_run=dry_run)
+    finally:
+        c.close()
+    if dry_run and not as_json:
+        for move in report.planned:
+            console.print(
+                f"{move.dataset} partition {move.partition}: {move.source or '-'} -> "
+                f"{move.target or '-'} ({human_bytes(move.bytes_arrow)})"
+            )
+        console.print(f"{len(report.planned)} move(s) planned")
+        return
+    _print_rebalance(report, as_json)
+
+
+def _watch_placement(c: Any, bandwidth_bytes_per_s: float) -> None:
+    """A rebalance whenever placement says a partition belongs elsewhere (a device added from
+    another machine, one drained): until interrupted."""
+    console.print("watching placement (Ctrl-C stops)")
+    try:
+        while True:
+            if c.rebalance(dry_run=True).planned:
+                report = c.rebalance(bandwidth_bytes_per_s)
+                console.print(f"rebalance: {len(report.moved)} replica(s) moved")
+            time.sleep(WATCH_PERIOD_S)
+    except KeyboardInterrupt:
+        pass
 
 
 def _authority(listed: ClusterFile) -> Credentials:

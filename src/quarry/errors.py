@@ -123,10 +123,36 @@ class Forbidden(QuarryError):
 
 
 class CorruptSlice(QuarryError):
-    """A stored slice that does not decode or does not match its metadata (damaged storage):
-    the device names the slice; a replica may still hold a good copy."""
+    """A stored value that fails its checksum, is cut short, does not decode or does not match
+    its metadata (a flipped bit on a disk or in a DIMM, a torn write): never an answer. The
+    message names the copy, "slice 3 of partition 0 of test/ones on device dev1" (or "the
+    metadata slice of ...", "the catalog entry of ..."), and the fields are read back from it
+    on the far side of the wire. A replica may hold a good copy: a query reads it there, and
+    ``quarry scrub`` (or ``quarry repair``) mends this one from it."""
 
     code = "corrupt_slice"
+    _COPY = re.compile(
+        r"(?:slice (?P<slice>\d+)|the (?P<part>metadata slice|catalog entry)) of partition "
+        r"(?P<partition>\d+) of (?P<dataset>\w+/\w+)(?: on device (?P<device>[\w.-]+))?"
+    )
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        match = self._COPY.search(message)
+        self.dataset: str | None = match["dataset"] if match else None  # domain/name
+        self.partition: int | None = int(match["partition"]) if match else None
+        self.slice: int | None = int(match["slice"]) if match and match["slice"] else None
+        self.part = ("slice" if match["slice"] else match["part"].split()[0]) if match else None
+        self.device: str | None = match["device"] if match else None
+        self._end = match.end() if match else 0
+
+    def on(self, device: str) -> CorruptSlice:
+        """The same error naming ``device`` as the one holding the copy (unless it names one
+        already, or no copy at all)."""
+        if self.device is not None or self.dataset is None:
+            return self
+        text = str(self)
+        return CorruptSlice(f"{text[: self._end]} on device {device}{text[self._end :]}")
 
 
 class ProtocolError(QuarryError, ValueError):

@@ -208,6 +208,19 @@ INGEST_LEASE_S: Setting[float] = Setting(
     upper=3600.0,
 )
 
+# Integrity (docs/integrity.md).
+SCRUB_MIB_PER_S: Setting[float] = Setting(
+    "QUARRY_SCRUB_MIB_PER_S",
+    float,
+    100.0,
+    "MiB/s",
+    "How fast `quarry scrub` reads each device's slices (and copies good ones over damaged "
+    "ones), so queries keep their drives: raise it for an idle cluster, lower it for a busy "
+    "one; `--bandwidth` sets it for one run",
+    lower=0.0,
+    lower_open=True,
+)
+
 # Credentials (docs/security.md). The admin token's bounds are a token's (auth/tokens.py).
 ADMIN_TOKEN_TTL_S: Setting[int] = Setting(
     "QUARRY_ADMIN_TOKEN_TTL_S",
@@ -230,6 +243,18 @@ REVOCATION_SYNC_S: Setting[float] = Setting(
     "reaches a peer that has the list. Read when the device starts",
     lower=0.1,
     upper=3600.0,
+)
+
+# Moves (coordinator/admin/rebalance.py): a device a partition moved away from.
+MOVED_KEEP_S: Setting[float] = Setting(
+    "QUARRY_MOVED_KEEP_S",
+    float,
+    600.0,
+    "seconds",
+    "How long a device keeps the rows of a partition moved away from it, for queries that "
+    "planned before the move: raise it above your longest query, lower it to free space sooner",
+    lower=0.0,
+    upper=DAY_S,
 )
 
 # The super-plan's host memory (plan/memory.py).

@@ -226,3 +226,64 @@ def test_columns_read_in_place_lie_on_the_engines_alignment(tmp_path):
             .combine_chunks()
             .to_batches()[0]
         )
+
+
+def _stored(store, table, ingest_id="t1", copy=False):
+    writer = partitions.PartitionWriter(store, _meta(table.schema, ingest_id=ingest_id), copy=copy)
+    for batch in table.to_batches(max_chunksize=1000):
+        writer.write(batch)
+    writer.finish()
+    return partitions.commit(store, ingest_id, "dev0")
+
+
+def test_a_moved_partition_leaves_the_inventory_and_its_rows_stay_a_grace(tmp_path):
+    """Retired (moved elsewhere), a partition is out of the inventory at once; its rows stay
+    for work planned before the move until the grace has passed; a copy coming back before then
+    replaces them; a partition of another ingest under the same name is never retired."""
+    store = KeyValueStore(tmp_path, kv_bytes_max=16 * 1024)
+    table = _table(5000)
+    assert _stored(store, table) == [0]
+    assert not partitions.retire(store, "d", "n", 0, "another", now=100.0)
+    assert partitions.retire(store, "d", "n", 0, "t1", now=100.0)
+    assert partitions.inventory(store) == []
+    meta = partitions.read_meta(store, "d", "n", 0)  # a query planned before the move
+    assert pa.Table.from_batches(list(partitions.read_slices(store, meta))).equals(table)
+    assert partitions.purge_retired(store, keep_s=60.0, now=150.0) == 0
+    assert partitions.purge_retired(store, keep_s=60.0, now=161.0) == 1
+    assert store.list("d/n/") == [] and store.list(naming.RETIRED_PREFIX) == []
+
+    assert _stored(store, table) == [0]
+    assert partitions.retire(store, "d", "n", 0, "t1", now=200.0)
+    assert _stored(store, table, copy=True) == [0]  # moved back within the grace
+    assert partitions.purge_retired(store, keep_s=0.0, now=300.0) == 0  # not retired now
+    meta = partitions.read_meta(store, "d", "n", 0)
+    assert pa.Table.from_batches(list(partitions.read_slices(store, meta))).equals(table)
+
+
+def test_the_holders_a_copy_remembers_change_with_a_move(tmp_path):
+    store = KeyValueStore(tmp_path, kv_bytes_max=16 * 1024)
+    _stored(store, _table(100))
+    assert not partitions.set_holders(store, "d", "n", 0, "another", ["dev1", "dev4"])
+    assert partitions.set_holders(store, "d", "n", 0, "t1", ["dev1", "dev4"])
+    (summary,) = partitions.inventory(store)
+    assert summary["ingest"]["placement"] == {"0": ["dev1", "dev4"]}
+    assert partitions.read_meta(store, "d", "n", 0).ingest["placement"] == {"0": ["dev1", "dev4"]}
+
+
+def test_only_writes_a_query_could_see_change_the_visible_count(tmp_path):
+    """A device's catalog generation follows ``visible_writes``: a copy streaming in, its
+    commit, a lease renewed and the holders told leave it; an ingest's commit and a
+    partition moved away change it."""
+    store = KeyValueStore(tmp_path, kv_bytes_max=16 * 1024)
+    before = store.visible_writes()
+    writer = partitions.PartitionWriter(store, _meta(_table(100).schema), copy=True)
+    writer.write(_table(100).to_batches()[0])
+    writer.finish()
+    partitions.renew(store, "t1", 30.0)
+    assert partitions.commit(store, "t1", "dev0") == [0]
+    partitions.set_holders(store, "d", "n", 0, "t1", ["dev0"])
+    assert store.visible_writes() == before and store.writes() > before
+    partitions.retire(store, "d", "n", 0, "t1", now=1.0)
+    assert store.visible_writes() == before + 2
+    _stored(store, _table(100), ingest_id="t2")
+    assert store.visible_writes() == before + 4

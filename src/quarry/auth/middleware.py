@@ -42,8 +42,13 @@ REQUIRED: dict[str, Role] = {
     Action.KV_LIST: Role.ADMIN,
     Action.LOAD: Role.ADMIN,
     Action.CALIBRATE: Role.ADMIN,
+    Action.INTEGRITY: Role.READER,
+    Action.SCRUB: Role.ADMIN,  # it rewrites zone maps and catalog entries that disagree
+    Action.SCRUBBED: Role.ADMIN,
+    Action.REPAIR_META: Role.WRITER,
     Put.PARTITION: Role.WRITER,
     Put.UPDATE_SLICE: Role.WRITER,
+    Put.REPAIR_SLICE: Role.WRITER,
     Get.SCAN: Role.READER,
     Get.SLICES: Role.READER,
     Get.CALIBRATION: Role.ADMIN,

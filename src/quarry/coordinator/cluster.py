@@ -7,35 +7,43 @@ it in their own modules, which this handle only calls (so none of them imports i
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Self
 
 import pyarrow as pa
 
 from quarry.coordinator.admin.calibrate import calibrate, calibrate_host
+from quarry.coordinator.admin.rebalance import RebalanceReport, rebalance
 from quarry.coordinator.admin.repair import (
     BANDWIDTH_BYTES_PER_S_DEFAULT,
     Deficit,
     RepairReport,
     deficits,
+    record_of,
     repair,
 )
+from quarry.coordinator.admin.scrub import Progress, ScrubReport, scrub
 from quarry.coordinator.dispatch.streams import merge
 from quarry.coordinator.ingest.atomic import ingest
 from quarry.coordinator.membership.catalog import DatasetEntry
-from quarry.coordinator.membership.cluster_file import ClusterFile
+from quarry.coordinator.membership.cluster_file import ClusterFile, DeviceSpec
+from quarry.coordinator.membership.joining import introduce
 from quarry.coordinator.membership.listing import DatasetDescription, DatasetSummary, DeviceStatus
-from quarry.coordinator.membership.membership import Membership
+from quarry.coordinator.membership.membership import Membership, client_of
+from quarry.coordinator.membership.placement import Shared, shared_domains
 from quarry.coordinator.query.explain import Explain
 from quarry.coordinator.query.fragments import Forced
 from quarry.coordinator.query.run import Query
 from quarry.coordinator.reads.sample import Sample, sample
 from quarry.coordinator.reads.source_order import source_order
-from quarry.errors import DeviceUnavailable
+from quarry.errors import ClusterError, CorruptSlice, DatasetNotFound, DeviceUnavailable
 from quarry.protocol.control import CalibrationReport, LoadStarted, LoadStatus
 from quarry.pushdown import Pushdown
 
 SCAN_QUEUE_BATCHES_MAX = 16  # batches waiting for the reader of a parallel scan
+# a scan whose replicas all lost a partition (moved since) reads the catalog again this often
+SCAN_CATALOG_READS_MAX = 2
 
 
 class Cluster(Membership):
@@ -46,22 +54,45 @@ class Cluster(Membership):
         self.close()
 
     def status(self) -> list[DeviceStatus]:
-        """Every device, by name: up (its profile, process and counts) or down (why)."""
+        """Every device, by name: up (its profile, process and counts, the copies coming into
+        it: moves in flight) or down (why); and its failure domain."""
         rows = []
         stats = self.each(lambda c: c.stats())
+        domains = self.domains()
         for name in sorted(self.devices):
             address = self.devices[name].address
             result = stats[name]
+            where = {
+                "host": domains[name].host,
+                "rack": domains[name].rack,
+                "drained": name in self.drained,
+            }
             if isinstance(result, Exception) or name in self.down:
                 error = result if isinstance(result, Exception) else self.down[name]
-                rows.append(DeviceStatus(name, address, False, error=str(error)))
+                rows.append(DeviceStatus(name, address, False, error=str(error), **where))
             else:
                 info = self.info[name]
                 up = DeviceStatus(
-                    name, address, True, profile=info.profile.name, pid=info.pid, stats=result
+                    name,
+                    address,
+                    True,
+                    profile=info.profile.name,
+                    pid=info.pid,
+                    stats=result,
+                    **where,
                 )
                 rows.append(up)
         return rows
+
+    def placement_warnings(self) -> list[Shared]:
+        """Partitions whose replicas share a host (or rack), and why: too few of them, or a
+        rebalance would set them apart."""
+        held = (
+            (record_of(entry, p.partition).replicas, p.devices)
+            for entry in self.catalog.values()
+            for p in entry.partitions
+        )
+        return shared_domains(held, self.domains())
 
     # ---- datasets -----------------------------------------------------------------------------
 
@@ -145,25 +176,54 @@ class Cluster(Membership):
         end: int | None = None,
     ) -> Iterator[pa.RecordBatch]:
         """Stream one partition's slices ``first`` to ``end``, a batch per slice; a replica
-        that stops answering is left for the next, which goes on from the first slice not yet
-        received (none twice)."""
+        that stops answering, or reads a damaged copy, is left for the next, which goes on
+        from the first slice not yet received (none twice). A replica the partition moved away
+        from (a rebalance, since the catalog was read) is left too, and once none is left the
+        catalog is read again for where it went: every replica keeps the same slice
+        boundaries."""
         errors: list[str] = []
-        received = first
-        for device in devices:
-            if device in self.down:
-                errors.append(f"{device} is down")
-                continue
-            client = self.devices[device]
-            try:
-                reader = client.scan(
-                    entry.domain, entry.name, partition, first=received, end=end, columns=columns
-                )
-                for batch in client.batches(reader):
-                    received += 1
-                    yield batch
-                return
-            except DeviceUnavailable as error:
-                errors.append(str(error))
+        received, damaged = first, False
+        tried: set[str] = set()
+        for _ in range(SCAN_CATALOG_READS_MAX):
+            for device in devices:
+                if device in tried:
+                    continue
+                tried.add(device)
+                if device in self.down:
+                    errors.append(f"{device} is down")
+                    continue
+                client = self.devices[device]
+                try:
+                    reader = client.scan(
+                        entry.domain, entry.name, partition, received, end, columns
+                    )
+                    for batch in client.batches(reader):
+                        received += 1
+                        yield batch
+                    return
+                except (DeviceUnavailable, DatasetNotFound) as error:
+                    errors.append(str(error))
+                    damaged = False
+                except CorruptSlice as error:
+                    errors.append(str(error.on(device)))
+                    damaged = True
+            if damaged:
+                break  # the catalog holds: no replica has a good copy of that slice
+            self.refresh()
+            moved = self.catalog.get(entry.qualified)
+            now = (
+                next((p for p in moved.partitions if p.partition == partition), None)
+                if moved
+                else None
+            )
+            if now is None or not set(now.devices) - tried:
+                break
+            devices = now.devices
+        if damaged:
+            raise CorruptSlice(
+                f"no replica of partition {partition} of {entry.qualified} holds a good copy "
+                f"from slice {received}: " + "; ".join(errors)
+            )
         raise DeviceUnavailable(
             f"no replica of partition {partition} of {entry.qualified} answers from "
             f"slice {received}: " + "; ".join(errors)
@@ -190,6 +250,94 @@ class Cluster(Membership):
         """Copy under-replicated partitions from a replica that answers to devices that do
         not hold them, until each is back at its replica count (bounded bandwidth)."""
         return repair(self, bandwidth_bytes_per_s)
+
+    def scrub(
+        self,
+        bytes_per_s: float = BANDWIDTH_BYTES_PER_S_DEFAULT,
+        progress: Progress | None = None,
+        mend: bool = True,
+    ) -> ScrubReport:
+        """Read every slice of every device on the device itself, at most ``bytes_per_s``
+        each, checking checksums and zone maps; then (``mend``) mend what is damaged from
+        good copies (docs/integrity.md). ``progress(done, total)`` counts slices."""
+        return scrub(self, bytes_per_s, progress, mend)
+
+    # ---- growing and draining ---------------------------------------------------------------
+
+    def rebalance(
+        self,
+        bandwidth_bytes_per_s: float = BANDWIDTH_BYTES_PER_S_DEFAULT,
+        dry_run: bool = False,
+        progress: bool | None = None,
+    ) -> RebalanceReport:
+        """Move partitions, online and at a bounded rate, to where placement puts them now (a
+        device added, one drained, hosts relabelled): each copied, committed, then let go of;
+        never on fewer devices than its replicas. ``dry_run``: only plan."""
+        return rebalance(self, bandwidth_bytes_per_s, dry_run, progress)
+
+    def drain(
+        self,
+        name: str,
+        bandwidth_bytes_per_s: float = BANDWIDTH_BYTES_PER_S_DEFAULT,
+        progress: bool | None = None,
+        undo: bool = False,
+    ) -> RebalanceReport:
+        """Move a device's partitions to where placement without it puts them, and keep new
+        ones off it (the cluster file says it is drained), so that removing it then needs no
+        repair. ``undo``: take it back (a rebalance then fills it again)."""
+        self.device(name)
+        self._replace_spec(replace(self._spec(name), drained=not undo))
+        return self.rebalance(bandwidth_bytes_per_s, progress=progress)
+
+    def add_device(self, address: str, name: str | None = None) -> DeviceSpec:
+        """Introduce a running device: its identity checked both ways (its certificate against
+        the cluster's CA, this cluster's token by it), then named in the cluster file. Its
+        entry; ``rebalance()`` then gives it its share."""
+        spec = introduce(self.specs, address, name, self.info)
+        if spec.name in self.devices:
+            raise ClusterError(f"the cluster already has a device named {spec.name!r}")
+        if self.source is not None:
+            ClusterFile.read(self.source).with_added(spec).write(self.source)
+        self.specs = (*self.specs, spec)
+        self.devices[spec.name] = client_of(spec)
+        self.refresh()
+        return spec
+
+    def remove_device(self, name: str, force: bool = False) -> DeviceSpec:
+        """Take a device out of the cluster (and its file); its entry. Refused while it holds
+        the only replica of a partition (drain it first), unless ``force``."""
+        self.refresh()
+        only = sorted(
+            f"{entry.qualified} partition {p.partition}"
+            for entry in self.catalog.values()
+            for p in entry.partitions
+            if p.devices == [name]
+        )
+        if only and not force:
+            raise ClusterError(
+                f"{name} holds the only replica of {len(only)} partition(s) "
+                f"({', '.join(only[:3])}{' ...' if len(only) > 3 else ''}): drain it first "
+                "(quarry device drain), or --force to lose them"
+            )
+        spec = self._spec(name)
+        if len(self.specs) == 1:
+            raise ClusterError(f"{name} is the cluster's only device")
+        if self.source is not None:
+            ClusterFile.read(self.source).without(name).write(self.source)
+        self.specs = tuple(s for s in self.specs if s.name != name)
+        self.devices.pop(name).close()
+        self.refresh()
+        return spec
+
+    def _spec(self, name: str) -> DeviceSpec:
+        self.device(name)
+        return next(s for s in self.specs if s.name == name)
+
+    def _replace_spec(self, spec: DeviceSpec) -> None:
+        """A member's entry changed: in memory and in the cluster file."""
+        if self.source is not None:
+            ClusterFile.read(self.source).with_device(spec).write(self.source)
+        self.specs = tuple(spec if s.name == spec.name else s for s in self.specs)
 
     # ---- devices as drives --------------------------------------------------------------------
 

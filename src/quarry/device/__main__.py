@@ -25,6 +25,9 @@ def serve_options(serve: argparse.ArgumentParser) -> argparse.ArgumentParser:
     serve.add_argument("--tls", action="store_true")
     serve.add_argument("--insecure", action="store_true")
     serve.add_argument("--verify-clients", action="store_true")
+    # its failure domain: the host it runs on (default: this machine's name) and its rack
+    serve.add_argument("--host-label")
+    serve.add_argument("--rack")
     return serve
 
 
@@ -48,6 +51,8 @@ def main(argv: list[str] | None = None) -> int:
             options.tls,
             options.insecure,
             options.verify_clients,
+            options.host_label,
+            options.rack,
         )
     except QuarryError as error:
         print(f"error: {error}", file=sys.stderr)

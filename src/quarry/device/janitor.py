@@ -6,7 +6,8 @@ was down), the device asks the ingest's decider: committed there means commit he
 or unknown there means abort here; a decider still holding the ingest pending, with its lease
 running, means wait. The decider answers from its own store (``partition.outcome``), so every
 participant reaches the same outcome: a dataset ends complete or absent everywhere, and its name
-can be ingested again.
+can be ingested again. It also deletes the rows of partitions moved away from the device once
+queries planned before the move are done with them (``QUARRY_MOVED_KEEP_S``).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import threading
 import time
 from collections.abc import Callable
 
+from quarry import settings
 from quarry.device.peers import ask_outcome
 from quarry.protocol.ingest import Outcome
 from quarry.store import partition as partitions
@@ -91,6 +93,8 @@ class Janitor:
     def _pass(self, startup: bool) -> dict[str, str]:
         try:
             settled = resolve(self.store, self.device, startup, self.ask)
+            # rows of partitions moved away, kept for work planned before the move
+            partitions.purge_retired(self.store, settings.MOVED_KEEP_S.get(), time.time())
         except Exception:  # a bad marker must not stop the device; logged, tried again
             log.exception("%s: settling pending ingests failed", self.device)
             return {}

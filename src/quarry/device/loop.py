@@ -181,6 +181,7 @@ class Counters:
     def add_read(self, chunk: Chunk) -> None:
         self.count(
             slices_scanned=len(chunk.numbers),
+            slices_verified=chunk.verified,
             rows_read=chunk.rows_read,
             bytes_read=chunk.bytes_read,
         )
@@ -747,9 +748,10 @@ def stored_slices(
     def batches() -> Iterable[pa.RecordBatch]:
         for number in numbers:
             runtime.emulator.read(partitions.read_bytes(meta, number, names))
-            parts = partitions.read_stored(runtime.store, meta, number, names)
-            assert parts is not None, "a slice stored whole has no stream per column"
-            batch = stored.batch(parts, meta.slices[number].rows, stream)
+            read = partitions.read_stored(runtime.store, meta, number, names)
+            assert read is not None, "a slice stored whole has no stream per column"
+            parts, checksums = read  # checked here, and again where they arrive
+            batch = stored.batch(parts, meta.slices[number].rows, stream, checksums)
             runtime.emulator.ship(pa.ipc.get_record_batch_size(batch))
             yield batch
 

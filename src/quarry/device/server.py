@@ -12,11 +12,12 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import socket
 import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -30,16 +31,25 @@ from quarry.auth.revocation import Verifier
 from quarry.device import admission, calibration, faults, loop
 from quarry.device import identity as identity_file
 from quarry.device.admission import Admission
+from quarry.device.integrity import IntegrityLog
 from quarry.device.janitor import Janitor
 from quarry.device.peers import PeerCredentials, ask_outcome
 from quarry.device.profile import Profile
 from quarry.device.revocation_sync import RevocationSync
+from quarry.device.scrub import scrub
 from quarry.device.unit import lookup
-from quarry.errors import CatalogChanged, ClusterError, ProtocolError, QuarryError, QueryError
-from quarry.protocol import control, frame, ingest, work
+from quarry.errors import (
+    CatalogChanged,
+    ClusterError,
+    CorruptSlice,
+    ProtocolError,
+    QuarryError,
+    QueryError,
+)
+from quarry.protocol import control, frame, ingest, integrity, work
 from quarry.protocol.frame import Exchange, Get, Put
 from quarry.protocol.message import Message
-from quarry.store import naming
+from quarry.store import mend, naming
 from quarry.store import partition as partitions
 from quarry.store.kv import KeyValueStore
 from quarry.store.partition import PartitionMeta
@@ -48,7 +58,8 @@ log = logging.getLogger("quarry.device")
 
 
 def _flight_errors(method: Callable) -> Callable:
-    """Turn every error into a Flight error carrying the typed quarry error on the wire."""
+    """Turn every error into a Flight error carrying the typed quarry error on the wire (a
+    damaged copy of its own the service remembers first: ``Service.damaged``)."""
 
     @functools.wraps(method)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -57,6 +68,8 @@ def _flight_errors(method: Callable) -> Callable:
         except flight.FlightError:
             raise
         except QuarryError as error:
+            if isinstance(error, CorruptSlice) and args and isinstance(args[0], Service):
+                error = args[0].damaged(error)
             raise flight.FlightServerError(frame.encode_error(error)) from None
         except Exception as error:  # a bug: say so, with the type, rather than hang the client
             log.exception("device error")
@@ -67,14 +80,20 @@ def _flight_errors(method: Callable) -> Callable:
     return wrapper
 
 
-def _typed_errors(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+def _typed_errors(
+    batches: Iterable[pa.RecordBatch],
+    damaged: Callable[[CorruptSlice], CorruptSlice] = lambda error: error,
+) -> Iterator[pa.RecordBatch]:
     """A stream's batches; an error raised while they are made reaches the client typed, as
-    one raised before the stream began does (``_flight_errors``)."""
+    one raised before the stream began does (``_flight_errors``), a damaged copy remembered
+    by ``damaged`` first."""
     try:
         yield from batches
     except (flight.FlightError, GeneratorExit):
         raise
     except QuarryError as error:
+        if isinstance(error, CorruptSlice):
+            error = damaged(error)
         raise flight.FlightServerError(frame.encode_error(error)) from None
     except Exception as error:
         log.exception("device error in a stream")
@@ -92,6 +111,20 @@ def description_message(meta: PartitionMeta) -> control.PartitionDescription:
     return control.PartitionDescription.from_json(
         {"summary": meta.summary(), "slices": body["slices"]}
     )
+
+
+@dataclass(frozen=True)
+class Labels:
+    """A device's failure domain, said in its hello: the host it runs on (the machine's name
+    unless told otherwise: ``quarry up --hosts`` emulates several on one machine) and its rack
+    ("": none). Placement keeps a partition's replicas on distinct ones."""
+
+    host: str
+    rack: str = ""
+
+    @classmethod
+    def of(cls, host: str | None = None, rack: str | None = None) -> Labels:
+        return cls(host or socket.gethostname(), rack or "")
 
 
 @dataclass(frozen=True)
@@ -137,6 +170,7 @@ class Service(flight.FlightServerBase):
         location: str,
         name: str | None,
         security: Security,
+        labels: Labels | None = None,
     ):
         verifier = security.verifier
         middleware = {auth.NAME: auth.TokenCheck(verifier)} if verifier else None
@@ -153,6 +187,7 @@ class Service(flight.FlightServerBase):
         self.security = security
         self.identity = identity_file.load_or_create(self.data, name, profile.name)
         self.name = self.identity["name"]
+        self.labels = labels or Labels.of()
         self.started_at = time.time()
         # this process's own: a restart (new process) never repeats a generation it gave
         self.boot = uuid.uuid4().hex[:16]
@@ -163,6 +198,11 @@ class Service(flight.FlightServerBase):
 
     def _actions(self) -> dict[str, tuple[type[Message], Callable[[Any, bytes], Any]]]:
         raise NotImplementedError
+
+    def damaged(self, error: CorruptSlice) -> CorruptSlice:
+        """A damaged copy met while serving a call, on its way to the caller: a device
+        remembers its own (a server passes on its drives' as they named them)."""
+        return error
 
     @_flight_errors
     def do_action(
@@ -258,7 +298,6 @@ class Service(flight.FlightServerBase):
         return self._hello_bytes[1]
 
     def _hello_reply(self) -> control.HelloReply:
-        labels = self.security.labels
         version, peers = self._revocation_state()
         return control.HelloReply(
             protocol=frame.PROTOCOL_VERSION,
@@ -270,8 +309,8 @@ class Service(flight.FlightServerBase):
             started_at=self.started_at,
             role=self.WHAT,
             checks_generation=self.CHECKS_GENERATION,
-            host=labels.host if labels else "",
-            rack=labels.rack if labels else "",
+            host=self.labels.host,
+            rack=self.labels.rack,
             revocations=version,
             peers=peers,
         )
@@ -298,8 +337,9 @@ class DeviceServer(Service):
         location: str,
         name: str | None = None,
         security: Security = Security(),
+        labels: Labels | None = None,
     ):
-        super().__init__(data, profile, location, name, security)
+        super().__init__(data, profile, location, name, security, labels)
         self.store = KeyValueStore(self.data / "kv", kv_bytes_max=profile.kv_bytes_max)
         from quarry.device.emulation import Emulator
 
@@ -309,6 +349,7 @@ class DeviceServer(Service):
         self.runtime = loop.Runtime(self.store, Emulator(profile), self.name, self.admission)
         self._ingesting = 0  # ingest streams open now (``StatsReply.ingesting``)
         self._ingesting_lock = threading.Lock()
+        self._copies: dict[int, control.CopyInFlight] = {}  # by stream, as far as they came
         # Pending ingests it took part in before it stopped: committed or aborted as their
         # deciders say (asked with its own credential), then watched while their coordinators
         # renew them.
@@ -317,6 +358,10 @@ class DeviceServer(Service):
         )
         self.janitor.start()
         self._inventory_cache: tuple[int, bytes] | None = None
+        self.integrity = IntegrityLog(self.data, self.name)
+
+    def damaged(self, error: CorruptSlice) -> CorruptSlice:
+        return self.integrity.found(error)
 
     @property
     def emulator(self):
@@ -345,9 +390,22 @@ class DeviceServer(Service):
                     ingest.Outcome(partitions.outcome(self.store, r.ingest_id, time.time()))
                 ),
             ),
-            ingest.Drop.KIND: (
-                ingest.Drop,
-                lambda r, p: control.Deleted(partitions.drop(self.store, r.domain, r.dataset)),
+            ingest.Drop.KIND: (ingest.Drop, self._drop),
+            ingest.Retire.KIND: (
+                ingest.Retire,
+                lambda r, p: ingest.Applied(
+                    partitions.retire(
+                        self.store, r.domain, r.dataset, r.partition, r.ingest_id, time.time()
+                    )
+                ),
+            ),
+            ingest.Holders.KIND: (
+                ingest.Holders,
+                lambda r, p: ingest.Applied(
+                    partitions.set_holders(
+                        self.store, r.domain, r.dataset, r.partition, r.ingest_id, list(r.devices)
+                    )
+                ),
             ),
             control.Stats.KIND: (control.Stats, self._stats),
             control.Load.KIND: (control.Load, self._load),
@@ -369,32 +427,64 @@ class DeviceServer(Service):
                 control.KvList,
                 lambda r, p: control.KvKeys(self.store.list(r.prefix, r.limit)),
             ),
+            integrity.Integrity.KIND: (integrity.Integrity, lambda r, p: self.integrity.held()),
+            integrity.Scrub.KIND: (
+                integrity.Scrub,
+                lambda r, p: scrub(self.store, self.emulator, r, self.integrity),
+            ),
+            integrity.Scrubbed.KIND: (integrity.Scrubbed, self._scrubbed),
+            integrity.RepairMeta.KIND: (integrity.RepairMeta, self._repair_meta),
         }
+
+    def _drop(self, request: ingest.Drop, payload: bytes) -> control.Deleted:
+        deleted = partitions.drop(self.store, request.domain, request.dataset)
+        self.integrity.dropped(request.domain, request.dataset)
+        return control.Deleted(deleted)
+
+    def _scrubbed(self, request: integrity.Scrubbed, payload: bytes) -> integrity.IntegrityReply:
+        self.integrity.scrubbed(request.summary)
+        return self.integrity.held()
+
+    def _repair_meta(self, request: integrity.RepairMeta, payload: bytes) -> integrity.ScrubReply:
+        """A good copy's metadata slice in place of the damaged one, then its own slices
+        checked against it (one that does not check is reported, to be mended in turn)."""
+        d, n, p = request.domain, request.dataset, request.partition
+        mend.install_meta(self.store, d, n, p, payload, self.name)
+        parts = frozenset({integrity.CopyPart.METADATA, integrity.CopyPart.CATALOG})
+        self.integrity.mended(d, n, p, parts)
+        return scrub(self.store, self.emulator, integrity.Scrub(d, n, p), self.integrity)
 
     def _inventory(self, request: control.Inventory, payload: bytes) -> bytes:
         """Every committed partition, and the generation it holds under. Changed only by
         commit and drop: the encoded answer is kept until the store's catalog changes."""
         before = self.store.writes()
+        visible = self.store.visible_writes()
         cached = self._inventory_cache
         if cached is not None and cached[0] == before:
             return cached[1]
+        damaged: list[CorruptSlice] = []
         summaries = [
-            control.PartitionSummary.from_json(s) for s in partitions.inventory(self.store)
+            control.PartitionSummary.from_json(s) for s in partitions.inventory(self.store, damaged)
         ]
-        whole = self.store.writes() == before and before % 2 == 0  # no write began or was under way
-        generation = self._generation(before) if whole else ""
+        for error in damaged:  # served from the metadata slice, or not at all
+            self.integrity.found(error)
+        # no write of what queries read began or was under way: the generation holds for it
+        settled = self.store.visible_writes() == visible and visible % 2 == 0
+        generation = self._generation(visible) if settled else ""
         encoded = control.InventoryReply(summaries, generation=generation).to_bytes()
-        if whole:
+        if settled and self.store.writes() == before and before % 2 == 0:  # nor any other
             self._inventory_cache = (before, encoded)
         return encoded
 
-    def _generation(self, writes: int) -> str:
-        """Equal twice only if the store saw no write in between, in this same process."""
-        return f"{self.boot}:{writes}"
+    def _generation(self, visible_writes: int) -> str:
+        """Equal twice only if the store saw no write of what is committed in between (a copy
+        streaming in, a lease renewed, are not: ``KeyValueStore.visible_writes``), in this same
+        process."""
+        return f"{self.boot}:{visible_writes}"
 
     def _pulse(self, request: control.Pulse, payload: bytes) -> control.PulseReply:
         load = control.LoadStatus(**self.emulator.load())
-        return control.PulseReply(self._generation(self.store.writes()), load)
+        return control.PulseReply(self._generation(self.store.visible_writes()), load)
 
     def _commit(self, request: ingest.Commit, payload: bytes) -> ingest.Committed:
         faults.hit(self.name, "commit")
@@ -408,6 +498,8 @@ class DeviceServer(Service):
 
     def _stats(self, request: control.Stats, payload: bytes) -> control.StatsReply:
         stats = self.store.stats()
+        held = self.integrity.held()
+        unverified = sum(1 for s in partitions.inventory(self.store) if not s.get("verified"))
         return control.StatsReply(
             keys=stats["keys"],
             file_bytes=stats["file_bytes"],
@@ -416,7 +508,11 @@ class DeviceServer(Service):
                 1 for k in self.store.list(naming.PENDING_PREFIX) if k.count("/") == 3
             ),
             ingesting=self._ingesting,
+            copies=tuple(self._copies.values())[: control.COPIES_MAX],
             **self._admitted(),
+            corrupt_copies=len(held.corrupt),
+            unverified_partitions=unverified,
+            last_scrub=held.last_scrub,
         )
 
     def _calibrate(self, request: control.Calibrate, payload: bytes) -> control.CalibrateReply:
@@ -454,6 +550,8 @@ class DeviceServer(Service):
                     self._ingesting -= 1
         elif kind == Put.UPDATE_SLICE:
             reply = self._update_slice(ingest.UpdateSlice.from_json(header), reader)
+        elif kind == Put.REPAIR_SLICE:
+            reply = self._repair_slice(integrity.RepairSlice.from_json(header), reader)
         else:
             raise ProtocolError(f"unknown put {kind!r}")
         writer.write(pa.py_buffer(reply.to_bytes()))
@@ -473,31 +571,66 @@ class DeviceServer(Service):
             device=self.name,
         )
         writer = partitions.PartitionWriter(
-            self.store, meta, slice_rows=request.slice_rows, lease_s=request.lease_s
+            self.store,
+            meta,
+            slice_rows=request.slice_rows,
+            lease_s=request.lease_s,
+            copy=bool(request.copy_from),
         )
+        copy = self._copy_started(request)
         try:
             for chunk in reader:
                 if chunk.data is not None and chunk.data.num_rows:
                     writer.write(chunk.data)
+                    if copy is not None:
+                        self._copy_advanced(copy, chunk.data.nbytes)
             written = writer.finish()
             faults.hit(self.name, "prepare")
         except BaseException:
             # The stream broke (client gone) or the rows were bad: leave nothing pending behind.
             partitions.abort(self.store, request.ingest.id)
             raise
+        finally:
+            if copy is not None:
+                self._copies.pop(copy, None)
         return ingest.PartitionWritten(
             written.partition, written.rows, len(written.slices), written.bytes_stored
         )
 
+    def _repair_slice(
+        self, request: integrity.RepairSlice, reader: flight.MetadataRecordBatchReader
+    ) -> control.Version:
+        d, n, p = request.domain, request.dataset, request.partition
+        batch = _one_batch(reader)
+        version = mend.rewrite_slice(self.store, d, n, p, request.slice, batch, request.version)
+        slices = range(request.slice, request.slice + 1)
+        self.integrity.mended(d, n, p, frozenset({integrity.CopyPart.SLICE}), slices)
+        return control.Version(version)
+
+    def _copy_started(self, request: ingest.PutPartition) -> int | None:
+        """A copy of a partition committed elsewhere (a move, a repair) begins: listed in the
+        device's stats (``quarry status``: moves in flight) until its stream ends."""
+        if not request.copy_from:
+            return None
+        key = id(request)
+        self._copies[key] = control.CopyInFlight(
+            f"{request.domain}/{request.dataset}",
+            request.partition,
+            request.copy_from,
+            0,
+            request.copy_bytes,
+        )
+        return key
+
+    def _copy_advanced(self, key: int, size_bytes: int) -> None:
+        copy = self._copies.get(key)
+        if copy is not None:
+            self._copies[key] = replace(copy, bytes_received=copy.bytes_received + size_bytes)
+
     def _update_slice(
         self, request: ingest.UpdateSlice, reader: flight.MetadataRecordBatchReader
     ) -> control.Version:
-        table = reader.read_all()
-        batch = (
-            table.combine_chunks().to_batches()[0]
-            if table.num_rows
-            else pa.RecordBatch.from_pylist([], schema=table.schema)
-        )
+        batch = _one_batch(reader)
         version = partitions.update_slice(
             self.store,
             request.domain,
@@ -517,7 +650,7 @@ class DeviceServer(Service):
 
     def _check_generation(self, expected: str) -> None:
         """Refuse work planned on a catalog this device no longer matches, before any of it."""
-        if expected and expected != self._generation(self.store.writes()):
+        if expected and expected != self._generation(self.store.visible_writes()):
             raise CatalogChanged(
                 f"device {self.name}: what it holds changed since the coordinator read its "
                 "catalog; read it again and run the query again"
@@ -542,7 +675,7 @@ class DeviceServer(Service):
             batches = self.admission.stream(scanned, self.admission.enter(small), small)
         else:
             raise ProtocolError(f"unknown ticket {kind!r}")
-        return flight.GeneratorStream(schema, _typed_errors(batches))
+        return flight.GeneratorStream(schema, _typed_errors(batches, self.damaged))
 
     def _scan(self, request: work.ScanRequest) -> tuple[pa.Schema, Iterable[pa.RecordBatch], bool]:
         """Raw slices, through the profile's internal and external bandwidth limits, read as
@@ -577,6 +710,14 @@ class DeviceServer(Service):
         return schema, batches(), small
 
 
+def _one_batch(reader: flight.MetadataRecordBatchReader) -> pa.RecordBatch:
+    """A put stream's rows as one batch (a slice's)."""
+    table = reader.read_all()
+    if not table.num_rows:
+        return pa.RecordBatch.from_pylist([], schema=table.schema)
+    return table.combine_chunks().to_batches()[0]
+
+
 def _at_most(meta: PartitionMeta, numbers: range, columns: list[str] | None, limit: int) -> bool:
     """Whether slices ``numbers`` hold at most ``limit`` stored bytes of ``columns`` (counted
     until they pass it: a partition of lineitem has thousands of slices)."""
@@ -603,6 +744,8 @@ def serve_with(
     tls: bool = False,
     insecure: bool = False,
     verify_clients: bool = False,
+    host_label: str | None = None,
+    rack: str | None = None,
 ) -> None:
     """``quarry device serve``'s options: the credentials read, the profile found, then
     ``serve``. Shared by the CLI and ``python -m quarry.device`` (the lean entry point local
@@ -614,7 +757,14 @@ def serve_with(
     security = security_of(credentials, tls, insecure, data, verify_clients)
     name = enrolled_name(security, name)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    serve(data, get_profile(profile, profiles), host, port, name, ready_file, security)
+    # the flags say where it runs when given (``quarry up --hosts`` emulates several hosts on
+    # one machine), else its enrollment does, else this machine's name
+    enrolled = security.labels
+    labels = Labels.of(
+        host_label or (enrolled.host if enrolled else None),
+        rack or (enrolled.rack if enrolled else None),
+    )
+    serve(data, get_profile(profile, profiles), host, port, name, ready_file, security, labels)
 
 
 def enrolled_name(security: Security, name: str | None) -> str | None:
@@ -699,6 +849,7 @@ def serve(
     name: str | None = None,
     ready_file: str | Path | None = None,
     security: Security = Security(),
+    labels: Labels | None = None,
 ) -> None:
     """Run a device until it is stopped (SIGTERM / SIGINT). Anywhere but loopback it needs
     TLS: tokens must not cross a network in the clear."""
@@ -708,7 +859,7 @@ def serve(
             "--credentials): only loopback may be plain"
         )
     scheme = security.scheme
-    server = DeviceServer(Path(data), profile, f"{scheme}://{host}:{port}", name, security)
+    server = DeviceServer(Path(data), profile, f"{scheme}://{host}:{port}", name, security, labels)
     if ready_file is not None:
         write_ready(ready_file, f"{scheme}://{host}:{server.port}", server.port, server.name)
     log.info("device %s (%s) listening on %s:%d", server.name, profile.name, host, server.port)

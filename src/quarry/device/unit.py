@@ -204,6 +204,7 @@ class Chunk:
     columns: list[str] | None = None
     rows_read: int = 0
     bytes_read: int = 0
+    verified: int = 0  # slices whose checksums were checked as they were read
     preloaded: list[pa.RecordBatch] | None = None
     read_time: Tally = field(default_factory=Tally)  # off the store, through the internal link
     decode_time: Tally = field(default_factory=Tally)
@@ -236,6 +237,7 @@ class Chunk:
             assert batch.num_rows == info.rows, (number, batch.num_rows, info.rows)
             self.rows_read += batch.num_rows
             self.bytes_read += read
+            self.verified += info.checksums is not None  # checked by ``decode_read``
             yield batch
 
     @property

@@ -14,6 +14,7 @@ from typing import Any
 import pyarrow as pa
 
 from quarry.protocol.frame import Action
+from quarry.protocol.integrity import ScrubSummary
 from quarry.protocol.message import Message, bounded
 
 NAME_CHARS_MAX = 256
@@ -72,8 +73,9 @@ class HelloReply(Message):
     # drives that hold partitions behind it: 1 for a device, its drives' for a storage server
     # (an ingest deals a table's partitions over drives, not over what the host sees)
     drives: int = bounded(low=1, high=1 << 16, default=1)
-    # its failure-domain labels, from its enrollment (``quarry device enroll --host-label,
-    # --rack``): "" when it has none (a device of ``quarry up``, or started without a folder)
+    # its failure domain (from its enrollment, ``quarry device enroll --host-label, --rack``,
+    # or ``quarry device serve --host-label, --rack``): the host it runs on and its rack ("":
+    # none given); two replicas of a partition never share one while enough exist
     host: str = bounded(chars_max=NAME_CHARS_MAX, default="")
     rack: str = bounded(chars_max=NAME_CHARS_MAX, default="")
     # the version of the cluster's revocation list it holds (0: none), and how many peers it
@@ -139,6 +141,8 @@ class PartitionSummary(Message):
     bytes_stored: int = bounded(low=0, default=0)
     bytes_arrow: int = bounded(low=0, default=0)
     device: str = ""
+    # every slice carries checksums, checked on every read (False: written before them)
+    verified: bool = False
 
 
 @dataclass(frozen=True)
@@ -187,6 +191,10 @@ class SliceDescription(Message):
     # each column's stream length in the slice value (None: stored whole), and its stripe size
     columns: list[int] | None = bounded(items_max=COLUMNS_MAX, default=None)
     stripe_bytes: int = bounded(low=0, default=0)
+    # each column stream's XXH3-64 checksum (None: written before checksums)
+    checksums: list[int] | None = bounded(
+        items_max=COLUMNS_MAX, low=0, high=(1 << 64) - 1, default=None
+    )
 
 
 @dataclass(frozen=True)
@@ -206,6 +214,20 @@ class Stats(Message):
 
 
 @dataclass(frozen=True)
+class CopyInFlight(Message):
+    """A partition being copied into this device (a move or a repair), as far as it came."""
+
+    dataset: str = bounded(chars_max=2 * NAME_CHARS_MAX + 1)  # domain/name
+    partition: int = bounded(low=0, high=PARTITION_MAX)
+    source: str = bounded(chars_max=NAME_CHARS_MAX)  # the device it is copied from
+    bytes_received: int = bounded(low=0)
+    bytes_total: int = bounded(low=0)  # what the copier said it sends (0: not said)
+
+
+COPIES_MAX = 4096  # copies into one device at once, as its stats list them
+
+
+@dataclass(frozen=True)
 class StatsReply(Message):
     keys: int = bounded(low=0)
     file_bytes: int = bounded(low=0)
@@ -220,6 +242,13 @@ class StatsReply(Message):
     exchanges_max: int = bounded(low=0, default=0)
     admitted: int = bounded(low=0, default=0)
     refused: int = bounded(low=0, default=0)
+    # integrity (docs/integrity.md): damaged copies it found and holds until they are mended,
+    # partitions written before checksums (read unverified), and its last whole scrub
+    corrupt_copies: int = bounded(low=0, default=0)
+    unverified_partitions: int = bounded(low=0, default=0)
+    last_scrub: ScrubSummary | None = None
+    # partitions being copied into it now: the moves (and repairs) in flight
+    copies: tuple[CopyInFlight, ...] = bounded(items_max=COPIES_MAX, default=())
 
 
 @dataclass(frozen=True)

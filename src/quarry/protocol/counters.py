@@ -33,6 +33,10 @@ class WorkCounters(Message):
     slices_scanned: int = bounded(low=0, default=0)
     slices_executed: int = bounded(low=0, default=0)
     slices_pushed_back: int = bounded(low=0, default=0)
+    # slices whose checksums were checked when read (on the device, or on the host when they
+    # came as stored), and copies that failed the check and were read elsewhere instead
+    slices_verified: int = bounded(low=0, default=0)
+    slices_rejected: int = bounded(low=0, default=0)
     rows_read: int = bounded(low=0, default=0)
     bytes_read: int = bounded(low=0, default=0)
     rows_shipped: int = bounded(low=0, default=0)  # everything sent upstream for this work

@@ -22,7 +22,8 @@ from quarry.errors import ProtocolError, ProtocolMismatch, QuarryError, error_cl
 
 # 2: every message typed; one work exchange for every kind of work (was query and program)
 # 3: a partition's work counters travel as one message (WorkMetrics.counters: WorkCounters)
-PROTOCOL_VERSION = 3
+# 4: slices shipped as stored carry their checksums; scrub and the mending of one copy
+PROTOCOL_VERSION = 4
 MAGIC = b"QRY"
 HEADER_BYTES_MAX = 16 << 20  # a JSON header above this is a bug, not a request
 _LENGTH = struct.Struct(">I")
@@ -48,11 +49,18 @@ class Action(StrEnum):
     PULSE = "pulse"  # before a query: has what the device holds changed, and its load
     REVOKE = "revoke"  # the admin hands a device the cluster's signed revocation list
     REVOCATIONS = "revocations"  # a device asks another for a newer revocation list
+    SCRUB = "scrub"  # read and check a range of slices of a partition, mend what it can itself
+    INTEGRITY = "integrity"  # the damaged copies a device found and its last whole scrub
+    SCRUBBED = "scrubbed"  # a whole scrub of the device is over: keep its summary
+    REPAIR_META = "repair_meta"  # a damaged metadata slice replaced by a good copy's
+    RETIRE = "retire"  # a partition moved elsewhere leaves this device
+    HOLDERS = "holders"  # which devices hold a partition now (after a move)
 
 
 class Put(StrEnum):
     PARTITION = "put_partition"
     UPDATE_SLICE = "update_slice"
+    REPAIR_SLICE = "repair_slice"  # a damaged slice rewritten from a good copy's rows
 
 
 class Get(StrEnum):

@@ -36,6 +36,10 @@ class PutPartition(Message):
     # rows per slice, the same on every replica so that slice numbers name the same rows
     # everywhere (failover resumes by slice number); None: sized from this device's limit
     slice_rows: int | None = bounded(low=1, high=1 << 40, default=None)
+    # a copy of a partition committed elsewhere (a move or a repair): the device it comes from
+    # and the bytes it will carry, so the device can say how far it came ("": an ingest)
+    copy_from: str = bounded(chars_max=NAME_CHARS_MAX, default="")
+    copy_bytes: int = bounded(low=0, default=0)
 
 
 @dataclass(frozen=True)
@@ -125,3 +129,37 @@ class Drop(Message):
 
     domain: str = bounded(chars_max=NAME_CHARS_MAX)
     dataset: str = bounded(chars_max=NAME_CHARS_MAX)
+
+
+@dataclass(frozen=True)
+class Retire(Message):
+    """A partition copied to and committed on the devices that now hold it leaves this one:
+    out of its inventory at once, its rows kept a grace for work planned before the move."""
+
+    KIND = Action.RETIRE
+
+    domain: str = bounded(chars_max=NAME_CHARS_MAX)
+    dataset: str = bounded(chars_max=NAME_CHARS_MAX)
+    partition: int = bounded(low=0, high=PARTITION_MAX)
+    ingest_id: str = bounded(chars_max=64)  # only this ingest's partition (not a newer one)
+
+
+@dataclass(frozen=True)
+class Holders(Message):
+    """The devices that hold a partition now, for its copy here to remember (the catalog then
+    waits for these, not for those the ingest first chose)."""
+
+    KIND = Action.HOLDERS
+
+    domain: str = bounded(chars_max=NAME_CHARS_MAX)
+    dataset: str = bounded(chars_max=NAME_CHARS_MAX)
+    partition: int = bounded(low=0, high=PARTITION_MAX)
+    ingest_id: str = bounded(chars_max=64)
+    devices: tuple[str, ...] = bounded(items_max=64)
+
+
+@dataclass(frozen=True)
+class Applied(Message):
+    """Whether the device held that ingest's partition, and so did as asked."""
+
+    applied: bool

@@ -14,7 +14,9 @@ the same guarantees for what an engine can trip over:
 - every other type but plain fixed-width ones (nested, dictionaries, views) gets the full check.
 
 Decimals are fixed width: a value past its precision is a wrong number, not a read out of
-bounds, which no check short of a checksum catches for the values that stay within it.
+bounds, which no check short of a checksum catches for the values that stay within it. Each
+column stream's checksum (``store.checksum``) is checked before these checks run: a flipped
+bit that leaves every offset and buffer plausible (a 1.0 turned into 2.0) is caught there.
 """
 
 from __future__ import annotations

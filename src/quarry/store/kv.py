@@ -32,11 +32,24 @@ _VERSION = struct.Struct(">Q")
 class Transaction:
     """Operations inside one LMDB write transaction; all or nothing."""
 
-    def __init__(self, txn: lmdb.Transaction, data: object, versions: object, kv_bytes_max: int):
+    def __init__(
+        self,
+        txn: lmdb.Transaction,
+        data: object,
+        versions: object,
+        kv_bytes_max: int,
+        shown: Callable[[], None] = lambda: None,
+    ):
         self._txn = txn
         self._data = data
         self._versions = versions
         self._kv_bytes_max = kv_bytes_max
+        self._shown = shown
+
+    def show(self) -> None:
+        """This transaction, begun as one no reader of committed data sees, changes what is
+        committed after all (``KeyValueStore.visible_writes`` counts it)."""
+        self._shown()
 
     def version(self, key: str) -> int:
         raw = self._txn.get(_encode_key(key), db=self._versions)
@@ -108,26 +121,56 @@ class KeyValueStore:
         self._data = self._env.open_db(b"data")
         self._versions = self._env.open_db(b"versions")
         self._writes = 0  # write transactions begun: what was read before may have changed
+        # of which those that may change what a reader of committed data sees (``visible``)
+        self._visible_writes = 0
         self._lock = threading.Lock()
+        self._writer = threading.Lock()  # the one write transaction under way
         self._snapshots = 0  # open Snapshots
 
     def close(self) -> None:
         self._env.close()
 
     @contextmanager
-    def transaction(self) -> Iterator[Transaction]:
-        """A write transaction: commits on normal exit, writes nothing if anything raises."""
-        with self._env.begin(write=True) as txn:
-            self._writes += 1  # LMDB holds one writer at a time: the count is exact
+    def transaction(self, visible: bool = True) -> Iterator[Transaction]:
+        """A write transaction: commits on normal exit, writes nothing if anything raises.
+        ``visible=False``: it writes only what no reader of committed partitions reads (rows of
+        a partition still pending, a lease, a leftover's removal), so ``visible_writes`` stays."""
+        shown = [visible]
+
+        def show() -> None:
+            if not shown[0]:
+                shown[0] = True
+                self._visible_writes += 1  # under way from now (odd), as if it began so
+
+        # One writer at a time (LMDB's rule too), held until its count has moved past its
+        # commit: a reader that finds the count even and unchanged around a read saw no write
+        # under way, committed or not (counted before the commit, a reader could cache what
+        # came before it under the count that follows it, for good).
+        with self._writer:
+            txn = self._env.begin(write=True)
+            self._writes += 1
+            self._visible_writes += visible
             try:
-                yield Transaction(txn, self._data, self._versions, self.kv_bytes_max)
+                yield Transaction(txn, self._data, self._versions, self.kv_bytes_max, show)
+            except BaseException:
+                txn.abort()
+                raise
+            else:
+                txn.commit()
             finally:
-                self._writes += 1  # and once more when it ends: odd means under way
+                self._writes += 1  # and once more when it is over: odd means under way
+                self._visible_writes += shown[0]
 
     def writes(self) -> int:
         """Changes whenever a write transaction begins or ends: a reader that saw the same
         number before and after reading saw no write (cache what it read under it)."""
         return self._writes
+
+    def visible_writes(self) -> int:
+        """``writes``, counting only those that may change what is committed: a device's
+        catalog generation (a copy streaming into it, or a lease renewed, is not a change a
+        query planned on its catalog must start again for)."""
+        return self._visible_writes
 
     def get(self, key: str) -> tuple[bytes, int]:
         with self._env.begin() as txn:
@@ -198,10 +241,10 @@ class KeyValueStore:
         with self._env.begin() as txn:
             return _list(txn, self._data, prefix, limit)
 
-    def delete_prefix(self, prefix: str) -> int:
+    def delete_prefix(self, prefix: str, visible: bool = True) -> int:
         """Delete every key under ``prefix`` in one transaction; returns how many."""
         assert prefix, "refusing to delete the whole namespace"
-        with self.transaction() as txn:
+        with self.transaction(visible) as txn:
             keys = txn.list(prefix)
             for key in keys:
                 txn.delete(key)

@@ -23,6 +23,8 @@ STRIPES_MAX = 10**STRIPE_DIGITS
 
 SYSTEM_PREFIX = "~"
 PENDING_PREFIX = "~pending/"
+# a partition moved away: its rows stay a while for queries planned before the move
+RETIRED_PREFIX = "~retired/"
 CACHE_PREFIX = "~cache/"
 
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
@@ -80,3 +82,7 @@ def meta_key(domain: str, dataset: str, partition: int) -> str:
 
 def pending_key(domain: str, dataset: str, partition: int) -> str:
     return f"{PENDING_PREFIX}{domain}/{dataset}/{partition:0{PARTITION_DIGITS}d}"
+
+
+def retired_key(domain: str, dataset: str, partition: int) -> str:
+    return f"{RETIRED_PREFIX}{domain}/{dataset}/{partition:0{PARTITION_DIGITS}d}"

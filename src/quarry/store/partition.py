@@ -31,7 +31,7 @@ from quarry.errors import (
     SchemaMismatch,
     VersionConflict,
 )
-from quarry.store import codec, naming
+from quarry.store import checksum, codec, naming
 from quarry.store.kv import KeyValueStore, Snapshot
 from quarry.store.zonemap import zone_map, zone_map_from_json, zone_map_to_json
 
@@ -62,6 +62,9 @@ class SliceInfo:
     # format), and the stripe size the value was cut at (0: one key-value).
     columns: list[int] | None = None
     stripe_bytes: int = 0
+    # Each column stream's checksum (``store.checksum``), in the same order (None: written
+    # before checksums, read unverified).
+    checksums: list[int] | None = None
 
 
 @dataclass
@@ -105,6 +108,11 @@ class PartitionMeta:
     def bytes_arrow(self) -> int:
         return sum(s.bytes_arrow for s in self.slices)
 
+    @property
+    def verified(self) -> bool:
+        """Whether every slice carries checksums (a partition written before them does not)."""
+        return all(s.checksums is not None for s in self.slices)
+
     def summary(self) -> dict[str, Any]:
         """Inventory entry: everything but the zone maps."""
         return {
@@ -121,6 +129,7 @@ class PartitionMeta:
             "bytes_stored": self.bytes_stored,
             "bytes_arrow": self.bytes_arrow,
             "device": self.device,
+            "verified": self.verified,
         }
 
     def to_json(self) -> dict[str, Any]:
@@ -146,6 +155,7 @@ class PartitionMeta:
                 s.get("version", 1),
                 s.get("columns"),
                 s.get("stripe_bytes", 0),
+                s.get("checksums"),
             )
             for s in body["slices"]
         ]
@@ -167,10 +177,39 @@ def _json_bytes(value: Any) -> bytes:
     return json.dumps(value, separators=(",", ":")).encode()
 
 
-def _stored_slice(
+def _sealed_json(value: Any) -> bytes:
+    """A metadata slice or catalog entry as stored: JSON sealed with its checksum."""
+    return checksum.seal(_json_bytes(value))
+
+
+def _unsealed_json(raw: bytes, what: str) -> tuple[Any, bool]:
+    """A sealed JSON value read back, checked (and whether it had a checksum to check)."""
+    body, verified = checksum.unseal(raw, what)
+    try:
+        return json.loads(body), verified
+    except (ValueError, UnicodeDecodeError) as error:
+        raise CorruptSlice(f"{what}: not JSON ({error})") from None
+
+
+def meta_of(raw: bytes, what: str) -> PartitionMeta:
+    """A metadata slice from its stored bytes, checked; damage of any kind is ``CorruptSlice``."""
+    body, _ = _unsealed_json(raw, what)
+    try:
+        return PartitionMeta.from_json(body)
+    except (AssertionError, KeyError, TypeError, ValueError, AttributeError) as error:
+        raise CorruptSlice(f"{what}: does not describe a partition ({error})") from None
+
+
+def meta_what(domain: str, dataset: str, partition: int) -> str:
+    """How errors name a partition's metadata slice (``CorruptSlice`` reads it back)."""
+    return f"the metadata slice of partition {partition} of {domain}/{dataset}"
+
+
+def store_slice(
     txn: Any, key: str, batch: pa.RecordBatch, compression: str, kv_bytes_max: int, version: int
 ) -> SliceInfo:
-    """Store one slice value (a stream per column) and describe it for the metadata slice."""
+    """Store one slice value (a stream per column) and describe it for the metadata slice,
+    each stream's checksum with it."""
     value, lengths = codec.encode_columns(batch, compression)
     stripes = _put_striped(txn, key, value, kv_bytes_max)
     striped = kv_bytes_max if stripes > 1 else 0
@@ -183,7 +222,27 @@ def _stored_slice(
         version,
         lengths,
         striped,
+        checksum.of_columns(value, lengths),
     )
+
+
+def put_meta(txn: Any, meta: PartitionMeta, kv_bytes_max: int) -> None:
+    """A partition's metadata slice and its catalog entry, sealed, in place of the old ones
+    (part of the caller's transaction)."""
+    meta_key = naming.meta_key(meta.domain, meta.dataset, meta.partition)
+    for old_meta in _meta_keys(txn, meta_key):
+        txn.delete(old_meta)
+    _put_striped(txn, meta_key, _sealed_json(meta.to_json()), kv_bytes_max)
+    txn.put(_catalog_key(meta.domain, meta.dataset, meta.partition), _sealed_json(meta.summary()))
+
+
+def meta_in(txn: Any, domain: str, dataset: str, partition: int) -> PartitionMeta:
+    """A partition's metadata slice read inside a write transaction, checked."""
+    keys = _meta_keys(txn, naming.meta_key(domain, dataset, partition))
+    if not keys:
+        raise DatasetNotFound(f"partition {partition} of {domain}/{dataset} is not on this device")
+    raw = codec.unstripe([txn.get(k)[0] for k in keys])
+    return meta_of(raw, meta_what(domain, dataset, partition))
 
 
 def _put_striped(txn: Any, key: str, value: bytes, kv_bytes_max: int) -> int:
@@ -210,10 +269,14 @@ class PartitionWriter:
         meta: PartitionMeta,
         slice_rows: int | None = None,
         lease_s: float = LEASE_S_DEFAULT,
+        copy: bool = False,
     ):
         self.store = store
         self.meta = meta
         self.lease_s = lease_s
+        # a copy of a partition committed elsewhere (a move, a repair): committing it adds a
+        # replica of rows every query already reads right, so no query need plan again
+        self.copy = copy
         self._pending_rows: list[pa.RecordBatch] = []
         self._pending_count = 0
         bytes_per_row = max(1.0, _bytes_per_row_estimate(meta.schema))
@@ -225,7 +288,8 @@ class PartitionWriter:
 
     def _start(self) -> None:
         d, n, p = self.meta.domain, self.meta.dataset, self.meta.partition
-        with self.store.transaction() as txn:
+        with self.store.transaction(visible=False) as txn:
+            _clear_retired(txn, d, n, p)  # a copy arriving where the partition was moved from
             if txn.list(naming.meta_key(d, n, p)):
                 raise DatasetExists(
                     f"dataset {d}/{n} already has partition {p} on this device: drop it first "
@@ -241,6 +305,7 @@ class PartitionWriter:
                 "ingest": self.meta.ingest,
                 "started_at": now,
                 "lease_until": now + self.lease_s,
+                "copy": self.copy,
             }
             txn.put(pending, _json_bytes(marker))
         self._started = True
@@ -300,8 +365,8 @@ class PartitionWriter:
         if number >= naming.SLICES_MAX:
             raise IngestFailed("partition has too many slices; use more partitions")
         key = naming.slice_key(self.meta.domain, self.meta.dataset, self.meta.partition, number)
-        with self.store.transaction() as txn:
-            info = _stored_slice(
+        with self.store.transaction(visible=False) as txn:
+            info = store_slice(
                 txn, key, batch, self.meta.compression, self.store.kv_bytes_max, version=1
             )
         self.meta.slices.append(info)
@@ -317,12 +382,12 @@ class PartitionWriter:
         if self._pending_count:
             self._cut(self._pending_count)
         m = self.meta
-        with self.store.transaction() as txn:
+        with self.store.transaction(visible=False) as txn:
             txn.put(naming.pending_key(m.domain, m.dataset, m.partition) + "/meta-ready", b"1")
             _put_striped(
                 txn,
                 naming.pending_key(m.domain, m.dataset, m.partition) + "/meta",
-                _json_bytes(m.to_json()),
+                _sealed_json(m.to_json()),
                 self.store.kv_bytes_max,
             )
         return m
@@ -339,30 +404,26 @@ def _bytes_per_row_estimate(schema: pa.Schema) -> float:
 
 
 def commit(store: KeyValueStore, ingest_id: str, device: str) -> list[int]:
-    """Make every pending partition of an ingest visible; one transaction for all of them."""
+    """Make every pending partition of an ingest visible; one transaction for all of them.
+    Copies alone (a move, a repair) leave the catalog generation as it was: a replica more of
+    a partition listed already changes no answer a query planned before it would give."""
     committed: list[int] = []
-    with store.transaction() as txn:
+    with store.transaction(visible=False) as txn:
         for pending in txn.list(naming.PENDING_PREFIX):
             if pending.count("/") != 3:
                 continue  # a sub-key such as ".../meta"
             body = _load_json(txn.get(pending)[0])
             if body["ingest"]["id"] != ingest_id:
                 continue
+            if not body.get("copy", False):
+                txn.show()
             if not txn.version(pending + "/meta-ready"):
                 raise IngestFailed(f"partition {pending} of ingest {ingest_id} was not finished")
             meta_keys = [k for k in txn.list(pending + "/meta") if k != pending + "/meta-ready"]
-            body = _load_json(codec.unstripe([txn.get(k)[0] for k in meta_keys]))
-            meta = PartitionMeta.from_json(body)
+            raw = codec.unstripe([txn.get(k)[0] for k in meta_keys])
+            meta = meta_of(raw, f"the pending metadata slice {pending}")
             meta.device = device
-            _put_striped(
-                txn,
-                naming.meta_key(meta.domain, meta.dataset, meta.partition),
-                _json_bytes(meta.to_json()),
-                store.kv_bytes_max,
-            )
-            txn.put(
-                _catalog_key(meta.domain, meta.dataset, meta.partition), _json_bytes(meta.summary())
-            )
+            put_meta(txn, meta, store.kv_bytes_max)
             for key in [pending, pending + "/meta-ready", *meta_keys]:
                 txn.delete(key)
             committed.append(meta.partition)
@@ -395,8 +456,9 @@ def abort(store: KeyValueStore, ingest_id: str | None = None) -> int:
         if ingest_id is not None and body["ingest"]["id"] != ingest_id:
             continue
         domain, dataset, partition = pending[len(naming.PENDING_PREFIX) :].split("/")
-        deleted += store.delete_prefix(naming.partition_prefix(domain, dataset, int(partition)))
-        deleted += store.delete_prefix(pending)
+        prefix = naming.partition_prefix(domain, dataset, int(partition))
+        deleted += store.delete_prefix(prefix, visible=False)  # pending: no reader sees it
+        deleted += store.delete_prefix(pending, visible=False)
     return deleted
 
 
@@ -425,15 +487,16 @@ def abort_unfinished(store: KeyValueStore, ingest_id: str) -> int:
         if body["ingest"]["id"] != ingest_id:
             continue
         domain, dataset, partition = pending[len(naming.PENDING_PREFIX) :].split("/")
-        deleted += store.delete_prefix(naming.partition_prefix(domain, dataset, int(partition)))
-        deleted += store.delete_prefix(pending)
+        prefix = naming.partition_prefix(domain, dataset, int(partition))
+        deleted += store.delete_prefix(prefix, visible=False)  # pending: no reader sees it
+        deleted += store.delete_prefix(pending, visible=False)
     return deleted
 
 
 def renew(store: KeyValueStore, ingest_id: str, lease_s: float) -> int:
     """The ingest's coordinator is alive: its pending partitions here stay ``lease_s`` longer."""
     renewed = 0
-    with store.transaction() as txn:
+    with store.transaction(visible=False) as txn:
         for pending in txn.list(naming.PENDING_PREFIX):
             if pending.count("/") != 3:
                 continue
@@ -466,18 +529,60 @@ def outcome(store: KeyValueStore, ingest_id: str, now: float) -> str:
     return "abort"
 
 
-def inventory(store: KeyValueStore) -> list[dict[str, Any]]:
-    return [_load_json(store.get(key)[0]) for key in store.list(CATALOG_PREFIX)]
+def inventory(
+    store: KeyValueStore, damaged: list[CorruptSlice] | None = None
+) -> list[dict[str, Any]]:
+    """Every committed partition's catalog entry. One that fails its check is rebuilt from
+    the metadata slice, and one whose metadata slice fails too is left out (the device cannot
+    serve it); either is added to ``damaged``. One dropped or moved away while they are listed
+    is left out (the write changed the store's count: whoever caches this reads it again)."""
+    entries = []
+    for key in store.list(CATALOG_PREFIX):
+        domain, dataset, partition = key[len(CATALOG_PREFIX) :].split("/")
+        try:
+            entries.append(catalog_entry(store, domain, dataset, int(partition)))
+            continue
+        except KeyNotFound:
+            continue
+        except CorruptSlice as error:
+            if damaged is not None:
+                damaged.append(error)
+        try:
+            entries.append(read_meta(store, domain, dataset, int(partition)).summary())
+        except KeyNotFound:
+            continue
+        except CorruptSlice as error:
+            if damaged is not None:
+                damaged.append(error)
+    return entries
+
+
+def catalog_entry(store: KeyValueStore, domain: str, dataset: str, partition: int) -> Any:
+    """A partition's catalog entry, checked (``CorruptSlice`` if damaged)."""
+    return catalog_entry_in(store, domain, dataset, partition)
+
+
+def catalog_entry_in(reader: Any, domain: str, dataset: str, partition: int) -> Any:
+    """A partition's catalog entry read through ``reader`` (the store or a transaction of
+    it), checked (``CorruptSlice`` if damaged)."""
+    what = f"the catalog entry of partition {partition} of {domain}/{dataset}"
+    return _unsealed_json(reader.get(_catalog_key(domain, dataset, partition))[0], what)[0]
+
+
+def json_round_trip(value: Any) -> Any:
+    """``value`` as it reads back once stored as JSON (tuples become lists...)."""
+    return json.loads(_json_bytes(value))
 
 
 def read_meta(store: KeyValueStore, domain: str, dataset: str, partition: int) -> PartitionMeta:
+    """A partition's metadata slice, checked against its checksum (``CorruptSlice`` if not)."""
     try:
         raw = _read_striped_meta(store, naming.meta_key(domain, dataset, partition))
     except KeyNotFound:
         raise DatasetNotFound(
             f"partition {partition} of {domain}/{dataset} is not on this device"
         ) from None
-    return PartitionMeta.from_json(_load_json(raw))
+    return meta_of(raw, meta_what(domain, dataset, partition))
 
 
 def read_slice(
@@ -519,32 +624,61 @@ def fetch_slice(
 
 
 def decode_read(meta: PartitionMeta, fetched: FetchedSlice) -> pa.RecordBatch:
+    """A slice's fetched bytes checked against their checksums, then decoded and checked
+    against the metadata slice: damage of any kind is ``CorruptSlice``, naming the copy."""
     info = meta.slices[fetched.number]
     try:
         if fetched.whole is not None:
             batch = codec.decode_slice(fetched.whole, meta.schema, info.rows)
             return batch.select(fetched.columns) if fetched.columns is not None else batch
         assert fetched.parts is not None and fetched.indices is not None
+        verify_parts(meta, fetched.number, fetched.parts, fetched.indices)
         return codec.decode_columns(fetched.parts, meta.columns(fetched.indices), info.rows)
     except CorruptSlice as error:
-        raise CorruptSlice(
-            f"slice {fetched.number} of partition {meta.partition} of "
-            f"{meta.domain}/{meta.dataset}: {error}"
-        ) from None
+        raise CorruptSlice(f"{slice_what(meta, fetched.number)}: {error}") from None
+
+
+def slice_what(meta: PartitionMeta, number: int) -> str:
+    """How errors name a copy of a slice (``CorruptSlice`` reads it back)."""
+    on = f" on device {meta.device}" if meta.device else ""
+    return f"slice {number} of partition {meta.partition} of {meta.domain}/{meta.dataset}{on}"
+
+
+def verify_parts(meta: PartitionMeta, number: int, parts: list[Any], indices: list[int]) -> bool:
+    """Check column streams read off the store (``parts``, of the columns at ``indices``)
+    against the lengths and checksums the metadata slice keeps; whether they had checksums."""
+    info = meta.slices[number]
+    assert info.columns is not None, "a slice stored whole has no stream per column"
+    checksums = info.checksums
+    if checksums is not None and len(checksums) != len(info.columns):
+        raise CorruptSlice(f"{len(checksums)} checksums for {len(info.columns)} columns")
+    verified = False
+    for part, index in zip(parts, indices, strict=True):
+        expected = None if checksums is None else checksums[index]
+        what = f"column {meta.schema.field(index).name}"
+        verified = checksum.check(part, info.columns[index], expected, what) or verified
+    return verified
 
 
 def read_stored(
     store: KeyValueStore, meta: PartitionMeta, number: int, columns: list[str]
-) -> list[bytes | memoryview] | None:
-    """The stored IPC streams of ``columns`` of a slice, undecoded (None: the slice was stored
-    whole, in the first format, and has no stream per column)."""
+) -> tuple[list[bytes | memoryview], list[int] | None] | None:
+    """The stored IPC streams of ``columns`` of a slice, undecoded but checked against their
+    checksums, and those checksums, for the receiver to check again (None: none kept). None
+    for a slice stored whole, in the first format, with no stream per column."""
     info = meta.slices[number]
     if info.columns is None:
         return None
     key = naming.slice_key(meta.domain, meta.dataset, meta.partition, number)
     wanted = column_indices(meta, columns)
     parts = _column_values(store, key, info, wanted)
-    return [parts[i] for i in wanted]
+    wanted_parts = [parts[i] for i in wanted]
+    try:
+        verify_parts(meta, number, wanted_parts, wanted)
+    except CorruptSlice as error:
+        raise CorruptSlice(f"{slice_what(meta, number)}: {error}") from None
+    checksums = None if info.checksums is None else [info.checksums[i] for i in wanted]
+    return wanted_parts, checksums
 
 
 def column_indices(meta: PartitionMeta, columns: list[str] | None) -> list[int]:
@@ -636,7 +770,94 @@ def drop(store: KeyValueStore, domain: str, dataset: str) -> int:
     deleted = store.delete_prefix(naming.dataset_prefix(domain, dataset))
     deleted += store.delete_prefix(f"{CATALOG_PREFIX}{domain}/{dataset}/")
     deleted += store.delete_prefix(f"{naming.CACHE_PREFIX}{domain}/{dataset}/")
+    store.delete_prefix(f"{naming.RETIRED_PREFIX}{domain}/{dataset}/", visible=False)
     return deleted
+
+
+# ---- moves: a partition copied elsewhere leaves this device -------------------------------------
+
+
+def retire(
+    store: KeyValueStore, domain: str, dataset: str, partition: int, ingest_id: str, now: float
+) -> bool:
+    """Take a committed partition out of this device's inventory (it was copied elsewhere and
+    committed there): from now on no query planned anew reads it here. Its rows and metadata
+    stay until ``purge_retired`` runs past the grace, so work planned before the move still
+    reads whole what it started on. Only the partition of ``ingest_id``: a dataset dropped
+    and ingested again under the name is not touched. Returns whether it retired one."""
+    catalog_key = _catalog_key(domain, dataset, partition)
+    with store.transaction() as txn:
+        if not txn.version(catalog_key):
+            return False
+        summary = catalog_entry_in(txn, domain, dataset, partition)
+        if summary["ingest"]["id"] != ingest_id:
+            return False
+        txn.delete(catalog_key)
+        marker = {"ingest": ingest_id, "retired_at": now}
+        txn.put(naming.retired_key(domain, dataset, partition), _json_bytes(marker))
+    return True
+
+
+def purge_retired(store: KeyValueStore, keep_s: float, now: float) -> int:
+    """Delete the rows of partitions retired more than ``keep_s`` ago; returns how many."""
+    purged = 0
+    for key in store.list(naming.RETIRED_PREFIX):
+        try:
+            marker = _load_json(store.get(key)[0])
+        except KeyNotFound:
+            continue
+        if marker.get("retired_at", 0.0) + keep_s > now:
+            continue
+        domain, dataset, partition = key[len(naming.RETIRED_PREFIX) :].split("/")
+        with store.transaction(visible=False) as txn:  # nothing listed changes
+            purged += _clear_retired(txn, domain, dataset, int(partition))
+    return purged
+
+
+def _clear_retired(txn: Any, domain: str, dataset: str, partition: int) -> int:
+    """Delete a retired partition's leftovers and its mark, if it is retired here."""
+    marker = naming.retired_key(domain, dataset, partition)
+    if not txn.version(marker) or txn.version(_catalog_key(domain, dataset, partition)):
+        return 0
+    for key in txn.list(naming.partition_prefix(domain, dataset, partition)):
+        txn.delete(key)
+    txn.delete(marker)
+    return 1
+
+
+def set_holders(
+    store: KeyValueStore,
+    domain: str,
+    dataset: str,
+    partition: int,
+    ingest_id: str,
+    devices: list[str],
+) -> bool:
+    """Record which devices hold a committed partition now (its ingest's placement, as this
+    copy remembers it): after a move the catalog waits for those devices, not the ones the
+    ingest first chose. Returns whether this device holds the partition of ``ingest_id``."""
+    catalog_key = _catalog_key(domain, dataset, partition)
+    meta_key = naming.meta_key(domain, dataset, partition)
+    # what a query reads does not change (its rows, its slices): no new catalog generation
+    with store.transaction(visible=False) as txn:
+        if not txn.version(catalog_key):
+            return False
+        summary = catalog_entry_in(txn, domain, dataset, partition)
+        if summary["ingest"]["id"] != ingest_id:
+            return False
+        meta_keys = _meta_keys(txn, meta_key)
+        raw = codec.unstripe([txn.get(k)[0] for k in meta_keys])
+        meta, _ = _unsealed_json(raw, meta_what(domain, dataset, partition))
+        for body in (summary, meta):
+            body["ingest"]["placement"] = {
+                **body["ingest"].get("placement", {}),
+                str(partition): list(devices),
+            }
+        txn.put(catalog_key, _sealed_json(summary))
+        for old in meta_keys:
+            txn.delete(old)
+        _put_striped(txn, meta_key, _sealed_json(meta), store.kv_bytes_max)
+    return True
 
 
 def update_slice(
@@ -656,12 +877,9 @@ def update_slice(
     """
     if not batch.schema.equals(read_meta(store, domain, dataset, partition).schema):
         raise SchemaMismatch(f"new slice schema {batch.schema} differs from {domain}/{dataset}'s")
-    meta_key = naming.meta_key(domain, dataset, partition)
     key = naming.slice_key(domain, dataset, partition, number)
     with store.transaction() as txn:
-        meta = PartitionMeta.from_json(
-            _load_json(codec.unstripe([txn.get(k)[0] for k in _meta_keys(txn, meta_key)]))
-        )
+        meta = meta_in(txn, domain, dataset, partition)
         if not 0 <= number < len(meta.slices):
             raise KeyNotFound(
                 f"slice {number} of {domain}/{dataset} partition {partition} does not exist"
@@ -675,13 +893,10 @@ def update_slice(
             )
         for old_key in naming.slice_value_keys(key, old.stripes):
             txn.delete(old_key)
-        meta.slices[number] = _stored_slice(
+        meta.slices[number] = store_slice(
             txn, key, batch, meta.compression, store.kv_bytes_max, old.version + 1
         )
-        for old_meta in _meta_keys(txn, meta_key):
-            txn.delete(old_meta)
-        _put_striped(txn, meta_key, _json_bytes(meta.to_json()), store.kv_bytes_max)
-        txn.put(_catalog_key(domain, dataset, partition), _json_bytes(meta.summary()))
+        put_meta(txn, meta, store.kv_bytes_max)
     return old.version + 1
 
 

@@ -97,7 +97,9 @@ def test_a_dataset_described_as_before():
 
 def test_a_device_status_up_and_down():
     stats = StatsReply(keys=12, file_bytes=4096, partitions=3, running=1, exchanges_max=4)
-    up = DeviceStatus("dev0", "grpc://127.0.0.1:1", True, profile="host", pid=42, stats=stats)
+    up = DeviceStatus(
+        "dev0", "grpc://127.0.0.1:1", True, profile="host", pid=42, stats=stats, host="h1"
+    )
     assert up.to_json() == {
         "device": "dev0",
         "address": "grpc://127.0.0.1:1",
@@ -105,11 +107,17 @@ def test_a_device_status_up_and_down():
         "profile": "host",
         "pid": 42,
         **stats.to_json(),
+        "host": "h1",
+        "rack": "",
+        "drained": False,
     }
-    down = DeviceStatus("dev1", "grpc://127.0.0.1:2", False, error="does not answer")
+    down = DeviceStatus("dev1", "grpc://127.0.0.1:2", False, error="does not answer", host="h2")
     assert down.to_json() == {
         "device": "dev1",
         "address": "grpc://127.0.0.1:2",
         "up": False,
         "error": "does not answer",
+        "host": "h2",
+        "rack": "",
+        "drained": False,
     }

@@ -2,28 +2,37 @@
 
 A partition is under-replicated when fewer devices that answer hold it than its ingest asked.
 ``repair`` copies each one from a replica that answers to the device that ranks highest for it
-(rendezvous weight) among those that answer and do not hold it, slice by slice with the same
+(rendezvous weight) among those that answer, do not hold it and are not drained, in a rack
+(then on a host) none of its replicas is in while one exists, slice by slice with the same
 slice boundaries (so slice numbers name the same rows on every replica, as failover needs), at
 a bounded rate so foreground queries keep their links. The copy is written pending under the
 partition's ingest and committed on the target alone: a copy cut short is settled by the target
-itself (its lease runs out; unfinished, it is dropped). No central server: any coordinator
-computes the same deficits and targets from the devices' own inventories.
+itself (its lease, renewed while the copy runs, runs out; unfinished, it is dropped). No central
+server: any coordinator computes the same deficits and targets from the devices' own
+inventories. A move (``rebalance``) copies the same way.
+
+Damaged copies the devices remember (a slice or metadata slice that failed its checksum) are
+mended first, each from a good copy on another replica (``mend``): one slice, or one metadata
+slice, rewritten in place.
 """
 
 from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
+from quarry.coordinator.admin.mend import Mended, Unmended, damaged_copies, mend
+from quarry.coordinator.ingest.atomic import Renewer, lease_seconds
 from quarry.coordinator.membership.device_client import DeviceClient, finish_put
-from quarry.coordinator.membership.placement import weight
+from quarry.coordinator.membership.placement import apart, weight
 from quarry.errors import DeviceUnavailable, QuarryError
 from quarry.protocol.control import IngestRecord
-from quarry.protocol.ingest import LEASE_S_DEFAULT, PutPartition
+from quarry.protocol.ingest import PutPartition
 
 if TYPE_CHECKING:
     from quarry.coordinator.membership.catalog import DatasetEntry, PartitionEntry
@@ -57,6 +66,8 @@ class RepairReport:
     unavailable: list[dict[str, Any]] = field(default_factory=list)  # no replica answers
     bytes_copied: int = 0
     seconds: float = 0.0
+    mended: list[Mended] = field(default_factory=list)  # damaged copies made good
+    unmended: list[Unmended] = field(default_factory=list)  # and those left as they are
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -65,10 +76,12 @@ class RepairReport:
             "unavailable": self.unavailable,
             "bytes_copied": self.bytes_copied,
             "seconds": round(self.seconds, 3),
+            "mended": [m.to_json() for m in self.mended],
+            "unmended": [u.to_json() for u in self.unmended],
         }
 
 
-def _record_of(entry: DatasetEntry, partition: int) -> IngestRecord:
+def record_of(entry: DatasetEntry, partition: int) -> IngestRecord:
     for record in entry.ingests:
         if record.first_partition <= partition < record.first_partition + record.partitions:
             return record
@@ -80,7 +93,7 @@ def deficits(cluster: Membership) -> list[Deficit]:
     found = []
     for entry in cluster.catalog.values():
         for p in entry.partitions:
-            wanted = _record_of(entry, p.partition).replicas
+            wanted = record_of(entry, p.partition).replicas
             if len(p.devices) < wanted:
                 found.append(Deficit(entry.qualified, p.partition, tuple(p.devices), wanted))
     return found
@@ -96,13 +109,14 @@ def repair(
     for entry in cluster.catalog.values():
         for partition in sorted(entry.unavailable):
             report.unavailable.append({"dataset": entry.qualified, "partition": partition})
-    bucket = _Bucket(bandwidth_bytes_per_s)
+    bucket = Bucket(bandwidth_bytes_per_s)
+    report.mended, report.unmended = mend(cluster, damaged_copies(cluster), bucket.take)
     for deficit in deficits(cluster):
         entry = cluster.entry(deficit.dataset)
         p = next(p for p in entry.partitions if p.partition == deficit.partition)
         for target in _targets(cluster, entry, p)[: deficit.replicas - len(deficit.holders)]:
             try:
-                copied = _copy(cluster, entry, p, target, bucket)
+                copied = copy_partition(cluster, entry, p, target, bucket)
             except QuarryError as error:
                 report.failed.append({**deficit.to_json(), "to": target, "error": str(error)})
                 continue
@@ -114,25 +128,46 @@ def repair(
 
 
 def _targets(cluster: Membership, entry: DatasetEntry, p: PartitionEntry) -> list[str]:
-    """Devices that answer and do not hold the partition, highest rendezvous weight first."""
-    free = [c.name for c in cluster.live_devices() if c.name not in p.devices]
-    return sorted(free, key=lambda name: -weight(entry.qualified, p.partition, name))
+    """Devices that answer, are not drained and do not hold the partition: those in a rack,
+    then on a host, that none of its replicas is in first; within each, highest rendezvous
+    weight first."""
+    domains = cluster.domains()
+    live = [c.name for c in cluster.placing_devices() if c.name not in p.devices]
+    held = [d for d in p.devices if d in domains]
+    return sorted(
+        live,
+        key=lambda name: (
+            -apart(name, held, domains),
+            -weight(entry.qualified, p.partition, name),
+        ),
+    )
 
 
-def _copy(
+def copy_partition(
     cluster: Membership,
     entry: DatasetEntry,
     p: PartitionEntry,
     target: str,
-    bucket: _Bucket,
+    bucket: Bucket,
+    source: str | None = None,
+    holders: list[str] | None = None,
+    copied_bytes: Callable[[int], None] | None = None,
 ) -> int:
-    source = _source(cluster, p)
-    description = source.describe(entry.domain, entry.name, p.partition)
+    """Copy partition ``p`` from ``source`` (a replica that answers, by default) to ``target``,
+    slice by slice at the bucket's rate, and commit it there; the bytes it carried. The copy
+    remembers ``holders`` as the devices that hold the partition (a move's new set), and says
+    where it comes from so ``quarry status`` lists it in flight; ``copied_bytes`` hears each
+    batch (a progress bar)."""
+    reader_client = cluster.devices[source] if source is not None else _source(cluster, p)
+    description = reader_client.describe(entry.domain, entry.name, p.partition)
     summary = description.summary
     # The target decides its own copy: pending until committed here, settled by itself if cut
     # short (it is the decider; an unfinished copy is dropped).
     target_client = cluster.devices[target]
     record = replace(summary.ingest, decider=target, addresses={target: target_client.address})
+    if holders is not None:
+        record = replace(record, placement={**record.placement, str(p.partition): holders})
+    lease_s = lease_seconds()
     request = PutPartition(
         domain=entry.domain,
         dataset=entry.name,
@@ -141,24 +176,31 @@ def _copy(
         compression=summary.compression,
         metadata=summary.metadata,
         hints=summary.hints,
-        lease_s=LEASE_S_DEFAULT,
+        lease_s=lease_s,
         slice_rows=description.slices[0].rows if description.slices else None,
+        copy_from=reader_client.name,
+        copy_bytes=summary.bytes_arrow,
     )
-    writer, reader = target_client.open_put(request, summary.schema)
     copied = 0
-    try:
-        for batch in source.batches(source.scan(entry.domain, entry.name, p.partition)):
-            size = pa.ipc.get_record_batch_size(batch)
-            bucket.take(size)
-            target_client.guard(lambda b=batch: writer.write_batch(b))
-            copied += size
-        target_client.guard(lambda: finish_put(writer, reader))
-    except BaseException:
-        with contextlib.suppress(QuarryError):  # else the target drops it when its lease ends
-            target_client.abort(record.id)
-        raise
-    if p.partition not in target_client.commit(record.id):
-        raise QuarryError(f"device {target} did not commit its copy of partition {p.partition}")
+    # renewed while the rows stream (a copy at a bounded rate may outlast one lease)
+    with Renewer([target_client], record.id, lease_s):
+        writer, reader = target_client.open_put(request, summary.schema)
+        try:
+            scan = reader_client.scan(entry.domain, entry.name, p.partition)
+            for batch in reader_client.batches(scan):
+                size = pa.ipc.get_record_batch_size(batch)
+                bucket.take(size)
+                target_client.guard(lambda b=batch: writer.write_batch(b))
+                copied += size
+                if copied_bytes is not None:
+                    copied_bytes(batch.nbytes)
+            target_client.guard(lambda: finish_put(writer, reader))
+        except BaseException:
+            with contextlib.suppress(QuarryError):  # else the target drops it when its lease ends
+                target_client.abort(record.id)
+            raise
+        if p.partition not in target_client.commit(record.id):
+            raise QuarryError(f"device {target} did not commit its copy of partition {p.partition}")
     return copied
 
 
@@ -169,8 +211,8 @@ def _source(cluster: Membership, p: PartitionEntry) -> DeviceClient:
     raise DeviceUnavailable(f"no replica of partition {p.partition} answers")
 
 
-class _Bucket:
-    """Bytes per second for the whole repair (a token bucket without burst)."""
+class Bucket:
+    """Bytes per second for a whole repair or rebalance (a token bucket without burst)."""
 
     def __init__(self, bytes_per_s: float):
         assert bytes_per_s > 0

@@ -13,6 +13,7 @@ threads, tasks run on a fixed pool, and the merged output waits in a queue of at
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -28,7 +29,7 @@ from quarry.coordinator.dispatch.report import WorkReport
 from quarry.coordinator.dispatch.streams import Merged, merge
 from quarry.coordinator.membership.device_client import DeviceClient
 from quarry.device.unit import Unit
-from quarry.errors import DeviceUnavailable, PlanNotSupported, ProtocolError
+from quarry.errors import CorruptSlice, DeviceUnavailable, PlanNotSupported, ProtocolError
 from quarry.protocol.control import LoadStatus
 from quarry.protocol.stage import Stage
 from quarry.protocol.work import ChunkDone, PushedBack, SliceRequest, WorkDone, WorkRequest
@@ -36,6 +37,7 @@ from quarry.store import stored
 from quarry.tally import Tally
 
 T = TypeVar("T")
+log = logging.getLogger("quarry.dispatch")
 FETCHERS_PER_EXCHANGE = 2  # concurrent fetches of pushed-back ranges per device stream
 PAYLOAD_ROUNDS_MAX = 2  # a unit asks for its payload at most once
 
@@ -63,6 +65,10 @@ class Task:
     # a scan (``host_only``) of rows few enough for one engine run: the slices of every such
     # task of a fragment are completed together, once (``Dispatch.run``), not once per task
     complete_once: bool = False
+    # partitions whose slices carry checksums, checked by whoever reads them: raw slices the
+    # host receives count as verified (their device checked them, and this side too when they
+    # come as stored)
+    verified: frozenset[int] = frozenset()
 
 
 class Dispatch:
@@ -211,13 +217,13 @@ class Dispatch:
         is left for the next replica, from the first slice not yet received."""
         request, received = task.request, 0
         columns = task.host.columns()  # what the unit reads: the rest stays on the drive
-        lost: list[tuple[str, DeviceUnavailable]] = []
+        lost: list[tuple[str, DeviceUnavailable | CorruptSlice]] = []
         for client in [task.client, *task.replicas.get(partition, ())]:
             if client.name in self.dead:
                 continue
             if lost:
                 failover = {"from": lost[-1][0], "to": client.name, "slices_done_before": received}
-                report.failovers.append(failover)
+                report.failovers.append({**failover, "error": str(lost[-1][1])})
             try:
                 reader = self._opened(
                     lambda client=client, first=received: client.scan(
@@ -232,20 +238,38 @@ class Dispatch:
                 )
                 for shipped in client.batches(reader):
                     size = pa.ipc.get_record_batch_size(shipped)
-                    for batch in self._decoded(report, shipped):
+                    slices, checked = self._decoded(report, shipped)
+                    verified = partition in task.verified or checked > 0
+                    for batch in slices:
                         received += 1
                         with self._lock:
                             report.add_raw(1, batch.num_rows, size)
                             report.add_shipped(batch.num_rows, size, raw=True)
+                            report.count(slices_verified=int(verified))
                         yield batch
                 return
             except DeviceUnavailable as error:
                 self.dead.add(client.name)
                 lost.append((client.name, error))
-        raise DeviceUnavailable(
-            f"no replica of partition {partition} of {request.domain}/{request.dataset} answers "
-            f"after {received} of its slices: {'; '.join(str(e) for _, e in lost)}"
-        )
+            except CorruptSlice as error:  # that copy: the rest of the partition elsewhere
+                lost.append((client.name, self.rejected(report, error, client.name)))
+        where = f"partition {partition} of {request.domain}/{request.dataset}"
+        errors = "; ".join(str(e) for _, e in lost)
+        if lost and isinstance(lost[-1][1], CorruptSlice):
+            raise CorruptSlice(
+                f"no other replica of {where} holds a good copy of what is left after its first "
+                f"{received} slices: {errors}"
+            )
+        raise DeviceUnavailable(f"no replica of {where} answers after {received} slices: {errors}")
+
+    def rejected(self, report: WorkReport, error: CorruptSlice, device: str) -> CorruptSlice:
+        """A copy that failed its check: counted, logged, named as the device's. Its device
+        remembers it for repair; what is read instead comes from another replica."""
+        error = error.on(device)
+        with self._lock:
+            report.count(slices_rejected=1)
+        log.warning("rejected a damaged copy, reading another replica: %s", error)
+        return error
 
     def _expected(self, device: str) -> str:
         return self.expect(device) if self.expect is not None else ""
@@ -259,16 +283,19 @@ class Dispatch:
             self.streams += 1
         return stream
 
-    def _decoded(self, report: WorkReport, shipped: pa.RecordBatch) -> list[pa.RecordBatch]:
-        """A batch as it arrived, or the slices in it when they came as stored: decompressed
-        here, on this side's CPU, which the report counts (``decode_s``)."""
+    def _decoded(
+        self, report: WorkReport, shipped: pa.RecordBatch
+    ) -> tuple[list[pa.RecordBatch], int]:
+        """A batch as it arrived, or the slices in it when they came as stored: checked against
+        their checksums and decompressed here, on this side's CPU, which the report counts
+        (``decode_s``); and how many of them this side checked."""
         if not stored.is_stored(shipped.schema):
-            return [shipped]
+            return [shipped], 0
         started = time.thread_time()
         slices = stored.decode(shipped)
         with self._lock:
             report.decode_s += time.thread_time() - started
-        return slices
+        return slices, stored.verified(shipped)
 
     def _complete(
         self, host: Unit, stage: Stage, batches: Iterable[pa.RecordBatch]
@@ -339,10 +366,10 @@ class Dispatch:
                     fetches.append((item, future))
                 else:
                     done = item
-        except DeviceUnavailable as error:
+        except (DeviceUnavailable, CorruptSlice) as error:
             yield from self._fetched(fetches, progress, wait_for_all=True)
             fetchers.shutdown(cancel_futures=True)
-            raise DeviceLost(error, progress) from None
+            raise DeviceLost(self._lost(task, error), progress) from None
         except BaseException:  # a device that failed mid-stream leaves no fetch running
             fetchers.shutdown(cancel_futures=True)
             raise
@@ -374,9 +401,20 @@ class Dispatch:
                 yield from _marks(partition.partition, own)
         try:
             yield from self._fetched(fetches, progress, wait_for_all=False)
-        except DeviceUnavailable as error:
-            raise DeviceLost(error, progress) from None
+        except (DeviceUnavailable, CorruptSlice) as error:
+            raise DeviceLost(self._lost(task, error), progress) from None
         return done
+
+    def _lost(
+        self, task: Task, error: DeviceUnavailable | CorruptSlice
+    ) -> DeviceUnavailable | CorruptSlice:
+        """Why a task leaves its device: it stopped answering, or read a damaged copy (counted
+        in the report of the partition it names)."""
+        if isinstance(error, DeviceUnavailable):
+            return error
+        partitions = task.request.partitions
+        named = error.partition if error.partition in partitions else partitions[0]
+        return self.rejected(self.report(task, named), error, task.client.name)
 
     def _release(self, task: Task, batches: list[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         """Device output now known whole: passed on, or completed first (a scan engine)."""
@@ -393,8 +431,8 @@ class Dispatch:
         for notice, future in fetches:
             try:
                 batches = future.result()
-            except DeviceUnavailable:
-                if wait_for_all:
+            except (DeviceUnavailable, CorruptSlice):
+                if wait_for_all:  # not done: the replica that takes over runs it again
                     continue
                 raise
             yield from batches
@@ -419,6 +457,7 @@ class Dispatch:
         )
         report = self.report(task, notice.partition)
         raw = notice.stage is Stage.RAW
+        verified = raw and notice.partition in task.verified
         if raw:  # read when fetched: counted here (a filtered range was counted by the device)
             with self._lock:  # a partition's ranges are fetched at once
                 report.add_raw(notice.slices, notice.rows, notice.bytes_stored)
@@ -427,9 +466,10 @@ class Dispatch:
             reader = self._opened(lambda: task.client.get(fetch, payload))
             for shipped in task.client.batches(reader):
                 size = pa.ipc.get_record_batch_size(shipped)
-                slices = self._decoded(report, shipped)
+                slices, checked = self._decoded(report, shipped)
                 with self._lock:
                     report.add_shipped(sum(b.num_rows for b in slices), size, raw)
+                    report.count(slices_verified=len(slices) if verified else checked)
                 yield from slices
 
         return list(self._complete(task.host, notice.stage, arriving()))

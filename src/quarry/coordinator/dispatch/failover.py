@@ -16,7 +16,7 @@ from typing import Any, Protocol, TypeVar
 
 from quarry.coordinator.dispatch.report import WorkReport
 from quarry.coordinator.membership.device_client import DeviceClient
-from quarry.errors import DeviceUnavailable
+from quarry.errors import CorruptSlice, DeviceUnavailable
 from quarry.protocol.work import PartitionRange, WorkRequest, ranges_of
 
 
@@ -53,9 +53,10 @@ class Progress:
 
 
 class DeviceLost(Exception):
-    """A task's device stopped answering; ``progress`` is what the host already holds."""
+    """A task's device stopped answering, or read a damaged copy (``CorruptSlice``: the rest
+    goes to a replica all the same); ``progress`` is what the host already holds."""
 
-    def __init__(self, error: DeviceUnavailable, progress: Progress):
+    def __init__(self, error: DeviceUnavailable | CorruptSlice, progress: Progress):
         super().__init__(str(error))
         self.error = error
         self.progress = progress
@@ -72,6 +73,11 @@ def resume(task: T, lost: DeviceLost, dead: set[str], reports: dict[int, WorkRep
     moved: dict[str, tuple[DeviceClient, list[int]]] = {}
     for partition in task.request.partitions:
         replica = next((c for c in task.replicas.get(partition, ()) if c.name not in dead), None)
+        if replica is None and isinstance(lost.error, CorruptSlice):
+            raise CorruptSlice(
+                f"{lost.error}; no other replica of partition {partition} of "
+                f"{task.request.domain}/{task.request.dataset} holds a good copy to read instead"
+            ) from None
         if replica is None:
             raise DeviceUnavailable(
                 f"device {failed} stopped answering while running {task.request.unit} on "

@@ -20,6 +20,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterable, Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -29,7 +30,7 @@ from quarry import settings
 from quarry.coordinator.ingest.sources import GuardedReader, open_source
 from quarry.coordinator.membership.catalog import DatasetEntry
 from quarry.coordinator.membership.device_client import DeviceClient, finish_put
-from quarry.coordinator.membership.placement import place_all
+from quarry.coordinator.membership.placement import place_all, shared_domains
 from quarry.errors import (
     DatasetExists,
     DatasetNotFound,
@@ -100,7 +101,7 @@ def ingest(
             _schema_difference(f"{domain}/{name}", existing.schema, schema, opened.name)
         )
     _check_cluster_by(cluster_by, schema)
-    devices = cluster.live_devices()
+    devices = cluster.placing_devices()
     if not devices:
         raise IngestFailed("no device answers: start the cluster first (quarry up)")
     if not 1 <= replicas <= len(devices):
@@ -118,10 +119,15 @@ def ingest(
         raise IngestFailed(f"{domain}/{name} would exceed {naming.PARTITIONS_MAX} partitions")
     ingest_id = uuid.uuid4().hex
     by_id = {d.name: d for d in devices}
+    # where each device sits (host, rack): replicas of a partition go to distinct ones
+    domains = {device: at for device, at in cluster.domains().items() if device in by_id}
     placement = {
         str(p): devices_of_p
         for p, devices_of_p in place_all(
-            f"{domain}/{name}", range(first, first + partition_count), sorted(by_id), replicas
+            f"{domain}/{name}",
+            range(first, first + partition_count),
+            dict(sorted(domains.items())),
+            replicas,
         ).items()
     }
     involved = sorted({d for names in placement.values() for d in names})
@@ -192,7 +198,8 @@ def ingest(
             f"ingest of {domain}/{name} is committed but not yet visible on every device; "
             "they settle it on their own within seconds: list it again"
         )
-    return entry
+    shared = shared_domains(((replicas, p) for p in placement.values()), domains)
+    return replace(entry, warnings=tuple(s.message() for s in shared)) if shared else entry
 
 
 def _check_cluster_by(column: str | None, schema: pa.Schema) -> None:

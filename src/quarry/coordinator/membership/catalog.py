@@ -25,6 +25,7 @@ class PartitionEntry:
     bytes_stored: int
     bytes_arrow: int
     devices: list[str]  # replicas that hold it, in placement order
+    verified: bool = False  # every copy's slices carry checksums (checked on every read)
 
 
 @dataclass
@@ -39,6 +40,8 @@ class DatasetEntry:
     partitions: list[PartitionEntry] = field(default_factory=list)
     # Partitions whose every replica sits on a device that does not answer right now.
     unavailable: dict[int, list[str]] = field(default_factory=dict)
+    # what the ingest that returned it has to say (replicas that must share a host...)
+    warnings: tuple[str, ...] = ()
 
     @property
     def qualified(self) -> str:
@@ -135,7 +138,7 @@ def build(
             for partition in _expected(ingest.record):
                 held = ingest.parts.get(partition)
                 if not held:
-                    entry.unavailable[partition] = _placement(ingest.record, partition)
+                    entry.unavailable[partition] = _claimed(ingest, partition)
                     continue
                 summary = held[0][1]
                 entry.partitions.append(
@@ -146,6 +149,7 @@ def build(
                         bytes_stored=summary.bytes_stored,
                         bytes_arrow=summary.bytes_arrow,
                         devices=[device for device, _ in held],
+                        verified=all(s.verified for _, s in held),
                     )
                 )
         catalog[entry.qualified] = entry
@@ -156,14 +160,23 @@ def _expected(ingest: IngestRecord) -> range:
     return range(ingest.first_partition, ingest.first_partition + ingest.partitions)
 
 
-def _placement(ingest: IngestRecord, partition: int) -> list[str]:
-    return list(ingest.placement.get(str(partition), []))
+def _claimed(ingest: _Ingest, partition: int) -> list[str]:
+    """The devices that should hold a partition: as its holders remember it (a move rewrites
+    it on every holder before the device it leaves lets it go), else as the ingest placed it."""
+    held = ingest.parts.get(partition, [])
+    records = [summary.ingest for _, summary in held] or [ingest.record]
+    claimed: list[str] = []
+    for record in records:
+        for device in record.placement.get(str(partition), []):
+            if device not in claimed:
+                claimed.append(device)
+    return claimed
 
 
 def _complete(ingest: _Ingest, down: frozenset[str]) -> bool:
     for partition in _expected(ingest.record):
         holders = [device for device, _ in ingest.parts.get(partition, [])]
-        missing = [d for d in _placement(ingest.record, partition) if d not in holders]
+        missing = [d for d in _claimed(ingest, partition) if d not in holders]
         if len(holders) < ingest.record.replicas and not (missing and set(missing) <= down):
             return False
     return True

@@ -14,9 +14,10 @@ is. The JSON (format 1) is the one every quarry wrote so far::
                   "credentials": "...", "token_file": "...", "ca_file": "..."}, ...],
      "host": {"profile": "slowhost", "profiles_file": null}}
 
-A device's keys other than ``name`` and ``address`` are optional; ``host`` is there only when
-``quarry up --host-profile`` named one. A storage server lists what is behind it under
-``drives``, as the file lists devices (docs/hierarchy.md).
+A device's keys other than ``name`` and ``address`` are optional (``host`` and ``rack`` name its
+failure domain, ``drained`` is there once ``quarry device drain`` emptied it); the top-level
+``host`` is there only when ``quarry up --host-profile`` named one. A storage server lists what
+is behind it under ``drives``, as the file lists devices (docs/hierarchy.md).
 """
 
 from __future__ import annotations
@@ -53,6 +54,12 @@ class DeviceSpec(Message):
     token: str | None = None  # a token carried inline (``quarry token create --output``)
     token_file: str | None = None  # ... or the file that holds it (the admin's)
     ca_file: str | None = None  # the CA its TLS certificate chains to (TLS only)
+    # its failure domain, as the cluster knows it when the device does not answer (the
+    # device's hello says it otherwise): the host it runs on, its rack
+    host: str | None = bounded(chars_max=NAME_CHARS_MAX, default=None)
+    rack: str | None = bounded(chars_max=NAME_CHARS_MAX, default=None)
+    # ``quarry device drain``: it holds nothing and takes nothing new (``device remove`` next)
+    drained: bool = False
     # a storage server: the drives (and servers) behind it
     drives: tuple[DeviceSpec, ...] = bounded(items_max=ENTRIES_MAX, default=())
 
@@ -67,7 +74,9 @@ class DeviceSpec(Message):
     def to_json(self) -> dict[str, Any]:
         """Only the keys that say something, as every writer so far wrote them."""
         body = super().to_json()
-        return {k: v for k, v in body.items() if v is not None and (k != "drives" or v)}
+        return {
+            k: v for k, v in body.items() if v is not None and (k not in ("drives", "drained") or v)
+        }
 
 
 @dataclass(frozen=True)
@@ -154,6 +163,14 @@ class ClusterFile:
         return replace(
             self, devices=tuple(spec if d.name == spec.name else d for d in self.devices)
         )
+
+    def with_added(self, spec: DeviceSpec) -> Self:
+        """The file with a new device at its end (``quarry device add``)."""
+        if any(d.name == spec.name for d in self.devices):
+            raise ClusterError(f"the cluster file already lists a device {spec.name!r}")
+        if any(d.address == spec.address for d in self.devices):
+            raise ClusterError(f"the cluster file already lists a device at {spec.address}")
+        return replace(self, devices=(*self.devices, spec))
 
     def without(self, name: str) -> Self:
         self.device(name)

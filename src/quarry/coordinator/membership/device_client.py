@@ -154,6 +154,19 @@ class DeviceClient:
     def drop(self, domain: str, dataset: str) -> int:
         return self.ask(ingest.Drop(domain, dataset), control.Deleted).deleted
 
+    def retire(self, domain: str, dataset: str, partition: int, ingest_id: str) -> bool:
+        """A partition moved elsewhere leaves this device (whether it held it)."""
+        request = ingest.Retire(domain, dataset, partition, ingest_id)
+        return self.ask(request, ingest.Applied).applied
+
+    def holders(
+        self, domain: str, dataset: str, partition: int, ingest_id: str, devices: list[str]
+    ) -> bool:
+        """Tell this device's copy of a partition which devices hold it now; whether it holds
+        that ingest's partition, committed."""
+        request = ingest.Holders(domain, dataset, partition, ingest_id, tuple(devices))
+        return self.ask(request, ingest.Applied).applied
+
     def stats(self) -> control.StatsReply:
         return self.ask(control.Stats(), control.StatsReply)
 

@@ -28,6 +28,10 @@ class DeviceStatus:
     profile: str | None = None
     pid: int | None = None
     stats: StatsReply | None = None  # its keys, partitions, work running and refused (up only)
+    # its failure domain: the host it runs on, its rack ("" none), as it says (or the file)
+    host: str = ""
+    rack: str = ""
+    drained: bool = False  # ``quarry device drain`` emptied it: it takes nothing new
 
     def __post_init__(self) -> None:
         assert self.up == (self.stats is not None), f"{self.device}: counts come from a live one"
@@ -38,6 +42,7 @@ class DeviceStatus:
             body["error"] = self.error
         else:
             body.update({"profile": self.profile, "pid": self.pid, **self.stats.to_json()})
+        body.update({"host": self.host, "rack": self.rack, "drained": self.drained})
         return body
 
 

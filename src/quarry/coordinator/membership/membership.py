@@ -8,6 +8,7 @@ those functions behind one handle for users.
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future
@@ -19,9 +20,10 @@ from quarry.auth.credentials import Credentials, read_private
 from quarry.coordinator.admin import revocations
 from quarry.coordinator.membership import catalog as catalog_module
 from quarry.coordinator.membership.catalog import DatasetEntry
-from quarry.coordinator.membership.cluster_file import DeviceSpec
+from quarry.coordinator.membership.cluster_file import ClusterFile, DeviceSpec
 from quarry.coordinator.membership.device_client import DeviceClient
 from quarry.coordinator.membership.freshness import CatalogCheck, CatalogState, Loads
+from quarry.coordinator.membership.placement import Domain
 from quarry.coordinator.query.host_admission import Workload
 from quarry.coordinator.query.plan_cache import Kept
 from quarry.coordinator.query.settled_cuts import Settled
@@ -55,6 +57,17 @@ def client_of(spec: DeviceSpec) -> DeviceClient:
     return DeviceClient(spec.name, spec.address, token=token, root_ca=root_ca, identity=identity)
 
 
+def _stamp(source: str | None) -> tuple[int, int] | None:
+    """When a cluster file was last written, and its size (None: no file, or none to read)."""
+    if source is None:
+        return None
+    try:
+        found = os.stat(source)
+    except OSError:
+        return None
+    return found.st_mtime_ns, found.st_size
+
+
 def _pulse(client: DeviceClient) -> PulseReply | None:
     """A device's pulse; None from a device that predates them (its catalog is read anew
     before every query, as it always was)."""
@@ -76,6 +89,7 @@ class Membership:
         self.specs = tuple(devices)
         self.source = source
         self.devices = {d.name: client_of(d) for d in devices}
+        self._file_stamp = _stamp(source)  # the cluster file as it was when read
         # the catalog and what it was read from, replaced whole by ``refresh`` (freshness.py)
         self.state = CatalogState()
         # each device's stored calibration, read once (None: it has none)
@@ -146,8 +160,10 @@ class Membership:
         return futures
 
     def refresh(self) -> None:
-        """Rebuild the catalog from the devices' own metadata (no central metadata server)."""
+        """Rebuild the catalog from the devices' own metadata (no central metadata server),
+        over the devices the cluster file lists now (``_reread``)."""
         with self._refresh_lock:
+            self._reread()
             down: dict[str, str] = {}
             info = dict(self.info)
             answered: dict[str, HelloReply] = {}
@@ -169,6 +185,30 @@ class Membership:
             self.state = CatalogState(self.state.version + 1, catalog, info, down, generations)
         # a device back from a partition or a restart may have missed a revocation
         revocations.bring_up_to_date(self.specs, self.devices, answered)
+
+    def _reread(self) -> None:
+        """The cluster file changed since it was read (a device added, drained or removed, by
+        this process or another): its devices from now on. Partitions move to devices added
+        after this handle was opened; without them its catalog would miss those partitions.
+        Clients are replaced whole, never closed under a query that holds one."""
+        stamp = _stamp(self.source)
+        if self.source is None or stamp is None or stamp == self._file_stamp:
+            return
+        try:
+            listed = ClusterFile.read(self.source).devices
+        except ClusterError:
+            return  # half-edited by hand, or gone: the devices as they were
+        self._file_stamp = stamp
+        if not listed:
+            return
+        known = {spec.name: spec for spec in self.specs}
+        devices = {}
+        for spec in listed:
+            old = known.get(spec.name)
+            same = old is not None and old.address == spec.address and spec.name in self.devices
+            devices[spec.name] = self.devices[spec.name] if same else client_of(spec)
+        self.specs = listed
+        self.devices = devices
 
     def check(
         self, devices: Iterable[str] | None = None, state: CatalogState | None = None
@@ -197,6 +237,26 @@ class Membership:
 
     def live_devices(self) -> list[DeviceClient]:
         return [c for n, c in sorted(self.devices.items()) if n not in self.down]
+
+    @property
+    def drained(self) -> frozenset[str]:
+        """Devices ``quarry device drain`` emptied: they take nothing new."""
+        return frozenset(spec.name for spec in self.specs if spec.drained)
+
+    def placing_devices(self) -> list[DeviceClient]:
+        """The devices new partitions may go to: those that answer and are not drained."""
+        return [c for c in self.live_devices() if c.name not in self.drained]
+
+    def domains(self) -> dict[str, Domain]:
+        """Every device's failure domain: as its hello says it, else as the cluster file
+        does, else a host of its own (a device that says nothing shares no domain)."""
+        found = {}
+        for spec in self.specs:
+            info = self.info.get(spec.name)
+            host = (info.host if info else "") or spec.host or spec.name
+            rack = (info.rack if info else "") or spec.rack or ""
+            found[spec.name] = Domain(host, rack)
+        return found
 
     def device(self, name: str) -> DeviceClient:
         if name not in self.devices:

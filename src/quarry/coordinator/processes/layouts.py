@@ -64,14 +64,19 @@ def start_local(
     detach: bool = False,
     profiles_file: str | None = None,
     tls: bool = False,
+    hosts: int = 0,
 ) -> tuple[Started, Path, bool]:
     """Start ``devices`` device processes on loopback over a folder (a new temporary one,
     which the caller owns, when ``data`` is None). The cluster's authority (a CA, a token
     signing key, an admin token) is made in the folder first, owner-readable only, and each
     device is enrolled with a folder of its own; every device checks every call's token, over
-    TLS if ``tls``."""
+    TLS if ``tls``.
+    ``hosts`` > 0: the devices say they run on that many hosts, dealt round-robin (``host0``,
+    ``host1``...), so failure domains can be tried on one machine; 0: on this machine."""
     if not 1 <= devices <= DEVICES_MAX:
         raise ClusterError(f"devices must be between 1 and {DEVICES_MAX}, got {devices}")
+    if not 0 <= hosts <= devices:
+        raise ClusterError(f"hosts must be between 0 and the devices ({devices}), got {hosts}")
     profiles = [profile] * devices if isinstance(profile, str) else list(profile)
     if len(profiles) != devices:
         raise ClusterError(f"{len(profiles)} profiles given for {devices} devices")
@@ -95,8 +100,9 @@ def start_local(
 
     def start(index: int, device_profile: str) -> Start:
         name = f"dev{index}"
+        host = emulated_host(index, hosts)
         return lambda: start_device(
-            root / name, name, device_profile, 0, detach, profiles_file, credentials, tls
+            root / name, name, device_profile, 0, detach, profiles_file, credentials, tls, host
         )
 
     try:
@@ -107,6 +113,12 @@ def start_local(
         raise
     specs = tuple(spec for spec, _ in started.values())
     return Started(specs, {name: process for name, (_, process) in started.items()}), root, owns
+
+
+def emulated_host(index: int, hosts: int) -> str | None:
+    """The host the ``index``-th local device says it runs on, of ``hosts`` emulated ones
+    (None: this machine's own name)."""
+    return f"host{index % hosts}" if hosts else None
 
 
 Layout = list  # of drives (their profile names) and storage servers (a Layout each)

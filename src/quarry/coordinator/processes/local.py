@@ -17,7 +17,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from quarry.coordinator.cluster import Cluster
-from quarry.coordinator.membership.cluster_file import ClusterFile
+from quarry.coordinator.membership.cluster_file import ClusterFile, DeviceSpec
 from quarry.coordinator.membership.membership import client_of
 from quarry.coordinator.processes.layouts import (
     Layout,
@@ -68,6 +68,8 @@ class LocalCluster(Cluster):
             profiles_file=self.profiles_file,
             credentials=credentials_of(spec),
             tls=spec.ca_file is not None,
+            host_label=spec.host,
+            rack=spec.rack,
         )
         self.processes[name] = process
         spec = replace(spec, pid=started.pid)
@@ -77,6 +79,47 @@ class LocalCluster(Cluster):
         self.devices[name] = client_of(spec)
         ClusterFile(self.specs).write(self.cluster_file)
         self.refresh()
+
+    def start_device(
+        self,
+        name: str,
+        profile: str = "host",
+        host_label: str | None = None,
+        rack: str | None = None,
+    ) -> DeviceSpec:
+        """Start one more device process on this machine with the cluster's credentials, and
+        add it (``add_device``: checked both ways); its entry. ``rebalance()`` gives it its
+        share."""
+        first = self.specs[0]
+        started, process = start_device(
+            self.data / name,
+            name,
+            profile,
+            profiles_file=self.profiles_file,
+            credentials=credentials_of(first),
+            tls=first.ca_file is not None,
+            host_label=host_label,
+            rack=rack,
+        )
+        self.processes[name] = process
+        try:
+            added = self.add_device(started.address, name)
+        except BaseException:
+            process.kill()
+            raise
+        spec = replace(started, host=added.host, rack=added.rack)
+        self.specs = tuple(spec if d.name == name else d for d in self.specs)
+        ClusterFile(self.specs).write(self.cluster_file)  # with where it runs: restart finds it
+        return spec
+
+    def remove_device(self, name: str, force: bool = False) -> DeviceSpec:
+        """``Cluster.remove_device``, and its process stopped."""
+        spec = super().remove_device(name, force)
+        process = self.processes.pop(name, None)
+        if process is not None and process.poll() is None:
+            process.terminate()
+            process.wait(timeout=STOP_TIMEOUT_S)
+        return spec
 
     def close(self) -> None:
         super().close()
@@ -107,6 +150,7 @@ def local(
     drive_profile: str | list[str] | None = None,
     direct_drives: int = 0,
     layout: Layout | None = None,
+    hosts: int = 0,
 ) -> Iterator[LocalCluster]:
     """Start ``devices`` device processes on localhost; stop them (and clean up) on exit.
 
@@ -120,6 +164,8 @@ def local(
     ``profile``); the host sees the servers as its devices, and ``direct_drives`` more drives it
     talks to directly. ``layout`` starts a cluster of any depth instead (``start_tree``): what
     the host talks to, drives by profile name and servers as lists of what is behind them.
+    ``hosts`` > 0: the devices say they run on that many hosts (``host0``... round-robin), so
+    failure domains can be tried on one machine.
     """
     host = get_profile(host_profile, profiles_file) if host_profile is not None else None
     if servers and layout is None:
@@ -138,7 +184,7 @@ def local(
             raise
     else:
         started, root, owns = start_local(
-            devices, profile, data, profiles_file=profiles_file, tls=tls
+            devices, profile, data, profiles_file=profiles_file, tls=tls, hosts=hosts
         )
     cluster = LocalCluster(started, root, owns, profiles_file)
     set_host_profile(host)

@@ -40,6 +40,8 @@ def device_command(
     profiles_file: str | None = None,
     enrolled: DeviceFolder | None = None,
     tls: bool = False,
+    host_label: str | None = None,
+    rack: str | None = None,
 ) -> list[str]:
     """A device's command line; ``enrolled``: its own credentials folder (None: no token
     checked, ``--insecure``)."""
@@ -67,6 +69,10 @@ def device_command(
         command += ["--insecure"]
     if tls:
         command += ["--tls"]
+    if host_label:  # an emulated host of its own (``quarry up --hosts``)
+        command += ["--host-label", host_label]
+    if rack:
+        command += ["--rack", rack]
     return command
 
 
@@ -87,14 +93,26 @@ def start_device(
     profiles_file: str | None = None,
     credentials: Credentials | None = None,
     tls: bool = False,
+    host_label: str | None = None,
+    rack: str | None = None,
 ) -> tuple[DeviceSpec, subprocess.Popen]:
     """Start one device process and wait until it listens: its cluster-file entry (with the
-    profiles file, so that ``quarry device restart`` finds its profile again) and its process.
-    ``credentials``: the cluster's authority, which enrolls the device (its entry names the
-    authority: the coordinator's side); the device itself gets its enrolled folder only."""
+    profiles file and its labels, so that ``quarry device restart`` starts it as it was) and
+    its process. ``credentials``: the cluster's authority, which enrolls the device (its entry
+    names the authority: the coordinator's side); the device itself gets its enrolled folder
+    only."""
     enrolled = enrolled_here(data, name, credentials)
     command = device_command(
-        data, name, profile, port, data / "ready.json", profiles_file, enrolled, tls
+        data,
+        name,
+        profile,
+        port,
+        data / "ready.json",
+        profiles_file,
+        enrolled,
+        tls,
+        host_label,
+        rack,
     )
     process, info = spawn(command, data, f"device {name}", detach)
     spec = DeviceSpec(
@@ -105,6 +123,8 @@ def start_device(
         profile=profile,
         profiles_file=None if profiles_file is None else str(profiles_file),
         **_credential_fields(credentials, tls),
+        host=host_label,
+        rack=rack,
     )
     return spec, process
 
@@ -213,6 +233,8 @@ def restart_detached(spec: DeviceSpec) -> DeviceSpec:
         profiles_file=spec.profiles_file,
         credentials=credentials_of(spec),
         tls=spec.ca_file is not None,
+        host_label=spec.host,
+        rack=spec.rack,
     )
     return replace(spec, address=started.address, pid=started.pid)
 

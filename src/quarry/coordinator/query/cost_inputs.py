@@ -13,7 +13,7 @@ import pyarrow as pa
 from quarry.cost.model import DeviceFigures, SubPlanFigures
 from quarry.device.controller import PUSHBACK_NOTICE_SLICES
 from quarry.device.units.substrait import read_columns, run_on_host
-from quarry.errors import DeviceUnavailable
+from quarry.errors import CorruptSlice, DeviceUnavailable
 from quarry.protocol.control import CalibrationReport, LoadStatus, PartitionDescription
 from quarry.protocol.stage import Stage
 from quarry.store.partition import column_bytes
@@ -42,10 +42,18 @@ def sample_slice(
         live = [cluster.devices[d] for d in partition.devices if d not in cluster.down]
         if not live:
             raise DeviceUnavailable(f"no replica of {entry.qualified}'s sampled slice answers")
-        device = live[0]
-        reader = device.scan(entry.domain, entry.name, partition.partition, first=0, end=1)
-        batches = device.guard(lambda: [c.data for c in reader])
-        return batches, device.describe(entry.domain, entry.name, partition.partition)
+        for device in live:  # a damaged copy is never sampled: the next replica's is
+            try:
+                reader = device.scan(entry.domain, entry.name, partition.partition, 0, 1)
+                batches = device.guard(lambda reader=reader: [c.data for c in reader])
+                return batches, device.describe(entry.domain, entry.name, partition.partition)
+            except CorruptSlice as error:
+                if device is live[-1]:
+                    raise CorruptSlice(
+                        f"no replica of partition {partition.partition} of {entry.qualified} "
+                        f"holds a good copy to sample: {error.on(device.name)}"
+                    ) from None
+        raise AssertionError("unreachable: the last replica returns or raises")
 
     return cluster.slices.get((entry.qualified, entry.version), fetch)[0]
 

@@ -121,6 +121,7 @@ def fragment_tasks(
                 complete_output_from=complete_from,
                 replicas={p.partition: replicas_of(cluster, p, device) for p in mine},
                 stored_raw=entry.compression != "none",
+                verified=frozenset(p.partition for p in mine if p.verified),
             )
         )
     return tasks

@@ -49,7 +49,11 @@ if TYPE_CHECKING:
 WORKERS_PER_DEVICE = 2
 STREAM_BATCHES_MAX = 16  # batches of a fragment waiting for the super-plan
 PLAN_ATTEMPTS_MAX = 2  # planning again once refreshes the catalog without a dead device
-RUNS_MAX = 2  # a run refused for a changed catalog runs once more, on the catalog read anew
+# A run refused for a changed catalog runs again, on the catalog read anew, up to this many
+# runs in all. Each change is an event (an ingest committed, a dataset dropped, a partition
+# moved off a device: a rebalance makes one per partition, at its bounded rate), so a query
+# meets a few at most; the bound only stops a query chasing changes for ever.
+RUNS_MAX = 6
 
 
 class Query:
