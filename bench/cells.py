@@ -4,9 +4,12 @@ and scanpy, highly variable genes against scanpy, then a collection past the mac
 The matrix is synthetic and shaped like CELLxGENE Census data: cells come in donors (100 of
 them, each's cells contiguous, as a dataset's cells are), donors in tissues (10 each), and each
 cell has one of 10 cell types, whose 50 marker genes it expresses more often and more; values
-are log1p(1 + Poisson) at about `--density`, float32, and each gene's base rate varies.
+are log1p(1 + Poisson) at about `--density` (part 1) or `--member-density` (part 2), float32,
+and each gene's base rate varies.
 
-Part 1, one matrix (`--cells`, in memory as an AnnData so that every tool gets the same one):
+Part 1, one matrix (`--cells`, in memory as an AnnData so that every tool gets the same one; a
+million cells at 1% non-zero: 2e8 values, 1.6 GB as CSR, so that illico's CSC copy and scanpy's
+fit beside it in this machine's memory):
 - stored three ways: TileDB-SOMA (`tiledbsoma.io.from_anndata`), quarry by cells (the layout
   cell filters prune) and quarry by genes (the layout Wilcoxon ranks), on a local 4-device
   cluster;
@@ -15,8 +18,13 @@ Part 1, one matrix (`--cells`, in memory as an AnnData so that every tool gets t
   read off the devices' stores; TileDB-SOMA: the bytes its process read, /proc/self/io rchar),
   against the matrix's stored bytes, and the answers compared;
 - Wilcoxon, every cell type against the rest: quarry (first call and cached), illico (the same
-  AnnData, `n_threads` = the machine's cores, first call and again) and scanpy; scores compared;
+  AnnData, `n_threads` = the machine's cores, first call and again, on the CSR AnnData and on a
+  CSC copy) and scanpy (on `--scanpy-genes` of the genes: a gene's score depends on that gene
+  alone, and scanpy ranks dense blocks of every cell, hours for all genes of a million cells);
+  scores compared;
 - highly variable genes (`seurat`, 2,000 genes): quarry and scanpy, the genes compared.
+`acceptance` sums part 1 up against issue 35's lines (speed-ups, the bytes-read factors each
+query needs and has).
 
 Part 2, a collection (`--members` matrices of `--member-cells` cells, made block by block and
 never whole anywhere): axis query, t-test and Wilcoxon of every cell type against the rest,
@@ -359,7 +367,7 @@ def wilcoxon(cluster: Any, adata: Any, args: argparse.Namespace) -> dict[str, An
         record["illico_csc"] = illico_run(by_gene, ours)
         del by_gene
     if not args.skip_scanpy_wilcoxon:
-        record["scanpy"] = scanpy_wilcoxon(adata, ours)
+        record["scanpy"] = scanpy_wilcoxon(adata, ours, args.scanpy_genes)
     return record
 
 
@@ -418,12 +426,13 @@ def _illico_agreement(result: Any, ours: dict[str, pd.Series]) -> float | None:
     return worst if compared else None
 
 
-def scanpy_wilcoxon(adata: Any, ours: dict[str, pd.Series]) -> dict[str, Any]:
+def scanpy_wilcoxon(adata: Any, ours: dict[str, pd.Series], gene_count: int) -> dict[str, Any]:
+    """scanpy's scores on the first `gene_count` genes (every cell), against quarry's."""
     import scanpy as sc
 
-    say("scanpy: Wilcoxon, every cell type vs rest")
-    record: dict[str, Any] = {}
-    copy = adata.copy()
+    say(f"scanpy: Wilcoxon, every cell type vs rest, {gene_count:,} genes")
+    record: dict[str, Any] = {"genes": min(gene_count, adata.n_vars)}
+    copy = adata[:, : record["genes"]].copy()
     with timed(record, "seconds"), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         sc.tl.rank_genes_groups(copy, "cell_type", method="wilcoxon", use_raw=False)
@@ -465,7 +474,9 @@ def part_two(args: argparse.Namespace) -> dict[str, Any]:
         with MemoryWatch(pids) as watch:
             names = []
             for member in range(args.members):
-                generator = Generator(args.member_cells, args.genes, args.density, 100 + member)
+                generator = Generator(
+                    args.member_cells, args.genes, args.member_density, 100 + member
+                )
                 var, obs = generator.tables()
                 blocks = genes.GeneBlocks(generator.gene_blocks(), var, obs, dataset=f"m{member}")
                 name = f"atlas/member{member}"
@@ -508,6 +519,28 @@ def part_two(args: argparse.Namespace) -> dict[str, Any]:
 
 
 # ---- report -----------------------------------------------------------------------------------
+
+
+def acceptance(one: dict[str, Any]) -> dict[str, Any]:
+    """Part 1 against issue 35's lines: each axis query's speed-up over TileDB-SOMA and its
+    bytes-read factor (the matrix's bytes / bytes read) against the one it needs (the selected
+    fraction's inverse / 2); Wilcoxon's first call against illico's (same threads)."""
+    queries = []
+    for q in one.get("queries", []):
+        row: dict[str, Any] = {"query": q["query"], "genes": q["genes"]}
+        row["factor_needed"] = 1 / q["cell_fraction"] / 2 if q["cell_fraction"] else None
+        for stored in ("by_cells", "by_cells_zstd"):
+            report = q[f"quarry_{stored}"]
+            row[f"{stored}_read_factor"] = report["bytes_matrix"] / max(report["bytes_read"], 1)
+            if "tiledb" in q:
+                row[f"{stored}_speedup"] = q["tiledb"]["seconds"] / q[f"quarry_{stored}_s"]
+        queries.append(row)
+    w = one.get("wilcoxon", {})
+    first = w.get("quarry_first_s")
+    wilcoxon = {
+        f"vs_{tool}": w[tool]["first_s"] / first for tool in ("illico", "illico_csc") if tool in w
+    }
+    return {"queries": queries, "wilcoxon_first_call_speedup": wilcoxon}
 
 
 def plot(result: dict[str, Any], path: Path) -> None:
@@ -602,11 +635,13 @@ def plot(result: dict[str, Any], path: Path) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--cells", type=int, default=200_000)
+    parser.add_argument("--cells", type=int, default=1_000_000)
     parser.add_argument("--genes", type=int, default=20_000)
-    parser.add_argument("--density", type=float, default=0.05)
+    parser.add_argument("--density", type=float, default=0.01)
     parser.add_argument("--members", type=int, default=3)
     parser.add_argument("--member-cells", type=int, default=1_000_000)
+    parser.add_argument("--member-density", type=float, default=0.05)
+    parser.add_argument("--scanpy-genes", type=int, default=1_000)
     parser.add_argument("--seed", type=int, default=35)
     parser.add_argument("--skip-tiledb", action="store_true")
     parser.add_argument("--skip-illico", action="store_true")
@@ -632,6 +667,7 @@ def main() -> None:
         return
     with tempfile.TemporaryDirectory(prefix="quarry-cells-") as work:
         result["part_one"] = part_one(args, Path(work))
+    result["acceptance"] = acceptance(result["part_one"])
     write_json(args.name, result)
     if args.reuse_part_two:  # part two of the last run, kept as it was measured
         result["part_two"] = previous_part_two
