@@ -593,7 +593,9 @@ def plot(result: dict[str, Any], path: Path) -> None:
         "illico\nfirst": w.get("illico", {}).get("first_s", 0),
         "illico\nagain": w.get("illico", {}).get("again_s", 0),
         "illico CSC\nfirst": w.get("illico_csc", {}).get("first_s", 0),
-        "scanpy": w.get("scanpy", {}).get("seconds", 0),
+        f"scanpy\n{w.get('scanpy', {}).get('genes', 'all')} genes": w.get("scanpy", {}).get(
+            "seconds", 0
+        ),
         "HVG\nquarry": one.get("hvg", {}).get("quarry_s", 0),
         "HVG\nscanpy": one.get("hvg", {}).get("scanpy_s", 0),
     }
