@@ -47,11 +47,27 @@ advantage of 16 real drives.
 Reported per pair: both wall times, the speedup and its fraction of the bound, bytes over the
 host's link (shipped to the coordinator) and bytes read on the drives. Writes
 ``bench/results/kinetic_pipe.json`` and ``.png`` (bars like the paper's Figures 6-8).
+
+``--netns`` (root, ``ip`` and ``tc``: ``quarry.netns``) starts each drive in a network namespace
+of its own, on its own address, TLS on, and runs scenario A three times: with the host's link
+emulated in this process (as above; "A"), with it a real link the kernel shapes, a token
+bucket on the host's side of the bridge every drive reaches it through ("A netns"), and with
+that rate split over the drives' own links instead ("A links"). Each A row also says what
+fraction of the link's rate host-only moved its bytes at (``link_fraction``: bytes shipped over
+the run's wall time, over the link's rate). Writes ``bench/results/kinetic_pipe_netns.json``
+and ``.png``.
+
+Host-only once moved its bytes at about 40% of the links' rate with ``--replicas 2`` on
+per-drive links: the first replica of each partition by device name served it, so one drive
+of three served every partition it held (160 MB over 100 Mbit/s links: 13.5 s, 31% of the
+three links; 4.3 s link-bound). Replicas are now chosen to even the bytes each drive serves
+(``query.planning.serving``): 4.5 s, 94%. The rest is TCP/IP, TLS and HTTP/2 framing.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 import time
 from dataclasses import asdict, dataclass, replace
@@ -65,6 +81,7 @@ from rich.console import Console
 from rich.table import Table
 
 import quarry
+from quarry import netns
 from quarry.coordinator.admin.calibrate import calibrate_device
 from quarry.device.profile import get_profile
 from quarry.device.unit import host_cores, set_host_profile
@@ -341,34 +358,40 @@ def main() -> None:
     parser.add_argument("--selectivities", nargs="+", type=float, default=list(SELECTIVITIES))
     parser.add_argument("--repeat", type=int, default=2)
     parser.add_argument("--calibrate", choices=("all", "one"), default="one")
+    parser.add_argument("--netns", action="store_true", help="drives in network namespaces")
+    parser.add_argument("--replicas", type=int, default=1)
     args = parser.parse_args()
+    name = f"{NAME}_netns" if args.netns else NAME
 
     started = time.perf_counter()
-    with quarry.local(devices=args.devices, profile=args.profile) as cluster:
-        memory = {"idle_mib": resident_mib(cluster)}
+    with started_cluster(args) as (cluster, processes, network):
+        memory = {"idle_mib": resident_mib(processes)}
         table = particles.table(args.rows, seed=11)
         console.print(
             f"ingesting {args.rows:,} particles onto {args.devices} {args.profile} drives"
         )
         # two partitions a drive: each of its cores takes one (a request's partitions run at once)
         partitions = 2 * args.devices
-        cluster.ingest(table, "physics/particles", partitions=partitions)
-        cluster.ingest(table, "physics/particles_by_ke", partitions=partitions, cluster_by="ke")
+        placed = {"partitions": partitions, "replicas": args.replicas}
+        cluster.ingest(table, "physics/particles", **placed)
+        cluster.ingest(table, "physics/particles_by_ke", **placed, cluster_by="ke")
         duck = duckdb.connect()
         duck.register("particles", table)
         warm_up(cluster)
         drives, calibration = calibrated_drives(cluster, args.calibrate)
-        rows = run_all(cluster, duck, drives, args)
-        memory["after_queries_mib"] = resident_mib(cluster)
+        rows = run_all(cluster, duck, drives, args, network)
+        memory["after_queries_mib"] = resident_mib(processes)
     set_host_profile(None)
     summary(rows)
     console.print(f"device resident memory (MiB): {memory}")
     path = write_json(
-        NAME,
+        name,
         {
+            "netns": args.netns,
             "rows": args.rows,
             "devices": args.devices,
             "profile": args.profile,
+            "replicas": args.replicas,
             "drives": [asdict(d) for d in drives[:1]],
             "device_memory": memory,
             "calibration": calibration,
@@ -378,15 +401,29 @@ def main() -> None:
             "results": rows,
         },
     )
-    plot(rows, args)
-    console.print(f"wrote {path} and {png_path(NAME)}")
+    plot(rows, args, name)
+    console.print(f"wrote {path} and {png_path(name)}")
 
 
-def resident_mib(cluster: Any) -> dict[str, float]:
+@contextlib.contextmanager
+def started_cluster(args: Any) -> Any:
+    """The cluster, its device processes, and (``--netns``) the network they are on."""
+    if not args.netns:
+        with quarry.local(devices=args.devices, profile=args.profile) as cluster:
+            yield cluster, cluster.processes, None
+        return
+    reason = netns.missing()
+    if reason is not None:
+        sys.exit(f"--netns: {reason}")
+    with netns.cluster(devices=args.devices, profile=args.profile) as running:
+        yield running.cluster, running.processes, running.network
+
+
+def resident_mib(processes: dict[str, Any]) -> dict[str, float]:
     """Resident memory of the device processes: the least, the median and the most (MiB)."""
     sizes = sorted(
         int(Path(f"/proc/{p.pid}/status").read_text().split("VmRSS:")[1].split()[0]) / 1024
-        for p in cluster.processes.values()
+        for p in processes.values()
     )
     return {"min": sizes[0], "median": sizes[len(sizes) // 2], "max": sizes[-1]}
 
@@ -400,10 +437,14 @@ def warm_up(cluster: Any) -> None:
                 cluster.sql(sql, pushdown=mode).read_all()
 
 
-def run_all(cluster: Any, duck: Any, drives: list[DriveFigures], args: Any) -> list[dict]:
+def run_all(
+    cluster: Any, duck: Any, drives: list[DriveFigures], args: Any, network: Any = None
+) -> list[dict]:
     plans = []
     for scenario in args.scenarios:
         names = ["C", "C clustered"] if scenario == "C" else [scenario]
+        if scenario == "A" and network is not None:
+            names = ["A", "A netns", "A links"]
         for name in names:
             for query in QUERIES:
                 for selectivity in args.selectivities:
@@ -421,14 +462,13 @@ def run_all(cluster: Any, duck: Any, drives: list[DriveFigures], args: Any) -> l
                 set_host_profile(None)
                 figures_cache[key] = query_figures(cluster, sql, f"physics/{dataset}")
             q = figures_cache[key]
-            host = scenario_hosts(drives, q, selectivity)[name]
+            host = scenario_hosts(drives, q, selectivity)[name.split()[0]]
             bound = bound_of(selectivity, host, drives, q, rows=query == "select")
             expected = duck.execute(QUERIES[query].format(table="particles", x=x))
             expected = expected.fetch_arrow_table()
-            set_host_profile(host.profile())
-            never = timed(cluster, sql, "never", args.repeat)
-            always = timed(cluster, sql, "always", args.repeat)
-            set_host_profile(None)
+            with host_link(name, host, network):
+                never = timed(cluster, sql, "never", args.repeat)
+                always = timed(cluster, sql, "always", args.repeat)
             for mode, run in (("never", never), ("always", always)):
                 check(run.pop("result"), expected, f"{name} {query} {selectivity:.1%} {mode}")
             speedup = never["seconds"] / always["seconds"]
@@ -447,6 +487,7 @@ def run_all(cluster: Any, duck: Any, drives: list[DriveFigures], args: Any) -> l
                     "of_bound": speedup / bound.bound,
                     "bytes_over_link_ratio": never["bytes_shipped"]
                     / max(1, always["bytes_shipped"]),
+                    "link_fraction": link_fraction(never, host),
                 }
             )
             bars.console.print(
@@ -458,12 +499,47 @@ def run_all(cluster: Any, duck: Any, drives: list[DriveFigures], args: Any) -> l
     return rows
 
 
+@contextlib.contextmanager
+def host_link(scenario: str, host: HostSetting, network: Any) -> Any:
+    """The host as the scenario has it while the pair runs: its link emulated in this process;
+    or ("A netns") a kernel token bucket on its side of the bridge, nothing emulated; or ("A
+    links") the same rate split over the drives' own links, the host's unshaped (the issue's
+    configuration: each host behind its own 100 Mbit/s)."""
+    if scenario in ("A netns", "A links"):
+        links = network.links
+        if scenario == "A netns":
+            network.shape_host(host.link_bytes_per_s)
+        else:
+            for name in links:
+                network.shape(name, host.link_bytes_per_s / len(links))
+        try:
+            yield
+        finally:
+            network.shape_host(None)
+            for name in links:
+                network.shape(name, None)
+        return
+    set_host_profile(host.profile())
+    try:
+        yield
+    finally:
+        set_host_profile(None)
+
+
+def link_fraction(run: dict[str, Any], host: HostSetting) -> float | None:
+    """The host-only run's bytes over the host's link per second, over the link's rate."""
+    if not host.link_bytes_per_s:
+        return None
+    return run["bytes_shipped"] / run["seconds"] / host.link_bytes_per_s
+
+
 def summary(rows: list[dict]) -> None:
     table = Table(title="Kinetic Pipe at scale: host-only vs pushdown (speedup / physical bound)")
     for column in ("scenario", "query", "sel.", "host-only", "pushdown", "speedup", "bound"):
         table.add_column(column, justify="right")
     table.add_column("of bound", justify="right")
     table.add_column("MB over link (host-only / pushdown)", justify="right")
+    table.add_column("host-only / link rate", justify="right")
     for r in rows:
         table.add_row(
             r["scenario"],
@@ -476,6 +552,7 @@ def summary(rows: list[dict]) -> None:
             f"{r['of_bound']:.2f}",
             f"{r['host_only']['bytes_shipped'] / 1e6:.1f} / "
             f"{r['pushdown']['bytes_shipped'] / 1e6:.3f}",
+            "" if r["link_fraction"] is None else f"{r['link_fraction']:.0%}",
         )
     console.print(table)
 
@@ -484,7 +561,7 @@ def short(value: float) -> str:
     return f"{value:.0f}" if value >= 10 else f"{value:.1f}"
 
 
-def plot(rows: list[dict], args: Any) -> None:
+def plot(rows: list[dict], args: Any, name: str = NAME) -> None:
     import matplotlib.pyplot as plt
 
     scenarios = list(dict.fromkeys(r["scenario"] for r in rows))
@@ -518,7 +595,9 @@ def plot(rows: list[dict], args: Any) -> None:
         ax.set_yscale("log")
         ax.set_xticks(list(positions), labels, fontsize=7)
         ax.set_ylabel("wall time (s)")
-        ax.set_title(f"scenario {scenario}", fontsize=10)
+        fractions = [r["link_fraction"] for r in chosen if r["link_fraction"] is not None]
+        link = f"; host-only at {sum(fractions) / len(fractions):.0%} of link" if fractions else ""
+        ax.set_title(f"scenario {scenario}{link}", fontsize=10)
         ax.legend(fontsize=7, loc="lower left")
     fig.suptitle(
         f"Kinetic Pipe at scale: {args.rows:,} particles on {args.devices} {args.profile} drives "
@@ -526,7 +605,7 @@ def plot(rows: list[dict], args: Any) -> None:
         fontsize=10,
     )
     fig.tight_layout()
-    fig.savefig(png_path(NAME), dpi=120)
+    fig.savefig(png_path(name), dpi=120)
 
 
 if __name__ == "__main__":

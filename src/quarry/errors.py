@@ -84,6 +84,15 @@ class DeviceUnavailable(QuarryError, ConnectionError):
     code = "device_unavailable"
 
 
+class DeviceSilent(DeviceUnavailable):
+    """A device that sent nothing for ``QUARRY_DEVICE_SILENCE_S`` (not even the answer to a
+    ping): a partition, a dead switch port, a powered-off host, where nothing resets the
+    connection. Handled as any device that stopped answering; told apart so that a device
+    listed down for silence is not waited for again on every query."""
+
+    code = "device_silent"
+
+
 class CatalogChanged(QuarryError):
     """What a device holds changed since the coordinator's catalog was read (another
     coordinator ingested or dropped, the device restarted): it refused the work before running

@@ -173,6 +173,17 @@ HOST_QUEUE_S: Setting[float] = Setting(
     lower=0.0,
     upper=DAY_S,
 )
+DEVICE_SILENCE_S: Setting[float] = Setting(
+    "QUARRY_DEVICE_SILENCE_S",
+    float,
+    5.0,
+    "seconds",
+    "How long a device may send nothing at all (not even the answer to a ping) before the "
+    "host declares it lost and its work fails over: raise it for links that stall, lower it "
+    "to fail over sooner",
+    lower=1.0,
+    upper=600.0,
+)
 
 # A device: how much work it takes on at once.
 DEVICE_EXCHANGES_MAX: Setting[int | None] = Setting(

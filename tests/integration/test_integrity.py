@@ -18,6 +18,7 @@ import pyarrow as pa
 import pytest
 
 import quarry
+from quarry.coordinator.query.planning import serving
 from quarry.errors import CorruptSlice
 from quarry.protocol.integrity import CopyPart
 from quarry.pushdown import Pushdown
@@ -99,8 +100,7 @@ def _damage(cluster, victims: dict[str, str]) -> None:
     plan = []
     for name, how in victims.items():
         entry = cluster.entry(f"t/{name}")
-        p = entry.partitions[0]
-        device = p.devices[0]  # the replica that serves the partition
+        device = serving(cluster, entry)[0]  # the replica that serves partition 0
         slices = cluster.devices[device].describe("t", name, 0).slices
         plan.append((name, how, device, slices))
     kvs = {name: Path(cluster.info[name].data) / "kv" for name in cluster.devices}
@@ -157,7 +157,7 @@ def test_every_mode_answers_from_the_good_replica(damaged, kind):
 def test_the_damaged_copy_is_reported(damaged, kind):
     cluster, _ = damaged
     name = f"two_{kind}"
-    victim = cluster.entry(f"t/{name}").partitions[0].devices[0]
+    victim = serving(cluster, cluster.entry(f"t/{name}"))[0]
     explained = cluster.explain(READS_V.format(name=name), analyze=True, pushdown="never")
     rows = explained.to_json()["analyze"]["devices"]
     assert sum(row["slices_rejected"] for row in rows) == 1
@@ -236,7 +236,7 @@ def test_scrub_and_status_from_the_command_line(tmp_path):
         assert "clean" in _quarry("scrub", cwd=tmp_path).stdout
         rows = json.loads(_quarry("status", "--json", cwd=tmp_path).stdout)
         with quarry.connect(tmp_path / ".quarry" / "cluster.json") as cluster:
-            serves = cluster.entry("t/ones").partitions[0].devices[0]
+            serves = serving(cluster, cluster.entry("t/ones"))[0]
         victim = next(row for row in rows if row["device"] == serves)
         os.kill(victim["pid"], signal.SIGKILL)
         (kv,) = [p for p in tmp_path.rglob("kv") if p.parent.name == victim["device"]]

@@ -52,6 +52,7 @@ REQUIRED: dict[str, Role] = {
     Get.SCAN: Role.READER,
     Get.SLICES: Role.READER,
     Get.CALIBRATION: Role.ADMIN,
+    Get.HEARTBEAT: Role.READER,  # any caller may prove its link; it learns nothing by it
 }
 
 

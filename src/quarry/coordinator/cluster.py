@@ -30,7 +30,7 @@ from quarry.coordinator.membership.catalog import DatasetEntry
 from quarry.coordinator.membership.cluster_file import ClusterFile, DeviceSpec
 from quarry.coordinator.membership.joining import introduce
 from quarry.coordinator.membership.listing import DatasetDescription, DatasetSummary, DeviceStatus
-from quarry.coordinator.membership.membership import Membership, client_of
+from quarry.coordinator.membership.membership import Membership
 from quarry.coordinator.membership.placement import Shared, shared_domains
 from quarry.coordinator.query.explain import Explain
 from quarry.coordinator.query.fragments import Forced
@@ -113,13 +113,20 @@ class Cluster(Membership):
             {d for p in entry.partitions for d in p.devices}
             | {d for ds in entry.unavailable.values() for d in ds}
         )
+        # every holder must answer before any drops: one cut off would keep its part, and
+        # the dataset would come back half (a device that goes silent between this and its
+        # drop still can: the window is one call)
+        down = [name for name in holders if name in self.down]
+        if not down:
+            answers = self.each_started(lambda c: c.pulse(), holders)
+            down = [n for n in holders if isinstance(answers[n].result(), DeviceUnavailable)]
+        if down:
+            raise DeviceUnavailable(
+                f"cannot drop {dataset}: device {down[0]} holding part of it does not answer; "
+                "start it (or wait for its link) and try again"
+            )
         deleted = 0
         for name in holders:
-            if name in self.down:
-                raise DeviceUnavailable(
-                    f"cannot drop {dataset}: device {name} holding part of it does not answer; "
-                    "start it and try again"
-                )
             deleted += self.devices[name].drop(entry.domain, entry.name)
         self.refresh()
         return deleted
@@ -299,7 +306,7 @@ class Cluster(Membership):
         if self.source is not None:
             ClusterFile.read(self.source).with_added(spec).write(self.source)
         self.specs = (*self.specs, spec)
-        self.devices[spec.name] = client_of(spec)
+        self.devices[spec.name] = self._client(spec)
         self.refresh()
         return spec
 

@@ -102,6 +102,24 @@ def _typed_errors(
         ) from None
 
 
+def heartbeats(
+    context: flight.ServerCallContext, request: control.Heartbeat
+) -> flight.GeneratorStream:
+    """An empty batch every ``period_s`` until the caller goes or ``lifetime_s`` is up (it opens
+    another). Data written on a connection is what tells gRPC the caller's pings are not abuse:
+    without it, a call that is silent for a few pings (a long computation, an ingest whose
+    device answers only at the end) has its connection closed "too_many_pings"."""
+    empty = pa.RecordBatch.from_pylist([], schema=control.HEARTBEAT_SCHEMA)
+
+    def beats() -> Iterator[pa.RecordBatch]:
+        ends = time.monotonic() + request.lifetime_s
+        while time.monotonic() < ends and not context.is_cancelled():
+            time.sleep(request.period_s)
+            yield empty
+
+    return flight.GeneratorStream(control.HEARTBEAT_SCHEMA, beats())
+
+
 def summary_message(meta: PartitionMeta) -> control.PartitionSummary:
     return control.PartitionSummary.from_json(meta.summary())
 
@@ -662,6 +680,8 @@ class DeviceServer(Service):
     ) -> flight.FlightDataStream:
         kind, header, payload = frame.decode(ticket.ticket)
         auth.authorize(context, kind)
+        if kind == Get.HEARTBEAT:
+            return heartbeats(context, control.Heartbeat.from_json(header))
         if kind == Get.CALIBRATION:
             request = work.CalibrationTransfer.from_json(header)
             schema, batches = calibration.calibration_stream(self.emulator, request.bytes)

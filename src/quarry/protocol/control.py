@@ -13,7 +13,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from quarry.protocol.frame import Action
+from quarry.protocol.frame import Action, Get
 from quarry.protocol.integrity import ScrubSummary
 from quarry.protocol.message import Message, bounded
 
@@ -26,6 +26,28 @@ PARTITION_MAX = 1 << 20
 DEVICE_PARTITIONS_MAX = 1 << 20
 COLUMNS_MAX = 1 << 16
 GENERATION_CHARS_MAX = 64 << 10  # a storage server's names each of its drives'
+
+
+# ---- whether a device is there ------------------------------------------------------------------
+
+HEARTBEAT_PERIOD_S_MIN = 0.05
+HEARTBEAT_PERIOD_S_MAX = 60.0
+HEARTBEAT_LIFETIME_S_MAX = 3600.0
+
+
+@dataclass(frozen=True)
+class Heartbeat(Message):
+    """A ticket: stream an empty batch every ``period_s`` for ``lifetime_s`` (or until the caller
+    goes). The host keeps one open per device it talks to; the device's writes on it keep gRPC
+    from taking the host's keepalive pings for abuse while a long call is otherwise silent."""
+
+    KIND = Get.HEARTBEAT
+
+    period_s: float = bounded(low=HEARTBEAT_PERIOD_S_MIN, high=HEARTBEAT_PERIOD_S_MAX)
+    lifetime_s: float = bounded(low=HEARTBEAT_PERIOD_S_MIN, high=HEARTBEAT_LIFETIME_S_MAX)
+
+
+HEARTBEAT_SCHEMA = pa.schema([pa.field("beat", pa.int8())])  # every heartbeat batch: no rows
 
 
 # ---- who a device is ----------------------------------------------------------------------------

@@ -67,6 +67,7 @@ EXAMPLES: list[Message] = [
     control.LoadStatusRequest(),
     control.LoadStatus(0.25, 1.0, 0.0),
     control.Pulse(),
+    control.Heartbeat(period_s=1.0, lifetime_s=300.0),
     control.PulseReply("b0a1:12", control.LoadStatus(0.25, 1.0, 0.0)),
     control.RevocationPush(
         control.RevocationList(3, 1.5, (control.RevokedToken("ab" * 16, 2.5),), "c2ln"),

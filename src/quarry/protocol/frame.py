@@ -67,6 +67,9 @@ class Get(StrEnum):
     SCAN = "scan"
     SLICES = "slices"  # pushed-back slice ranges, raw or after the filter stage
     CALIBRATION = "calibration"  # a stream of N bytes through the external link
+    # an empty batch every period while the caller holds it open: the caller's keepalive pings
+    # are never taken for abuse, and its link to the device stays proven (device_client.py)
+    HEARTBEAT = "heartbeat"
 
 
 class Exchange(StrEnum):

@@ -32,7 +32,14 @@ from quarry.device import admission, calibration
 from quarry.device.admission import Admission
 from quarry.device.emulation import Emulator
 from quarry.device.profile import Profile
-from quarry.device.server import Security, Service, _flight_errors, _typed_errors, write_ready
+from quarry.device.server import (
+    Security,
+    Service,
+    _flight_errors,
+    _typed_errors,
+    heartbeats,
+    write_ready,
+)
 from quarry.device.unit import set_host_profile
 from quarry.errors import DeviceUnavailable, ProtocolError, QueryError
 from quarry.plan.capabilities import Capabilities, of_profile
@@ -339,6 +346,8 @@ class StorageServer(Service):
         server's link to its upstream."""
         kind, header, payload = frame.decode(ticket.ticket)
         auth.authorize(context, kind)
+        if kind == Get.HEARTBEAT:
+            return heartbeats(context, control.Heartbeat.from_json(header))
         if kind == Get.CALIBRATION:
             request = work.CalibrationTransfer.from_json(header)
             schema, batches = calibration.calibration_stream(self.emulator, request.bytes)

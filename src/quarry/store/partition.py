@@ -366,10 +366,22 @@ class PartitionWriter:
             raise IngestFailed("partition has too many slices; use more partitions")
         key = naming.slice_key(self.meta.domain, self.meta.dataset, self.meta.partition, number)
         with self.store.transaction(visible=False) as txn:
+            self._check_pending(txn)
             info = store_slice(
                 txn, key, batch, self.meta.compression, self.store.kv_bytes_max, version=1
             )
         self.meta.slices.append(info)
+
+    def _check_pending(self, txn: Any) -> None:
+        """Its pending mark is still there: rows of an ingest aborted meanwhile (its lease ran
+        out while its coordinator's link was cut, and the rows kept coming from the socket's
+        buffer) are never written after the abort removed what came before them."""
+        m = self.meta
+        if not txn.version(naming.pending_key(m.domain, m.dataset, m.partition)):
+            raise IngestFailed(
+                f"partition {m.partition} of {m.domain}/{m.dataset}: its ingest was aborted on "
+                "this device (its lease ran out) while its rows were still arriving"
+            )
 
     def finish(self) -> PartitionMeta:
         """Store the last rows and the pending metadata; durable when this returns."""
@@ -383,6 +395,7 @@ class PartitionWriter:
             self._cut(self._pending_count)
         m = self.meta
         with self.store.transaction(visible=False) as txn:
+            self._check_pending(txn)
             txn.put(naming.pending_key(m.domain, m.dataset, m.partition) + "/meta-ready", b"1")
             _put_striped(
                 txn,

@@ -6,10 +6,11 @@ A partition is under-replicated when fewer devices that answer hold it than its 
 (then on a host) none of its replicas is in while one exists, slice by slice with the same
 slice boundaries (so slice numbers name the same rows on every replica, as failover needs), at
 a bounded rate so foreground queries keep their links. The copy is written pending under the
-partition's ingest and committed on the target alone: a copy cut short is settled by the target
-itself (its lease, renewed while the copy runs, runs out; unfinished, it is dropped). No central
-server: any coordinator computes the same deficits and targets from the devices' own
-inventories. A move (``rebalance``) copies the same way.
+partition's ingest, its lease renewed while it streams (``QUARRY_INGEST_LEASE_S``), and
+committed on the target alone: a copy cut short (the repair's process gone, or a link cut
+silently) is settled by the target itself once its lease runs out (unfinished, it is dropped).
+No central server: any coordinator computes the same deficits and targets from the devices'
+own inventories. A move (``rebalance``) copies the same way.
 
 Damaged copies the devices remember (a slice or metadata slice that failed its checksum) are
 mended first, each from a good copy on another replica (``mend``): one slice, or one metadata

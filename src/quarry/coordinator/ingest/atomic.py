@@ -179,8 +179,10 @@ def ingest(
                 for device in placement[str(partition)]:
                     writer, reader = stream(partition, device)
                     by_id[device].guard(lambda w=writer, r=reader: finish_put(w, r))
-            _decide(by_id[record.decider], record)
+            _decide(by_id[record.decider], record, f"{domain}/{name}")
         except BaseException as error:
+            if isinstance(error, OutcomeUnknown):
+                raise  # the decider decides: nothing here may abort the others
             _abort(by_id, involved, ingest_id, streams)
             if isinstance(error, PASSED_ON):
                 raise
@@ -255,13 +257,49 @@ class Renewer:
                     client.ask(self.request, Renewed)
 
 
-def _decide(decider: DeviceClient, record: IngestRecord) -> None:
-    """Commit on the decider first: from then on the ingest is committed, whatever fails."""
-    if not decider.commit(record.id):
+class OutcomeUnknown(IngestFailed):
+    """The decider stopped answering while it was asked to commit, and still does not: it
+    alone knows whether the ingest is committed. The other participants keep their partitions
+    pending, stop being renewed, and ask it once their leases run out: the dataset ends
+    complete or absent everywhere, as it says."""
+
+
+def _decide(decider: DeviceClient, record: IngestRecord, dataset: str) -> None:
+    """Commit on the decider first: from then on the ingest is committed, whatever fails.
+
+    A decider cut off while asked (the answer lost on a silent link) may or may not have
+    committed. It is asked to abort, then what it holds: an abort there makes a commit that
+    never came final, and a commit that came shows in its inventory (then the ingest stands)."""
+    try:
+        committed = decider.commit(record.id)
+    except DeviceUnavailable as lost:
+        committed = _settled(decider, record, dataset, lost)
+    if not committed:
         raise IngestFailed(
             f"device {decider.name} no longer holds this ingest's partitions (its lease ran "
             "out): nothing was committed"
         )
+
+
+def _settled(
+    decider: DeviceClient, record: IngestRecord, dataset: str, lost: DeviceUnavailable
+) -> bool:
+    """Whether the decider committed, once it answers again within the silence bound; an
+    ``OutcomeUnknown`` if it does not."""
+    deadline = time.monotonic() + decider.liveness.silence_s
+    while True:
+        try:
+            decider.abort(record.id)
+            return any(s.ingest.id == record.id for s in decider.inventory())
+        except DeviceUnavailable:
+            if time.monotonic() >= deadline:
+                raise OutcomeUnknown(
+                    f"ingest of {dataset}: its decider, device {decider.name}, stopped answering "
+                    f"while asked to commit ({lost}); whether it committed only it knows. The "
+                    "devices settle it by its word once it answers: the dataset will be complete "
+                    "or absent, never partial. List it again later."
+                ) from None
+            time.sleep(decider.liveness.heartbeat_period_s)
 
 
 def _commit_rest(by_id: dict[str, DeviceClient], involved: list[str], record: IngestRecord) -> None:

@@ -148,12 +148,46 @@ def build(
                         slices=summary.slices,
                         bytes_stored=summary.bytes_stored,
                         bytes_arrow=summary.bytes_arrow,
-                        devices=[device for device, _ in held],
+                        devices=_in_placement_order(ingest, partition, held),
                         verified=all(s.verified for _, s in held),
                     )
                 )
         catalog[entry.qualified] = entry
     return dict(sorted(catalog.items()))
+
+
+def missed_commits(inventories: dict[str, list[PartitionSummary]]) -> dict[str, set[str]]:
+    """Per device that answers, the ingests it was placed in and does not list though their
+    decider lists them committed: it missed the commit (it was cut off when it was sent) and
+    holds its partitions pending until its lease runs out and it asks the decider. Committing
+    them now is what it would do then; a device that holds nothing of them commits nothing."""
+    held = {
+        (device, summary.ingest.id, summary.partition)
+        for device, summaries in inventories.items()
+        for summary in summaries
+    }
+    decided = {
+        summary.ingest.id: summary.ingest
+        for device, summaries in inventories.items()
+        for summary in summaries
+        if summary.ingest.decider == device
+    }
+    missed: dict[str, set[str]] = defaultdict(set)
+    for ingest_id, record in decided.items():
+        for partition, devices in record.placement.items():
+            for device in devices:
+                if device in inventories and (device, ingest_id, int(partition)) not in held:
+                    missed[device].add(ingest_id)
+    return dict(missed)
+
+
+def _in_placement_order(
+    ingest: _Ingest, partition: int, held: list[tuple[str, PartitionSummary]]
+) -> list[str]:
+    """The devices holding a partition, as its ingest placed them (then any others, such as a
+    repair's copy, by name): a failover tries its replicas in this order."""
+    order = {device: rank for rank, device in enumerate(_claimed(ingest, partition))}
+    return sorted((device for device, _ in held), key=lambda d: (order.get(d, len(order)), d))
 
 
 def _expected(ingest: IngestRecord) -> range:

@@ -7,6 +7,7 @@ before it is returned, so a device that answers nonsense fails here, by name.
 from __future__ import annotations
 
 import contextlib
+import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from typing import Any
@@ -16,18 +17,23 @@ from pyarrow import flight
 
 from quarry.auth.middleware import bearer
 from quarry.coordinator.membership.backoff import BusyCounter, retrying
+from quarry.coordinator.membership.liveness import (
+    HEARTBEAT_LIFETIME_S,
+    Heartbeat,
+    Liveness,
+    is_silence,
+)
 from quarry.device.unit import host_emulator
 from quarry.errors import DeviceUnavailable, ProtocolError, QuarryError, Unauthenticated
 from quarry.protocol import control, frame, ingest, work
 from quarry.protocol.counters import WorkCounters
 from quarry.protocol.message import Message
 
-CONNECT_TIMEOUT_S = 5.0
-CALL_TIMEOUT_S = 120.0
-# A put stream lives as long as its source takes to read (a matrix made or read block by
-# block, a large file on a slow link), which no call's deadline bounds: a device that stops
-# breaks the stream at once; one that hangs is given this long.
-PUT_STREAM_TIMEOUT_S = 24 * 3600.0
+CALL_TIMEOUT_S = 120.0  # an action's deadline (hello and pulse: the silence bound)
+# A stream lives as long as its work takes (a scan of a slow drive, a put fed by a slow source),
+# which no deadline can know: its liveness is checked instead (a device silent for
+# the silence bound is lost: ``liveness``), and this bounds a stream that stays alive.
+STREAM_TIMEOUT_S = 24 * 3600.0
 
 
 class DeviceClient:
@@ -43,6 +49,7 @@ class DeviceClient:
         self.name = name
         self.address = address
         self.timeout_s = timeout_s
+        self.liveness = Liveness.configured()
         # every call carries the token; over TLS the device must show a certificate the
         # cluster's CA signed, and this side shows ``identity`` (certificate, key) if it has
         # one, which a device that verifies its clients requires
@@ -50,17 +57,36 @@ class DeviceClient:
         tls: dict[str, Any] = {}
         if root_ca is not None and identity is not None:
             tls["cert_chain"], tls["private_key"] = identity
-        self._client = flight.FlightClient(address, tls_root_certs=root_ca, **tls)
+        self._client = flight.FlightClient(
+            address,
+            tls_root_certs=root_ca,
+            generic_options=self.liveness.channel_options(),
+            **tls,
+        )
         self.busy = BusyCounter()  # what this device's admission held back
+        self.heartbeat = Heartbeat(name, self._heartbeat_stream(), self.liveness)
+        weakref.finalize(self, self.heartbeat.stop)  # a client dropped unclosed
 
     def __repr__(self) -> str:
         return f"DeviceClient({self.name!r}, {self.address!r})"
 
     def close(self) -> None:
+        self.heartbeat.stop()
         self._client.close()
 
     def _options(self, timeout_s: float | None = None) -> flight.FlightCallOptions:
+        self.heartbeat.ensure()  # every call: the device's heartbeats keep its pings welcome
         return flight.FlightCallOptions(timeout=timeout_s or self.timeout_s, headers=self._headers)
+
+    def _heartbeat_stream(self) -> Callable[[], flight.FlightStreamReader]:
+        """How ``Heartbeat`` opens its stream: bound to the Flight client, not to this object."""
+        client, headers = self._client, self._headers
+        request = control.Heartbeat(self.liveness.heartbeat_period_s, HEARTBEAT_LIFETIME_S)
+        ticket = flight.Ticket(request.encode())
+        timeout_s = HEARTBEAT_LIFETIME_S + self.liveness.silence_s
+        return lambda: client.do_get(
+            ticket, flight.FlightCallOptions(timeout=timeout_s, headers=headers)
+        )
 
     def translate(self, error: Exception) -> Exception:
         """A Flight error as the quarry error it carries, naming this device."""
@@ -70,6 +96,9 @@ class DeviceClient:
             return typed
         if isinstance(error, flight.FlightUnauthenticatedError):
             return Unauthenticated(f"device {self.name} refused the call: {text.splitlines()[0]}")
+        if is_silence(error):
+            self.heartbeat.went_silent()
+            return self.liveness.silent(self.name, self.address)
         if (
             isinstance(
                 error,
@@ -121,7 +150,8 @@ class DeviceClient:
         """An action and its typed reply."""
         return reply.from_bytes(self.action(request, payload, timeout_s))
 
-    def hello(self, timeout_s: float = CONNECT_TIMEOUT_S) -> control.HelloReply:
+    def hello(self, timeout_s: float | None = None) -> control.HelloReply:
+        timeout_s = timeout_s or self.liveness.silence_s  # a quick answer, or it is silent
         info = self.ask(control.Hello(), control.HelloReply, timeout_s=timeout_s)
         assert info.protocol == frame.PROTOCOL_VERSION
         return info
@@ -132,14 +162,15 @@ class DeviceClient:
     def inventory_reply(self) -> control.InventoryReply:
         return self.ask(control.Inventory(), control.InventoryReply)
 
-    def pulse(self, timeout_s: float = CONNECT_TIMEOUT_S) -> control.PulseReply:
+    def pulse(self, timeout_s: float | None = None) -> control.PulseReply:
         """Its catalog generation and its load, in one call (``Membership.pulse``)."""
+        timeout_s = timeout_s or self.liveness.silence_s
         return self.ask(control.Pulse(), control.PulseReply, timeout_s=timeout_s)
 
     def push_revocations(self, push: control.RevocationPush) -> control.RevocationsHeld:
         """Hand the device the cluster's signed revocation list, and the peers it asks for
         newer ones (admin role)."""
-        return self.ask(push, control.RevocationsHeld, timeout_s=CONNECT_TIMEOUT_S)
+        return self.ask(push, control.RevocationsHeld, timeout_s=self.liveness.silence_s)
 
     def describe(self, domain: str, dataset: str, partition: int) -> control.PartitionDescription:
         request = control.PartitionRef(domain, dataset, partition)
@@ -202,7 +233,7 @@ class DeviceClient:
         self, request: ingest.PutPartition | ingest.UpdateSlice, schema: pa.Schema
     ) -> tuple[flight.FlightStreamWriter, flight.FlightMetadataReader]:
         descriptor = flight.FlightDescriptor.for_command(request.encode())
-        options = self._options(PUT_STREAM_TIMEOUT_S)
+        options = self._options(STREAM_TIMEOUT_S)
         return self.guard(lambda: self._client.do_put(descriptor, schema, options))
 
     def update_slice(
@@ -227,7 +258,8 @@ class DeviceClient:
         ticket = flight.Ticket(request.encode(payload))
 
         def admitted() -> flight.FlightStreamReader:
-            reader = self.guard(lambda: self._client.do_get(ticket, self._options()))
+            options = self._options(STREAM_TIMEOUT_S)
+            reader = self.guard(lambda: self._client.do_get(ticket, options))
             self.guard(lambda: reader.schema)  # the device's first answer: admitted, or busy
             return reader
 
@@ -265,7 +297,8 @@ class DeviceClient:
         descriptor = flight.FlightDescriptor.for_command(request.encode(payload))
 
         def admitted() -> WorkStream:
-            exchange = self.guard(lambda: self._client.do_exchange(descriptor, self._options()))
+            options = self._options(STREAM_TIMEOUT_S)
+            exchange = self.guard(lambda: self._client.do_exchange(descriptor, options))
             stream = WorkStream(self, *exchange)
             try:
                 stream.schema  # noqa: B018 - the device's first answer: admitted, or busy

@@ -8,6 +8,11 @@ before it runs any. So a coordinator keeps the catalog it read (``CatalogState``
 it per query: the devices a query sends work to check it themselves; the others are pulsed
 (``CatalogCheck``). Whatever a check finds changed, the catalog is read again and the query
 planned again; nothing of the stale run has left by then.
+
+A device listed down because it went silent (``silent``: a partition, not a refusal) is pulsed
+too, but not waited for: its pulse would wait out the silence bound on every query. Its answer
+counts if it came in time; its heartbeat says so to the membership when it answers again
+(``Membership.settle``).
 """
 
 from __future__ import annotations
@@ -34,6 +39,8 @@ class CatalogState:
     # per device, the generation its inventory was read under ("": it cannot tell; checked
     # again every time)
     generations: dict[str, str] = field(default_factory=dict)
+    # devices down because they went silent (``DeviceSilent``): pulsed, not waited for
+    silent: frozenset[str] = frozenset()
 
     def expected(self, device: str) -> str:
         """The generation to send a device with work planned on this state ("" for one that
@@ -89,7 +96,11 @@ class CatalogCheck:
     def holds(self) -> bool:
         if self._held is None:
             assert self._answers is not None
-            answers = {name: future.result() for name, future in self._answers.items()}
+            answers = {
+                name: future.result()
+                for name, future in self._answers.items()
+                if name not in self.state.silent or future.done()
+            }
             stale, self._loads = self.state.compare(answers)
             self.cluster.loads_seen(self._loads)
             if stale and self.cluster.state.version == self.state.version:

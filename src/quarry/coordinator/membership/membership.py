@@ -8,6 +8,7 @@ those functions behind one handle for users.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 from collections.abc import Callable, Iterable, Sequence
@@ -27,8 +28,21 @@ from quarry.coordinator.membership.placement import Domain
 from quarry.coordinator.query.host_admission import Workload
 from quarry.coordinator.query.plan_cache import Kept
 from quarry.coordinator.query.settled_cuts import Settled
-from quarry.errors import ClusterError, DatasetNotFound, DeviceUnavailable, ProtocolError
-from quarry.protocol.control import CalibrationReport, HelloReply, LoadStatus, PulseReply
+from quarry.errors import (
+    ClusterError,
+    DatasetNotFound,
+    DeviceSilent,
+    DeviceUnavailable,
+    ProtocolError,
+    QuarryError,
+)
+from quarry.protocol.control import (
+    CalibrationReport,
+    HelloReply,
+    InventoryReply,
+    LoadStatus,
+    PulseReply,
+)
 from quarry.store import naming
 
 PROBE_WORKERS_MAX = 16
@@ -39,6 +53,7 @@ SAMPLE_SLICES_KEPT_MAX = 16
 # a new one (a device's load is its slots' use over the last two seconds, BUSY_WINDOW_S), so a
 # query need not wait for its own pulse to choose its cut
 LOADS_FRESH_S = 0.5
+RECONCILED_KEPT_MAX = 4096  # commits sent to devices that missed them, remembered (``_reconcile``)
 
 T = TypeVar("T")
 
@@ -68,9 +83,24 @@ def _stamp(source: str | None) -> tuple[int, int] | None:
     return found.st_mtime_ns, found.st_size
 
 
+def _read_device(client: DeviceClient) -> tuple[HelloReply, InventoryReply]:
+    """Who a device is and what it holds, for ``refresh``."""
+    _not_silent(client)
+    return client.hello(), client.inventory_reply()
+
+
+def _not_silent(client: DeviceClient) -> None:
+    """A device whose heartbeat went silent is not asked (each call would wait out the silence
+    bound): it is down until its heartbeat answers again, and that reads the catalog again
+    (``Membership.settle``)."""
+    if client.heartbeat.silent:
+        raise client.liveness.silent(client.name, client.address, " (its heartbeat stopped)")
+
+
 def _pulse(client: DeviceClient) -> PulseReply | None:
     """A device's pulse; None from a device that predates them (its catalog is read anew
     before every query, as it always was)."""
+    _not_silent(client)
     try:
         return client.pulse()
     except ProtocolError:
@@ -101,6 +131,14 @@ class Membership:
         self.slices: Kept[Any] = Kept(SAMPLE_SLICES_KEPT_MAX)  # figures.sample_slice's
         self.loads = Loads()  # each device's last said load
         self._refresh_lock = threading.Lock()
+        # devices whose heartbeat went silent or answered again since the catalog was read:
+        # the next query reads it again first (``settle``)
+        self._liveness_changed: set[str] = set()
+        self._liveness_lock = threading.Lock()
+        # commits sent to devices that missed them, by device and generation: sent once
+        self._reconciled: set[tuple[str, str, str]] = set()
+        for client in self.devices.values():
+            client.heartbeat.listen(self._heard)
         self.refresh()
 
     # the parts of the current state, as every function over a cluster reads them
@@ -165,13 +203,16 @@ class Membership:
         with self._refresh_lock:
             self._reread()
             down: dict[str, str] = {}
+            silent: set[str] = set()
             info = dict(self.info)
             answered: dict[str, HelloReply] = {}
             inventories, generations = {}, {}
             partial = set()  # storage servers with drives down: what they miss is lost, for now
-            for name, result in self.each(lambda c: (c.hello(), c.inventory_reply())).items():
+            for name, result in self.each(_read_device).items():
                 if isinstance(result, Exception):
                     down[name] = str(result)
+                    if isinstance(result, DeviceSilent) or self.devices[name].heartbeat.silent:
+                        silent.add(name)
                     continue
                 answered[name], reply = result
                 info[name] = answered[name]
@@ -179,10 +220,13 @@ class Membership:
                 generations[name] = reply.generation
                 if reply.drives_down:
                     partial.add(name)
+            self._reconcile(inventories, generations)
             catalog = catalog_module.build(
                 inventories, frozenset(down) | frozenset(partial), frozenset(self.devices)
             )
-            self.state = CatalogState(self.state.version + 1, catalog, info, down, generations)
+            self.state = CatalogState(
+                self.state.version + 1, catalog, info, down, generations, frozenset(silent)
+            )
         # a device back from a partition or a restart may have missed a revocation
         revocations.bring_up_to_date(self.specs, self.devices, answered)
 
@@ -206,9 +250,52 @@ class Membership:
         for spec in listed:
             old = known.get(spec.name)
             same = old is not None and old.address == spec.address and spec.name in self.devices
-            devices[spec.name] = self.devices[spec.name] if same else client_of(spec)
+            devices[spec.name] = self.devices[spec.name] if same else self._client(spec)
         self.specs = listed
         self.devices = devices
+
+    def _client(self, spec: DeviceSpec) -> DeviceClient:
+        """A client for a device the cluster file lists anew, its heartbeat heard here."""
+        client = client_of(spec)
+        client.heartbeat.listen(self._heard)
+        return client
+
+    def _reconcile(self, inventories: dict[str, list], generations: dict[str, str]) -> None:
+        """A device back from a partition may have missed an ingest's commit (its lease has
+        not run out yet: it holds the partitions pending): commit them on it now, as its own
+        janitor would ask the decider to, before the catalog is built on what it lists (else a
+        committed dataset would read as unfinished until then). Each once per generation."""
+        for name, ingest_ids in catalog_module.missed_commits(inventories).items():
+            asked = {(name, generations.get(name, ""), i) for i in ingest_ids} - self._reconciled
+            if not asked:
+                continue
+            if len(self._reconciled) > RECONCILED_KEPT_MAX:  # a bound: at worst, asked again
+                self._reconciled = set()
+            self._reconciled |= asked
+            client = self.devices[name]
+            for _, _, ingest_id in sorted(asked):
+                with contextlib.suppress(QuarryError):  # unfinished there, or gone: nothing
+                    client.commit(ingest_id)
+            with contextlib.suppress(QuarryError):
+                reply = client.inventory_reply()
+                inventories[name], generations[name] = reply.partitions, reply.generation
+
+    def _heard(self, name: str, silent: bool) -> None:
+        """A device's heartbeat went silent, or answered again (from its heartbeat thread)."""
+        with self._liveness_lock:
+            self._liveness_changed.add(name)
+
+    def settle(self) -> None:
+        """Read the catalog again if a device went silent or answered again since it was read:
+        before a query plans, so that a partition costs one query at most the silence bound
+        and a healed device serves again, with what it missed reconciled (``_reconcile``)."""
+        with self._liveness_lock:
+            changed = self._liveness_changed
+            self._liveness_changed = set()
+        known = self.state.silent
+        # a device that answers again, or went silent where the catalog does not say so
+        if any(not self.devices[n].heartbeat.silent or n not in known for n in changed):
+            self.refresh()
 
     def check(
         self, devices: Iterable[str] | None = None, state: CatalogState | None = None

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from quarry.coordinator.dispatch.dispatch import Task
-from quarry.coordinator.query.planning import Cuts, device_for, replicas_of
+from quarry.coordinator.query.planning import Cuts, replicas_of, serving
 from quarry.device.unit import host_context
 from quarry.device.units.substrait import (
     KeyFilter,
@@ -88,8 +88,9 @@ def fragment_tasks(
     # rows few enough for one engine run on the host: completed together (``Task.complete_once``)
     once = scanned and sum(p.bytes_arrow for p in partitions) <= COMPLETION_GROUP_BYTES_MAX
     held: dict[str, list[PartitionEntry]] = {}
+    served = serving(cluster, entry)
     for p in partitions:
-        held.setdefault(device_for(cluster, entry, p), []).append(p)
+        held.setdefault(served[p.partition], []).append(p)
     tasks = []
     for device, mine in held.items():
         request = WorkRequest(

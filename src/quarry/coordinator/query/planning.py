@@ -136,14 +136,80 @@ def _pairs_of(cluster: Membership, decomposition: Decomposition) -> tuple[JoinFi
 
 
 def device_for(cluster: Membership, entry: DatasetEntry, partition: PartitionEntry) -> str:
-    """The replica that serves a partition: the first in placement order that answers."""
-    for name in partition.devices:
-        if name not in cluster.down:
-            return name
-    raise DeviceUnavailable(
-        f"no replica of partition {partition.partition} of {entry.qualified} answers "
-        f"(held by {', '.join(partition.devices)})"
-    )
+    """The replica that serves a partition (``serving``)."""
+    return serving(cluster, entry)[partition.partition]
+
+
+def serving(cluster: Membership, entry: DatasetEntry) -> dict[int, str]:
+    """Per partition, the replica that serves it, evening out the bytes each device serves: of
+    the replicas that answer, the one with the fewest bytes so far, partitions taken largest
+    first (ties: placement order); then partitions move off the most loaded device, along
+    chains of their replicas, while that lowers it (``_moved``). The first replica by name
+    served every partition it held before: with replicas 2 over three devices on 100 Mbit/s
+    links, host-only read all 160 MB of a table from one device, at a third of the three
+    links' rate (13.5 s against 4.3 s link-bound). The same catalog always gives the same
+    answer (kept plans and the cost model's cut agree)."""
+    load = dict.fromkeys(cluster.devices, 0)
+    chosen: dict[int, str] = {}
+    live: dict[int, list[str]] = {}
+    largest_first = sorted(entry.partitions, key=lambda p: (-p.bytes_stored, p.partition))
+    for p in largest_first:
+        live[p.partition] = [name for name in p.devices if name not in cluster.down]
+        if not live[p.partition]:
+            raise DeviceUnavailable(
+                f"no replica of partition {p.partition} of {entry.qualified} answers "
+                f"(held by {', '.join(p.devices)})"
+            )
+        holders = live[p.partition]
+        device = min(holders, key=lambda name: (load.get(name, 0), holders.index(name)))
+        load[device] = load.get(device, 0) + p.bytes_stored
+        chosen[p.partition] = device
+    # Greedy leaves some uneven (partitions of 10.5, 10.5, 9.6 and 9.5 MB on four drives went
+    # 2/1/1/0): moves off the most loaded device follow, each bounded and each lowering the
+    # loads it touches below that device's, so they end.
+    for _ in range(len(largest_first) * len(load)):
+        if not _moved(largest_first, live, chosen, load):
+            break
+    return chosen
+
+
+Move = tuple[str, str, int, int]  # from, to, partition, its bytes
+
+
+def _moved(
+    partitions: list[PartitionEntry],
+    live: dict[int, list[str]],
+    chosen: dict[int, str],
+    load: dict[str, int],
+) -> bool:
+    """Move a chain of partitions off the most loaded device, each to another of its replicas,
+    such that every device the chain touches ends below that device's load (a breadth-first
+    search over devices); whether one was found."""
+    top = max(sorted(load), key=lambda name: load[name])
+    ceiling = load[top]
+    chains: dict[str, list[Move]] = {top: []}
+    frontier = [top]
+    while frontier:
+        device = frontier.pop(0)
+        for p in partitions:
+            if chosen[p.partition] != device:
+                continue
+            for other in live[p.partition]:
+                if other in chains:
+                    continue
+                chain = [*chains[device], (device, other, p.partition, p.bytes_stored)]
+                after = dict(load)
+                for source, target, _, size in chain:
+                    after[source] -= size
+                    after[target] = after.get(target, 0) + size
+                if all(after[d] < ceiling for move in chain for d in move[:2]):
+                    for _, target, partition, _ in chain:
+                        chosen[partition] = target
+                    load.update(after)
+                    return True
+                chains[other] = chain
+                frontier.append(other)
+    return False
 
 
 def replicas_of(cluster: Membership, partition: PartitionEntry, chosen: str) -> list[Any]:
@@ -214,8 +280,9 @@ def choose_cuts(
         if entry.unavailable or entry.rows == 0:
             continue
         stored: dict[str, int] = {}
+        served = serving(cluster, entry)
         for p in entry.partitions:
-            device = device_for(cluster, entry, p)
+            device = served[p.partition]
             stored[device] = stored.get(device, 0) + p.bytes_stored
         figures = sampled(cluster, fragment, entry)
         devices = device_figures(cluster, entry, stored, loads or {})

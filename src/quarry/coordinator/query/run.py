@@ -90,7 +90,9 @@ class Query:
         self.turn: Slot | None = None
         self.clocks = _Clocks()
         # The catalog as it was last read, checked as the query goes (freshness.py): by the
-        # devices it sends work to, and by the pulses of ``check``.
+        # devices it sends work to, and by the pulses of ``check``; read again first if a
+        # device went silent or came back since (``Membership.settle``).
+        cluster.settle()
         self.state = cluster.state
         self.check: CatalogCheck | None = None
         with self.clocks.planning.timing(), only_quarry_errors(sql):
