@@ -1,7 +1,8 @@
 """Partitions, not only kills: links cut silently in the middle of queries, ingests and repairs.
 
     sudo python bench/partitions.py [--query-rounds 20] [--single-rounds 5] [--ingest-rounds 10]
-                                    [--repair-rounds 10] [--sf 0.1] [--seed 32]
+                                    [--repair-rounds 10] [--rebalance-rounds 10]
+                                    [--sf 0.1] [--seed 32]
 
 Three devices, each in a network namespace of its own on its own address (``quarry.netns``),
 TLS on, every link a 50 MB/s token bucket each way, drives slow enough that a query lasts about
@@ -17,7 +18,11 @@ the link and waits until the device answers again, without a restart:
   partition and no key left behind once the lease has run out;
 - repairs: a device away, its partitions copied to the third while the link of the source or
   the target is cut: each copy complete or absent, every partition back at two replicas after
-  healing, every row there.
+  healing, every row there;
+- rebalances (replicas 2): a device drained while a random device's link is cut: the drain ends
+  or fails with a clear error, never leaves a partition on fewer than two devices; after
+  healing, the drain run again completes (the drained device holds nothing), every row there,
+  no pending copy left once the lease has run out; then the device is taken back.
 
 The bound each answer is held to is the silence bound (``QUARRY_DEVICE_SILENCE_S``, 5 s) plus
 the query's own time measured alone. Writes ``bench/results/partitions.json`` and ``.png``
@@ -69,6 +74,7 @@ def main() -> None:
     parser.add_argument("--single-rounds", type=int, default=5)
     parser.add_argument("--ingest-rounds", type=int, default=10)
     parser.add_argument("--repair-rounds", type=int, default=10)
+    parser.add_argument("--rebalance-rounds", type=int, default=10)
     parser.add_argument("--sf", type=float, default=0.1)
     parser.add_argument("--seed", type=int, default=32)
     args = parser.parse_args()
@@ -90,6 +96,7 @@ def main() -> None:
                 "single": single_rounds(running, args.single_rounds, rng),
                 "ingests": ingest_rounds(running, args.ingest_rounds, rng),
                 "repairs": repair_rounds(running, args.repair_rounds, rng),
+                "rebalances": rebalance_rounds(running, args.rebalance_rounds, rng),
             }
     summary = summarize(results)
     path = write_json(
@@ -330,6 +337,45 @@ def repair_rounds(running, rounds: int, rng: random.Random) -> list[dict]:
     return out
 
 
+def rebalance_rounds(running, rounds: int, rng: random.Random) -> list[dict]:
+    cluster = running.cluster
+    cluster.ingest(particles.table(REPAIR_ROWS, seed=12), "t/moved", replicas=2, partitions=6)
+    names = sorted(cluster.devices)
+    out = []
+    for number in range(rounds):
+        drained = names[number % len(names)]
+        victim = rng.choice(names)
+        outcome = netns.cut_during(
+            running,
+            victim,
+            rng.uniform(0.1, 1.5),
+            lambda drained=drained: cluster.drain(drained, REPAIR_BYTES_PER_S, progress=False),
+        )
+        heal(running, victim)
+        cluster.refresh()
+        fewest = min(len(p.devices) for p in cluster.entry("t/moved").partitions)
+        finished = cluster.rebalance(REPAIR_BYTES_PER_S, progress=False)
+        clean = netns.wait_until(lambda: settled(cluster), HEAL_S)
+        cluster.refresh()
+        entry = cluster.entry("t/moved")
+        emptied = all(drained not in p.devices for p in entry.partitions)
+        rows_ok = cluster.scan("t/moved").read_all().num_rows == REPAIR_ROWS
+        row = {"round": number, "drained": drained, **outcome.to_json(), "settled": clean}
+        row.update(
+            fewest_replicas_after_cut=fewest,
+            moved_after_heal=len(finished.moved),
+            right=fewest >= 2 and emptied and rows_ok and clean and not entry.unavailable,
+        )
+        out.append(row)
+        console.print(
+            f"rebalance {number:2d} drain {drained}, {victim} cut at {outcome.cut_after_s:4.2f} s: "
+            f"{'ended' if outcome.error is None else type(outcome.error).__name__}, "
+            f"{row['moved_after_heal']} moved after healing, right={row['right']}"
+        )
+        cluster.drain(drained, REPAIR_BYTES_PER_S * 4, progress=False, undo=True)
+    return out
+
+
 def summarize(results: dict[str, list[dict]]) -> dict[str, Any]:
     queries = results["queries"]
     answered = [r for r in queries if not r["error"] and not r["hung"]]
@@ -360,6 +406,11 @@ def summarize(results: dict[str, list[dict]]) -> dict[str, Any]:
             "rounds": len(results["repairs"]),
             "cut_mid_repair": sum(r["landed"] for r in results["repairs"]),
             "wrong": sum(not r["right"] for r in results["repairs"]),
+        },
+        "rebalances": {
+            "rounds": len(results["rebalances"]),
+            "cut_mid_drain": sum(r["landed"] for r in results["rebalances"]),
+            "wrong": sum(not r["right"] for r in results["rebalances"]),
         },
     }
 
@@ -396,7 +447,8 @@ def plot(results: dict[str, list[dict]]) -> None:
     fig.suptitle(
         f"Partitions on 3 namespaced devices (TLS, 50 MB/s links): ingests "
         f"{summary['ingests']['complete']} complete / {summary['ingests']['absent']} absent, "
-        f"{summary['ingests']['wrong']} wrong; repairs {summary['repairs']['wrong']} wrong",
+        f"{summary['ingests']['wrong']} wrong; repairs {summary['repairs']['wrong']} wrong; "
+        f"drains {summary['rebalances']['wrong']} wrong",
         fontsize=10,
     )
     fig.tight_layout()

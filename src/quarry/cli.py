@@ -1295,11 +1295,19 @@ def device_add(
     rebalance: Annotated[bool, typer.Option(help="give it its share of the partitions now")] = True,
     bandwidth: BandwidthOption = 200.0,
     cluster: ClusterOption = None,
+    folder: Annotated[
+        Path,
+        typer.Option(help="the cluster's authority, for the first device (no cluster file yet)"),
+    ] = Path(DEFAULT_DATA) / "credentials",
     as_json: JsonOption = False,
 ) -> None:
     """Introduce a running device to this cluster: its certificate is checked against the
     cluster's CA and it checks the cluster's token; then it is added to the cluster file, and
-    a rebalance moves its share of the partitions to it."""
+    a rebalance moves its share of the partitions to it. The first device after `quarry init`
+    starts the cluster file."""
+    if not cluster_file(cluster).exists():
+        _found_cluster(cluster_file(cluster), folder, address, name, as_json)
+        return
     c = open_cluster(cluster)
     try:
         spec = c.add_device(address, name)
@@ -1315,6 +1323,21 @@ def device_add(
     console.print(f"added {spec.name} at {spec.address} ({where})")
     if report is not None:
         _print_rebalance(report, as_json)
+
+
+def _found_cluster(path: Path, folder: Path, address: str, name: str | None, as_json: bool) -> None:
+    """The cluster file started with its first device, entered as ``device add`` enters any."""
+    from quarry.coordinator.membership.cluster_file import ClusterFile
+    from quarry.coordinator.membership.joining import founding
+
+    spec = founding(folder, address, name)
+    ClusterFile((spec,)).write(path)
+    added = {"name": spec.name, "address": spec.address, "host": spec.host, "rack": spec.rack}
+    if as_json:
+        print_json({"device": added})
+        return
+    where = f"host {spec.host}" + (f", rack {spec.rack}" if spec.rack else "")
+    console.print(f"added {spec.name} at {spec.address} ({where}): the cluster file {path}")
 
 
 @device_app.command("drain")
@@ -1522,7 +1545,7 @@ def device_load(
 
 def _mount_optional() -> None:
     """Sub-commands that live with their feature, each registered once: `quarry de`, and
-    `quarry genes ingest|drop` for the matrix-only options (cell metadata, orientation)."""
+    `quarry genes ingest|get|collect|drop` for expression matrices."""
     from quarry.capacity.cli import app as capacity_app
     from quarry.genes import cli as genes_cli
     from quarry.offload import cli as offload_cli
@@ -1532,8 +1555,12 @@ def _mount_optional() -> None:
     )
     app.command("de")(genes_cli.de)
     app.command("run")(offload_cli.run_command)
-    matrices = typer.Typer(no_args_is_help=True, help="Expression matrices: ingest and drop.")
+    matrices = typer.Typer(
+        no_args_is_help=True, help="Expression matrices: ingest, get (axis queries), collect, drop."
+    )
     matrices.command("ingest")(genes_cli.ingest)
+    matrices.command("get")(genes_cli.get)
+    matrices.command("collect")(genes_cli.collect)
     matrices.command("drop")(genes_cli.drop)
     app.add_typer(matrices, name="genes")
 

@@ -23,12 +23,13 @@ its own host, and lets a test or a benchmark cut, heal and shape its link
   host). Added delay needs ``netem``, which this kernel lacks: ``shape(delay_ms=...)`` raises
   ``NetnsUnavailable`` saying so where it is missing.
 
-TLS is on: the cluster's authority is made here (``make_credentials``) and each device runs
-with its own folder, enrolled for its address, as on a storage host (docs/deploy.md). It needs root, ``ip`` and ``tc``: ``missing()`` says in one line what is not there, and the
-tests skip with that line. Everything is named with a per-run prefix (``qn<pid><letter>``), so
-parallel runs never collide, and ``close`` removes all of it (device processes, namespaces,
-links, the bridge), also when a test fails; a run killed before it could clean up is swept by
-the next (``sweep``: prefixes whose process is gone). Every command is bounded in time.
+TLS is on: the cluster's authority is made here (``make_credentials``) and each device runs with its
+own folder, enrolled for its address, as on a storage host (docs/deploy.md). It needs root, ``ip``
+and ``tc``: ``missing()`` says in one line what is not there, and the tests skip with that line.
+Everything is named with a per-run prefix (``qn<pid><letter>``), so parallel runs never collide, and
+``close`` removes all of it (device processes, namespaces, links, the bridge), also when a test
+fails; a run killed before it could clean up is swept by the next (``sweep``: prefixes whose process
+is gone). Every command is bounded in time.
 """
 
 from __future__ import annotations

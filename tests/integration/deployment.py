@@ -21,7 +21,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from quarry.coordinator.membership.cluster_file import ClusterFile, DeviceSpec
 from tests.commands import run_quarry
 
 START_TIMEOUT_S = 60.0
@@ -116,20 +115,13 @@ class Deployment:
             host.process.kill()
             host.process.wait()
 
-    def write_cluster_file(self) -> None:
-        """What ``quarry device add`` writes for each device: its address, and on this machine
-        the authority's admin token and CA."""
-        specs = tuple(
-            DeviceSpec(
-                host.name,
-                host.url,
-                credentials=str(self.authority),
-                token_file=str(self.authority / "admin.token"),
-                ca_file=str(self.authority / "ca.pem"),
-            )
-            for host in self.hosts
-        )
-        ClusterFile(specs).write(self.cluster_file)
+    def add(self, host: Host) -> None:
+        """``quarry device add`` on the admin's machine: the device's identity checked both
+        ways, its entry written to the cluster file (the first one starts the file)."""
+        self.quarry(
+            "device", "add", host.url, "--name", host.name, "--cluster", str(self.cluster_file),
+            "--folder", str(self.authority),
+        )  # fmt: skip
 
     def close(self) -> None:
         for host in self.hosts:
@@ -143,9 +135,9 @@ def deploy(
     prefix: Callable[[Host], list[str]] = lambda host: [],
     env: dict[str, str] | None = None,
 ) -> Deployment:
-    """``quarry init``; enroll, copy and serve one device per address; the cluster file; then
-    ``quarry status``, which (from the admin's machine) hands every device the revocation list
-    and its peers."""
+    """``quarry init``; enroll, copy and serve one device per address; ``quarry device add``
+    each; then ``quarry status``, which (from the admin's machine) hands every device the
+    revocation list and its peers."""
     admin = root / "admin"
     admin.mkdir(parents=True)
     hosts = [
@@ -159,7 +151,8 @@ def deploy(
             deployment.enroll(host)
         for host in hosts:
             deployment.serve(host)
-        deployment.write_cluster_file()
+        for host in hosts:
+            deployment.add(host)
         deployment.quarry("status", "--cluster", str(deployment.cluster_file))
     except BaseException:
         deployment.close()

@@ -1,19 +1,21 @@
 """Three storage hosts deployed from the command line (docs/deploy.md), each device with a
 folder of its own: data stored with replicas answers as DuckDB does; nothing on a storage
 host can mint a token; tokens expire and can be revoked, and a device that was down when a
-token was revoked learns it from its peers within the stated bound. On loopback here; the
-addresses are parameters (``deployment.deploy``), so the same steps run in network
-namespaces."""
+token was revoked learns it from its peers within the stated bound. On loopback, and again
+with each host in a network namespace of its own on its own address (``quarry.netns``), from
+the command line only (``deployment.deploy``)."""
 
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import hmac
 import json
 import subprocess
 import time
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from cryptography.hazmat.primitives import hashes, serialization
@@ -21,6 +23,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 import quarry
+from quarry import netns
 from quarry.auth.tokens import Role, read_claims
 from quarry.coordinator.membership.device_client import DeviceClient
 from quarry.device.peers import ASK_TIMEOUT_S, PeerCredentials, ask_revocations
@@ -40,21 +43,39 @@ REVOCATION_BOUND_S = SYNC_S + ASK_TIMEOUT_S
 ROWS = 30_000
 
 
-@pytest.fixture(scope="module")
-def deployed(tmp_path_factory):
+@pytest.fixture(scope="module", params=["loopback", "namespaces"])
+def deployed(request, tmp_path_factory):
+    """The steps on loopback, and with each storage host in a network namespace of its own on
+    its own address (skipped with one line where root, `ip` or `tc` is missing)."""
     root = tmp_path_factory.mktemp("deploy")
     env = {"QUARRY_REVOCATION_SYNC_S": str(SYNC_S), "QUARRY_FAULT_FILE": str(root / "faults")}
-    deployment = deploy(root, ADDRESSES, RACKS, env=env)
+    with contextlib.ExitStack() as stack:
+        if request.param == "loopback":
+            deployment = deploy(root, ADDRESSES, RACKS, env=env)
+        else:
+            network = _network(stack)
+            links = [network.add(f"dev{i}") for i in range(len(ADDRESSES))]
+            prefix = lambda host: network.exec_prefix(host.name)  # noqa: E731
+            deployment = deploy(root, [link.address for link in links], RACKS, prefix, env)
+        stack.callback(deployment.close)
+        yield from _loaded(deployment, root)
+
+
+def _network(stack: contextlib.ExitStack) -> netns.Network:
+    reason = netns.missing()
+    if reason is not None:
+        pytest.skip(reason)
+    return stack.enter_context(contextlib.closing(netns.Network()))
+
+
+def _loaded(deployment: Deployment, root):
     table = particles.table(ROWS, seed=7)
     source = root / "particles.parquet"
     pq.write_table(table, source)
     cluster = str(deployment.cluster_file)
     deployment.quarry("ingest", str(source), "--dataset", "lab/particles", "--replicas", "2",
                       "--partitions", "6", "--cluster", cluster)  # fmt: skip
-    try:
-        yield deployment, table
-    finally:
-        deployment.close()
+    yield deployment, table
 
 
 def _client(deployment: Deployment, host: Host, token: str) -> DeviceClient:
@@ -72,6 +93,7 @@ def _token(deployment: Deployment, *args: str) -> str:
 
 def test_three_hosts_store_with_replicas_and_answer_as_duckdb(deployed):
     deployment, table = deployed
+    file = str(deployment.cluster_file)
     with quarry.connect(deployment.cluster_file) as cluster:
         entry = cluster.entry("lab/particles")
         assert all(len(p.devices) == 2 for p in entry.partitions)
@@ -87,6 +109,9 @@ def test_three_hosts_store_with_replicas_and_answer_as_duckdb(deployed):
             expected = duckdb_answer(table, "particles", sql)
             actual = cluster.sql(sql).read_all()
             assert_same_rows(actual, expected, ordered, float_absolute=1e-9, context=sql)
+            printed = deployment.quarry("sql", sql, "--format", "json", "--cluster", file)
+            answered = pa.Table.from_pylist(json.loads(printed.stdout)["result"])
+            assert_same_rows(answered, expected, ordered, float_absolute=1e-9, context=sql)
 
 
 def test_each_device_reports_the_labels_it_was_enrolled_with(deployed):

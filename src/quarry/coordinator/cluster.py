@@ -30,7 +30,7 @@ from quarry.coordinator.membership.catalog import DatasetEntry
 from quarry.coordinator.membership.cluster_file import ClusterFile, DeviceSpec
 from quarry.coordinator.membership.joining import introduce
 from quarry.coordinator.membership.listing import DatasetDescription, DatasetSummary, DeviceStatus
-from quarry.coordinator.membership.membership import Membership, client_of
+from quarry.coordinator.membership.membership import Membership
 from quarry.coordinator.membership.placement import Shared, shared_domains
 from quarry.coordinator.query.explain import Explain
 from quarry.coordinator.query.fragments import Forced
@@ -313,7 +313,7 @@ class Cluster(Membership):
         if self.source is not None:
             ClusterFile.read(self.source).with_added(spec).write(self.source)
         self.specs = (*self.specs, spec)
-        self.devices[spec.name] = client_of(spec)
+        self.devices[spec.name] = self._client(spec)
         self.refresh()
         return spec
 

@@ -59,6 +59,26 @@ def introduce(
     return replace(spec, name=hello.name, host=hello.host or None, rack=hello.rack or None)
 
 
+def founding(authority: Path, address: str, name: str | None = None) -> DeviceSpec:
+    """The entry of a cluster's first device (``quarry device add`` where no cluster file is
+    yet: after ``quarry init``), checked both ways as every later one is, proving itself with
+    the authority's admin token and CA."""
+    credentials = Credentials(authority)
+    if not credentials.admin_token_file.exists():
+        raise ClusterError(
+            f"no cluster file yet, and no cluster authority in {authority}: run `quarry init` "
+            "(or pass --folder, or --cluster FILE of a cluster)"
+        )
+    template = DeviceSpec(
+        name="authority",
+        address=address,
+        credentials=str(credentials.folder),
+        token_file=str(credentials.admin_token_file),
+        ca_file=str(credentials.ca_file),
+    )
+    return introduce([template], address, name)
+
+
 def _tls(address: str) -> bool:
     return address.startswith(TLS_SCHEME)
 
