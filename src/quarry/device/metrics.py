@@ -24,7 +24,6 @@ import contextlib
 import shutil
 import tempfile
 import threading
-import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -109,13 +108,9 @@ class ServerMetrics:
         with self._lock:
             return self._work
 
-    @contextlib.contextmanager
-    def timed(self, call: str) -> Iterator[None]:
-        started = time.perf_counter()
-        try:
-            yield
-        finally:
-            self._latency.labels(call).observe(time.perf_counter() - started)
+    def timed(self, call: str) -> contextlib.AbstractContextManager:
+        """A context in which ``call``'s time is measured into its histogram."""
+        return self._latency.labels(call).time()
 
     def timed_stream(self, call: str, batches: Iterable) -> Iterator:
         """``batches``, the call's time observed when the last is sent (or the stream ends)."""
