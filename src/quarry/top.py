@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
+from rich import box
 from rich.console import Console
 from rich.live import Live
 from rich.table import Table
@@ -42,21 +43,26 @@ def sample(cluster: Cluster) -> Sample:
 
 
 def table(before: Sample, now: Sample) -> Table:
-    """One row per device: what it does now, and its rates between the two samples."""
+    """One row per device: what it does now, and its rates between the two samples. Narrow
+    enough for 80 columns: no vertical rules, short headers (docs/operations.md says each)."""
     elapsed_s = max(now.at_s - before.at_s, 1e-9)
     earlier = {row.device: row.stats for row in before.rows}
-    shown = Table(title=f"quarry top: rates over the last {elapsed_s:.1f} s (q or Ctrl-C ends)")
-    for column in ("device", "up", "work", "queued", "read/s", "shipped/s", "pushed back"):
-        shown.add_column(column, justify="left" if column in ("device", "up") else "right")
-    shown.add_column("busy/s", justify="right")
-    shown.add_column("free", justify="right")
+    shown = Table(
+        title=f"quarry top: rates over {elapsed_s:.1f} s; q or Ctrl-C ends it",
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+        padding=0,  # the box puts one space between columns: 80 of them hold it all
+    )
+    shown.add_column("device", no_wrap=True)
+    for column in ("work", "queued", "read/s", "sent/s", "pushed", "busy/s", "free"):
+        shown.add_column(column, justify="right", no_wrap=True)
     for row in now.rows:
         stats = row.stats
         if stats is None:
-            shown.add_row(row.device, "[red]no[/red]", *["-"] * 7)
+            shown.add_row(row.device, "[red]down[/red]", *["-"] * 6)
             continue
         was = earlier.get(row.device) or StatsReply(keys=0, file_bytes=0)
-        shown.add_row(row.device, "yes", *_figures(stats, _since(was, stats), elapsed_s))
+        shown.add_row(row.device, *_figures(stats, _since(was, stats), elapsed_s))
     return shown
 
 
@@ -72,9 +78,9 @@ def _figures(now: StatsReply, before: StatsReply, elapsed_s: float) -> list[str]
     return [
         f"{now.running} of {now.exchanges_max}",
         human_bytes(now.queued_bytes),
-        f"{human_bytes((now.read_bytes - before.read_bytes) / elapsed_s)}/s",
-        f"{human_bytes((now.shipped_bytes - before.shipped_bytes) / elapsed_s)}/s",
-        f"{pushed / scanned:.0%} of {scanned}" if scanned else "-",
+        human_bytes((now.read_bytes - before.read_bytes) / elapsed_s),  # per second: its header
+        human_bytes((now.shipped_bytes - before.shipped_bytes) / elapsed_s),
+        f"{pushed / scanned:.0%}" if scanned else "-",
         f"{(now.refused - before.refused) / elapsed_s:.1f}",
         human_bytes(now.free_bytes),
     ]

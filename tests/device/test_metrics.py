@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import re
+import socket
+import ssl
 import urllib.request
 from pathlib import Path
 
@@ -12,6 +14,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 import quarry
+from quarry.coordinator.processes import spawn
 from quarry.device.metrics import WORK_METRICS, work_metric
 from quarry.protocol.counters import COUNTERS
 from quarry.samples import particles
@@ -30,9 +33,10 @@ def test_work_counters_are_named_unit_last_from_their_one_declaration():
     assert sorted(WORK_METRICS) == sorted(COUNTERS)
 
 
-def scrape(port: int) -> dict[str, float]:
+def scrape(port: int, tls: ssl.SSLContext | None = None) -> dict[str, float]:
     """Every sample of the endpoint, by name (and labels, where it has any)."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as answer:
+    url = f"{'https' if tls else 'http'}://127.0.0.1:{port}/metrics"
+    with urllib.request.urlopen(url, timeout=10, context=tls) as answer:
         text = answer.read().decode()
     samples = {}
     documented = OPERATIONS.read_text()
@@ -95,3 +99,36 @@ def test_a_query_moves_the_byte_counters_by_what_explain_analyze_reports(watched
             assert moved == getattr(rows[name], counter) > 0, (name, counter)
         link = "quarry_drive_read_bytes_total"  # every byte read, this query's among them
         assert after[link] > before[name][link]
+
+
+@pytest.mark.slow
+def test_a_storage_server_and_its_drives_serve_metrics_under_tls(tmp_path, monkeypatch):
+    """Under TLS the endpoint is HTTPS with the server's certificate: plain HTTP gets nothing."""
+    monkeypatch.setenv("QUARRY_METRICS_PORT", "0")
+    with quarry.local(servers=1, drives_per_server=2, tls=True) as cluster:
+        monkeypatch.delenv("QUARRY_METRICS_PORT")
+        [server] = cluster.specs
+        assert server.ca_file is not None and len(server.drives) == 2
+        trusted = ssl.create_default_context(cafile=server.ca_file)
+        cluster.ingest(particles.table(20_000, seed=6), "watch/tls", partitions=2)
+        planned = cluster.query("SELECT count(*) FROM tls WHERE ke > 3", pushdown="server")
+        assert planned.execute().read_all().num_rows == 1
+        for spec in (server, *server.drives):
+            port = json.loads((Path(spec.data) / "ready.json").read_text())["metrics_port"]
+            shown = scrape(port, trusted)
+            assert shown["quarry_request_duration_seconds_count{call=work}"] >= 1, spec.name
+            with pytest.raises(OSError):
+                scrape(port)
+
+
+def test_quarry_up_gives_each_server_the_next_free_metrics_port(monkeypatch):
+    """From $QUARRY_METRICS_PORT on, one port each, never one that another process holds."""
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        taken = held.getsockname()[1]
+        monkeypatch.setenv("QUARRY_METRICS_PORT", str(taken))
+        monkeypatch.setattr(spawn, "_metrics_ports_given", set())
+        first, second = spawn.metrics_port(), spawn.metrics_port()
+    assert taken < first < second
+    monkeypatch.delenv("QUARRY_METRICS_PORT")
+    assert spawn.metrics_port() is None  # unset: no metrics
