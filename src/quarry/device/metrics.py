@@ -12,6 +12,9 @@ Names follow Prometheus's conventions (docs/operations.md lists every one): the 
 counters, and no label but the kind of call, of which there are a few dozen, fixed by the
 protocol (a per-dataset or per-query label would grow without bound).
 
+``prometheus_client`` is imported only by a process that serves metrics: one that does not
+pays nothing for them, not even the timing of its calls.
+
 The endpoint listens where the server does (loopback by default). Anywhere else the server
 runs under TLS, and so does the endpoint, with the server's certificate (and, with
 ``--verify-clients``, it requires a certificate the cluster's CA signed of the scraper). It
@@ -27,17 +30,13 @@ import threading
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-
-from prometheus_client import (
-    CollectorRegistry,
-    Histogram,
-    disable_created_metrics,
-    start_http_server,
-)
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from typing import TYPE_CHECKING, Any
 
 from quarry.protocol.counters import COUNTERS, WorkCounters
 from quarry.protocol.work import WorkDone
+
+if TYPE_CHECKING:
+    from prometheus_client.core import Metric
 
 PREFIX = "quarry_"
 # A WorkCounters field names its unit first (bytes_read); Prometheus wants it last.
@@ -62,9 +61,6 @@ def work_metric(counter: str) -> str:
 
 WORK_METRICS: dict[str, str] = {counter: work_metric(counter) for counter in COUNTERS}
 assert len(set(WORK_METRICS.values())) == len(COUNTERS), WORK_METRICS
-# A histogram's ``_created`` gauge (the time its series began) names no unit and says nothing
-# a scrape's timestamps do not: this process exposes none.
-disable_created_metrics()
 
 
 @dataclass(frozen=True)
@@ -78,22 +74,16 @@ class Gauge:
 
 
 class ServerMetrics:
-    """A server process's metrics: the work totals it adds to as ``WorkDone`` messages go out,
-    the latency of each kind of call, and ``figures``, read when Prometheus scrapes."""
+    """A server process's metrics: the work totals it adds to as ``WorkDone`` messages go out
+    (kept always: ``StatsReply`` carries them), and once it serves them (``serve``), the
+    latency of each kind of call and ``figures``, read when Prometheus scrapes. Until then it
+    times nothing and ``prometheus_client`` is not even imported."""
 
     def __init__(self, figures: Callable[[], Iterable[Gauge]]):
-        self.registry = CollectorRegistry(auto_describe=False)
         self._figures = figures
         self._lock = threading.Lock()
         self._work = WorkCounters()
-        self._latency = Histogram(
-            PREFIX + "request_duration_seconds",
-            "Time a call took to answer (a stream: until its last batch), by kind of call",
-            ["call"],
-            registry=self.registry,
-            buckets=LATENCY_BUCKETS_S,
-        )
-        self.registry.register(_Collector(self))
+        self._latency: Any = None  # prometheus_client's Histogram, once served
         self.port: int | None = None
 
     def work_done(self, done: WorkDone) -> None:
@@ -109,7 +99,9 @@ class ServerMetrics:
             return self._work
 
     def timed(self, call: str) -> contextlib.AbstractContextManager:
-        """A context in which ``call``'s time is measured into its histogram."""
+        """A context in which ``call``'s time is measured into its histogram (served only)."""
+        if self._latency is None:
+            return contextlib.nullcontext()
         return self._latency.labels(call).time()
 
     def timed_stream(self, call: str, batches: Iterable) -> Iterator:
@@ -118,6 +110,8 @@ class ServerMetrics:
             yield from batches
 
     def work_families(self) -> Iterator[Metric]:
+        from prometheus_client.core import CounterMetricFamily
+
         with self._lock:
             work = self._work
         for counter, name in WORK_METRICS.items():
@@ -126,6 +120,8 @@ class ServerMetrics:
             yield family
 
     def figure_families(self) -> Iterator[Metric]:
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
         for figure in self._figures():
             kind = CounterMetricFamily if figure.counter else GaugeMetricFamily
             yield kind(PREFIX + figure.name, figure.why, value=figure.value)
@@ -141,6 +137,25 @@ class ServerMetrics:
         """Listen on ``host``:``port`` (0: any free port) in a thread of its own; the port.
         Under ``tls`` (certificate, key as PEM) the endpoint is HTTPS, and with ``client_ca``
         it requires a client certificate that CA signed."""
+        from prometheus_client import (
+            CollectorRegistry,
+            Histogram,
+            disable_created_metrics,
+            start_http_server,
+        )
+
+        # A histogram's ``_created`` gauge (when its series began) names no unit and says
+        # nothing a scrape's timestamps do not: this process exposes none.
+        disable_created_metrics()
+        registry = CollectorRegistry(auto_describe=False)
+        self._latency = Histogram(
+            PREFIX + "request_duration_seconds",
+            "Time a call took to answer (a stream: until its last batch), by kind of call",
+            ["call"],
+            registry=registry,
+            buckets=LATENCY_BUCKETS_S,
+        )
+        registry.register(_Collector(self))
         files: dict[str, str] = {}
         if tls is not None:
             folder.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -151,7 +166,7 @@ class ServerMetrics:
         server, _thread = start_http_server(
             port,
             addr=host,
-            registry=self.registry,
+            registry=registry,
             client_auth_required=client_ca is not None and tls is not None,
             **files,
         )
