@@ -187,6 +187,7 @@ def _lines_table(planned: Plan, code: bool) -> Table:
 def _listing(planned: Plan) -> Table:
     """The program's lines as written, numbered, long ones folded under themselves."""
     listing = Table.grid(padding=(0, 1))
+    listing.title = "the program, by line (its estimates below)"
     listing.add_column(justify="right", style="dim")
     listing.add_column(overflow="fold")
     for line in planned.lines:
