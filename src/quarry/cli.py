@@ -1540,7 +1540,7 @@ def device_load(
 
 def _mount_optional() -> None:
     """Sub-commands that live with their feature, each registered once: `quarry de`, and
-    `quarry genes ingest|drop` for the matrix-only options (cell metadata, orientation)."""
+    `quarry genes ingest|get|collect|drop` for expression matrices."""
     from quarry.capacity.cli import app as capacity_app
     from quarry.genes import cli as genes_cli
     from quarry.offload import cli as offload_cli
@@ -1550,8 +1550,12 @@ def _mount_optional() -> None:
     )
     app.command("de")(genes_cli.de)
     app.command("run")(offload_cli.run_command)
-    matrices = typer.Typer(no_args_is_help=True, help="Expression matrices: ingest and drop.")
+    matrices = typer.Typer(
+        no_args_is_help=True, help="Expression matrices: ingest, get (axis queries), collect, drop."
+    )
     matrices.command("ingest")(genes_cli.ingest)
+    matrices.command("get")(genes_cli.get)
+    matrices.command("collect")(genes_cli.collect)
     matrices.command("drop")(genes_cli.drop)
     app.add_typer(matrices, name="genes")
 

@@ -72,6 +72,27 @@ def test_blocks_store_the_rows_and_ranking_of_the_whole_matrix(genes_cluster):
     assert list(stored.gene_names) == list(matrix.gene_names)
 
 
+def test_cell_blocks_store_the_rows_of_the_whole_matrix_by_cells(genes_cluster):
+    matrix = mixed_matrix(seed=8, genes=60, cells=140)
+    genes.ingest(genes_cluster, matrix, "lab/whole_cells", orientation="cells")
+    by_cell = matrix.values.T.tocsr()
+    blocks = genes.CellBlocks(
+        (by_cell[start : start + 50] for start in range(0, 140, 50)),
+        matrix.genes,
+        matrix.cells,
+        matrix.metadata,
+        "mixed",
+    )
+    genes.ingest(genes_cluster, blocks, "lab/cell_blocks", orientation="cells")
+    whole = genes_cluster.scan("lab/whole_cells").read_all().sort_by("cell")
+    assert genes_cluster.scan("lab/cell_blocks").read_all().sort_by("cell").equals(whole)
+    query = genes.query(genes_cluster, "lab/cell_blocks", var=list(matrix.gene_names[:5]))
+    np.testing.assert_array_equal(query.to_anndata().X.toarray(), matrix.values[:5].T.toarray())
+    wrong = genes.CellBlocks(iter([by_cell]), matrix.genes, matrix.cells, dataset="mixed")
+    with pytest.raises(GenesInputError, match="blocks of cells is stored by cells"):
+        genes.ingest(genes_cluster, wrong, "lab/wrong")
+
+
 def test_unknown_nonzero_count_and_integer_counts(genes_cluster):
     matrix = mixed_matrix(seed=8, genes=30, cells=40)
     counts = sparse.csr_matrix(np.rint(matrix.values.toarray() * 3).astype(np.int32))

@@ -19,6 +19,7 @@ from quarry.genes.cli import app
 
 ROOT = Path(__file__).resolve().parents[2]
 R_EXAMPLE = ROOT / "examples" / "r" / "rank_genes.R"
+R_QUERY_EXAMPLE = ROOT / "examples" / "r" / "query_cells.R"
 R_TIMEOUT_S = 300
 
 
@@ -198,3 +199,31 @@ def test_the_r_example_ranks_genes_through_reticulate(genes_cluster, stored_pbmc
     # write.csv keeps 13 to 15 significant digits.
     np.testing.assert_allclose(from_r["scores"], expected["scores"], rtol=1e-11)
     np.testing.assert_allclose(from_r["pvals_adj"], expected["pvals_adj"], rtol=1e-11)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("Rscript") is None, reason=R_MISSING)
+def test_the_r_example_queries_cells_through_reticulate(genes_cluster, stored_pbmc, tmp_path):
+    rscript = shutil.which("Rscript")
+    assert rscript is not None
+    output = tmp_path / "cells.csv"
+    env = {
+        **os.environ,
+        "QUARRY_CLUSTER": str(genes_cluster.cluster_file),
+        "RETICULATE_PYTHON": sys.executable,
+    }
+    obs = "louvain = '3' AND n_genes > 800"
+    done = subprocess.run(
+        [rscript, str(R_QUERY_EXAMPLE), "bio/pbmc", obs, "CD3D,NKG7", str(output)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=R_TIMEOUT_S,
+        cwd=ROOT,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "bio/pbmc: " in done.stdout and "slices pruned" in done.stdout
+    from_r = pd.read_csv(output)
+    expected = genes.query(genes_cluster, "bio/pbmc", obs, ["CD3D", "NKG7"]).to_anndata()
+    assert list(from_r["cell"]) == list(expected.obs_names)
+    np.testing.assert_allclose(from_r[["CD3D", "NKG7"]].to_numpy(), expected.X.toarray(), rtol=1e-6)

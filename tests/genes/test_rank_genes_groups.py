@@ -90,3 +90,23 @@ def test_errors_name_the_group(genes_cluster, stored_pbmc):
         genes.rank_genes_groups(genes_cluster, "bio/pbmc", "louvain", groups=["1"], reference="1")
     with pytest.raises(GenesInputError, match="'all' or a list"):
         genes.rank_genes_groups(genes_cluster, "bio/pbmc", "louvain", groups="1")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stored", ["bio/pbmc", "bio/pbmc_sparse"])
+def test_wilcoxon_is_one_request_with_the_t_tests_fold_changes(
+    genes_cluster, stored_pbmc, pbmc_adata, stored
+):
+    """Against the rest, Wilcoxon's pass also sums each group's values as Accumulate does: no
+    moments request, and the fold changes are the t-test's to the bit (dense and sparse rows)."""
+    if stored == "bio/pbmc_sparse" and stored not in genes_cluster.catalog:
+        counts = pbmc_adata.copy()
+        counts.X = np.where(counts.X > 1.0, counts.X, 0.0).astype(np.float32)  # mostly zeros
+        genes.ingest(genes_cluster, counts, stored)
+    ranked = genes.rank_genes_groups(genes_cluster, stored, "louvain", method="wilcoxon")
+    t_test = genes.rank_genes_groups(genes_cluster, stored, "louvain", method="t-test")
+    assert len(ranked.attrs["quarry"]["datasets"]) == 1
+    for label, part in ranked.groupby("group", observed=True):
+        theirs = t_test[t_test["group"] == label].set_index("names")["logfoldchanges"]
+        ours = part.set_index("names")["logfoldchanges"].loc[theirs.index]
+        np.testing.assert_array_equal(ours.to_numpy(), theirs.to_numpy())

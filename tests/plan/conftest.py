@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import glob
 import importlib.util
 import os
 from dataclasses import dataclass, field
@@ -15,15 +16,24 @@ TPCH_SCALE_FACTOR = 0.1
 TPCH_TABLES = ("customer", "lineitem", "nation", "orders", "part", "partsupp", "region", "supplier")
 
 
+def duckdb_with(extension: str) -> duckdb.DuckDBPyConnection:
+    """DuckDB with an extension from its pinned `duckdb-ext-<name>` package (no download); the
+    packages share the `duckdb_ext` namespace, perhaps from several folders."""
+    locations = importlib.util.find_spec("duckdb_ext").submodule_search_locations
+    for location in locations:
+        directory = os.path.join(location, "extensions")
+        if glob.glob(os.path.join(directory, "*", "*", f"{extension}.duckdb_extension")):
+            connection = duckdb.connect(
+                config={"extension_directory": directory, "autoinstall_known_extensions": False}
+            )
+            connection.execute(f"LOAD {extension}")
+            return connection
+    raise FileNotFoundError(f"no {extension} extension: install duckdb-ext-{extension}")
+
+
 def duckdb_with_tpch() -> duckdb.DuckDBPyConnection:
     """DuckDB with the tpch extension from the pinned `duckdb-ext-tpch` package (no download)."""
-    locations = importlib.util.find_spec("duckdb_ext").submodule_search_locations
-    extension_directory = os.path.join(list(locations)[0], "extensions")
-    connection = duckdb.connect(
-        config={"extension_directory": extension_directory, "autoinstall_known_extensions": False}
-    )
-    connection.execute("LOAD tpch")
-    return connection
+    return duckdb_with("tpch")
 
 
 @dataclass
@@ -57,6 +67,39 @@ def tpch(tmp_path_factory: pytest.TempPathFactory) -> Tpch:
         data[f"tpch/{name}"] = pq.read_table(path)
     queries = dict(connection.execute("SELECT query_nr, query FROM tpch_queries()").fetchall())
     return Tpch(connection, data, queries)
+
+
+TPCDS_SCALE_FACTOR = 0.1
+
+
+@dataclass
+class Tpcds:
+    """TPC-DS at SF 0.1 from DuckDB's tpcds extension: its 24 tables and 99 queries."""
+
+    connection: duckdb.DuckDBPyConnection
+    data: dict[str, pa.Table]  # "tpcds/<table>" -> rows
+    queries: dict[int, str]
+    _expected: dict[int, pa.Table] = field(default_factory=dict)
+
+    def expected(self, number: int) -> pa.Table:
+        if number not in self._expected:
+            self._expected[number] = self.connection.execute(
+                self.queries[number]
+            ).fetch_arrow_table()
+        return self._expected[number]
+
+
+@pytest.fixture(scope="session")
+def tpcds() -> Tpcds:
+    connection = duckdb_with("tpcds")
+    connection.execute(f"CALL dsdgen(sf={TPCDS_SCALE_FACTOR})")
+    names = [row[0] for row in connection.execute("SHOW TABLES").fetchall()]
+    data = {
+        f"tpcds/{name}": connection.execute(f"SELECT * FROM {name}").fetch_arrow_table()
+        for name in names
+    }
+    queries = dict(connection.execute("SELECT query_nr, query FROM tpcds_queries()").fetchall())
+    return Tpcds(connection, data, queries)
 
 
 SMALL_ROWS = 3000

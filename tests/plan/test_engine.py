@@ -31,3 +31,17 @@ def test_a_decimal_column_off_a_16_byte_boundary_is_copied_onto_one_and_nothing_
         assert fixed.column(0).buffers()[1].address == received.column(0).buffers()[1].address
     assert seen_misaligned  # one of the two placements is what a Flight stream may give
     assert engine.aligned(batch) is batch
+
+
+def test_a_join_whose_condition_is_always_true_consumes_and_answers():
+    """SQLite's corpus: DataFusion's producer writes such a join with no condition, which its
+    own consumer refuses; every row of the left side meets every row of the right."""
+    ctx = engine.session()
+    ctx.register_record_batches("a", [[pa.record_batch({"x": [1, 2]})]])
+    ctx.register_record_batches("b", [[pa.record_batch({"y": [3]})]])
+    frame = ctx.sql("SELECT * FROM a LEFT JOIN b ON NOT CAST(NULL AS INTEGER) IS NOT NULL")
+    answer = engine.consume(ctx, engine.produce(ctx, frame)).to_arrow_table()
+    assert sorted(answer.to_pylist(), key=lambda r: r["x"]) == [
+        {"x": 1, "y": 3},
+        {"x": 2, "y": 3},
+    ]

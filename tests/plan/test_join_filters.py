@@ -11,8 +11,9 @@ from quarry.protocol.stage import Stage
 SCHEMAS = {
     "d/big": pa.schema([("k", pa.int64()), ("v", pa.float64())]),
     "d/small": pa.schema([("k", pa.int64()), ("tag", pa.string())]),
+    "d/returns": pa.schema([("k", pa.int64()), ("v", pa.float64())]),
 }
-ROWS = {"d/big": 1_000_000, "d/small": 1_000}
+ROWS = {"d/big": 1_000_000, "d/small": 1_000, "d/returns": 600_000}
 
 
 def _pairs(sql: str, rows=ROWS) -> set[tuple[str, str, str, str]]:
@@ -55,6 +56,22 @@ def test_the_preserved_side_of_an_outer_join_is_never_cut() -> None:
     assert _pairs(sql) == set()
     anti = "SELECT sum(v) FROM d.big WHERE k NOT IN (SELECT k FROM d.small WHERE tag = 'x')"
     assert ("d/big", "k", "d/small", "k") not in _pairs(anti)
+
+
+def test_a_join_above_a_union_cuts_each_of_its_inputs() -> None:
+    """TPC-DS Q5's shape: sales and returns joined as one to a few dates."""
+    sql = (
+        "SELECT sum(u.v) FROM (SELECT k, v FROM d.big UNION ALL SELECT k, v FROM d.returns) u "
+        "JOIN d.small s ON u.k = s.k WHERE s.tag = 'x'"
+    )
+    assert _pairs(sql) == {*CUT, ("d/returns", "k", "d/small", "k")}
+    # an input that does not trace is left whole; the other is still cut
+    sql = (
+        "SELECT sum(u.v) FROM (SELECT k, v FROM d.big UNION ALL "
+        "SELECT max(k), v FROM d.returns GROUP BY v) u JOIN d.small s ON u.k = s.k "
+        "WHERE s.tag = 'x'"
+    )
+    assert _pairs(sql) == CUT
 
 
 def test_a_limit_below_the_join_stops_the_cut() -> None:

@@ -8,7 +8,6 @@ import pyarrow as pa
 import pytest
 
 from quarry.plan import decompose
-from quarry.plan.errors import NotSupported
 from quarry.plan.rules.null_aware import null_aware_flags
 from tests.plan.harness import execute
 
@@ -47,10 +46,14 @@ def test_not_in_answers_as_datafusion_alone(sql):
         assert sorted(map(repr, answer.to_pylist())) == sorted(map(repr, expected.to_pylist()))
 
 
-def test_a_correlated_not_in_is_refused_with_what_to_write():
+def test_a_correlated_not_in_answers_through_duckdb():
+    """DataFusion cannot keep a correlated NOT IN's NULL semantics: its super-plan is DuckDB's
+    (``duckdb_super``), which answers as SQL says (a NULL in the correlated rows keeps none)."""
     sql = "SELECT * FROM a WHERE x NOT IN (SELECT y FROM b WHERE b.k = a.k)"
-    with pytest.raises(NotSupported, match="NOT EXISTS"):
-        decompose(sql, SCHEMAS)
+    decomposition = decompose(sql, SCHEMAS)
+    assert decomposition.host_sql == sql
+    answer = execute(decomposition, TABLES, stage_choice="random")
+    assert sorted(map(repr, answer.to_pylist())) == ["{'x': 1, 'k': 1}", "{'x': 5, 'k': 3}"]
 
 
 def test_only_not_in_is_null_aware():

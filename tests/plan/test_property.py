@@ -141,6 +141,12 @@ def queries(draw, templates: tuple[str, ...] = AGGREGATES) -> str:
 def test_answer_independent_of_pushdown(
     table: pa.Table, sql: str, partitions: int, chunks_per_partition: int, seed: int
 ) -> None:
+    _same_answer_every_cut(table, sql, partitions, chunks_per_partition, seed)
+
+
+def _same_answer_every_cut(
+    table: pa.Table, sql: str, partitions: int, chunks_per_partition: int, seed: int
+) -> None:
     data = {"test/t": table}
     answers = {}
     for mode in ("never", "always", "random"):
@@ -173,3 +179,56 @@ def test_answer_independent_of_pushdown(
             float_absolute=FLOAT_ABSOLUTE,
             context=f"{mode} vs DuckDB: {sql}",
         )
+
+
+COMPARISONS = ("=", "<", "<=", ">", "<>")
+
+
+@st.composite
+def correlated_queries(draw) -> str:
+    """A subquery correlated with the outer row by an equality or not, in SELECT, WHERE or
+    HAVING: scalar (count, an aggregate), EXISTS / NOT EXISTS, IN / NOT IN. DataFusion turns
+    those correlated by equalities into joins; the others' super-plan is DuckDB's."""
+    op = draw(st.sampled_from(COMPARISONS))
+    column = draw(st.sampled_from(("g", "i", "f")))
+    inner = f"x.{column} {op} t.{column}"
+    # bare columns inside the subquery are its own (x's)
+    extra = draw(st.one_of(st.just(""), predicates().map(lambda p: f" AND {p}")))
+    outer_where = draw(st.one_of(st.just(""), predicates().map(lambda p: f" WHERE {p}")))
+    shape = draw(st.sampled_from(("count", "aggregate", "exists", "in", "having")))
+    if shape == "count":
+        return f"SELECT g, i, (SELECT count(*) FROM t AS x WHERE {inner}) AS c FROM t{outer_where}"
+    if shape == "aggregate":
+        measure = draw(st.sampled_from(("max(x.i)", "min(x.f)", "sum(x.i)", "count(x.s)")))
+        return f"SELECT h, f, (SELECT {measure} FROM t AS x WHERE {inner}) AS c FROM t"
+    if shape == "exists":
+        negated = draw(st.sampled_from(("", "NOT ")))
+        return (
+            f"SELECT g, i, s FROM t WHERE {negated}EXISTS "
+            f"(SELECT 1 FROM t AS x WHERE {inner}{extra})"
+        )
+    if shape == "in":
+        negated = draw(st.sampled_from(("", "NOT ")))
+        return (
+            f"SELECT g, i FROM t WHERE i {negated}IN "
+            f"(SELECT x.i FROM t AS x WHERE x.g {op} t.g){outer_where.replace('WHERE', 'AND')}"
+        )
+    return (
+        f"SELECT g, count(*) AS n FROM t GROUP BY g HAVING count(*) >= "
+        f"(SELECT count(*) FROM t AS x WHERE x.g {op} t.g)"
+    )
+
+
+@pytest.mark.slow
+@settings(max_examples=EXAMPLES // 3, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    table=tables(),
+    sql=correlated_queries(),
+    partitions=st.integers(1, 4),
+    chunks_per_partition=st.integers(1, 3),
+    seed=st.integers(0, 2**16),
+)
+def test_correlated_subqueries_answer_independent_of_pushdown(
+    table: pa.Table, sql: str, partitions: int, chunks_per_partition: int, seed: int
+) -> None:
+    _same_answer_every_cut(table, sql, partitions, chunks_per_partition, seed)

@@ -48,7 +48,14 @@ from quarry.tally import Tally
 T = TypeVar("T")
 UNITS_PACKAGE = "quarry.device.units"
 # Applications whose import registers units of their own; loaded on first use.
-UNIT_MODULES = ("quarry.genes.device", "quarry.capacity.device", "quarry.offload.device")
+UNIT_MODULES = (
+    "quarry.genes.device",
+    "quarry.genes.axis_unit",
+    "quarry.genes.hvg_unit",
+    "quarry.genes.value_counts",
+    "quarry.capacity.device",
+    "quarry.offload.device",
+)
 
 
 class UnitError(QuarryError, ValueError):

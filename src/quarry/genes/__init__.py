@@ -29,7 +29,13 @@ _EXPORTS = {
     "encode_slices": "layout",
     "ExpressionMatrix": "matrix",
     "GeneBlocks": "matrix",
+    "CellBlocks": "matrix",
     "rank_genes": "rank",
+    "query": "query",
+    "CellQuery": "query",
+    "collect": "collections",
+    "mean_var": "moments",
+    "highly_variable_genes": "moments",
     "rank_genes_groups": "groups_rank",
     "to_anndata": "scanpy_layout",
     "pseudobulk": "pseudobulk",
@@ -63,6 +69,12 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
+    "CellBlocks",
+    "CellQuery",
+    "collect",
+    "highly_variable_genes",
+    "mean_var",
+    "query",
     "DecodedSlice",
     "ExpressionMatrix",
     "GeneBlocks",

@@ -185,6 +185,95 @@ def ingest(
 
 
 @app.command()
+def get(
+    source: Annotated[str, typer.Argument(help="expression matrix or collection, DOMAIN/NAME")],
+    output: Annotated[Path, typer.Option(help="write the selection to this .h5ad file")],
+    obs: Annotated[
+        str | None, typer.Option(help="SQL WHERE filter over the cell metadata columns")
+    ] = None,
+    var: Annotated[
+        str | None, typer.Option(help="SQL WHERE filter over the gene metadata columns")
+    ] = None,
+    genes: Annotated[
+        str | None, typer.Option(help="gene names, comma-separated (instead of --var)")
+    ] = None,
+    columns: Annotated[
+        str | None, typer.Option(help="cell metadata columns to keep, comma-separated")
+    ] = None,
+    pushdown: Annotated[str, typer.Option(help="auto, always or never (host only)")] = (
+        Pushdown.AUTO
+    ),
+    as_json: JsonOption = False,
+    cluster: ClusterOption = None,
+) -> None:
+    """Cells matching --obs and genes matching --var (or --genes), as an .h5ad file: the
+    devices read only the slices holding the selection and ship only its values."""
+    from quarry.genes.query import query
+
+    if var is not None and genes is not None:
+        raise typer.BadParameter("give --var (a filter) or --genes (names), not both")
+    selection: Any = _split(genes) if genes is not None else var
+    c = open_cluster(cluster)
+    try:
+        planned = query(
+            c,
+            source,
+            obs,
+            selection,
+            columns=_split(columns) if columns is not None else None,
+            pushdown=pushdown,  # type: ignore[arg-type]
+        )
+        adata = planned.to_anndata()
+    finally:
+        c.close()
+    adata.write_h5ad(output)
+    report = planned.report
+    if as_json:
+        print_json({"source": source, "output": str(output), "quarry": report.to_json()})
+        return
+    console.print(
+        f"wrote {output}: {adata.n_obs:,} cells x {adata.n_vars:,} genes "
+        f"({report.values_selected:,} values); read {human_bytes(report.bytes_read)} of "
+        f"{human_bytes(report.bytes_matrix)} on the devices, shipped "
+        f"{human_bytes(report.bytes_shipped)}; slices pruned {report.slices_pruned} of "
+        f"{report.slices_total}; {report.wall_s:.2f} s",
+        highlight=False,
+    )
+
+
+def _split(names: str) -> list[str]:
+    return [n.strip() for n in names.split(",") if n.strip()]
+
+
+@app.command()
+def collect(
+    name: Annotated[str, typer.Argument(help="the collection, DOMAIN/NAME")],
+    members: Annotated[list[str], typer.Argument(help="stored matrices sharing one gene space")],
+    columns: Annotated[
+        str | None, typer.Option(help="cell metadata columns it shows (default: the shared ones)")
+    ] = None,
+    cluster: ClusterOption = None,
+) -> None:
+    """Group stored matrices with the same genes as one collection: `get`, `de` statistics and
+    pseudobulk then run over all of them."""
+    from quarry.genes.collections import collect as collect_matrices
+
+    c = open_cluster(cluster)
+    try:
+        matrices = collect_matrices(
+            c, name, members, obs_columns=_split(columns) if columns is not None else None
+        )
+    finally:
+        c.close()
+    cells = sum(m.cell_count for m in matrices)
+    console.print(
+        f"collected {name}: {len(matrices)} matrices, {cells:,} cells x "
+        f"{matrices[0].gene_count:,} genes",
+        highlight=False,
+    )
+
+
+@app.command()
 def drop(
     dataset: Annotated[str, typer.Argument(help="expression matrix, DOMAIN/NAME")],
     cluster: ClusterOption = None,

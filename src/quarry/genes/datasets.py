@@ -127,7 +127,7 @@ class StoredMatrix:
         table = table.sort_by(POSITION_COLUMN).drop_columns([POSITION_COLUMN])
         positions_ok = table.num_rows == 0 or table.column(id_column).null_count == 0
         assert positions_ok, f"{self.dataset + suffix} lost ids"
-        table = _restore_categories(table, self.description.get("categories", {}).get(suffix, {}))
+        table = restore_categories(table, self.description.get("categories", {}).get(suffix, {}))
         _axis_cache[key] = table
         while len(_axis_cache) > AXIS_CACHE_ENTRIES_MAX:
             _axis_cache.popitem(last=False)
@@ -151,8 +151,9 @@ def ingest(
     """Store an expression matrix (a file, an AnnData, an `ExpressionMatrix` or `GeneBlocks`).
 
     source:      an .h5ad file, a 10x Matrix Market directory, a dense TSV/CSV, an AnnData
-                 object, an `ExpressionMatrix`, or a `GeneBlocks`: a matrix larger than memory,
-                 stored one block of genes at a time (orientation "genes" only).
+                 object, an `ExpressionMatrix`, or a `GeneBlocks` / `CellBlocks`: a matrix
+                 larger than memory, stored one block of genes (of cells, orientation "cells")
+                 at a time.
     orientation: "genes" (genes are rows, the paper's layout) or "cells" (pivoted).
     metadata:    custom dataset metadata, kept with the dataset and copied into results.
     progress:    a bar of the rows stored: on a terminal (None), always (True) or never.
@@ -229,15 +230,16 @@ def _matrix_stream(
         )
         rows = matrix.gene_count if orientation == "genes" else matrix.cell_count
         return MatrixStream(schema, rows, matrix.nonzero_count, batches)
-    if orientation != "genes":
+    if orientation != matrix.ROWS:
         raise GenesInputError(
-            f"dataset {matrix.dataset!r}: a matrix given in blocks of genes is stored by genes; "
-            "orientation='cells' would need the whole matrix at once"
+            f"dataset {matrix.dataset!r}: a matrix given in blocks of {matrix.ROWS} is stored "
+            f"by {matrix.ROWS}; orientation={orientation!r} would need the whole matrix at once"
+            + (" (give CellBlocks to store by cells)" if matrix.ROWS == "genes" else "")
         )
     blocks = CheckedBlocks(matrix)
-    schema = stored_schema("genes", pa.from_numpy_dtype(blocks.dtype), matrix.cell_count)
+    schema = stored_schema(orientation, pa.from_numpy_dtype(blocks.dtype), matrix.column_count)
     batches = iter_block_batches(blocks, schema, density_threshold=threshold)
-    return MatrixStream(schema, matrix.gene_count, matrix.nonzero, batches)
+    return MatrixStream(schema, matrix.row_count, matrix.nonzero, batches)
 
 
 def _advancing(stream: MatrixStream, bar: Bar) -> Iterator[pa.RecordBatch]:
@@ -392,7 +394,7 @@ def _axis_table(table: pa.Table) -> tuple[pa.Table, dict[str, list[str]]]:
     return stored.add_column(0, POSITION_COLUMN, positions), categories
 
 
-def _restore_categories(table: pa.Table, categories: Mapping[str, list[str]]) -> pa.Table:
+def restore_categories(table: pa.Table, categories: Mapping[str, list[str]]) -> pa.Table:
     for name, labels in categories.items():
         if name not in table.column_names:
             continue

@@ -33,6 +33,7 @@ import pyarrow as pa
 from quarry.device.unit import Chunk, Skipped, Unit, register
 from quarry.genes.errors import GenesInputError, StaleDataset
 from quarry.genes.groups import grouping_digest
+from quarry.genes.layout import slice_layout
 from quarry.genes.ranks import RANK_SCHEMA, combine_ranks, rank_sums, select_rank_sides
 from quarry.genes.stats import PARTIAL_SCHEMA, accumulate, combine, select_sides
 from quarry.protocol.message import Message, bounded
@@ -41,7 +42,6 @@ from quarry.protocol.work import ranges_of
 from quarry.store.partition import PartitionMeta
 
 PROGRAM = "genes.accumulate"
-CACHE_FORMAT = b"1"
 # Groupings whose statistics a device keeps per dataset version; the oldest-named others go.
 CACHED_GROUPINGS_MAX = 64
 SIDES_MAX = 4096  # one per group of a grouping (rank_genes_groups), or the two of a comparison
@@ -97,11 +97,20 @@ class Accumulate(Unit):
         self.host_partials: list[pa.RecordBatch] = []
 
     SCHEMA: pa.Schema = PARTIAL_SCHEMA  # what ``KERNEL`` gives and the unit ships
+    CACHE_FORMAT = b"1"  # of its cached statistics: another format is recomputed
     KERNEL = staticmethod(accumulate)  # (slice, group of each cell, groups) -> partial
 
     @property
     def output_schema(self) -> pa.Schema:
         return self.SCHEMA
+
+    @classmethod
+    def calibration_work(cls, batch: pa.RecordBatch, rng: np.random.Generator):
+        """The host's own work on a calibration slice (``dispatch.host_accumulate_s_per_byte``):
+        the statistic over 10 random groups."""
+        _, _, cells = slice_layout(batch)
+        groups = rng.integers(0, 10, cells).astype(np.int32)
+        return lambda: cls.KERNEL(batch, groups, 10)
 
     # ---- the statistic: a unit of the same shape (``RankSums``) changes only these -------------
 
@@ -223,7 +232,7 @@ def _load(unit: Accumulate, meta: PartitionMeta) -> Cached | None:
         return None  # a damaged cache entry: recompute (the put below replaces it)
     metadata = table.schema.metadata or {}
     if (
-        metadata.get(b"format") != CACHE_FORMAT
+        metadata.get(b"format") != unit.CACHE_FORMAT
         or metadata.get(b"ingest", b"").decode() != meta.ingest["id"]
     ):
         return None  # written for other data: recompute (the put below replaces it)
@@ -241,7 +250,7 @@ def _store(unit: Accumulate, work: PartitionWork, statistics: pa.RecordBatch) ->
     if work.stored is not None and not work.stored.covered <= covered:
         return  # the cache covers slices this request did not: keep the larger coverage
     metadata = {
-        b"format": CACHE_FORMAT,
+        b"format": unit.CACHE_FORMAT,
         b"ingest": work.meta.ingest["id"].encode(),
         b"covered": json.dumps(sorted(covered)).encode(),
     }
@@ -300,6 +309,7 @@ class RankSums(Accumulate):
 
     NAME = "genes.rank_sums"
     SCHEMA = RANK_SCHEMA
+    CACHE_FORMAT = b"2"  # 2: with each group's sum
     KERNEL = staticmethod(rank_sums)
 
     def reduce(

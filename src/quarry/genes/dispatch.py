@@ -31,7 +31,7 @@ from scipy import sparse
 from quarry.coordinator.dispatch.dispatch import Dispatch, Task
 from quarry.coordinator.query.planning import replicas_of
 from quarry.cost.model import host_share, link_bytes_per_s
-from quarry.device.unit import host_context, host_cores
+from quarry.device.unit import Unit, host_context, host_cores
 from quarry.errors import DeviceUnavailable
 from quarry.genes.datasets import StoredMatrix
 from quarry.genes.device import SIDES_MAX, Accumulate, AccumulateArgs
@@ -71,6 +71,7 @@ class Report:
     slices_executed: int = _summed()
     slices_pushed_back: int = _summed()
     slices_cached: int = _summed()
+    slices_pruned: int = _summed()  # slices whose zone maps hold nothing asked for: not read
     slices_raw: int = _summed()  # slices the host accumulated (pushed back, or pushdown never)
     requests: int = _summed()
     host_accumulate_s: float = _summed(0.0)
@@ -106,9 +107,11 @@ def side_statistics(
     push_back: PushBack | None = None,
     policy: Mapping[str, Any] | None = None,
     unit: type[Accumulate] = Accumulate,
+    version_suffix: str = "",
 ) -> tuple[pa.RecordBatch, Report]:
     """Per gene and side i, the statistics of the union of groups `sides[i]` (group = i): the
-    moments (``Accumulate``) or the rank sums (``RankSums``)."""
+    moments (``Accumulate``) or the rank sums (``RankSums``). ``version_suffix`` names a
+    transform of the values the unit applies (its statistics are cached apart)."""
     pushdown = Pushdown.parse(pushdown, GENES_MODES)
     assert 1 <= len(sides) <= SIDES_MAX, len(sides)
     assert len(grouping.group_of_cell) == matrix.cell_count, "grouping of another dataset"
@@ -120,13 +123,13 @@ def side_statistics(
             f"dataset {matrix.dataset!r}: push_back names partitions {unknown} it does not have"
         )
     dispatch = Dispatch()
-    tasks = _tasks(matrix, grouping, sides, pushdown, push_back, policy, unit)
+    tasks = _tasks(matrix, grouping, sides, pushdown, push_back, policy, unit, version_suffix)
     results = list(dispatch.run(tasks, len(tasks), RESULT_BATCHES_MAX, "quarry-genes"))
     if results:
         statistics = tasks[0].host.merge(results)
     else:
         statistics = pa.RecordBatch.from_pylist([], schema=unit.SCHEMA)
-    report = _report(matrix.dataset, pushdown, dispatch)
+    report = report_of(matrix.dataset, pushdown, dispatch)
     report.wall_s = time.perf_counter() - started
     return statistics, report
 
@@ -139,11 +142,12 @@ def _tasks(
     push_back: PushBack,
     policy: Mapping[str, Any] | None,
     unit: type[Accumulate],
+    version_suffix: str = "",
 ) -> list[Task]:
     """One task per device: every partition it serves, in one request (its cache is per
     partition, its output one Combine over them)."""
     args = AccumulateArgs(
-        version=matrix.version,
+        version=matrix.version + version_suffix,
         ingest_ids=tuple(sorted(i.id for i in matrix.entry.ingests)),
         grouping=grouping.digest(),
         group_count=grouping.group_count,
@@ -151,6 +155,27 @@ def _tasks(
         sides=tuple(tuple(int(g) for g in side) for side in sides),
     )
     payload = np.ascontiguousarray(grouping.group_of_cell, dtype="<i4").tobytes()
+    # Ask without the grouping first: a device with every partition cached needs only the
+    # digest, so a repeated request moves almost nothing. A miss costs one more round trip.
+    return matrix_tasks(
+        matrix, unit, args.to_json(), payload, pushdown, push_back, policy, deferred=True
+    )
+
+
+def matrix_tasks(
+    matrix: StoredMatrix,
+    unit: type[Unit],
+    args: dict[str, Any],
+    payload: bytes,
+    pushdown: Pushdown,
+    push_back: PushBack,
+    policy: Mapping[str, Any] | None,
+    *,
+    deferred: bool = False,
+) -> list[Task]:
+    """One task per device running ``unit`` over every partition of the matrix it serves (the
+    first replica that answers, so caches warm); ``deferred``: the payload is sent only if the
+    device says it needs it."""
     assignments = _assign(matrix)
     entries = {p.partition: p for p in matrix.entry.partitions}
     tasks = []
@@ -170,18 +195,15 @@ def _tasks(
             if pushdown is Pushdown.AUTO
             else None,
             policy=Policy.from_json(dict(policy or {})),
-            args=args.to_json(),
+            args=args,
         )
         tasks.append(
             Task(
                 client=matrix.cluster.devices[device],
                 request=request,
                 host=unit(request, payload, host_context()),
-                # Ask without the grouping first: a device with every partition cached needs
-                # only the digest, so a repeated request moves almost nothing. A miss costs one
-                # more round trip.
-                payload=b"",
-                deferred_payload=payload,
+                payload=b"" if deferred else payload,
+                deferred_payload=payload if deferred else None,
                 label=matrix.dataset,
                 host_only=pushdown is Pushdown.NEVER,
                 replicas={p: replicas_of(matrix.cluster, entries[p], device) for p in partitions},
@@ -190,7 +212,7 @@ def _tasks(
     return tasks
 
 
-def _report(dataset: str, pushdown: Pushdown, dispatch: Dispatch) -> Report:
+def report_of(dataset: str, pushdown: Pushdown, dispatch: Dispatch) -> Report:
     reports = dispatch.sorted_reports()
     counted = WorkCounters.sum(r.counters for r in reports)
     report = Report(
@@ -203,6 +225,7 @@ def _report(dataset: str, pushdown: Pushdown, dispatch: Dispatch) -> Report:
         slices_executed=counted.slices_executed,
         slices_pushed_back=counted.slices_pushed_back,
         slices_cached=counted.slices_cached,
+        slices_pruned=counted.slices_pruned,
         slices_raw=sum(r.slices_raw for r in reports),
         requests=dispatch.requests,
         host_accumulate_s=dispatch.host_complete_s,
@@ -215,6 +238,7 @@ def _report(dataset: str, pushdown: Pushdown, dispatch: Dispatch) -> Report:
             "executed": r.ranges(Stage.FULL),
             "pushed_back": r.ranges(Stage.RAW),
             "cached": r.ranges(Skip.CACHED),
+            "pruned": r.ranges(Skip.PRUNED),
             "decisions": [d.to_json() for d in r.decisions],
         }
     report.devices = [by_device[name] for name in sorted(by_device)]
@@ -244,9 +268,7 @@ def _assign(matrix: StoredMatrix) -> dict[str, list[int]]:
     return assignments
 
 
-def _host_cost(
-    matrix: StoredMatrix, device: str, device_count: int, unit: type[Accumulate]
-) -> HostCost:
+def _host_cost(matrix: StoredMatrix, device: str, device_count: int, unit: type[Unit]) -> HostCost:
     """What the host would pay to accumulate a slice itself, for the device's decision."""
     profile = matrix.cluster.info[device].profile
     return HostCost(
@@ -260,9 +282,9 @@ def _host_cost(
 
 
 @cache
-def host_accumulate_s_per_byte(unit: type[Accumulate] = Accumulate) -> float:
-    """The host's cost per stored byte of a unit's statistic (moments, rank sums), measured
-    once per process on a synthetic slice (10% dense, 4,096 cells, 10 groups)."""
+def host_accumulate_s_per_byte(unit: type[Unit] = Accumulate) -> float:
+    """The host's cost per stored byte of a unit's work (moments, rank sums, a selection),
+    measured once per process on a synthetic slice (10% dense, 4,096 cells)."""
     rng = np.random.default_rng(0)
     values = sparse.random(
         CALIBRATION_GENES,
@@ -275,10 +297,10 @@ def host_accumulate_s_per_byte(unit: type[Accumulate] = Accumulate) -> float:
     schema = stored_schema("genes", pa.float32(), CALIBRATION_CELLS)
     batch = rows_batch(values, schema, 0, CALIBRATION_GENES)
     assert batch.schema.names[0] == ROW_ID_COLUMN["genes"]
-    groups = rng.integers(0, 10, CALIBRATION_CELLS).astype(np.int32)
+    work = unit.calibration_work(batch, rng)  # type: ignore[attr-defined]
     best = float("inf")
     for _ in range(CALIBRATION_REPEATS):
         started = time.perf_counter()
-        unit.KERNEL(batch, groups, 10)
+        work()
         best = min(best, time.perf_counter() - started)
     return best / pa.ipc.get_record_batch_size(batch)

@@ -5,7 +5,9 @@ them: which genes mark each cluster against the rest, ranked as scanpy ranks the
 request asks the devices for every group's statistics at once (one side per group: the
 devices read each slice once and ship genes x groups rows, never a value):
 
-- the moments (``Accumulate``: n, mean, m2) for the t-tests and every method's fold changes;
+- the moments (``Accumulate``: n, mean, m2) for the t-tests and every method's fold changes
+  (Wilcoxon against the rest of one matrix takes its means from the rank pass instead, which
+  sums each group's values in Accumulate's order: one request, the same bits);
 - for ``wilcoxon`` and ``pts``, the rank sums and the cells expressing each gene
   (``RankSums``: a slice holds whole genes across cells, so each gene's ranks are local to
   the device that holds it). Against the rest every group shares one ranking (all cells);
@@ -73,6 +75,8 @@ class Ranks:
     expressed: np.ndarray  # genes x groups
     ties: np.ndarray  # genes
     ranked_cells: int
+    genes: np.ndarray | None = None  # gene row numbers of the arrays' rows
+    sums: np.ndarray | None = None  # genes x groups: each group's values summed
 
 
 def rank_genes_groups(
@@ -135,18 +139,30 @@ def _on_cluster(
     request: Request,
     pushdown: Pushdown,
 ) -> pd.DataFrame:
-    from quarry.genes.datasets import open_matrix
-    from quarry.genes.dispatch import side_statistics
+    from quarry.genes.collections import members_of
+    from quarry.genes.moments import moments
 
     started = time.perf_counter()
-    matrix = open_matrix(cluster, dataset)
-    grouping = grouping_from_column(matrix, request.groupby)
-    ranked, against = comparisons(grouping, groups, request.reference)
-    every = [[g] for g in range(grouping.group_count)]
-    statistics, report = side_statistics(matrix, grouping, every, pushdown)
-    reports = [report]
-    arrays = GroupArrays.of(statistics, grouping.group_count)
-    ranks = _ranks(matrix, grouping, ranked, request, pushdown, reports)
+    members, _ = members_of(cluster, dataset)
+    matrix = members[0]
+    if len(members) > 1:
+        comparisons(_collection_grouping(members, request.groupby), groups, request.reference)
+    else:
+        comparisons(grouping_from_column(matrix, request.groupby), groups, request.reference)
+    if len(members) == 1 and request.method == "wilcoxon" and request.reference == REST:
+        # One request: the rank sums' pass also sums each group's values, as Accumulate does,
+        # which gives the fold changes' means to the bit; Wilcoxon needs no other moment.
+        grouping = grouping_from_column(matrix, request.groupby)
+        ranked, against = comparisons(grouping, groups, request.reference)
+        reports: list[Report] = []
+        ranks = _ranks(members, grouping, ranked, request, pushdown, reports)
+        assert ranks.shared is not None
+        arrays = _means_of(ranks.shared, grouping)
+    else:
+        found = moments(members, request.groupby, pushdown)
+        grouping, arrays, reports = found.grouping, found.arrays, list(found.reports)
+        ranked, against = comparisons(grouping, groups, request.reference)
+        ranks = _ranks(members, grouping, ranked, request, pushdown, reports)
     host_started = time.perf_counter()
     log1p_base = matrix.metadata.get("log1p_base")
     with ThreadPoolExecutor(max_workers=HOST_THREADS) as pool:
@@ -164,7 +180,7 @@ def _on_cluster(
     tstat_s = time.perf_counter() - host_started
     result.attrs["quarry"] = quarry_attrs(reports, pushdown, tstat_s, time.perf_counter() - started)
     result.attrs["metadata"] = dict(matrix.metadata)
-    result.attrs["dataset"] = matrix.dataset
+    result.attrs["dataset"] = matrix.dataset if len(members) == 1 else dataset
     result.attrs["version"] = matrix.version
     result.attrs["params"] = {
         "groupby": request.groupby,
@@ -175,6 +191,23 @@ def _on_cluster(
         "corr_method": request.corr_method,
     }
     return result
+
+
+def _collection_grouping(members: list[Any], groupby: str) -> Grouping:
+    """The labels of ``groupby`` over every member (checked before any device works)."""
+    labels: list[str] = []
+    counts: list[int] = []
+    for matrix in members:
+        grouping = grouping_from_column(matrix, groupby)
+        for label, count in zip(grouping.labels, grouping.cell_counts(), strict=True):
+            if label is None:
+                continue
+            if label not in labels:
+                labels.append(label)
+                counts.append(0)
+            counts[labels.index(label)] += int(count)
+    codes = np.repeat(np.arange(len(labels), dtype=np.int32), counts)
+    return Grouping(codes, tuple(labels), members[0].dataset, f"column {groupby!r}")
 
 
 @dataclass
@@ -195,7 +228,7 @@ class AllRanks:
 
 
 def _ranks(
-    matrix: Any,
+    members: list[Any],
     grouping: Grouping,
     ranked: list[int],
     request: Request,
@@ -205,32 +238,46 @@ def _ranks(
     """Rank sums where the method or ``pts`` needs them: one ranking of all cells, shared by
     every group against the rest (and by ``pts``); against a label, one of the pair's cells per
     group, as scanpy ranks them."""
-    from quarry.genes.dispatch import side_statistics
-
     wilcoxon_wanted = request.method == "wilcoxon"
     against_label = request.reference != REST
     ranks = AllRanks()
     if not (wilcoxon_wanted or request.pts):
         return ranks
-    if matrix.orientation != "genes":
-        raise GenesInputError(
-            f"dataset {matrix.dataset!r} is stored by cells: ranks and pts need each gene "
-            "whole in one slice; store it by genes (the default)"
-        )
+    for matrix in members:
+        if matrix.orientation != "genes" and len(members) == 1:
+            raise GenesInputError(
+                f"dataset {matrix.dataset!r} is stored by cells: ranks and pts need each gene "
+                "whole in one slice; store it by genes (the default)"
+            )
     if request.pts or not against_label:
-        every = [[g] for g in range(grouping.group_count)]
-        statistics, report = side_statistics(matrix, grouping, every, pushdown, unit=RankSums)
-        reports.append(report)
+        statistics = _rank_statistics(members, grouping, pushdown, reports)
         ranks.shared = _rank_arrays(statistics, grouping.group_count, len(grouping.group_of_cell))
     if wilcoxon_wanted and against_label:
         reference_id = grouping.id_of(request.reference)
         ranks.pairs = {}
         for g in ranked:
             pair = _pair(grouping, g, reference_id)
-            statistics, report = side_statistics(matrix, pair, [[0], [1]], pushdown, unit=RankSums)
-            reports.append(report)
+            statistics = _rank_statistics(members, pair, pushdown, reports)
             ranks.pairs[g] = _rank_arrays(statistics, 2, int(pair.cell_counts().sum()))
     return ranks
+
+
+def _rank_statistics(
+    members: list[Any], grouping: Grouping, pushdown: Pushdown, reports: list[Report]
+) -> Any:
+    """Rank sums per (gene, group) of one ranking of the grouping's cells: on the devices of a
+    matrix (``RankSums``), or from every member's value counts for a collection."""
+    from quarry.genes.dispatch import side_statistics
+    from quarry.genes.value_counts import collection_ranks
+
+    if len(members) == 1:
+        every = [[g] for g in range(grouping.group_count)]
+        statistics, report = side_statistics(members[0], grouping, every, pushdown, unit=RankSums)
+        reports.append(report)
+        return statistics
+    statistics, more = collection_ranks(members, grouping, pushdown)
+    reports.extend(more)
+    return statistics
 
 
 def _pair(grouping: Grouping, group: int, reference: int) -> Grouping:
@@ -253,7 +300,20 @@ def _rank_arrays(statistics: Any, group_count: int, ranked_cells: int) -> Ranks:
     rank_sum[row, group] = table["rank_sum"].to_numpy()
     expressed[row, group] = table["expressed"].to_numpy()
     ties[row] = table["ties"].to_numpy()
-    return Ranks(rank_sum, expressed, ties, ranked_cells)
+    sums = np.zeros((len(genes), group_count))
+    sums[row, group] = table["sum"].to_numpy()
+    return Ranks(rank_sum, expressed, ties, ranked_cells, genes, sums)
+
+
+def _means_of(ranks: Ranks, grouping: Grouping) -> GroupArrays:
+    """The groups' sizes and means from a ranking's sums (``sum / cells``, Accumulate's own
+    division); no m2: only the t-tests read it."""
+    assert ranks.genes is not None and ranks.sums is not None
+    cells = grouping.cell_counts()
+    n = np.broadcast_to(cells.astype(np.int64), ranks.sums.shape).copy()
+    with np.errstate(divide="ignore", invalid="ignore"):
+        mean = np.where(n > 0, ranks.sums / cells.astype(np.float64), 0.0)
+    return GroupArrays(ranks.genes, n, mean, np.zeros_like(mean))
 
 
 def _group_frame(

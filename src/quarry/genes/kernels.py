@@ -146,6 +146,122 @@ def _compiled() -> tuple[Any, Any, Any, Any]:
 
 
 @cache
+def _packer() -> tuple[Any, Any]:
+    import numba
+
+    @numba.njit(cache=True, nogil=True)
+    def pack(indptr, indices, data, bits, groups, keys, per_row, sums):  # pragma: no cover
+        """One key per non-zero value of a ranked cell: (row, the value's bits made to sort
+        as the value does, group); how many there are per row; each group's values summed in
+        Accumulate's order (a zero adds nothing). Returns the count."""
+        count = 0
+        for row in range(len(indptr) - 1):
+            for j in range(indptr[row], indptr[row + 1]):
+                g = groups[indices[j]]
+                b = np.int64(bits[j])
+                if g < 0 or (b & 0x7FFFFFFF) == 0:  # no group, or a stored zero (or -0.0)
+                    continue
+                sums[row, g] += data[j]
+                ordered = (~b & 0xFFFFFFFF) if b >> 31 else (b | 0x80000000)
+                keys[count] = (np.int64(row) << 48) | (ordered << 16) | np.int64(g)
+                count += 1
+                per_row[row] += 1
+        return count
+
+    @numba.njit(cache=True, nogil=True)
+    def scan_packed(keys, row_values, cells_in_group, rank_sum, expressed,
+                    ties):  # pragma: no cover  # fmt: skip
+        """Keys sorted by (row, value, group), ``row_values[r]`` of them per row: each run of
+        one value gets its average rank; a row's zeros (its ranked cells with no value) are one
+        run between its negative and positive values."""
+        ranked = cells_in_group.sum()
+        group_count = len(cells_in_group)
+        i = 0
+        for row in range(len(row_values)):
+            end = i + row_values[row]
+            zeros = ranked - row_values[row]
+            position, zero_average, placed, tie_sum = 0.0, 0.0, False, 0.0
+            while i < end:
+                value = (keys[i] >> 16) & 0xFFFFFFFF
+                if not placed and value > 0x80000000:  # the zeros come before the positives
+                    zero_average = position + (zeros + 1) / 2.0
+                    position += zeros
+                    placed = True
+                j = i
+                while j + 1 < end and ((keys[j + 1] >> 16) & 0xFFFFFFFF) == value:
+                    j += 1
+                run = j - i + 1
+                average = position + (run + 1) / 2.0
+                for m in range(i, j + 1):
+                    g = keys[m] & 0xFFFF
+                    rank_sum[row, g] += average
+                    expressed[row, g] += 1
+                tie_sum += float(run) ** 3 - run
+                position += run
+                i = j + 1
+            if not placed:
+                zero_average = position + (zeros + 1) / 2.0
+            for g in range(group_count):
+                rank_sum[row, g] += (cells_in_group[g] - expressed[row, g]) * zero_average
+            ties[row] = tie_sum + (float(zeros) ** 3 - zeros)
+
+    return pack, scan_packed
+
+
+# A packed key: the row (16 bits), the value's order-preserving bits (32), the group (16).
+ROW_SHIFT = 48
+VALUE_SHIFT = 16
+PACKED_ROWS_MAX = 1 << 15  # the keys stay positive as int64, which the scan reads them as
+PACKED_GROUPS_MAX = 1 << 16
+
+
+def packed_sparse_rank_sums(
+    indptr: np.ndarray,
+    indices: np.ndarray,
+    data: np.ndarray,
+    groups: np.ndarray,
+    cells_in_group: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``sparse_rank_sums`` of a float32 block by one sort of the whole block, and each
+    group's values summed as Accumulate sums them (the fourth array): each non-zero
+    of a ranked cell becomes a 64-bit key (row, the value's order-preserving bits, group),
+    sorted at once by numpy's vectorized sort (far faster than a compiled argsort per gene),
+    then scanned once. Rank sums are sums of halves, exact in float64 whatever their order, so
+    the result is ``sparse_rank_sums``' to the bit."""
+    rows, group_count = len(indptr) - 1, len(cells_in_group)
+    assert data.dtype == np.float32 and rows <= PACKED_ROWS_MAX
+    assert group_count <= PACKED_GROUPS_MAX
+    keys, per_row, sums = _sorted_keys(indptr, indices, data, groups, group_count)
+    rank_sum, ties = np.zeros((rows, group_count)), np.zeros(rows)
+    expressed = np.zeros((rows, group_count), dtype=np.int64)
+    _, scan = _packer()
+    scan(keys, per_row, cells_in_group.astype(np.int64), rank_sum, expressed, ties)
+    return rank_sum, expressed, ties, sums
+
+
+def packed_keys(
+    indptr: np.ndarray, indices: np.ndarray, data: np.ndarray, groups: np.ndarray
+) -> np.ndarray:
+    """The sorted keys (row, order-preserving value bits, group) of a float32 CSR block's
+    non-zero values of ranked cells (int64: the row takes 15 bits)."""
+    assert data.dtype == np.float32 and len(indptr) - 1 <= PACKED_ROWS_MAX
+    keys, _, _ = _sorted_keys(indptr, indices, data, groups, int(groups.max(initial=0)) + 1)
+    return keys
+
+
+def _sorted_keys(
+    indptr: np.ndarray, indices: np.ndarray, data: np.ndarray, groups: np.ndarray, group_count: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    pack, _ = _packer()
+    keys = np.empty(len(data), dtype=np.int64)
+    per_row = np.zeros(len(indptr) - 1, dtype=np.int64)
+    sums = np.zeros((len(indptr) - 1, group_count))
+    count = pack(indptr, indices, data, data.view(np.uint32), groups, keys, per_row, sums)
+    # numpy's vectorized sort: the one pass that is not linear
+    return np.sort(keys[:count]), per_row, sums
+
+
+@cache
 def _combiner() -> tuple[Any, Any]:
     import numba
 

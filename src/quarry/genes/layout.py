@@ -360,11 +360,11 @@ def iter_block_batches(
         del block  # before the next block is read: one block in memory at a time
 
 
-def decode_blocks(batch: pa.RecordBatch) -> list[DecodedSlice]:
-    """A slice as one block per encoding present (at most two for the stored layout)."""
-    layout, orientation, column_count = slice_layout(batch)
-    if layout != "rows":
-        return [decode_slice(batch)]
+def row_blocks(batch: pa.RecordBatch) -> list[tuple[np.ndarray, sparse.csr_matrix | np.ndarray]]:
+    """A slice of the stored layout as (row ids, rows x columns block) per encoding present,
+    in the stored orientation (genes x cells, or cells x genes when pivoted): no transpose."""
+    layout, _, column_count = slice_layout(batch)
+    assert layout == "rows", layout
     index_lists = batch.column(1)
     dense_count = index_lists.null_count
     if dense_count == 0:
@@ -374,10 +374,22 @@ def decode_blocks(batch: pa.RecordBatch) -> list[DecodedSlice]:
     else:
         is_dense = index_lists.is_null()
         parts = [(True, batch.filter(is_dense)), (False, batch.filter(pc.invert(is_dense)))]
+    return [
+        (
+            part.column(0).to_numpy(),
+            _dense_block(part, column_count) if dense else _sparse_block(part, column_count),
+        )
+        for dense, part in parts
+    ]
+
+
+def decode_blocks(batch: pa.RecordBatch) -> list[DecodedSlice]:
+    """A slice as one block per encoding present (at most two for the stored layout)."""
+    layout, orientation, column_count = slice_layout(batch)
+    if layout != "rows":
+        return [decode_slice(batch)]
     blocks = []
-    for dense, part in parts:
-        row_ids = part.column(0).to_numpy()
-        block = _dense_block(part, column_count) if dense else _sparse_block(part, column_count)
+    for row_ids, block in row_blocks(batch):
         all_columns = np.arange(column_count, dtype=np.int64)
         if orientation == "genes":
             blocks.append(DecodedSlice(row_ids, all_columns, block))

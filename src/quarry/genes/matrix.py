@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -129,6 +129,47 @@ class GeneBlocks(_Axes):
     def cell_count(self) -> int:
         return int(self.cells.num_rows)
 
+    # what a block's rows are: genes here, cells in ``CellBlocks``
+    ROWS: ClassVar[str] = "genes"
+    COLUMNS: ClassVar[str] = "cells"
+
+    @property
+    def row_count(self) -> int:
+        return self.gene_count
+
+    @property
+    def column_count(self) -> int:
+        return self.cell_count
+
+    def row_name(self, row: int) -> str:
+        return str(self.gene_names[row])
+
+    def column_name(self, column: int) -> str:
+        return str(self.cell_ids[column])
+
+
+class CellBlocks(GeneBlocks):
+    """The same matrix arriving in blocks of consecutive cells (cells x genes, every gene of its
+    cells), stored by cells (``ingest(..., orientation="cells")``): what a reader of a cells x
+    genes file or a generator of cells gives, one block in memory at a time."""
+
+    ROWS: ClassVar[str] = "cells"
+    COLUMNS: ClassVar[str] = "genes"
+
+    @property
+    def row_count(self) -> int:
+        return self.cell_count
+
+    @property
+    def column_count(self) -> int:
+        return self.gene_count
+
+    def row_name(self, row: int) -> str:
+        return str(self.cell_ids[row])
+
+    def column_name(self, column: int) -> str:
+        return str(self.gene_names[column])
+
 
 class CheckedBlocks:
     """The blocks of a `GeneBlocks`, each checked as it is read: what `ExpressionMatrix` checks
@@ -146,7 +187,7 @@ class CheckedBlocks:
         self._blocks = iter(source.blocks)
         self._index = 0
         first = next(self._blocks, None)
-        if first is None and source.gene_count:
+        if first is None and source.row_count:
             raise GenesInputError(
                 f"dataset {source.dataset!r}: no blocks to read (the blocks of a GeneBlocks "
                 "are read once; give a new iterable to store the matrix again)"
@@ -181,38 +222,43 @@ class CheckedBlocks:
         rows, columns = values.shape
         last = self.genes_read + rows - 1
         where = (
-            f"dataset {source.dataset!r}: block {self._index} (genes {self.genes_read} to {last})"
+            f"dataset {source.dataset!r}: block {self._index} "
+            f"({source.ROWS} {self.genes_read} to {last})"
         )
-        if columns != source.cell_count:
+        if columns != source.column_count:
             raise GenesInputError(
-                f"{where} has {columns} columns but the matrix has {source.cell_count} cells; "
-                "each block holds every cell of its genes"
+                f"{where} has {columns} columns but the matrix has {source.column_count} "
+                f"{source.COLUMNS}; each block holds every {source.COLUMNS[:-1]} of its "
+                f"{source.ROWS}"
             )
-        if self.genes_read + rows > source.gene_count:
+        if self.genes_read + rows > source.row_count:
             raise GenesInputError(
-                f"{where} goes past the last gene: genes lists {source.gene_count}"
+                f"{where} goes past the last {source.ROWS[:-1]}: {source.ROWS} lists "
+                f"{source.row_count}"
             )
         values = _block_dtype(values, self.dtype, where)
         found = _first_non_finite(values)
         if found is not None:
+            gene, cell = self.genes_read + found.row, found.column
+            if source.ROWS == "cells":
+                gene, cell = cell, gene
             raise GenesInputError(
                 f"{where} has {found.count} {found.kind} (non-finite) values, first at gene "
-                f"{source.gene_names[self.genes_read + found.row]!r}, cell "
-                f"{source.cell_ids[found.column]!r}; replace missing values with 0 or drop "
-                "those cells"
+                f"{source.gene_names[gene]!r}, cell {source.cell_ids[cell]!r}; replace "
+                "missing values with 0 or drop those cells"
             )
         data = values.data if sparse.issparse(values) else values
         self.nonzero += int(np.count_nonzero(data))
-        self.genes_read += rows
+        self.genes_read += rows  # rows of the blocks: genes, or cells for CellBlocks
         self._index += 1
         return values
 
     def _check_end(self) -> None:
         source = self.source
-        if self.genes_read != source.gene_count:
+        if self.genes_read != source.row_count:
             raise GenesInputError(
                 f"dataset {source.dataset!r}: the {self._index} blocks hold "
-                f"{self.genes_read} genes but genes lists {source.gene_count}"
+                f"{self.genes_read} {source.ROWS} but {source.ROWS} lists {source.row_count}"
             )
         if source.nonzero is not None and source.nonzero != self.nonzero:
             raise GenesInputError(

@@ -21,7 +21,6 @@ import pyarrow.compute as pc
 from quarry.genes.errors import GenesInputError
 from quarry.genes.groups import Grouping
 from quarry.genes.matrix import CELL_COLUMN
-from quarry.genes.stats import GroupArrays
 from quarry.pushdown import Pushdown
 
 if TYPE_CHECKING:
@@ -44,17 +43,33 @@ def pseudobulk(
     and ``n_cells``. Cells without a sample or a group take no part."""
     import anndata
 
-    from quarry.genes.datasets import open_matrix
-    from quarry.genes.dispatch import side_statistics
+    from quarry.genes.collections import members_of
+    from quarry.genes.dispatch import GENES_MODES
+    from quarry.genes.moments import moments
 
+    mode = Pushdown.parse(pushdown, GENES_MODES)
     cluster.refresh()
-    matrix = open_matrix(cluster, dataset)
-    grouping, pairs = pair_grouping(matrix, sample_key, groupby)
-    every = [[g] for g in range(grouping.group_count)]
-    statistics, report = side_statistics(matrix, grouping, every, pushdown)
-    arrays = GroupArrays.of(statistics, grouping.group_count)
-    sums = (arrays.n * arrays.mean).T  # pairs x genes
-    cells = grouping.cell_counts()
+    members, _ = members_of(cluster, dataset)
+    matrix = members[0]
+    pair_of_label: dict[str, tuple[str, str]] = {}
+
+    def grouping_of(member: Any) -> Grouping:
+        grouping, pairs = pair_grouping(member, sample_key, groupby)
+        for label, sample, group in zip(
+            grouping.labels, pairs["sample"], pairs["group"], strict=True
+        ):
+            pair_of_label[str(label)] = (sample, group)
+        return grouping
+
+    found = moments(members, grouping_of, mode)
+    grouping, arrays = found.grouping, found.arrays
+    # pairs in (sample, group) order whichever member brought them first
+    order = sorted(range(grouping.group_count), key=lambda g: pair_of_label[grouping.labels[g]])
+    pairs = pd.DataFrame(
+        [pair_of_label[grouping.labels[g]] for g in order], columns=["sample", "group"]
+    )
+    sums = (arrays.n * arrays.mean)[:, order].T  # pairs x genes
+    cells = grouping.cell_counts()[order]
     kept = cells >= min_cells
     if np.all(np.abs(sums - np.rint(sums)) <= WHOLE_TOLERANCE * np.maximum(1, np.abs(sums))):
         sums = np.rint(sums).astype(np.int64)
@@ -63,10 +78,10 @@ def pseudobulk(
     names = np.asarray(matrix.gene_names)[arrays.genes]
     adata = anndata.AnnData(X=sums[kept], obs=obs, var=pd.DataFrame(index=names.astype(str)))
     adata.uns["quarry"] = {
-        "dataset": matrix.dataset,
+        "dataset": dataset if len(members) > 1 else matrix.dataset,
         "version": matrix.version,
-        "bytes_shipped": report.bytes_shipped,
-        "bytes_read": report.bytes_read,
+        "bytes_shipped": sum(r.bytes_shipped for r in found.reports),
+        "bytes_read": sum(r.bytes_read for r in found.reports),
     }
     return adata
 

@@ -7,6 +7,10 @@ value. Per row it also counts the cells expressing the gene (non-zero; scanpy's 
 scipy's tie term ``sum(t^3 - t)`` over the gene's runs of equal values (the zeros of a sparse
 row are one run). The host turns rank sums into z-scores (``wilcoxon``).
 
+A sparse float32 slice is ranked with one sort for all its genes (``kernels.
+packed_sparse_rank_sums``: a 64-bit key per value, numpy's vectorized sort, one scan), several
+times faster than a compiled argsort per gene and the same bits (rank sums are sums of halves).
+
 Rank sums of a union of groups add up; the tie term belongs to the gene. A gene is never split
 across slices, so partials of the same (gene, group) never need merging: ``combine_ranks``
 refuses them rather than add ranks of two different rankings.
@@ -30,6 +34,8 @@ RANK_SCHEMA = pa.schema(
         pa.field("rank_sum", pa.float64(), nullable=False),
         pa.field("expressed", pa.int64(), nullable=False),
         pa.field("ties", pa.float64(), nullable=False),
+        # the group's values summed in the order Accumulate sums them: its mean, to the bit
+        pa.field("sum", pa.float64(), nullable=False),
     ]
 )
 
@@ -54,18 +60,58 @@ def rank_sums(
         if not len(block.gene_ids) and batches:
             continue
         values = block.block
-        if sparse.issparse(values):
+        if sparse.issparse(values) and _packable(values, group_count):
+            rank_sum, expressed, ties, sums = kernels.packed_sparse_rank_sums(
+                values.indptr, values.indices, values.data, groups, cells_in_group
+            )
+        elif sparse.issparse(values):
             rank_sum, expressed, ties = kernels.sparse_rank_sums(
                 values.indptr, values.indices, values.data, groups, cells_in_group
             )
+            sums = _group_sums(values, groups, group_count)
         else:
             rank_sum, expressed, ties = kernels.dense_rank_sums(values, groups, cells_in_group)
-        batches.append(_rows(block.gene_ids, rank_sum, expressed, ties))
+            sums = _group_sums(values, groups, group_count)
+        batches.append(_rows(block.gene_ids, rank_sum, expressed, ties, sums))
     return combine_ranks(batches)
 
 
+def _packable(values: sparse.csr_matrix, group_count: int) -> bool:
+    """Whether a block's keys fit the one-sort kernel (float32 values, rows and groups that
+    fit their bits); the per-gene kernel gives the same bits otherwise."""
+    return (
+        values.data.dtype == np.float32
+        and values.shape[0] <= kernels.PACKED_ROWS_MAX
+        and group_count <= kernels.PACKED_GROUPS_MAX
+    )
+
+
+def _group_sums(values: sparse.csr_matrix | np.ndarray, groups: np.ndarray, group_count: int):
+    """Per (row, group) the sum of the row's values over the group's cells, each key's values
+    added in the order Accumulate's kernels add them (a row's stored values, or its cells, in
+    order; ``bincount`` adds its input in order): the mean it gives is Accumulate's to the bit,
+    so a Wilcoxon request needs no moments request for its fold changes."""
+    rows = values.shape[0]
+    if sparse.issparse(values):
+        group = groups[values.indices]
+        row = np.repeat(np.arange(rows, dtype=np.int64), np.diff(values.indptr))
+        kept = group >= 0
+        key = row[kept] * group_count + group[kept]
+        weights = values.data[kept].astype(np.float64)
+    else:
+        kept = np.flatnonzero(groups >= 0)
+        key = (np.arange(rows, dtype=np.int64)[:, np.newaxis] * group_count + groups[kept]).ravel()
+        weights = np.asarray(values[:, kept], dtype=np.float64).ravel()
+    sums = np.bincount(key, weights, minlength=rows * group_count)
+    return sums.reshape(rows, group_count)
+
+
 def _rows(
-    genes: np.ndarray, rank_sum: np.ndarray, expressed: np.ndarray, ties: np.ndarray
+    genes: np.ndarray,
+    rank_sum: np.ndarray,
+    expressed: np.ndarray,
+    ties: np.ndarray,
+    sums: np.ndarray,
 ) -> pa.RecordBatch:
     group_count = rank_sum.shape[1]
     return pa.RecordBatch.from_arrays(
@@ -75,6 +121,7 @@ def _rows(
             pa.array(rank_sum.ravel(), type=pa.float64()),
             pa.array(expressed.ravel(), type=pa.int64()),
             pa.array(np.repeat(ties, group_count), type=pa.float64()),
+            pa.array(sums.ravel(), type=pa.float64()),
         ],
         schema=RANK_SCHEMA,
     )
@@ -111,6 +158,8 @@ def select_rank_sides(
                                 minlength=len(genes))  # fmt: skip
         ties = np.zeros(len(genes))
         ties[row] = table.column("ties").to_numpy()
+        sums = np.bincount(row[wanted], table.column("sum").to_numpy()[wanted],
+                           minlength=len(genes))  # fmt: skip
         out.append(
             pa.RecordBatch.from_arrays(
                 [
@@ -119,6 +168,7 @@ def select_rank_sides(
                     pa.array(rank_sum, type=pa.float64()),
                     pa.array(np.rint(expressed).astype(np.int64)),
                     pa.array(ties, type=pa.float64()),
+                    pa.array(sums, type=pa.float64()),
                 ],
                 schema=RANK_SCHEMA,
             )

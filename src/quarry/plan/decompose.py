@@ -38,10 +38,11 @@ from datafusion import SQLOptions
 from substrait import algebra_pb2, plan_pb2
 
 from quarry.errors import InternalError
-from quarry.plan import engine, expressions, merge, tree, unsupported
+from quarry.plan import duckdb_super, engine, expressions, merge, tree, unsupported
 from quarry.plan.capabilities import Capabilities
 from quarry.plan.cut import Cut, FragmentDraft, SelectivityEstimate, initial_cut
-from quarry.plan.errors import PlanError, UnknownTable
+from quarry.plan.duckdb_super import HostTable
+from quarry.plan.errors import NeedsHostEngine, PlanError, UnknownTable
 from quarry.plan.explain import Column, FragmentExplain, PlanExplain
 from quarry.plan.optimizer import Fired, optimize
 from quarry.plan.rules import Fixpoint, Rule, null_aware
@@ -137,6 +138,11 @@ class Decomposition:
     # the rules that changed the plan, the cut or this, in order, each with what it left
     # (EXPLAIN VERBOSE; rendered only when asked)
     fired: tuple[Fired, ...] = field(default=(), compare=False, repr=False)
+    # a super-plan DataFusion cannot run: the query's SQL, which DuckDB runs over the fragments
+    # under these names (``duckdb_super``; ``super_plan`` is then empty)
+    host_sql: str = ""
+    host_tables: tuple[HostTable, ...] = ()
+    host_reason: str = ""  # why DataFusion could not
 
     def fragment(self, name: str) -> Fragment:
         for fragment in self.fragments:
@@ -145,6 +151,10 @@ class Decomposition:
         raise KeyError(name)
 
     def super_display(self) -> str:
+        if self.host_sql:
+            names = ", ".join(f"{'.'.join(t.reference)} = {t.fragment}" for t in self.host_tables)
+            reason = self.host_reason.splitlines()[0] if self.host_reason else ""
+            return f"DuckDB runs the query over {names} ({reason})"
         plan = tree.parse_plan(self.super_plan)
         return host_frame(plan, self.fragments).logical_plan().display_indent()
 
@@ -153,7 +163,9 @@ class Decomposition:
 
         lines = [f"pushdown: {self.pushdown}"]
         only = passthrough_fragment(self)
-        if only is not None:
+        if self.host_sql:
+            lines.append(f"super-plan (host): {self.super_display()}")
+        elif only is not None:
             lines.append(f"super-plan (host): pass-through of {only.name}, streamed as it arrives")
         else:
             from quarry.plan.memory import memory_summary
@@ -242,11 +254,85 @@ def decompose(
     pushdown = Pushdown.parse(pushdown, DECOMPOSE_MODES)
     if rules is None:
         rules = RULES if pushdown is Pushdown.ALWAYS else ()
-    cut, output, plan_fired = plan_cut(sql, tables, capabilities, selectivity, plan_rules)
+    try:
+        cut, output, plan_fired = plan_cut(sql, tables, capabilities, selectivity, plan_rules)
+    except NeedsHostEngine as needs:
+        return _for_duckdb(sql, tables, pushdown, capabilities, selectivity, rules, needs)
     cut, cut_fired = optimize(cut, rules, cut_snapshot, copy=Cut.copy)
     decomposition = finalize(cut, output, pushdown)
     decomposition.fired = (*plan_fired, *cut_fired)
     return rewritten(decomposition, decomposition_rules)
+
+
+def _for_duckdb(
+    sql: str,
+    tables: Mapping[str, pa.Schema],
+    pushdown: Pushdown,
+    capabilities: Mapping[str, Capabilities | str] | None,
+    selectivity: SelectivityEstimate | None,
+    rules: CutRules,
+    needs: NeedsHostEngine,
+) -> Decomposition:
+    """A query DataFusion cannot run: each dataset it reads one fragment, cut as the scan of
+    the columns DataFusion's plan reads of it and those the SQL names (a column DataFusion's
+    optimizer simplified away is still bound by DuckDB, and a name left out would bind to an
+    output alias of that name instead); every column where DataFusion did not plan the query.
+    The query's SQL is the super-plan, for DuckDB (``duckdb_super``)."""
+    catalog = engine.Catalog(dict(tables))
+    datasets = duckdb_super.datasets_read(sql, catalog)
+    read = duckdb_super.columns_read(needs.plan, catalog) if needs.plan else None
+    columns = {dataset: tables[dataset].names for dataset in datasets}
+    if read is not None and not duckdb_super.selects_every_column(sql):
+        named = duckdb_super.words(sql)
+        columns = {
+            dataset: [c for c in names if c in read.get(dataset, ()) or c.lower() in named]
+            or names[:1]  # count(*) alone: a column for the rows
+            for dataset, names in columns.items()
+        }
+    schema = duckdb_super.answer_schema(sql, _narrowed(tables, columns), catalog, datasets)
+    fragments: list[Fragment] = []
+    host_tables: list[HostTable] = []
+    for index, dataset in enumerate(datasets):
+        name = f"{engine.RESERVED_PREFIX}_fragment_{index}"
+        scan = ", ".join(engine.quote_identifier(c) for c in columns[dataset])
+        reference = ".".join(engine.quote_identifier(p) for p in engine.split_dataset(dataset))
+        alone = decompose(
+            f"SELECT {scan} FROM {reference}",
+            tables,
+            pushdown,
+            capabilities,
+            selectivity,
+            rules,
+            decomposition_rules=(),
+        )
+        (fragment,) = alone.fragments
+        fragments.append(replace(fragment, name=name))
+        host_tables += [HostTable(r, name) for r in duckdb_super.references(dataset, catalog)]
+    # DataFusion's names and types where it planned the query as DuckDB does (a star may
+    # expand otherwise over a join's USING columns)
+    output = needs.output if needs.output is not None else schema
+    if len(output) != len(schema):
+        output = schema
+    return Decomposition(
+        b"",
+        fragments,
+        output,
+        pushdown,
+        host_sql=sql,
+        host_tables=tuple(host_tables),
+        host_reason=str(needs),
+    )
+
+
+def _narrowed(
+    tables: Mapping[str, pa.Schema], columns: Mapping[str, list[str]]
+) -> dict[str, pa.Schema]:
+    return {
+        dataset: pa.schema([schema.field(c) for c in columns[dataset]])
+        if dataset in columns
+        else schema
+        for dataset, schema in tables.items()
+    }
 
 
 def rewritten(decomposition: Decomposition, rules: DecompositionRules) -> Decomposition:
@@ -311,12 +397,22 @@ def plan_cut(
     try:
         plan = engine.produce_logical(ctx, logical)
     except Exception as error:
-        raise unsupported.producer_error(_clean(str(error))) from None
+        raise _with_plan(unsupported.producer_error(_clean(str(error))), output, logical) from None
     unsupported.refuse_untyped_nulls(plan)
     # the plan DataFusion just produced: nobody else holds it, so the rules change it as it is;
     # null_aware first and always (an answer depends on it), then the optional ones
-    plan, fired = optimize(plan, (null_aware.rule(logical, ctx), *plan_rules), plan_snapshot)
+    try:
+        plan, fired = optimize(plan, (null_aware.rule(logical, ctx), *plan_rules), plan_snapshot)
+    except NeedsHostEngine as needs:
+        raise _with_plan(needs, output, logical) from None
     return initial_cut(plan, catalog, ctx, resolved, selectivity), output, fired
+
+
+def _with_plan(error: PlanError, output: pa.Schema, logical) -> PlanError:
+    """A query DataFusion planned but cannot run: what ``duckdb_super`` needs of its plan."""
+    if isinstance(error, NeedsHostEngine):
+        error.output, error.plan = output, logical.display_indent()
+    return error
 
 
 def _clean(message: str) -> str:
@@ -341,6 +437,8 @@ def plan_error(message: str, catalog: engine.Catalog) -> PlanError:
     elif "No field named" in message:
         hint = "check the column name and its table qualifier"
     elif "unique expression names" in message or "ambiguous" in message:
+        # SQL allows output names that repeat; DataFusion does not: DuckDB runs the super-plan
+        kind = NeedsHostEngine
         hint = "give each output column a name of its own (AS name)"
     elif "coerce" in message or "type" in message.lower():
         hint = "convert one side explicitly, e.g. CAST(x AS DOUBLE)"

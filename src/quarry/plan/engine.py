@@ -5,6 +5,7 @@ Everything that talks to DataFusion's Python API lives here, so the rules stay p
 
 from __future__ import annotations
 
+import itertools
 import os
 import re
 from collections.abc import Iterable, Mapping, MutableSequence, Sequence
@@ -22,7 +23,7 @@ from datafusion import (
 from datafusion.substrait import Consumer, Producer, Serde
 from substrait import algebra_pb2, plan_pb2, type_pb2
 
-from quarry.plan import tree
+from quarry.plan import depth, tree
 
 RESERVED_PREFIX = "__quarry"
 # A sort reserves this share of its partition's part of the pool up front, to merge what it
@@ -240,9 +241,55 @@ def register_spooled(
 
 
 def consume(ctx: SessionContext, plan: plan_pb2.Plan | bytes) -> DataFrame:
+    """The plan as a DataFusion frame on ``ctx``; one too deep for DataFusion's decoder is
+    consumed in parts (``depth``)."""
     data = plan if isinstance(plan, bytes) else plan.SerializeToString()
-    logical_plan = Consumer.from_substrait_plan(ctx, Serde.deserialize_bytes(data))
+    try:
+        decoded = Serde.deserialize_bytes(data)
+    except Exception as error:  # DataFusion raises plain Exceptions
+        if not depth.too_deep(error):
+            raise
+        return _consumed_in_parts(ctx, tree.parse_plan(data))
+    logical_plan = Consumer.from_substrait_plan(ctx, decoded)
     return ctx.create_dataframe_from_logical_plan(logical_plan)
+
+
+_parts = itertools.count()
+
+
+def _consumed_in_parts(ctx: SessionContext, plan: plan_pb2.Plan) -> DataFrame:
+    """Each part a view of ``ctx`` while the parts above it are consumed, then let go of: the
+    frames hold the views' plans, which DataFusion inlines where they are read."""
+    names: list[str] = []
+
+    def register(part: plan_pb2.Plan) -> algebra_pb2.Rel:
+        name = f"{RESERVED_PREFIX}_part_{next(_parts)}"
+        frame = consume(ctx, part)
+        schema = frame.schema()
+        if not any(pa.types.is_nested(f.type) for f in schema):  # names a view can hold
+            del part.relations[0].root.names[:]
+            part.relations[0].root.names.extend(f"c{i}" for i in range(len(schema)))
+            frame = consume(ctx, part)
+            schema = frame.schema()
+        ctx.register_view(name, frame)
+        names.append(name)
+        return _typed_read(name, schema)
+
+    try:
+        return consume(ctx, depth.split(plan, register))
+    finally:
+        for name in names:
+            ctx.deregister_table(name)
+
+
+def _typed_read(name: str, schema: pa.Schema) -> algebra_pb2.Rel:
+    """A read of table ``name`` typed exactly as DataFusion's producer types one of ``schema``."""
+    ctx = session()
+    register_batches(ctx, name, schema, [])
+    read = tree.copy_rel(tree.root_rel(produce(ctx, ctx.table(name))))
+    assert tree.kind(read) == "read", f"SELECT * planned as {tree.kind(read)}, not a read"
+    read.read.ClearField("projection")
+    return read
 
 
 def produce(ctx: SessionContext, frame: DataFrame) -> plan_pb2.Plan:
@@ -257,7 +304,18 @@ def produce_logical(ctx: SessionContext, logical_plan) -> plan_pb2.Plan:
     # would read the stale copy. `expression_references` carries the same information.
     plan.DiscardUnknownFields()
     _unique_names_in(plan)
+    _conditioned_joins(plan)
     return plan
+
+
+def _conditioned_joins(plan: plan_pb2.Plan) -> None:
+    """DataFusion's optimizer drops a join condition it finds always true (``a LEFT JOIN b ON
+    NOT CAST(NULL AS INTEGER) IS NOT NULL``, in SQLite's corpus) and its producer then writes
+    the join with none, which its consumer refuses ("join condition should not be empty"): the
+    condition is written back as the ``true`` it was."""
+    for rel in tree.iter_rels(plan):
+        if tree.kind(rel) == "join" and not rel.join.HasField("expression"):
+            rel.join.expression.literal.boolean = True
 
 
 def _unique_names_in(plan: plan_pb2.Plan) -> None:

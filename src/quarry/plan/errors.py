@@ -30,6 +30,18 @@ class NotSupported(PlanError):
     code = "not_supported"
 
 
+class NeedsHostEngine(NotSupported):
+    """Valid SQL whose super-plan DataFusion cannot run (a subquery correlated by more than
+    equalities, output names that repeat): ``decompose`` hands the super-plan to DuckDB
+    (``duckdb_super``). ``output`` is the answer's schema where DataFusion planned the query,
+    ``plan`` its optimized plan, indented; the message says why, should it ever reach a user."""
+
+    def __init__(self, message: str, output=None, plan: str = "") -> None:
+        super().__init__(message)
+        self.output = output
+        self.plan = plan
+
+
 class StageError(RuntimeError):
     """A sub-plan stage cannot be decoded or run; the message names the operator.
 

@@ -15,8 +15,8 @@ only where the cut cannot change the answer:
   the probe side that match nothing (inner; the null-supplying side of an outer join; either
   side of a semi join; the filtering side of an anti join);
 - between the probe fragment and the join, every operator commutes with a filter on that column:
-  filters, projections that pass it on, sorts, aggregates grouping by it, inner joins, and the
-  preserved side of outer, semi and anti joins (no LIMIT, no union);
+  filters, projections that pass it on, sorts, aggregates grouping by it, inner joins, the
+  preserved side of outer, semi and anti joins, and unions, into each input (no LIMIT);
 - every read of the probe fragment in the super-plan is cut by the same pair: the fragment's
   rows are shared by its reads (TPC-H Q2 reads partsupp's fragment in the query and in its
   subquery, each joined to part's keys; Q21's second read of lineitem is not, and is not cut);
@@ -94,6 +94,8 @@ _PASS_SIDES = {
 # What the host may run of a build side before its keys are taken (``through``).
 _THROUGH_KINDS = ("read", "filter", "project", "aggregate", "sort")
 _RIGHT_ONLY = (J.JOIN_TYPE_RIGHT_SEMI, J.JOIN_TYPE_RIGHT_ANTI)
+# set operations a filter on a column passes into every input of (a probe may be cut in each)
+_UNIONS = (algebra_pb2.SetRel.SET_OP_UNION_ALL, algebra_pb2.SetRel.SET_OP_UNION_DISTINCT)
 _LEFT_ONLY = (J.JOIN_TYPE_LEFT_SEMI, J.JOIN_TYPE_LEFT_ANTI)
 
 
@@ -127,7 +129,7 @@ def join_filters(
     keeps the share ``kept`` says (by fragment name; all of them when it does not say). Worked
     out once per super-plan and what they depend on of its fragments (``_Side``): walking the
     super-plan for every query took a sixth of the host's CPU on TPC-H's small queries."""
-    if len(decomposition.fragments) < 2:
+    if len(decomposition.fragments) < 2 or decomposition.host_sql:  # DuckDB's joins: unseen
         return ()
     sides = tuple(
         (
@@ -344,10 +346,7 @@ def _probes(
     """Every fragment column a filter on field ``index`` of ``rel`` can move to, each with the
     read it is found at: the one it comes from, and through an inner join's ``a = b``, the
     other side's too."""
-    found = []
-    probe = _traced(rel, index, probe=True)
-    if probe is not None:
-        found.append(probe)
+    found = _traced_branches(rel, index)
     for join, side, column in _inner_joins_on_path(rel, index):
         for low, high in _equalities(join, names):
             mine, other, other_rel = (
@@ -356,6 +355,28 @@ def _probes(
             if mine == column and (partner := _traced(other_rel, other, probe=True)) is not None:
                 found.append(partner)
     return found
+
+
+def _traced_branches(
+    rel: algebra_pb2.Rel, index: int
+) -> list[tuple[tuple[str, int], algebra_pb2.Rel]]:
+    """``_traced`` for a probe, and on into every input of a union: a filter on a union's
+    column is one on that column of each of its inputs, and each input cuts on its own (TPC-DS
+    Q5's store sales and returns, joined as one to a fortnight of dates). An input that does
+    not trace is left whole; cutting the others is still right."""
+    while tree.kind(rel) != "read":
+        if tree.kind(rel) == "set":
+            here = _unmapped(rel, index)
+            if rel.set.op not in _UNIONS or here is None:
+                return []
+            return [found for branch in rel.set.inputs for found in _traced_branches(branch, here)]
+        step = _step(rel, index, probe=True)
+        if step is None:
+            return []
+        rel, index = step
+    here = _unmapped(rel, index)
+    column = None if here is None else _read(rel.read, here)
+    return [] if column is None else [(column, rel)]
 
 
 def _inner_joins_on_path(
@@ -498,6 +519,8 @@ def width(rel: algebra_pb2.Rel) -> int | None:
         return len(tree.read_output_fields(rel.read))
     if kind in ("filter", "sort", "fetch"):
         return width(tree.single_input(rel))  # type: ignore[arg-type]
+    if kind == "set" and rel.set.inputs:
+        return width(rel.set.inputs[0])
     if kind == "project":
         below = width(rel.project.input)
         return None if below is None else below + len(rel.project.expressions)

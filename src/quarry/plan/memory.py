@@ -112,6 +112,12 @@ def memory_summary(decomposition: Any, budget: MemoryBudget | None = None) -> st
             f"{GROUP_BYTES_MAX // MIB} MiB (no spool)"
         )
     budget = budget or MemoryBudget.of()
+    if decomposition.host_sql:
+        return (
+            f"streams fragments into a spool of at most "
+            f"{budget.spool_memory_bytes_max // MIB} MiB in memory, the rest on disk; DuckDB "
+            f"runs the query over them in {budget.pool_bytes // MIB} MiB, spilling beyond it"
+        )
     plan = tree.parse_plan(decomposition.super_plan)
     partial = {f.name for f in decomposition.fragments if "partial_aggregate" in f.pushed}
     functions = tree.function_names(plan)

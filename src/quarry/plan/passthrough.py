@@ -25,6 +25,7 @@ class Decomposed(Protocol):
 
     super_plan: bytes
     output_schema: pa.Schema
+    host_sql: str  # a super-plan DuckDB runs (``duckdb_super``): neither of the shapes here
 
     def fragment(self, name: str) -> Any: ...
 
@@ -32,6 +33,8 @@ class Decomposed(Protocol):
 def passthrough_fragment(decomposition: Decomposed) -> Any | None:
     """The fragment whose output is the answer column for column, if the super-plan is only a
     plain read of it (no filter, no reordering of columns, nothing above the read)."""
+    if decomposition.host_sql:
+        return None
     read = plain_read(decomposition.super_plan)
     if read is None:
         return None

@@ -25,6 +25,8 @@ ROW_RELS = frozenset({"project", "filter", "read"})
 
 def rowwise_fragment(decomposition: Decomposed) -> Any | None:
     """The one fragment the super-plan reads, if it does nothing but filter and project it."""
+    if decomposition.host_sql:
+        return None
     name = rowwise_read(decomposition.super_plan)
     if name is None:
         return None

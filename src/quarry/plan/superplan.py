@@ -26,7 +26,7 @@ import pyarrow as pa
 
 from quarry import settings
 from quarry.errors import HostMemoryExceeded
-from quarry.plan import engine, merge, tree
+from quarry.plan import duckdb_super, engine, merge, tree
 from quarry.plan.computed import register_computed, substituted
 from quarry.plan.decompose import Decomposition, Fragment
 from quarry.plan.memory import SUPER_PLAN_MEMORY_BYTES_MAX, MemoryBudget
@@ -190,6 +190,26 @@ def run_super(
             schema, _run_rowwise(decomposition, rowwise, batches, pace, clock)
         )
     budget = MemoryBudget.of(memory_bytes_max, spool_memory_bytes_max)
+    if decomposition.host_sql:  # a super-plan DataFusion cannot run: DuckDB's
+        inputs = {
+            f.name: (f.output_schema, _conformed(fragment_outputs[f.name], f.output_schema))
+            for f in decomposition.fragments
+        }
+        return pa.RecordBatchReader.from_batches(
+            schema,
+            duckdb_super.run(
+                decomposition.host_sql,
+                decomposition.host_tables,
+                inputs,
+                schema,
+                budget,
+                temp_directory,
+                pace.cores,
+                clock,
+                inputs_in,
+                conform,
+            ),
+        )
     return pa.RecordBatchReader.from_batches(
         schema,
         _run(

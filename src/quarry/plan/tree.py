@@ -20,7 +20,22 @@ SINGLE_INPUT_RELS = ("filter", "project", "aggregate", "sort", "fetch")
 WALK_DEPTH_MAX = 10_000
 
 
+def allow_deep_parsing() -> None:
+    """Let Python's protobuf parse plans of any depth: upb refuses messages nested past 100
+    levels unless told to allow oversize ones (a 64-way join's plan is about 250 levels; the
+    pure-Python parser has no such bound). DataFusion's own bound is ``depth``'s."""
+    try:
+        from google._upb import _message
+    except ImportError:  # another protobuf implementation: no bound of this kind
+        return
+    _message.SetAllowOversizeProtos(True)
+
+
+allow_deep_parsing()
+
+
 def parse_plan(data: bytes) -> plan_pb2.Plan:
+    """A plan from its bytes, whatever its depth (``allow_deep_parsing``)."""
     plan = plan_pb2.Plan()
     plan.ParseFromString(data)
     return plan
@@ -57,12 +72,17 @@ def children(message: Message) -> Iterator[Message]:
             yield value
 
 
-def iter_messages(message: Message, depth: int = 0) -> Iterator[Message]:
-    """Every sub-message of `message`, pre-order, `message` itself first."""
-    assert depth < WALK_DEPTH_MAX, "Substrait tree deeper than protobuf allows"
-    yield message
-    for child in children(message):
-        yield from iter_messages(child, depth + 1)
+def iter_messages(message: Message) -> Iterator[Message]:
+    """Every sub-message of `message`, pre-order, `message` itself first. A stack, not nested
+    generators: each item of a nested ``yield from`` passes through every level above it, so a
+    walk of a plan hundreds of levels deep (a 64-way join) cost its size times its depth."""
+    stack: list[tuple[Message, int]] = [(message, 0)]
+    while stack:
+        item, depth = stack.pop()
+        assert depth < WALK_DEPTH_MAX, "Substrait tree deeper than protobuf allows"
+        yield item
+        below = list(children(item))
+        stack.extend((child, depth + 1) for child in reversed(below))
 
 
 def iter_rels(message: Message) -> Iterator[algebra_pb2.Rel]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from substrait import plan_pb2
 
-from quarry.plan.errors import NotSupported, PlanError
+from quarry.plan.errors import NeedsHostEngine, NotSupported, PlanError
 
 # DataFusion's producer writes Arrow's Null type as a user-defined type of this name, which its
 # consumer does not know (DataFusion 55).
@@ -37,7 +37,7 @@ def producer_error(message: str) -> PlanError:
     # DataFusion appends the whole plan to this message; its first clause says it all.
     reason = message.split(" {", 1)[0][:PRODUCER_MESSAGE_CHARS_MAX]
     if "OuterReferenceColumn" in message:  # its optimizer left a subquery correlated
-        return NotSupported(
+        return NeedsHostEngine(
             "a correlated subquery that DataFusion cannot turn into a join (one correlated by "
             "more than equalities) is not supported\nhint: correlate on equalities only, or "
             "write the subquery as a join"

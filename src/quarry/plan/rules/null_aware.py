@@ -26,7 +26,7 @@ from __future__ import annotations
 from substrait import algebra_pb2, plan_pb2, type_pb2
 
 from quarry.plan import engine, expressions, tree
-from quarry.plan.errors import NotSupported
+from quarry.plan.errors import NeedsHostEngine
 from quarry.plan.rules import Rule
 
 Expression = algebra_pb2.Expression
@@ -63,8 +63,8 @@ def rule(logical_plan, ctx) -> Rule[plan_pb2.Plan]:
 
 def keep_null_semantics(plan: plan_pb2.Plan, logical_plan, ctx) -> bool:
     """Rewrite in ``plan`` (produced from ``logical_plan`` in ``ctx``) every null-aware anti
-    join as the joins that mean the same; whether there was one. Raises ``NotSupported`` for
-    one that cannot be."""
+    join as the joins that mean the same; whether there was one. Raises ``NeedsHostEngine``
+    for one that cannot be (DuckDB runs that super-plan)."""
     flags = null_aware_flags(logical_plan)
     if not any(flags):
         return False
@@ -74,7 +74,7 @@ def keep_null_semantics(plan: plan_pb2.Plan, logical_plan, ctx) -> bool:
         if tree.kind(rel) == "join" and rel.join.type in ANTI_JOIN_TYPES
     ]
     if len(joins) != len(flags):  # an anti join inside a subquery expression: order unsure
-        raise NotSupported(CORRELATED_NOT_IN)
+        raise NeedsHostEngine(CORRELATED_NOT_IN)
     # Innermost first: a rewrite copies the join's inputs, which must be rewritten already.
     for rel, null_aware in reversed(list(zip(joins, flags))):
         if null_aware:
@@ -87,11 +87,11 @@ def _rewrite(plan: plan_pb2.Plan, rel: algebra_pb2.Rel, ctx) -> None:
     names = tree.function_names(plan)
     equal = join.expression
     if join.HasField("post_join_filter") or expressions.function_name(equal, names) != "equal":
-        raise NotSupported(CORRELATED_NOT_IN)
+        raise NeedsHostEngine(CORRELATED_NOT_IN)
     width = len(engine.plan_schema(ctx, tree.make_plan(plan, join.left)))
     probe, build = expressions.arguments(equal)
     if not _reads_below(probe, width) or not _reads_from(build, width):
-        raise NotSupported(CORRELATED_NOT_IN)
+        raise NeedsHostEngine(CORRELATED_NOT_IN)
 
     inner = tree.copy_rel(rel)
     inner.join.ClearField("common")  # the outer join emits what the original did
