@@ -21,6 +21,7 @@ from quarry.cli_common import (
     DEFAULT_DATA,
     ClusterOption,
     JsonOption,
+    ReflowedHelp,
     cluster_file,
     console,
     errors,
@@ -48,6 +49,7 @@ if TYPE_CHECKING:  # the commands import what they run when they run
     from quarry.protocol.control import Measured, RevokedToken, StatsReply
 
 app = typer.Typer(
+    cls=ReflowedHelp,
     help="quarry: computational storage. Devices that compute; queries go to the data.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
@@ -333,6 +335,35 @@ def status(cluster: ClusterOption = None, as_json: JsonOption = False) -> None:
             f"[yellow]under-replicated[/yellow] {deficit.dataset} partition {deficit.partition}: "
             f"{len(deficit.holders)} of {deficit.replicas} replicas ({held}); `quarry repair`"
         )
+
+
+@app.command()
+def top(
+    cluster: ClusterOption = None,
+    interval: Annotated[
+        float, typer.Option(help="seconds between refreshes (the rates are over this time)")
+    ] = 2.0,
+    once: Annotated[
+        bool, typer.Option(help="print one snapshot (rates over one interval) and end")
+    ] = False,
+) -> None:
+    """Watch every device live: work running and its bound, output queued, bytes read and
+    shipped per second, the share of slices pushed back, requests refused as busy, free
+    space. Refreshes in place; q or Ctrl-C ends it."""
+    from quarry import top as watching
+
+    if interval < watching.INTERVAL_S_MIN:
+        raise QuarryError(f"--interval {interval}: at least {watching.INTERVAL_S_MIN} s")
+    c = open_cluster(cluster)
+    try:
+        if once:
+            watching.once(c, console, interval)
+        else:
+            watching.live(c, console, interval)
+    except KeyboardInterrupt:  # Ctrl-C is how a user ends it, as q is
+        pass
+    finally:
+        c.close()
 
 
 def _print_status(rows: list[DeviceStatus]) -> None:
@@ -973,6 +1004,13 @@ def device_serve(
         ),
     ] = None,
     rack: Annotated[str | None, typer.Option(help="its rack, a failure domain too")] = None,
+    metrics_port: Annotated[
+        int | None,
+        typer.Option(
+            help="serve Prometheus metrics on this port (0: any free one), on the --host "
+            "address and under its --tls (docs/operations.md)"
+        ),
+    ] = None,
 ) -> None:
     """Run one device: an Arrow Flight server over an LMDB key-value store."""
     from quarry.device.server import serve_with
@@ -991,6 +1029,7 @@ def device_serve(
         verify_clients,
         host_label,
         rack,
+        metrics_port,
     )
 
 

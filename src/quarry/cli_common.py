@@ -9,6 +9,7 @@ have in common lives here, and this module imports none of them:
   way by every command (the option, else $QUARRY_CLUSTER, else `.quarry/cluster.json`);
 - `console`, `human_bytes`, `JsonOption`, `print_json`: one console and one way to print sizes
   and JSON;
+- `ReflowedHelp`: help texts that read as prose at any terminal width;
 - `user_errors`, `run`: a `QuarryError` (or another error a command names as the user's) becomes
   one red line on stderr and exit code `EXIT_USER_ERROR`, never a traceback; under `run`, any
   other error is an `InternalError`: one red line, its traceback in a file, exit code `EXIT_BUG`.
@@ -16,6 +17,7 @@ have in common lives here, and this module imports none of them:
 
 from __future__ import annotations
 
+import inspect
 import json
 import logging
 import os
@@ -29,6 +31,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from rich.console import Console
 from rich.markup import escape
+from typer.core import TyperGroup
 
 from quarry import settings
 from quarry.errors import InternalError, QuarryError, only_quarry_errors
@@ -78,6 +81,47 @@ def human_bytes(value: float) -> str:
             return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
         value /= 1024
     return f"{value}"
+
+
+class ReflowedHelp(TyperGroup):
+    """A command group whose help, and every command's under it, reads as prose: a docstring's
+    line breaks are where its source line ended, not where a sentence does, and typer keeps
+    them (all of them in the command list, those after the first paragraph in a command's own
+    help). Built once, when the group is, so the one ``cls=ReflowedHelp`` on the top app
+    covers every command and sub-group mounted on it."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        _reflow_command(self)
+
+
+def _reflow_command(command: Any) -> None:
+    command.help = reflowed(command.help)
+    for parameter in command.params:
+        if isinstance(getattr(parameter, "help", None), str):
+            parameter.help = reflowed(parameter.help)
+    for sub in getattr(command, "commands", {}).values():
+        _reflow_command(sub)
+
+
+def reflowed(text: str | None) -> str | None:
+    """Paragraphs joined into one line each, for the terminal to wrap. A paragraph that is
+    laid out on purpose stays as written: click's no-rewrap mark (\\b), indented lines (an
+    example) and lists."""
+    if not text:
+        return text
+    paragraphs = inspect.cleandoc(text).split("\n\n")
+    return "\n\n".join(
+        paragraph if _laid_out(paragraph) else " ".join(paragraph.split("\n"))
+        for paragraph in paragraphs
+    )
+
+
+def _laid_out(paragraph: str) -> bool:
+    lines = paragraph.split("\n")
+    return paragraph.startswith("\b") or any(
+        line.startswith((" ", "\t", "- ", "* ", "$ ")) for line in lines
+    )
 
 
 def print_json(value: Any, output: Path | None = None) -> None:

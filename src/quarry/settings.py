@@ -256,6 +256,20 @@ REVOCATION_SYNC_S: Setting[float] = Setting(
     upper=3600.0,
 )
 
+# Metrics (docs/operations.md).
+METRICS_PORT: Setting[int | None] = Setting(
+    "QUARRY_METRICS_PORT",
+    int,
+    None,
+    "port",
+    "Devices and storage servers that `quarry up` (or `quarry.local`) starts serve Prometheus "
+    "metrics from this port on, one port each in the order they start (0: any free port, "
+    "named in each one's log): set it to scrape a local cluster",
+    lower=0,
+    upper=65_535,
+    unset="no metrics",
+)
+
 # Moves (coordinator/admin/rebalance.py): a device a partition moved away from.
 MOVED_KEEP_S: Setting[float] = Setting(
     "QUARRY_MOVED_KEEP_S",

@@ -3,7 +3,9 @@ plainly on the files; the sampling phase estimates every line; errors name the l
 
 from __future__ import annotations
 
+import io
 import json
+import os
 import subprocess
 import sys
 from dataclasses import replace
@@ -12,8 +14,10 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 import pytest
+from rich.console import Console
 
 from quarry.offload import profile
+from quarry.offload.cli import _print_plan
 from quarry.offload.reads import MountError
 from quarry.offload.run import plan, run
 from quarry.samples import particles
@@ -109,6 +113,42 @@ def test_the_command_line_runs_and_explains(stored, cluster):
     body = json.loads(explained.stdout)
     assert [line["line"] for line in body["lines"]] == list(range(1, 13))
     assert {line["on"] for line in body["lines"]} <= {"host", "device"}
+    narrow = subprocess.run(
+        [*command, "--explain", str(script), *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "COLUMNS": "80"},
+    )
+    assert narrow.returncode == 0, narrow.stderr
+    rows = narrow.stdout.splitlines()
+    assert max(len(row) for row in rows) <= 80, narrow.stdout
+    assert any("hot = hot.assign(e2=hot.ke * 2, g=hot.id % 4)" in row for row in rows)
+
+
+def _shown(planned, columns: int) -> list[str]:
+    out = Console(width=columns, record=True, file=io.StringIO())
+    _print_plan(planned, out)
+    return out.export_text().splitlines()
+
+
+@pytest.mark.slow
+def test_explain_shows_every_line_of_code_whole_at_80_columns(stored, cluster):
+    """At 80 columns the code goes on rows of its own; on a wide terminal, in the table."""
+    folder, script, args = stored
+    planned = plan(script, cluster, args)
+    code = [line for line in SCRIPT.splitlines() if len(line) < 70]
+    for columns in (80, 200):
+        rows = _shown(planned, columns)
+        assert max(len(row) for row in rows) <= columns
+        for line in code:
+            assert any(line in row for row in rows), (line, "\n".join(rows))
+    # the longest line (88 characters) wraps onto a second row, uncut, at 80 columns
+    longest = max(SCRIPT.splitlines(), key=len)
+    assert len(longest) > 80
+    rows = _shown(planned, 80)
+    [first] = [i for i, row in enumerate(rows) if longest[:30] in row]
+    joined = "".join(rows[first : first + 2]).replace(" ", "")
+    assert longest.replace(" ", "") in joined, "\n".join(rows)
 
 
 SPLITS = """import sys

@@ -25,6 +25,7 @@ from quarry.capacity.tco import SystemCost, compute_tco, load_spec
 from quarry.cli_common import (
     ClusterOption,
     JsonOption,
+    ReflowedHelp,
     cluster_file,
     console,
     open_cluster,
@@ -35,6 +36,7 @@ from quarry.cli_common import (
 from quarry.errors import ClusterError
 
 app = typer.Typer(
+    cls=ReflowedHelp,
     help="Capacity planning for computational storage (CSDPLAN): how many CSDs beat a host.",
     no_args_is_help=True,
 )

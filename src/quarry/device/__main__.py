@@ -28,6 +28,8 @@ def serve_options(serve: argparse.ArgumentParser) -> argparse.ArgumentParser:
     # its failure domain: the host it runs on (default: this machine's name) and its rack
     serve.add_argument("--host-label")
     serve.add_argument("--rack")
+    # Prometheus metrics on this port, on the same address (docs/operations.md)
+    serve.add_argument("--metrics-port", type=int)
     return serve
 
 
@@ -53,6 +55,7 @@ def main(argv: list[str] | None = None) -> int:
             options.verify_clients,
             options.host_label,
             options.rack,
+            options.metrics_port,
         )
     except QuarryError as error:
         print(f"error: {error}", file=sys.stderr)

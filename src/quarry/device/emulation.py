@@ -81,6 +81,9 @@ class Emulator:
         )
         self._lock = threading.Lock()
         self._busy: deque[Busy] = deque(maxlen=100_000)
+        # every byte through each link since the process started (its metrics)
+        self.read_bytes_total = 0
+        self.shipped_bytes_total = 0
         self._waiting = 0
         self.load_fraction = 0.0
         self.load_until = 0.0
@@ -134,10 +137,14 @@ class Emulator:
         return max(extra_s, 0.0)
 
     def read(self, size_bytes: int) -> None:
+        with self._lock:
+            self.read_bytes_total += max(size_bytes, 0)
         if self.internal is not None:
             self.internal.consume(size_bytes)
 
     def ship(self, size_bytes: int) -> None:
+        with self._lock:
+            self.shipped_bytes_total += max(size_bytes, 0)
         if self.external is not None:
             self.external.consume(size_bytes)
 

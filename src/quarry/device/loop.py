@@ -119,6 +119,8 @@ class Runtime:
     controllers: Controllers = field(default_factory=Controllers)
     parked: Parked = field(default_factory=Parked)
     metas: Metas = field(default_factory=Metas)
+    # told of every WorkDone sent (the device's metrics count what its callers were told)
+    on_work_done: Callable[[WorkDone], None] | None = None
 
 
 class Stream:
@@ -672,6 +674,8 @@ def _run_admitted(
         load=LoadStatus(**runtime.emulator.load()),
     )
     stream.message(done)
+    if runtime.on_work_done is not None:
+        runtime.on_work_done(done)
 
 
 def _chunks_at_once(runtime: Runtime, unit: Unit) -> int:

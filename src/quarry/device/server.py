@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import shutil
 import socket
 import threading
 import time
@@ -33,6 +34,13 @@ from quarry.device import identity as identity_file
 from quarry.device.admission import Admission
 from quarry.device.integrity import IntegrityLog
 from quarry.device.janitor import Janitor
+from quarry.device.metrics import (
+    Gauge,
+    ServerMetrics,
+    admission_figures,
+    link_figures,
+    space_figures,
+)
 from quarry.device.peers import PeerCredentials, ask_outcome
 from quarry.device.profile import Profile
 from quarry.device.revocation_sync import RevocationSync
@@ -213,6 +221,24 @@ class Service(flight.FlightServerBase):
         self.revocations = verifier.revocations if verifier else None
         if self.revocations is not None:  # learns what the admin revoked while it was away
             RevocationSync(self.revocations, security.peer, self.name).start()
+        self.metrics = ServerMetrics(self._metric_figures)
+
+    def _metric_figures(self) -> list[Gauge]:
+        """What a scrape reads of its state now (``quarry.device.metrics``)."""
+        emulator = self.emulator
+        return [
+            *admission_figures(self.admission.status()),
+            *link_figures(emulator.read_bytes_total, emulator.shipped_bytes_total),
+        ]
+
+    def serve_metrics(self, host: str, port: int) -> int:
+        """Prometheus's endpoint, where this server listens and as securely (its TLS, and its
+        demand of a client certificate); the port it took."""
+        security = self.security
+        ca = security.ca if security.verify_clients else None
+        port = self.metrics.serve(host, port, security.tls, ca, self.data / "metrics")
+        log.info("%s %s: metrics on %s:%d", self.WHAT, self.name, host, port)
+        return port
 
     def _actions(self) -> dict[str, tuple[type[Message], Callable[[Any, bytes], Any]]]:
         raise NotImplementedError
@@ -236,7 +262,8 @@ class Service(flight.FlightServerBase):
                 f"unknown action {kind!r}; this {self.WHAT} knows {sorted(handlers)}"
             )
         request_class, handler = handlers[kind]
-        reply = handler(request_class.from_json(header), payload)
+        with self.metrics.timed(kind):
+            reply = handler(request_class.from_json(header), payload)
         return iter([reply if isinstance(reply, bytes) else reply.to_bytes()])
 
     def list_actions(self, context: flight.ServerCallContext) -> list[tuple[str, str]]:
@@ -256,7 +283,8 @@ class Service(flight.FlightServerBase):
             raise ProtocolError(f"unknown exchange {kind!r}")
         request = work.WorkRequest.from_json(header)
         auth.authorize(context, f"run {request.unit}", lookup(request.unit).ROLE)
-        self._work(request, payload, writer)
+        with self.metrics.timed(Exchange.WORK):
+            self._work(request, payload, writer)
 
     def _work(
         self, request: work.WorkRequest, payload: bytes, writer: flight.MetadataRecordBatchWriter
@@ -267,6 +295,16 @@ class Service(flight.FlightServerBase):
         started = self.emulator.start_load(request.cpu, request.seconds)
         return control.LoadStarted(started["cpu"], started["seconds"], self.name)
 
+    def _totals(self) -> dict[str, Any]:
+        """``StatsReply``'s figures since start, for rates: bytes through its links, its work
+        counters, and the free space where it stores."""
+        return {
+            "read_bytes": self.emulator.read_bytes_total,
+            "shipped_bytes": self.emulator.shipped_bytes_total,
+            "work": self.metrics.work_total(),
+            "free_bytes": shutil.disk_usage(self.data).free,
+        }
+
     def _admitted(self) -> dict[str, int]:
         """``StatsReply``'s account of the exchanges it admits (``admission``)."""
         admitted = self.admission.status()
@@ -275,6 +313,7 @@ class Service(flight.FlightServerBase):
             "exchanges_max": admitted["exchanges_max"],
             "admitted": admitted["admitted"],
             "refused": admitted["refused"],
+            "queued_bytes": admitted["queued_bytes"],
         }
 
     def _credential_actions(
@@ -334,13 +373,17 @@ class Service(flight.FlightServerBase):
         )
 
 
-def write_ready(ready_file: str | Path, address: str, port: int, name: str) -> None:
-    """Say where a server process listens, atomically (its starter waits for the file)."""
+def write_ready(
+    ready_file: str | Path, address: str, port: int, name: str, metrics_port: int | None = None
+) -> None:
+    """Say where a server process listens, atomically (its starter waits for the file), and
+    where its metrics are (None: nowhere)."""
     import json
 
     ready = Path(ready_file)
     tmp = ready.with_suffix(".tmp")
     body = {"port": port, "pid": os.getpid(), "name": name, "address": address}
+    body["metrics_port"] = metrics_port
     tmp.write_text(json.dumps(body))
     tmp.replace(ready)
 
@@ -364,7 +407,13 @@ class DeviceServer(Service):
         self.admission = Admission(
             self.name, admission.exchanges_for(profile.cores), admission.queued_bytes_default()
         )
-        self.runtime = loop.Runtime(self.store, Emulator(profile), self.name, self.admission)
+        self.runtime = loop.Runtime(
+            self.store,
+            Emulator(profile),
+            self.name,
+            self.admission,
+            on_work_done=self.metrics.work_done,
+        )
         self._ingesting = 0  # ingest streams open now (``StatsReply.ingesting``)
         self._ingesting_lock = threading.Lock()
         self._copies: dict[int, control.CopyInFlight] = {}  # by stream, as far as they came
@@ -377,6 +426,33 @@ class DeviceServer(Service):
         self.janitor.start()
         self._inventory_cache: tuple[int, bytes] | None = None
         self.integrity = IntegrityLog(self.data, self.name)
+        self._copies_received = 0  # copies of partitions streamed in whole (moves, repairs)
+
+    def _metric_figures(self) -> list[Gauge]:
+        stats = self.store.stats()
+        return [
+            *super()._metric_figures(),
+            *space_figures(self.data, stats["file_bytes"]),
+            Gauge("store_keys", "Keys in the key-value store", stats["keys"]),
+            Gauge(
+                "store_partitions",
+                "Committed partitions it holds",
+                len(self.store.list(partitions.CATALOG_PREFIX)),
+            ),
+            Gauge("ingest_streams", "Ingest streams open now", self._ingesting),
+            Gauge("copy_streams", "Copies of partitions streaming in now", len(self._copies)),
+            Gauge(
+                "copies_received_partitions",
+                "Copies of partitions received whole from another device (moves and repairs)",
+                self._copies_received,
+                True,
+            ),
+            Gauge(
+                "integrity_corrupt_copies",
+                "Damaged copies of partitions it holds, found and not yet mended",
+                len(self.integrity.held().corrupt),
+            ),
+        ]
 
     def damaged(self, error: CorruptSlice) -> CorruptSlice:
         return self.integrity.found(error)
@@ -531,6 +607,7 @@ class DeviceServer(Service):
             corrupt_copies=len(held.corrupt),
             unverified_partitions=unverified,
             last_scrub=held.last_scrub,
+            **self._totals(),
         )
 
     def _calibrate(self, request: control.Calibrate, payload: bytes) -> control.CalibrateReply:
@@ -558,6 +635,18 @@ class DeviceServer(Service):
     ) -> None:
         kind, header, _ = frame.decode(descriptor.command)
         auth.authorize(context, kind)
+        if kind not in tuple(Put):  # before it names a latency series of its own
+            raise ProtocolError(f"unknown put {kind!r}")
+        with self.metrics.timed(kind):
+            self._put(kind, header, reader, writer)
+
+    def _put(
+        self,
+        kind: str,
+        header: dict[str, Any],
+        reader: flight.MetadataRecordBatchReader,
+        writer: flight.FlightMetadataWriter,
+    ) -> None:
         if kind == Put.PARTITION:
             with self._ingesting_lock:
                 self._ingesting += 1
@@ -611,6 +700,8 @@ class DeviceServer(Service):
         finally:
             if copy is not None:
                 self._copies.pop(copy, None)
+        if copy is not None:
+            self._copies_received += 1
         return ingest.PartitionWritten(
             written.partition, written.rows, len(written.slices), written.bytes_stored
         )
@@ -695,7 +786,8 @@ class DeviceServer(Service):
             batches = self.admission.stream(scanned, self.admission.enter(small), small)
         else:
             raise ProtocolError(f"unknown ticket {kind!r}")
-        return flight.GeneratorStream(schema, _typed_errors(batches, self.damaged))
+        timed = self.metrics.timed_stream(kind, batches)
+        return flight.GeneratorStream(schema, _typed_errors(timed, self.damaged))
 
     def _scan(self, request: work.ScanRequest) -> tuple[pa.Schema, Iterable[pa.RecordBatch], bool]:
         """Raw slices, through the profile's internal and external bandwidth limits, read as
@@ -766,6 +858,7 @@ def serve_with(
     verify_clients: bool = False,
     host_label: str | None = None,
     rack: str | None = None,
+    metrics_port: int | None = None,
 ) -> None:
     """``quarry device serve``'s options: the credentials read, the profile found, then
     ``serve``. Shared by the CLI and ``python -m quarry.device`` (the lean entry point local
@@ -784,7 +877,17 @@ def serve_with(
         host_label or (enrolled.host if enrolled else None),
         rack or (enrolled.rack if enrolled else None),
     )
-    serve(data, get_profile(profile, profiles), host, port, name, ready_file, security, labels)
+    serve(
+        data,
+        get_profile(profile, profiles),
+        host,
+        port,
+        name,
+        ready_file,
+        security,
+        labels,
+        metrics_port,
+    )
 
 
 def enrolled_name(security: Security, name: str | None) -> str | None:
@@ -870,9 +973,11 @@ def serve(
     ready_file: str | Path | None = None,
     security: Security = Security(),
     labels: Labels | None = None,
+    metrics_port: int | None = None,
 ) -> None:
     """Run a device until it is stopped (SIGTERM / SIGINT). Anywhere but loopback it needs
-    TLS: tokens must not cross a network in the clear."""
+    TLS: tokens must not cross a network in the clear. With ``metrics_port`` (0: any free
+    port) it serves Prometheus metrics there too, on the same address and as securely."""
     if host not in LOOPBACK and security.tls is None:
         raise ClusterError(
             f"a device listening on {host} must use TLS (--tls, with its enrolled "
@@ -880,7 +985,10 @@ def serve(
         )
     scheme = security.scheme
     server = DeviceServer(Path(data), profile, f"{scheme}://{host}:{port}", name, security, labels)
+    metrics = None if metrics_port is None else server.serve_metrics(host, metrics_port)
     if ready_file is not None:
-        write_ready(ready_file, f"{scheme}://{host}:{server.port}", server.port, server.name)
+        write_ready(
+            ready_file, f"{scheme}://{host}:{server.port}", server.port, server.name, metrics
+        )
     log.info("device %s (%s) listening on %s:%d", server.name, profile.name, host, server.port)
     server.serve()

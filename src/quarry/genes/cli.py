@@ -18,6 +18,7 @@ from rich.table import Table
 from quarry.cli_common import (
     ClusterOption,
     JsonOption,
+    ReflowedHelp,
     console,
     human_bytes,
     open_cluster,
@@ -28,6 +29,7 @@ from quarry.errors import QuarryError
 from quarry.pushdown import Pushdown
 
 app = typer.Typer(
+    cls=ReflowedHelp,
     help="Single-cell expression matrices: store them, rank genes by differential expression.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,

@@ -8,6 +8,7 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 from rich.markup import escape
+from rich.measure import Measurement
 from rich.table import Table
 
 from quarry.cli_common import ClusterOption, JsonOption, console, human_bytes, open_cluster
@@ -17,7 +18,7 @@ from quarry.offload.estimate import LineEstimate
 from quarry.offload.reads import MountError
 from quarry.offload.run import Plan, plan, run
 
-TEXT_CHARS = 48
+CODE_CHARS_MIN = 40  # a code column narrower than this is unreadable: lines go on rows
 err_console = Console(stderr=True)
 
 
@@ -127,30 +128,51 @@ def _split(line: LineEstimate) -> str:
     return "rows" if line.partitionable else "no"
 
 
-def _print_plan(planned: Plan) -> None:
+def _print_plan(planned: Plan, out: Console = console) -> None:
     devices = planned.devices
     link = (
         "unlimited"
         if devices.link_bytes_per_s == float("inf")
         else (f"{human_bytes(devices.link_bytes_per_s)}/s")
     )
-    console.print(
+    out.print(
         f"sampled {planned.sample_rows} of {planned.full_rows:,} rows; {devices.count} devices, "
         f"C = {devices.compute_factor:g}, links {link}; a probe on the devices took "
         f"{devices.probe_factor:.2f}x their estimate (device times below include it)"
     )
+    figures = _lines_table(planned, code=False)
+    figures_chars = Measurement.get(out, out.options, figures).maximum
+    if out.width - figures_chars >= CODE_CHARS_MIN:
+        out.print(_lines_table(planned, code=True))
+    else:  # a narrow terminal: the program's lines on rows of their own, then their figures
+        out.print(_listing(planned))
+        out.print(figures)
+    for failure in sorted(set(planned.failed)):
+        out.print(f"on a sample: {escape(failure)} (from there, lines run on the host)")
+    out.print(
+        f"all on the host: {planned.cut.host_s:.3f} s; with the cut: {planned.cut.csd_s:.3f} s "
+        "(the devices run the first moved run that starts with a read of a stored dataset)"
+    )
+
+
+def _lines_table(planned: Plan, code: bool) -> Table:
+    """Each line's estimates; with ``code``, the line itself in a column of its own, folded
+    onto more rows where it is long (never cut: a user reads their own code here)."""
     table = Table(
         title="lines, estimated at full scale (Algorithm 1)",
         caption="split: rows — per partition, concatenated, the line gives what it gives on the "
         "whole; partial — a reduction, its partials combined on the host",
     )
-    for column in ("line", "code", "time", "host s", "device s", "in", "out", "split", "on"):
-        table.add_column(column, justify="left" if column in ("code", "split", "on") else "right")
+    table.add_column("line", justify="right")
+    if code:
+        table.add_column("code", overflow="fold", min_width=CODE_CHARS_MIN)
+    for column in ("time", "host s", "device s", "in", "out", "split", "on"):
+        table.add_column(column, justify="left" if column in ("split", "on") else "right")
     for line in planned.lines:
-        text = " ".join(line.text.split())
+        text = [escape(" ".join(line.text.split()))] if code else []
         table.add_row(
             str(line.number),
-            escape(text if len(text) <= TEXT_CHARS else text[: TEXT_CHARS - 1] + "…"),
+            *text,
             line.time_fit.curve,
             f"{line.host_s:.4f}",
             f"{line.device_s:.4f}",
@@ -159,10 +181,15 @@ def _print_plan(planned: Plan) -> None:
             _split(line),
             "device" if line.number in planned.cut.device_lines else "host",
         )
-    console.print(table)
-    for failure in sorted(set(planned.failed)):
-        console.print(f"on a sample: {escape(failure)} (from there, lines run on the host)")
-    console.print(
-        f"all on the host: {planned.cut.host_s:.3f} s; with the cut: {planned.cut.csd_s:.3f} s "
-        "(the devices run the first moved run that starts with a read of a stored dataset)"
-    )
+    return table
+
+
+def _listing(planned: Plan) -> Table:
+    """The program's lines as written, numbered, long ones folded under themselves."""
+    listing = Table.grid(padding=(0, 1))
+    listing.title = "the program, by line (its estimates below)"
+    listing.add_column(justify="right", style="dim")
+    listing.add_column(overflow="fold")
+    for line in planned.lines:
+        listing.add_row(str(line.number), escape(line.text.rstrip()))
+    return listing

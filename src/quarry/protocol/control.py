@@ -13,6 +13,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from quarry.protocol.counters import WorkCounters
 from quarry.protocol.frame import Action, Get
 from quarry.protocol.integrity import ScrubSummary
 from quarry.protocol.message import Message, bounded
@@ -283,6 +284,7 @@ class StatsReply(Message):
     exchanges_max: int = bounded(low=0, default=0)
     admitted: int = bounded(low=0, default=0)
     refused: int = bounded(low=0, default=0)
+    queued_bytes: int = bounded(low=0, default=0)  # output computed, not yet sent
     # integrity (docs/integrity.md): damaged copies it found and holds until they are mended,
     # partitions written before checksums (read unverified), and its last whole scrub
     corrupt_copies: int = bounded(low=0, default=0)
@@ -290,6 +292,14 @@ class StatsReply(Message):
     last_scrub: ScrubSummary | None = None
     # partitions being copied into it now: the moves (and repairs) in flight
     copies: tuple[CopyInFlight, ...] = bounded(items_max=COPIES_MAX, default=())
+    # since the process started, for rates (``quarry top``): every byte through its drive's
+    # internal link (read) and external one (shipped), whatever for; the work counters of every
+    # work stream it answered (its ``WorkDone`` messages, summed); and the free space where it
+    # stores (a storage server: where its own data folder is)
+    read_bytes: int = bounded(low=0, default=0)
+    shipped_bytes: int = bounded(low=0, default=0)
+    work: WorkCounters = WorkCounters()
+    free_bytes: int = bounded(low=0, default=0)
 
 
 @dataclass(frozen=True)

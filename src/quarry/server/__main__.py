@@ -43,6 +43,7 @@ def main(argv: list[str] | None = None) -> int:
             enrolled_name(security, options.name),
             options.ready_file,
             security,
+            options.metrics_port,
         )
     except QuarryError as error:
         print(f"error: {error}", file=sys.stderr)

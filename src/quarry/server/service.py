@@ -301,6 +301,7 @@ class StorageServer(Service):
             pending_partitions=sum(s.pending_partitions for s in stats),
             ingesting=sum(s.ingesting for s in stats),
             **self._admitted(),
+            **self._totals(),
         )
 
     def _calibrate(self, request: control.Calibrate, payload: bytes) -> control.CalibrateReply:
@@ -363,7 +364,8 @@ class StorageServer(Service):
         else:
             raise ProtocolError(f"unknown ticket {kind!r}")
         schema = drive.guard(lambda: reader.schema)
-        return flight.GeneratorStream(schema, _typed_errors(self._shipped(drive, reader)))
+        timed = self.metrics.timed_stream(kind, self._shipped(drive, reader))
+        return flight.GeneratorStream(schema, _typed_errors(timed))
 
     def _shipped(
         self, drive: DeviceClient, reader: flight.FlightStreamReader
@@ -395,8 +397,10 @@ def serve(
     name: str | None = None,
     ready_file: str | Path | None = None,
     security: Security = Security(),
+    metrics_port: int | None = None,
 ) -> None:
-    """Run a storage server until it is stopped; the ready file says where it listens."""
+    """Run a storage server until it is stopped; the ready file says where it listens (and,
+    with ``metrics_port``, where its Prometheus metrics are)."""
     from quarry.device.server import LOOPBACK
     from quarry.errors import ClusterError
 
@@ -404,8 +408,11 @@ def serve(
         raise ClusterError(f"a storage server listening on {host} must use TLS")
     scheme = security.scheme
     server = StorageServer(Path(data), profile, f"{scheme}://{host}:{port}", drives, name, security)
+    metrics = None if metrics_port is None else server.serve_metrics(host, metrics_port)
     if ready_file is not None:
-        write_ready(ready_file, f"{scheme}://{host}:{server.port}", server.port, server.name)
+        write_ready(
+            ready_file, f"{scheme}://{host}:{server.port}", server.port, server.name, metrics
+        )
     log.info(
         "storage server %s (%s) over %d drives on %s:%d",
         server.name,

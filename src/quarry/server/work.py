@@ -153,6 +153,7 @@ def run_work(
         load=LoadStatus(**server.emulator.load()),
     )
     writer.write_metadata(pa.py_buffer(done.encode()))
+    server.metrics.work_done(done)
 
 
 def level_mode(request: WorkRequest) -> Pushdown:

@@ -13,13 +13,16 @@ import contextlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from quarry import settings
 from quarry.auth.certificates import LOOPBACK_HOSTS
 from quarry.auth.credentials import Credentials
 from quarry.auth.enrollment import DeviceFolder, ensure_enrolled
@@ -29,6 +32,36 @@ from quarry.errors import ClusterError
 START_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 10.0
 ENROLLED = "credentials"  # a local server's own folder, under its data folder
+METRICS_PORTS_TRIED_MAX = 1_000  # past $QUARRY_METRICS_PORT, before giving up
+_metrics_ports_given: set[int] = set()  # to the servers this process started
+_metrics_lock = threading.Lock()
+
+
+def metrics_port() -> int | None:
+    """The port the next server this process starts serves its metrics on: from
+    $QUARRY_METRICS_PORT on, the first not given yet that nothing listens on (None: unset,
+    no metrics; 0: any free port, the server's choice)."""
+    first = settings.METRICS_PORT.get()
+    if not first:
+        return first
+    with _metrics_lock:
+        for port in range(first, min(first + METRICS_PORTS_TRIED_MAX, 65_536)):
+            if port not in _metrics_ports_given and _free(port):
+                _metrics_ports_given.add(port)
+                return port
+    raise ClusterError(
+        f"no free port for metrics from {settings.METRICS_PORT.name}={first} on: set it to "
+        "another port, or unset it"
+    )
+
+
+def _free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
 
 
 def device_command(
@@ -73,7 +106,12 @@ def device_command(
         command += ["--host-label", host_label]
     if rack:
         command += ["--rack", rack]
-    return command
+    return command + _metrics_option()
+
+
+def _metrics_option() -> list[str]:
+    port = metrics_port()
+    return [] if port is None else ["--metrics-port", str(port)]
 
 
 def enrolled_here(data: Path, name: str, credentials: Credentials | None) -> DeviceFolder | None:
@@ -152,6 +190,7 @@ def start_server(
     command += ["--credentials", str(enrolled.folder)] if enrolled else ["--insecure"]
     if tls:
         command += ["--tls"]
+    command += _metrics_option()
     process, info = spawn(command, data, f"storage server {name}", detach)
     spec = DeviceSpec(
         name=name,
