@@ -22,5 +22,5 @@ def run_quarry(
         env={**os.environ, "COLUMNS": "200"},
     )
     if check:
-        assert done.returncode == 0, done.stderr + done.stdout
+        assert done.returncode == 0, f"exit {done.returncode}\n{done.stderr}{done.stdout}"
     return done
