@@ -55,6 +55,7 @@ KEEPALIVE_SHARE = 0.4
 HEARTBEAT_SHARE = 0.2
 RECONNECT_BACKOFF_SHARE = 0.2  # the longest wait between connection attempts
 HEARTBEAT_LIFETIME_S = 300.0  # a heartbeat stream ends after this; the client opens another
+STOP_JOIN_S = 1.0  # how long stop() waits for the heartbeat thread to end
 # words gRPC and the kernel use for a peer that stopped answering (a deadline, keepalive's
 # watchdog, TCP's user timeout): silence, not a refusal
 SILENT_WORDS = ("keepalive", "timed out", "timeout", "deadline")
@@ -181,11 +182,17 @@ class Heartbeat:
                 self._thread.start()
 
     def stop(self) -> None:
+        """No more streams; the one open is cancelled, and its thread given a moment to end
+        (``STOP_JOIN_S``), so that closing the client next never pulls the Flight client out
+        from under a read still running on it."""
         self._stop.set()
         with self._lock:
             reader = self._reader
+            thread = self._thread
         if reader is not None:
             _cancel(reader)
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(STOP_JOIN_S)  # bounded: a stream still opening ends at its deadline
 
     def _run(self) -> None:
         failures = 0
