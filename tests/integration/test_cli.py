@@ -79,8 +79,8 @@ def test_up_with_storage_servers_and_down_stops_every_process(tmp_path):
     path = tmp_path / "particles.parquet"
     table = particles.table(100_000, seed=12)
     pq.write_table(table, path)
-    _quarry("up", "--servers", "2", "--drives-per-server", "2", "--detach", cwd=tmp_path)
-    try:
+    try:  # `down` even after an `up` that started devices and then failed
+        _quarry("up", "--servers", "2", "--drives-per-server", "2", "--detach", cwd=tmp_path)
         status = json.loads(_quarry("status", "--json", cwd=tmp_path).stdout)
         assert sorted(row["device"] for row in status) == ["s0", "s1"]
         assert all(row["up"] for row in status)
@@ -107,8 +107,8 @@ def test_up_with_a_layout_three_levels_deep(tmp_path):
     """`quarry up --layout`: a server in front of a drive and of another server; EXPLAIN ANALYZE
     indents each level under the one above, and `quarry down` stops all five processes."""
     layout = json.dumps([["host", ["host", "host"]]])
-    _quarry("up", "--layout", layout, "--detach", cwd=tmp_path)
-    try:
+    try:  # `down` even after an `up` that started devices and then failed
+        _quarry("up", "--layout", layout, "--detach", cwd=tmp_path)
         table = particles.table(50_000, seed=13)
         path = tmp_path / "particles.parquet"
         pq.write_table(table, path)
@@ -145,8 +145,8 @@ def test_up_with_one_profile_per_device(tmp_path):
         "up", "--devices", "3", "--profile", "host,kinetic", "--detach", cwd=tmp_path, check=False
     )
     assert wrong.returncode == 2 and "2 profiles given for 3 devices" in wrong.stderr
-    _quarry("up", "--devices", "2", "--profile", "host,kinetic", "--detach", cwd=tmp_path)
-    try:
+    try:  # `down` even after an `up` that started devices and then failed
+        _quarry("up", "--devices", "2", "--profile", "host,kinetic", "--detach", cwd=tmp_path)
         status = json.loads(_quarry("status", "--json", cwd=tmp_path).stdout)
         assert [row["profile"] for row in status] == ["host", "kinetic"]
         dead = next(row for row in status if row["device"] == "dev1")
@@ -217,8 +217,8 @@ def test_explain_verbose_lists_the_rules_that_fired_in_order(tmp_path):
     cut it left; the same list under ``rules`` in JSON; --verbose alone says what it needs."""
     path = tmp_path / "particles.parquet"
     pq.write_table(particles.table(20_000, seed=14), path)
-    _quarry("up", "--devices", "2", "--detach", cwd=tmp_path)
-    try:
+    try:  # `down` even after an `up` that started devices and then failed
+        _quarry("up", "--devices", "2", "--detach", cwd=tmp_path)
         _quarry("ingest", str(path), "--dataset", "physics/particles", cwd=tmp_path)
         sql = "SELECT count(*) AS n FROM particles WHERE ke > 10"
         shown = _quarry(

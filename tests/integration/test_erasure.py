@@ -304,8 +304,8 @@ def test_tpch_on_ec_4_2_healthy_and_with_a_device_killed_mid_query(tpch_ec, tpch
 def test_ingest_with_ec_from_the_command_line(tmp_path):
     path = tmp_path / "particles.parquet"
     pq.write_table(particles.table(100_000, seed=2), path)
-    run_quarry("up", "--devices", "3", "--detach", cwd=tmp_path)
-    try:
+    try:  # `down` even after an `up` that started devices and then failed
+        run_quarry("up", "--devices", "3", "--detach", cwd=tmp_path)
         ingested = run_quarry(
             "ingest", str(path), "--dataset", "physics/p", "--ec", "2+1", cwd=tmp_path
         ).stdout

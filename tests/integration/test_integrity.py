@@ -225,8 +225,8 @@ def test_scrub_mends_every_copy_a_good_replica_holds(damaged):
 
 @pytest.mark.slow
 def test_scrub_and_status_from_the_command_line(tmp_path):
-    _quarry("up", "--devices", "2", "--detach", cwd=tmp_path)
-    try:
+    try:  # `down` even after an `up` that started devices and then failed
+        _quarry("up", "--devices", "2", "--detach", cwd=tmp_path)
         path = tmp_path / "ones.parquet"
         import pyarrow.parquet as pq
 
