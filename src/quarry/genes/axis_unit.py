@@ -27,7 +27,7 @@ import pyarrow as pa
 from scipy import sparse
 
 from quarry.device.unit import Chunk, Skipped, Unit, register
-from quarry.genes.errors import GenesInputError, StaleDataset
+from quarry.genes.errors import GenesInputError, check_same_ingest
 from quarry.genes.layout import ROW_ID_COLUMN, row_blocks, slice_layout
 from quarry.protocol.message import Message, bounded
 from quarry.protocol.stage import Skip, Stage
@@ -207,12 +207,7 @@ class AxisQuery(Unit):
         return lambda: select_rows(batch, selection, schema)
 
     def plan(self, meta: PartitionMeta, not_here: frozenset[int]) -> list[Skipped]:
-        if meta.ingest["id"] not in self.args.ingest_ids:
-            raise StaleDataset(
-                f"{self.request.domain}/{self.request.dataset} partition {meta.partition} on "
-                "this device belongs to another ingest than the one the host asked about (it was "
-                "re-ingested); ask again"
-            )
+        check_same_ingest(meta, self.request, self.args.ingest_ids)
         orientation = (meta.schema.metadata or {}).get(b"quarry.genes.orientation", b"genes")
         row_column = ROW_ID_COLUMN[orientation.decode()]
         pruned = []

@@ -31,7 +31,7 @@ import numpy as np
 import pyarrow as pa
 
 from quarry.device.unit import Chunk, Skipped, Unit, register
-from quarry.genes.errors import GenesInputError, StaleDataset
+from quarry.genes.errors import GenesInputError, check_same_ingest
 from quarry.genes.groups import grouping_digest
 from quarry.genes.layout import slice_layout
 from quarry.genes.ranks import RANK_SCHEMA, combine_ranks, rank_sums, select_rank_sides
@@ -132,12 +132,7 @@ class Accumulate(Unit):
     # ---- on the device ------------------------------------------------------------------------
 
     def plan(self, meta: PartitionMeta, not_here: frozenset[int]) -> list[Skipped]:
-        if meta.ingest["id"] not in self.args.ingest_ids:
-            raise StaleDataset(
-                f"{self.request.domain}/{self.request.dataset} partition {meta.partition} on "
-                "this device belongs to another ingest than the one the host asked about (it was "
-                "re-ingested); ask again"
-            )
+        check_same_ingest(meta, self.request, self.args.ingest_ids)
         stored = _load(self, meta)
         wanted = set(range(len(meta.slices))) - not_here
         # A Combine cannot be taken apart: a cache that covers a slice this request pushes back

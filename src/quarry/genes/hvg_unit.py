@@ -22,7 +22,7 @@ from scipy import sparse
 
 from quarry.device.unit import Chunk, Unit, register
 from quarry.genes.device import Accumulate
-from quarry.genes.errors import GenesInputError, StaleDataset
+from quarry.genes.errors import GenesInputError, check_same_ingest
 from quarry.genes.layout import decode_blocks, slice_layout
 from quarry.genes.stats import accumulate
 from quarry.protocol.message import Message, bounded
@@ -154,11 +154,7 @@ class ClippedSums(Unit):
         return lambda: clipped_sums(batch, clip, None)
 
     def plan(self, meta: PartitionMeta, not_here: frozenset[int]) -> list:
-        if meta.ingest["id"] not in self.args.ingest_ids:
-            raise StaleDataset(
-                f"{self.request.domain}/{self.request.dataset} partition {meta.partition} was "
-                "re-ingested since the host looked; ask again"
-            )
+        check_same_ingest(meta, self.request, self.args.ingest_ids)
         return []
 
     def execute(self, chunk: Chunk) -> list[pa.RecordBatch]:

@@ -28,7 +28,7 @@ from scipy import sparse
 
 from quarry.device.unit import Chunk, Unit, register
 from quarry.genes import kernels
-from quarry.genes.errors import GenesInputError, StaleDataset
+from quarry.genes.errors import GenesInputError, check_same_ingest
 from quarry.genes.groups import Grouping
 from quarry.genes.layout import decode_blocks, slice_layout
 from quarry.genes.ranks import RANK_SCHEMA
@@ -182,11 +182,7 @@ class ValueCounts(Unit):
         return lambda: value_counts(batch, groups, 10)
 
     def plan(self, meta: PartitionMeta, not_here: frozenset[int]) -> list:
-        if meta.ingest["id"] not in self.args.ingest_ids:
-            raise StaleDataset(
-                f"{self.request.domain}/{self.request.dataset} partition {meta.partition} was "
-                "re-ingested since the host looked; ask again"
-            )
+        check_same_ingest(meta, self.request, self.args.ingest_ids)
         return []
 
     def execute(self, chunk: Chunk) -> list[pa.RecordBatch]:
