@@ -126,7 +126,7 @@ from quarry.capacity.model import (  # noqa: E402
     t_ssd_array_s,
 )
 from quarry.coordinator.cluster import Cluster  # noqa: E402
-from quarry.coordinator.ingest.atomic import ROW_GROUP_BYTES  # noqa: E402
+from quarry.coordinator.ingest.layout import ROW_GROUP_BYTES  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import png_path, progress, write_json  # noqa: E402

@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import os
+
 import pyarrow as pa
 import pytest
 
 import quarry
 from quarry.samples import particles
+
+# Tests choose their tables' layouts: most were written for tables spread over every device by
+# 1 MiB row groups, and keep that layout; a test of the small-table rule (one partition under
+# 16 MiB, the default) unsets this (tests/integration/test_ingest_scan.py).
+os.environ.setdefault("QUARRY_SMALL_TABLE_MIB", "0")
 
 
 @pytest.fixture(scope="session")

@@ -219,6 +219,18 @@ INGEST_LEASE_S: Setting[float] = Setting(
     upper=3600.0,
 )
 
+SMALL_TABLE_MIB: Setting[float] = Setting(
+    "QUARRY_SMALL_TABLE_MIB",
+    float,
+    16.0,
+    "MiB",
+    "A new table smaller than this (its first rows' width times its row count) is stored in "
+    "one partition, not one per drive: each partition a query reads costs its device a few ms "
+    "whatever it holds. 0 spreads every table over the drives by 1 MiB row groups",
+    lower=0.0,
+    upper=1 << 20,
+)
+
 # Integrity (docs/integrity.md).
 SCRUB_MIB_PER_S: Setting[float] = Setting(
     "QUARRY_SCRUB_MIB_PER_S",

@@ -7,6 +7,7 @@ import anndata
 import numpy as np
 import pandas as pd
 import pytest
+from scipy import sparse
 from typer.testing import CliRunner
 
 from quarry import genes
@@ -125,6 +126,31 @@ def test_cell_filters_prune_slices_of_a_matrix_stored_by_cells(
     assert report.bytes_read * 4 < report.bytes_matrix
     assert report.bytes_shipped < report.bytes_read / 10  # only two genes' values
     assert report.to_json()["matrices"][0]["slices_pruned"] == report.slices_pruned
+
+
+@pytest.mark.slow
+def test_a_run_of_cells_is_read_from_the_slice_holding_it(cluster):
+    """A matrix travels to its partitions a slice at a time (ingest's ``contiguous_slices``),
+    so each slice holds one run of cells: 1% of the cells, in a run, are read from the slice
+    that holds them (two if they straddle), not from a slice of every partition (4 MiB slices
+    of 1 MiB groups dealt round-robin each spanned four groups' worth of every partition)."""
+    cells, gene_count = 20_000, 2_000  # about 16 MB stored: several 4 MiB slices a partition
+    x = sparse.random(cells, gene_count, density=0.05, format="csr", dtype=np.float32, rng=7)
+    adata = anndata.AnnData(
+        X=x,
+        obs=pd.DataFrame(index=[f"c{i}" for i in range(cells)]),
+        var=pd.DataFrame(index=[f"g{i}" for i in range(gene_count)]),
+    )
+    genes.ingest(cluster, adata, "bio/runs", orientation="cells")
+    first, count = cells // 2, cells // 100
+    ids = ", ".join(f"'c{i}'" for i in range(first, first + count))
+    q = genes.query(cluster, "bio/runs", f"cell IN ({ids})", ["g1", "g2"])
+    got = q.to_anndata()
+    np.testing.assert_array_equal(got.X.toarray(), x[first : first + count][:, [1, 2]].toarray())
+    report = q.report
+    assert report.slices_total >= 5
+    assert report.slices_total - report.slices_pruned <= 2
+    genes.drop(cluster, "bio/runs")
 
 
 def test_gene_selections_prune_slices_of_a_matrix_stored_by_genes(genes_cluster, stored_pbmc):

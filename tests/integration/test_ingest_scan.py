@@ -31,7 +31,7 @@ def test_parquet_ingest_scan_and_listing(cluster, particle_table, tmp_path):
 def test_a_small_table_gets_a_partition_per_row_group_it_fills(cluster):
     """Every partition a query reads costs a stream: a table of a few rows is one partition, a
     larger one a partition per row group it fills, up to one per device."""
-    from quarry.coordinator.ingest.atomic import PARTITIONS_PER_DEVICE, ROW_GROUP_BYTES
+    from quarry.coordinator.ingest.layout import PARTITIONS_PER_DEVICE, ROW_GROUP_BYTES
 
     per_group = ROW_GROUP_BYTES // 8  # int64 rows
     rows = {"t/tiny": 1_000, "t/three": 3 * per_group - 10, "t/large": 13 * per_group}
@@ -41,6 +41,61 @@ def test_a_small_table_gets_a_partition_per_row_group_it_fills(cluster):
         assert len(entry.partitions) == expected[name], name
         assert sum(p.rows for p in entry.partitions) == count
         cluster.drop(name)
+
+
+def test_a_table_under_the_small_table_size_is_one_partition(cluster, monkeypatch):
+    """Rule ``small_table_one_partition`` (the default the suite turns off in conftest.py):
+    under QUARRY_SMALL_TABLE_MIB a table is one partition, replicated and erasure coded as
+    asked; at that size it spreads over every device again."""
+    from quarry import settings
+    from quarry.coordinator.ingest.layout import ROW_GROUP_BYTES
+
+    monkeypatch.delenv(settings.SMALL_TABLE_MIB.name, raising=False)
+    small_rows = 3 * ROW_GROUP_BYTES // 8  # int64 rows: 3 MiB, three row groups
+    large_rows = int(settings.SMALL_TABLE_MIB.default * ROW_GROUP_BYTES) // 8 + 1
+
+    def table(rows: int) -> pa.Table:
+        return pa.table({"k": pa.array(range(rows), pa.int64())})
+
+    entry = cluster.ingest(table(small_rows), "t/small")
+    assert [p.rows for p in entry.partitions] == [small_rows]
+    twice = cluster.ingest(table(small_rows), "t/small_twice", replicas=2)
+    assert len(twice.partitions) == 1 and len(set(twice.partitions[0].devices)) == 2
+    coded = cluster.ingest(table(small_rows), "t/small_coded", redundancy="ec:2+1")
+    assert len(coded.partitions) == 2 and len(coded.parity) == 1  # a stripe needs K of them
+    spread = cluster.ingest(table(large_rows), "t/large")
+    assert len({p.devices[0] for p in spread.partitions}) == 3
+    assert cluster.sql("SELECT count(*) AS n FROM t.small").read_all()["n"][0].as_py() == small_rows
+    for name in ("t/small", "t/small_twice", "t/small_coded", "t/large"):
+        cluster.drop(name)
+
+
+def test_contiguous_slices_hold_one_run_of_the_source_each(cluster):
+    """Rule ``contiguous_slices``: rows dealt a slice at a time, so each slice's zone map of a
+    column in the source's order spans exactly its rows (1 MiB groups give a slice three or
+    four stretches of the source); the source's order still reads back."""
+    rows = 30_000  # about 1 KB each: about eight 4 MiB slices over three partitions
+    table = pa.table(
+        {"k": pa.array(range(rows), pa.int64()), "pad": pa.array([b"x" * 1000] * rows)}
+    )
+    spans = {}
+    for name, contiguous in (("t/runs", True), ("t/groups", False)):
+        entry = cluster.ingest(table, name, partitions=3, contiguous_slices=contiguous)
+        described = [
+            cluster.devices[p.devices[0]].describe("t", name.split("/")[1], p.partition)
+            for p in entry.partitions
+        ]
+        spans[name] = [
+            (s.zone_map["k"].max - s.zone_map["k"].min + 1, s.rows)
+            for d in described
+            for s in d.slices
+        ]
+        assert sum(len(d.slices) for d in described) >= 6
+    assert all(span == held for span, held in spans["t/runs"])
+    assert any(span > 2 * held for span, held in spans["t/groups"])
+    assert cluster.scan("t/runs", ordered=True).read_all().equals(table)
+    cluster.drop("t/runs")
+    cluster.drop("t/groups")
 
 
 @pytest.mark.parametrize("kind", ["csv", "arrow", "table", "pandas"])

@@ -123,7 +123,7 @@ def _pagerank_block_pages(pages: int, row_bytes: Callable[[int], float]) -> tupl
     Ingest deals rows to partitions round-robin in groups of about ROW_GROUP_BYTES; a block that
     is a whole number of groups can be ordered so that each partition receives one whole block.
     """
-    from quarry.coordinator.ingest.atomic import ROW_GROUP_BYTES
+    from quarry.coordinator.ingest.layout import ROW_GROUP_BYTES
 
     for width in sorted(range(max(2, pages // 2), 2 * pages + 1), key=lambda w: abs(w - pages)):
         group = max(1, int(ROW_GROUP_BYTES / row_bytes(width)))

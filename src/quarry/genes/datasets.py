@@ -199,6 +199,9 @@ def ingest(
                 qualified,
                 hints={"genes.role": "matrix", "genes.orientation": orientation},
                 progress=False,
+                # a slice is a run of rows (cells, or genes), so its zone map of row ids is as
+                # narrow as its rows: an axis query's selection prunes every other slice
+                contiguous_slices=True,
                 **options,
             )
     except BaseException:

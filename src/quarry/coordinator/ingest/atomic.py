@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from quarry import settings
+from quarry.coordinator.ingest import layout
 from quarry.coordinator.ingest.parity import ParityBuilder
 from quarry.coordinator.ingest.sources import GuardedReader, open_source
 from quarry.coordinator.membership.catalog import DatasetEntry
@@ -49,18 +50,11 @@ from quarry.progress import Bar
 from quarry.protocol.control import IngestRecord, StripeGroup
 from quarry.protocol.ingest import PartitionWritten, PutPartition, Renew, Renewed
 from quarry.store import naming, parity
-from quarry.store.codec import check_compression, rows_per_slice
+from quarry.store.codec import check_compression
 
 if TYPE_CHECKING:
     from quarry.coordinator.membership.membership import Membership
 
-ROW_GROUP_BYTES = 1 << 20  # rows travel to a partition in groups of whole rows, about this big
-# A partition is where rows live (one device and its replicas), not how a drive works at once:
-# a drive's cores run chunks of any of its partitions together (``device.loop.ChunkSlots``), and
-# bounded-load placement deals partitions evenly. Every partition a query reads costs the drive
-# a run of its own (its metadata, a plan, an engine run at least, a report): about 2 ms of device
-# CPU each, measured on a 1,000-row aggregate (4 partitions 14 ms a query, 16 partitions 29 ms).
-PARTITIONS_PER_DEVICE = 1
 MODES = ("create", "append")
 # errors that say what the user must change, not that the ingest broke: raised as they are
 PASSED_ON = (SourceError, SchemaMismatch, DatasetExists, Forbidden, Unauthenticated)
@@ -83,9 +77,12 @@ def ingest(
     progress: bool | None = None,
     cluster_by: str | None = None,
     redundancy: str = "",
+    contiguous_slices: bool = False,
 ) -> DatasetEntry:
     """``redundancy``: "" keeps ``replicas`` copies of each partition; "ec:K+M" stripes the
-    partitions K at a time with M parity partitions each (``store/parity.py``)."""
+    partitions K at a time with M parity partitions each (``store/parity.py``).
+    ``contiguous_slices``: every slice holds one run of the source's rows, so zone maps of a
+    column in the source's order prune tightly (``ingest/layout.contiguous_slices``)."""
     domain, name = naming.split_dataset(dataset)
     check_compression(compression)
     if mode not in MODES:
@@ -129,7 +126,7 @@ def ingest(
     first_batch, rows = _peek(GuardedReader(opened))
     drives = sum(cluster.info[d.name].drives for d in devices if d.name in cluster.info)
     drives = max(drives, len(devices))
-    partition_count = partitions or _partition_count(first_batch, opened.rows_total, drives)
+    partition_count = partitions or layout.partitions_for(first_batch, opened.rows_total, drives)
     if code is not None:
         partition_count = _striped_count(code, partition_count, len(devices), drives)
     first = 0 if existing is None else _next_partition(existing, data=True)
@@ -157,7 +154,13 @@ def ingest(
             code, f"{domain}/{name}", first, partition_count, parity_first, domains
         )
     involved = sorted({d for names in placement.values() for d in names})
-    group_rows = _group_rows(first_batch, opened.rows_total, partition_count)
+    kv_bytes_max = {d.name: cluster.info[d.name].profile.kv_bytes_max for d in devices}
+    slice_rows_all = None  # one size for every partition: a group is a slice wherever it lands
+    if contiguous_slices:
+        slice_rows_all = _contiguous_slice_rows(first_batch, placement, kv_bytes_max)
+    group_rows = layout.group_rows_for(
+        first_batch, opened.rows_total, partition_count, slice_rows_all
+    )
     record = IngestRecord(
         id=ingest_id,
         first_partition=first,
@@ -180,7 +183,6 @@ def ingest(
     lease_s = lease_seconds()
     streams: dict[tuple[int, str], tuple[Any, Any]] = {}
 
-    kv_bytes_max = {d.name: cluster.info[d.name].profile.kv_bytes_max for d in devices}
     parity_partitions = {p for group in stripes for p in group.parity}
     slice_rows_of: dict[int, int | None] = {}  # as each data partition's devices cut it
 
@@ -208,7 +210,7 @@ def ingest(
                 metadata=metadata or {},
                 hints=hints or {},
                 lease_s=lease_s,
-                slice_rows=_slice_rows(rows, min(replicas_kv)),
+                slice_rows=slice_rows_all or layout.slice_rows_for(rows, min(replicas_kv)),
             )
             slice_rows_of.setdefault(partition, request.slice_rows)
             streams[key] = by_id[device].open_put(request, schema)
@@ -343,6 +345,15 @@ def stripe_devices(group: StripeGroup, placement: dict[str, list[str]]) -> list[
     return [d for p in (*group.data, *group.parity) for d in placement.get(str(p), [])]
 
 
+def _contiguous_slice_rows(
+    first: pa.RecordBatch | None, placement: dict[str, list[str]], kv_bytes_max: dict[str, int]
+) -> int | None:
+    """``layout.contiguous_slices`` for the smallest value limit of any device the ingest
+    writes to."""
+    holders = {d for devices in placement.values() for d in devices}
+    return layout.contiguous_slices(first, min(kv_bytes_max[d] for d in holders))
+
+
 def _check_cluster_by(column: str | None, schema: pa.Schema) -> None:
     """A clustering column must exist and have an order (numbers, strings, dates...)."""
     if column is None:
@@ -355,14 +366,6 @@ def _check_cluster_by(column: str | None, schema: pa.Schema) -> None:
     kind = schema.field(column).type
     if pa.types.is_nested(kind) or pa.types.is_dictionary(kind) or pa.types.is_null(kind):
         raise InvalidOption(f"cannot cluster by {column!r}: its type {kind} has no order")
-
-
-def _slice_rows(rows: pa.Table | None, kv_bytes_max: int) -> int | None:
-    """Rows per slice for every replica of a partition: what the smallest value limit among
-    them holds, from the first rows' real size (a larger slice would only be striped)."""
-    if rows is None or not rows.num_rows:
-        return None
-    return rows_per_slice(rows.nbytes / rows.num_rows, kv_bytes_max)
 
 
 def lease_seconds() -> float:
@@ -458,33 +461,6 @@ def _peek(batches: Iterable[pa.RecordBatch]) -> tuple[pa.RecordBatch | None, Ite
         if batch.num_rows:
             return batch, itertools.chain([batch], rest)
     return None, iter(())
-
-
-def _partition_count(first: pa.RecordBatch | None, rows_total: int | None, drives: int) -> int:
-    """How many partitions a new dataset gets: ``PARTITIONS_PER_DEVICE`` per drive (a storage
-    server deals its share over the drives behind it), or as many
-    row groups as a smaller table fills (at least one). Every partition a query reads costs a
-    stream, and a stream costs a device 3-7 ms of CPU whatever it holds: a table of a few rows
-    spread over every device pays that on each (TPC-H SF 1, nation, region and supplier in one
-    partition instead of four: Q2 0.165 -> 0.128 s, Q11 0.165 -> 0.108 s, Q16 0.148 -> 0.090 s,
-    Q7 0.320 -> 0.214 s); one partition per device rather than four took TPC-H SF 1's geometric
-    mean against DuckDB from 0.56 to 0.64 with every device running everything."""
-    most = PARTITIONS_PER_DEVICE * drives
-    if first is None or not rows_total:
-        return most
-    estimated = first.nbytes / first.num_rows * rows_total
-    return max(1, min(most, math.ceil(estimated / ROW_GROUP_BYTES)))
-
-
-def _group_rows(first: pa.RecordBatch | None, rows_total: int | None, partitions: int) -> int:
-    """Rows per group dealt to a partition: about ROW_GROUP_BYTES of the first rows' width."""
-    if first is None:
-        return 0
-    group_rows = max(1, int(ROW_GROUP_BYTES / max(1.0, first.nbytes / first.num_rows)))
-    if rows_total:
-        # a table smaller than its partitions' row groups still spreads over all
-        group_rows = max(1, min(group_rows, -(-rows_total // partitions)))
-    return group_rows
 
 
 def _send(

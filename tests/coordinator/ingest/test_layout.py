@@ -1,0 +1,50 @@
+"""Ingest's layout rules (``coordinator/ingest/layout.py``), without a cluster: how many
+partitions a table gets, and how many rows travel together and share a slice."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pytest
+
+from quarry import settings
+from quarry.coordinator.ingest import layout
+
+MIB = 1 << 20
+
+
+def _first(rows: int = 1_000) -> pa.RecordBatch:
+    return pa.record_batch({"k": pa.array(range(rows), pa.int64())})  # 8 bytes a row
+
+
+@pytest.fixture
+def default_size(monkeypatch):
+    monkeypatch.delenv(settings.SMALL_TABLE_MIB.name, raising=False)  # conftest turns it off
+
+
+def test_a_table_under_the_small_table_size_is_one_partition(default_size):
+    under = int(settings.SMALL_TABLE_MIB.default * MIB) // 8 - 1
+    assert layout.partitions_for(_first(), under, drives=4) == 1
+    assert layout.partitions_for(_first(), under + 2, drives=4) == 4
+    assert layout.partitions_for(_first(), None, drives=4) == 4  # a stream of unknown length
+
+
+def test_the_small_table_size_is_a_setting_and_zero_turns_the_rule_off(monkeypatch):
+    three_groups = 3 * layout.ROW_GROUP_BYTES // 8
+    monkeypatch.setenv(settings.SMALL_TABLE_MIB.name, "0")
+    assert layout.partitions_for(_first(), three_groups, drives=4) == 3  # a partition a group
+    monkeypatch.setenv(settings.SMALL_TABLE_MIB.name, "2")
+    assert layout.partitions_for(_first(), three_groups, drives=4) == 3
+    monkeypatch.setenv(settings.SMALL_TABLE_MIB.name, "4")
+    assert layout.partitions_for(_first(), three_groups, drives=4) == 1
+
+
+def test_contiguous_groups_are_one_slice_and_slices_one_size():
+    first = _first()
+    slice_rows = layout.contiguous_slices(first, kv_bytes_max=4 * MIB)
+    assert slice_rows == layout.slice_rows_for(pa.Table.from_batches([first]), 4 * MIB)
+    assert layout.group_rows_for(first, 10 * slice_rows, 4, slice_rows) == slice_rows
+    # groups of about 1 MiB otherwise: a 4 MiB slice strings several together
+    assert layout.group_rows_for(first, 10 * slice_rows, 4) == layout.ROW_GROUP_BYTES // 8
+    # a table smaller than a slice a partition: one group (one run) each
+    assert layout.group_rows_for(first, slice_rows, 4, slice_rows) == -(-slice_rows // 4)
+    assert layout.contiguous_slices(None, 4 * MIB) is None
