@@ -11,9 +11,9 @@ import quarry
 from quarry.samples import particles
 
 # Tests choose their tables' layouts: most were written for tables spread over every device by
-# 1 MiB row groups, and keep that layout; a test of the small-table rule (one partition under
-# 16 MiB, the default) unsets this (tests/integration/test_ingest_scan.py).
-os.environ.setdefault("QUARRY_SMALL_TABLE_MIB", "0")
+# 1 MiB row groups, and keep that layout; the tests of the default (a partition holds at least
+# 16 MiB) unset this (tests/coordinator/ingest/test_layout.py, test_ingest_scan.py).
+os.environ.setdefault("QUARRY_PARTITION_MIB_MIN", "0")
 
 
 @pytest.fixture(scope="session")

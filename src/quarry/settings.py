@@ -219,14 +219,14 @@ INGEST_LEASE_S: Setting[float] = Setting(
     upper=3600.0,
 )
 
-SMALL_TABLE_MIB: Setting[float] = Setting(
-    "QUARRY_SMALL_TABLE_MIB",
+PARTITION_MIB_MIN: Setting[float] = Setting(
+    "QUARRY_PARTITION_MIB_MIN",
     float,
     16.0,
     "MiB",
-    "A new table smaller than this (its first rows' width times its row count) is stored in "
-    "one partition, not one per drive: each partition a query reads costs its device a few ms "
-    "whatever it holds. 0 spreads every table over the drives by 1 MiB row groups",
+    "Each partition of a new table holds at least this much (up to one partition per drive), "
+    "so a table under it is one partition: each partition a query reads costs its device a "
+    "few ms whatever it holds. 0: a partition per 1 MiB row group the table fills",
     lower=0.0,
     upper=1 << 20,
 )

@@ -43,30 +43,27 @@ def test_a_small_table_gets_a_partition_per_row_group_it_fills(cluster):
         cluster.drop(name)
 
 
-def test_a_table_under_the_small_table_size_is_one_partition(cluster, monkeypatch):
-    """Rule ``small_table_one_partition`` (the default the suite turns off in conftest.py):
-    under QUARRY_SMALL_TABLE_MIB a table is one partition, replicated and erasure coded as
-    asked; at that size it spreads over every device again."""
+def test_a_table_under_the_partition_size_is_one_partition(cluster, monkeypatch):
+    """Rule ``partitions_for`` at its default (the suite sets 0 in conftest.py): a table under
+    QUARRY_PARTITION_MIB_MIN is one partition, replicated and erasure coded as asked; with the
+    size at 1 MiB, the same table spreads over every device again."""
     from quarry import settings
     from quarry.coordinator.ingest.layout import ROW_GROUP_BYTES
 
-    monkeypatch.delenv(settings.SMALL_TABLE_MIB.name, raising=False)
-    small_rows = 3 * ROW_GROUP_BYTES // 8  # int64 rows: 3 MiB, three row groups
-    large_rows = int(settings.SMALL_TABLE_MIB.default * ROW_GROUP_BYTES) // 8 + 1
-
-    def table(rows: int) -> pa.Table:
-        return pa.table({"k": pa.array(range(rows), pa.int64())})
-
-    entry = cluster.ingest(table(small_rows), "t/small")
-    assert [p.rows for p in entry.partitions] == [small_rows]
-    twice = cluster.ingest(table(small_rows), "t/small_twice", replicas=2)
+    monkeypatch.delenv(settings.PARTITION_MIB_MIN.name, raising=False)
+    rows = 3 * ROW_GROUP_BYTES // 8  # int64 rows: 3 MiB
+    table = pa.table({"k": pa.array(range(rows), pa.int64())})
+    entry = cluster.ingest(table, "t/small")
+    assert [p.rows for p in entry.partitions] == [rows]
+    twice = cluster.ingest(table, "t/small_twice", replicas=2)
     assert len(twice.partitions) == 1 and len(set(twice.partitions[0].devices)) == 2
-    coded = cluster.ingest(table(small_rows), "t/small_coded", redundancy="ec:2+1")
+    coded = cluster.ingest(table, "t/small_coded", redundancy="ec:2+1")
     assert len(coded.partitions) == 2 and len(coded.parity) == 1  # a stripe needs K of them
-    spread = cluster.ingest(table(large_rows), "t/large")
+    monkeypatch.setenv(settings.PARTITION_MIB_MIN.name, "1")
+    spread = cluster.ingest(table, "t/spread")
     assert len({p.devices[0] for p in spread.partitions}) == 3
-    assert cluster.sql("SELECT count(*) AS n FROM t.small").read_all()["n"][0].as_py() == small_rows
-    for name in ("t/small", "t/small_twice", "t/small_coded", "t/large"):
+    assert cluster.sql("SELECT count(*) AS n FROM t.small").read_all()["n"][0].as_py() == rows
+    for name in ("t/small", "t/small_twice", "t/small_coded", "t/spread"):
         cluster.drop(name)
 
 

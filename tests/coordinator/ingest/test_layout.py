@@ -16,25 +16,36 @@ def _first(rows: int = 1_000) -> pa.RecordBatch:
     return pa.record_batch({"k": pa.array(range(rows), pa.int64())})  # 8 bytes a row
 
 
+def _rows(mib: float) -> int:
+    return int(mib * MIB) // 8
+
+
 @pytest.fixture
 def default_size(monkeypatch):
-    monkeypatch.delenv(settings.SMALL_TABLE_MIB.name, raising=False)  # conftest turns it off
+    monkeypatch.delenv(settings.PARTITION_MIB_MIN.name, raising=False)  # conftest sets 0
+    return settings.PARTITION_MIB_MIN.default
 
 
-def test_a_table_under_the_small_table_size_is_one_partition(default_size):
-    under = int(settings.SMALL_TABLE_MIB.default * MIB) // 8 - 1
-    assert layout.partitions_for(_first(), under, drives=4) == 1
-    assert layout.partitions_for(_first(), under + 2, drives=4) == 4
+def test_a_table_under_the_partition_size_is_one_partition(default_size):
+    assert layout.partitions_for(_first(), _rows(default_size) - 1, drives=4) == 1
+    assert layout.partitions_for(_first(), _rows(2 * default_size) - 1, drives=4) == 1
+
+
+def test_each_partition_holds_at_least_the_partition_size_up_to_one_a_drive(default_size):
+    assert layout.partitions_for(_first(), _rows(2 * default_size), drives=4) == 2
+    assert layout.partitions_for(_first(), _rows(3.5 * default_size), drives=4) == 3
+    assert layout.partitions_for(_first(), _rows(100 * default_size), drives=4) == 4
     assert layout.partitions_for(_first(), None, drives=4) == 4  # a stream of unknown length
 
 
-def test_the_small_table_size_is_a_setting_and_zero_turns_the_rule_off(monkeypatch):
+def test_the_partition_size_is_a_setting_and_zero_deals_a_partition_a_row_group(monkeypatch):
     three_groups = 3 * layout.ROW_GROUP_BYTES // 8
-    monkeypatch.setenv(settings.SMALL_TABLE_MIB.name, "0")
-    assert layout.partitions_for(_first(), three_groups, drives=4) == 3  # a partition a group
-    monkeypatch.setenv(settings.SMALL_TABLE_MIB.name, "2")
+    monkeypatch.setenv(settings.PARTITION_MIB_MIN.name, "0")
     assert layout.partitions_for(_first(), three_groups, drives=4) == 3
-    monkeypatch.setenv(settings.SMALL_TABLE_MIB.name, "4")
+    assert layout.partitions_for(_first(), 100, drives=4) == 1
+    monkeypatch.setenv(settings.PARTITION_MIB_MIN.name, "1")
+    assert layout.partitions_for(_first(), three_groups, drives=4) == 3
+    monkeypatch.setenv(settings.PARTITION_MIB_MIN.name, "4")
     assert layout.partitions_for(_first(), three_groups, drives=4) == 1
 
 

@@ -4,14 +4,13 @@ which rows share a slice.
 Ingest deals the source's rows round-robin to the partitions in groups of whole rows
 (``atomic._send``; ``reads/source_order.py`` reads the source's order back from the groups), and
 each device cuts its partition's rows, in the order they arrive, into slices of ``slice_rows``
-(``store/partition.PartitionWriter``). Three named rules set the numbers:
+(``store/partition.PartitionWriter``). Two named rules set the numbers:
 
-- ``small_table_one_partition``: a table under ``QUARRY_SMALL_TABLE_MIB`` (16 MiB) is one
-  partition. Every partition a query reads costs its device a run of its own (metadata, a
-  plan, an engine run, a report: a few ms of device CPU whatever it holds), and a query
-  joining several small dimension tables paid it on every device for each of them.
-- ``partitions_for``: otherwise one partition per drive, or as many as the table fills 1 MiB
-  row groups when that is fewer.
+- ``partitions_for``: each partition of a new table holds at least ``QUARRY_PARTITION_MIB_MIN``
+  (16 MiB), up to one partition per drive, so a table under it is one partition. Every
+  partition a query reads costs its device a run of its own (metadata, a plan, an engine run,
+  a report: a few ms of device CPU whatever it holds), and a query joining several small
+  dimension tables paid it on every device for each of them.
 - ``contiguous_slices`` (asked for by the ingest, ``contiguous_slices=True``): rows are dealt
   in groups of exactly one slice, the same ``slice_rows`` on every partition, so a slice holds
   a run of consecutive source rows and its zone maps bound what the source's order bounds. By
@@ -48,29 +47,26 @@ def estimated_bytes(first: pa.RecordBatch | None, rows_total: int | None) -> flo
     return first.nbytes / first.num_rows * rows_total
 
 
-def small_table_one_partition(estimated: float | None) -> bool:
-    """Whether a table is small enough for one partition (``QUARRY_SMALL_TABLE_MIB``).
-
-    Measured on TPC-DS SF 1 (4 devices): the dimension tables under 16 MB in one partition
-    instead of up to four took the 37 queries furthest behind DuckDB to 0.86 of their time."""
-    return estimated is not None and estimated < settings.SMALL_TABLE_MIB.get() * MiB
-
-
 def partitions_for(first: pa.RecordBatch | None, rows_total: int | None, drives: int) -> int:
-    """How many partitions a new dataset gets: one for a small table
-    (``small_table_one_partition``), else ``PARTITIONS_PER_DEVICE`` per drive (a storage server
-    deals its share over the drives behind it), or as many row groups as a smaller table fills.
+    """How many partitions a new dataset gets: as many as it fills ``QUARRY_PARTITION_MIB_MIN``
+    (at least one), at most ``PARTITIONS_PER_DEVICE`` per drive (a storage server deals its
+    share over the drives behind it); a stream of unknown length one per drive. With the
+    setting at 0, a partition per 1 MiB row group the table fills.
+
     Every partition a query reads costs a stream, and a stream costs a device 3-7 ms of CPU
     whatever it holds (TPC-H SF 1, nation, region and supplier in one partition instead of
-    four: Q2 0.165 -> 0.128 s, Q11 0.165 -> 0.108 s, Q16 0.148 -> 0.090 s, Q7 0.320 -> 0.214 s);
-    one partition per device rather than four took TPC-H SF 1's geometric mean against DuckDB
-    from 0.56 to 0.64 with every device running everything."""
+    four: Q2 0.165 -> 0.128 s, Q11 0.165 -> 0.108 s, Q16 0.148 -> 0.090 s, Q7 0.320 -> 0.214 s).
+    On 4 devices, each partition at least 16 MiB against a partition per 1 MiB row group (same
+    run, each query alternating between two clusters): TPC-DS SF 1 took 0.90 of the time over
+    its 99 queries, TPC-H SF 1 0.96 (customer and part one partition each; lineitem, orders and
+    partsupp still four)."""
     most = PARTITIONS_PER_DEVICE * drives
     estimated = estimated_bytes(first, rows_total)
     if estimated is None:
         return most
-    if small_table_one_partition(estimated):
-        return 1
+    partition_bytes_min = settings.PARTITION_MIB_MIN.get() * MiB
+    if partition_bytes_min:
+        return max(1, min(most, int(estimated // partition_bytes_min)))
     return max(1, min(most, math.ceil(estimated / ROW_GROUP_BYTES)))
 
 
