@@ -23,7 +23,8 @@ from quarry.errors import ProtocolError, ProtocolMismatch, QuarryError, error_cl
 # 2: every message typed; one work exchange for every kind of work (was query and program)
 # 3: a partition's work counters travel as one message (WorkMetrics.counters: WorkCounters)
 # 4: slices shipped as stored carry their checksums; scrub and the mending of one copy
-PROTOCOL_VERSION = 4
+# 5: push-backs say why (Decision.pushed_back, a counter per reason); quarantine in stats
+PROTOCOL_VERSION = 5
 MAGIC = b"QRY"
 HEADER_BYTES_MAX = 16 << 20  # a JSON header above this is a bug, not a request
 _LENGTH = struct.Struct(">I")
@@ -55,6 +56,7 @@ class Action(StrEnum):
     REPAIR_META = "repair_meta"  # a damaged metadata slice replaced by a good copy's
     RETIRE = "retire"  # a partition moved elsewhere leaves this device
     HOLDERS = "holders"  # which devices hold a partition now (after a move)
+    QUARANTINE_CLEAR = "quarantine_clear"  # lift every sub-plan shape a device quarantined
 
 
 class Put(StrEnum):
