@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import replace
 
 import pyarrow as pa
@@ -375,11 +376,11 @@ class Together(Echo):
     CHUNKS_AT_ONCE = True
     met = None
     fail_at = None
-    error: type[Exception] = ValueError
+    error: Callable[[str], Exception] = ValueError
 
     def execute(self, chunk: Chunk):
         if chunk.numbers[0] == self.fail_at:
-            raise self.error(f"chunk at slice {chunk.numbers[0]} broke")
+            raise type(self).error(f"chunk at slice {chunk.numbers[0]} broke")
         if chunk.numbers[0] < 2 * self.CHUNK_SLICES_MAX:  # the first two chunks meet
             type(self).met.wait(timeout=10)
         return super().execute(chunk)
@@ -476,18 +477,26 @@ def test_a_stage_that_fails_goes_back_and_its_shape_into_quarantine(together):
     assert lifted.done.partitions[0].metrics.counters.slices_executed == slices
 
 
-def test_a_plan_the_device_cannot_run_goes_back_for_capability(together):
+def _out_of_memory(message: str) -> StageFailed:
+    return StageFailed(message, memory=True)
+
+
+@pytest.mark.parametrize(
+    ("error", "why", "rest"),
+    [(PlanNotSupported, PushBack.CAPABILITY, True), (_out_of_memory, PushBack.MEMORY, False)],
+)
+def test_a_plan_the_device_cannot_run_goes_back_and_the_rest_with_it(together, error, why, rest):
     """The device cannot run the plan (``PlanNotSupported``): that chunk and the rest of the work
-    go back for ``capability`` (those decided before it was seen still run), and nothing is
-    quarantined."""
+    go back for ``capability`` (those decided before it was seen still run). Its engine ran out
+    of memory: that chunk alone goes back, for ``memory``. Neither is quarantined."""
     together.quarantine = Quarantine(together.store.path, "dev0")
-    Together.fail_at, Together.error = 3 * Together.CHUNK_SLICES_MAX, PlanNotSupported
+    Together.fail_at, Together.error = 3 * Together.CHUNK_SLICES_MAX, error
     slices = _slices(together)
     writer = _run(together, unit=Together.NAME, args={"shape": "s1"})
     (report,) = writer.done.partitions
     _every_slice_once(report, slices)
-    # the chunks decided before the failure was seen run; every one after goes back
-    assert list(report.metrics.counters.pushed_back_by()) == [PushBack.CAPABILITY]
+    by = report.metrics.counters.pushed_back_by()
+    assert list(by) == [why] and (by[why] > Together.CHUNK_SLICES_MAX) == rest, by
     last = max(report.decisions, key=lambda d: d.first)
-    assert (last.end, last.pushed_back) == (slices, PushBack.CAPABILITY)
+    assert last.end == slices and (last.pushed_back is why) == rest
     assert together.quarantine.held() == ()
