@@ -233,7 +233,7 @@ def test_bad_sql_is_a_clear_error(particle_cluster, sql, words):
 
 
 def test_device_that_cannot_run_a_sub_plan(particle_cluster, monkeypatch):
-    """The device answers with an error naming the operator; the host runs that part itself."""
+    """The device hands the work back, naming why; the host runs that part itself."""
     from quarry.coordinator.query import fragments
     from quarry.protocol.stage import Stage
 
@@ -250,8 +250,12 @@ def test_device_that_cannot_run_a_sub_plan(particle_cluster, monkeypatch):
     monkeypatch.undo()
     expected = particle_cluster.sql(sql, pushdown="never").read_all()
     assert result.equals(expected)
-    fallbacks = [f for d in planned.explain(analyze=True).analyze.devices for f in d.fallbacks]
-    assert fallbacks and all("cannot" in f and "host ran" in f for f in fallbacks)
+    analyzed = planned.explain(analyze=True).analyze
+    for d in analyzed.devices:
+        assert d.counters.pushed_back_by() == {"capability": d.counters.slices_scanned}
+        assert d.counters.slices_scanned > 0 and d.counters.slices_executed == 0
+    reasons = [d.reason for p in analyzed.partitions for d in p.decisions]
+    assert reasons and all("cannot run the sub-plan" in reason for reason in reasons)
 
 
 @pytest.mark.slow
