@@ -23,7 +23,7 @@ from dataclasses import dataclass, field, replace
 import pyarrow as pa
 from pyarrow import flight
 
-from quarry import threads
+from quarry import threads, tracing
 from quarry.device.admission import SMALL_BYTES_MAX, Admission
 from quarry.device.controller import (  # pushed-back slices go in groups: the host starts early
     PUSHBACK_NOTICE_SLICES,
@@ -271,8 +271,16 @@ class ChunkSlots:
 class PartitionRun:
     """One partition of a work request, from its metadata to its report."""
 
-    def __init__(self, runtime: Runtime, request: WorkRequest, partition: int, unit: Unit):
+    def __init__(
+        self,
+        runtime: Runtime,
+        request: WorkRequest,
+        partition: int,
+        unit: Unit,
+        span: tracing.Span = tracing.NO_SPAN,
+    ):
         self.runtime = runtime
+        self.span = span  # the exchange's: each stage it runs and range it hands back a child
         self.request = request
         self.unit = unit
         self.meta: PartitionMeta = runtime.metas.read(
@@ -462,6 +470,7 @@ class PartitionRun:
         added to the partition's counts once done)."""
         numbers = chunk.numbers
         context = self.unit.context
+        span = self._stage_span(Stage.FULL, numbers)
         started, drive_before = time.perf_counter(), context.drive_s_here
         computed_before = context.computed_here
         outputs = list(self.unit.execute(chunk))
@@ -472,6 +481,8 @@ class PartitionRun:
         if self.unit.RESUMABLE:  # everything this range yields is out: the host may count it
             with counted.ship.timing():
                 stream.message(ChunkDone(self.partition, numbers[0], numbers[-1] + 1))
+        span.set(bytes_read=chunk.bytes_read, bytes_shipped=shipped)
+        span.end()  # a stage that failed is told by the exchange's span, which it ends
         counted.add_read(chunk)
         counted.count(slices_executed=len(numbers), drive_s=drive_s)
         with self._counting:
@@ -492,6 +503,16 @@ class PartitionRun:
                     shipped,
                 )
             )
+
+    def _stage_span(self, stage: Stage, numbers: list[int]) -> tracing.Span:
+        return self.span.child(
+            "stage",
+            process=self.runtime.device,
+            stage=str(stage),
+            partition=self.partition,
+            first=numbers[0],
+            end=numbers[-1] + 1,
+        )
 
     def _push_back(
         self,
@@ -522,7 +543,8 @@ class PartitionRun:
         chunk = self._new_chunk(numbers)
         drive_before = self.unit.context.drive_s_here
         computed_before = self.unit.context.computed_here
-        outputs = self.unit.filter(chunk)
+        with self._stage_span(Stage.FILTER, numbers):
+            outputs = self.unit.filter(chunk)
         drive_s = self.unit.context.drive_s_here - drive_before
         counted = Counters(WorkCounters(drive_s=drive_s))
         counted.add_computed(computed_before, self.unit.context.computed_here)
@@ -552,6 +574,13 @@ class PartitionRun:
             rows=sum(self.meta.slices[n].rows for n in self.pushed) if raw else 0,
             bytes_stored=sum(self.meta.slices[n].bytes_stored for n in self.pushed) if raw else 0,
         )
+        self.span.child(
+            "push_back",
+            process=self.runtime.device,
+            stage=str(notice.stage),
+            partition=notice.partition,
+            slices=notice.slices,
+        ).end()
         stream.message(notice)
         self.pushed = []
 
@@ -600,13 +629,18 @@ def _controller(runtime: Runtime, request: WorkRequest) -> Adaptive | None:
 
 
 def run_work(
-    runtime: Runtime, request: WorkRequest, payload: bytes, writer: flight.MetadataRecordBatchWriter
+    runtime: Runtime,
+    request: WorkRequest,
+    payload: bytes,
+    writer: flight.MetadataRecordBatchWriter,
+    span: tracing.Span = tracing.NO_SPAN,
 ) -> None:
-    """Run a work request; stream its output, its push-back notices, then ``WorkDone``."""
+    """Run a work request; stream its output, its push-back notices, then ``WorkDone``
+    (under ``span``, the exchange's: a span for each stage run and each range handed back)."""
     started, cpu_started = time.perf_counter(), cpu_seconds()
     context = UnitContext(runtime.store, runtime.emulator, runtime.device)
     unit = lookup(request.unit)(request, payload, context)
-    runs = [PartitionRun(runtime, request, partition, unit) for partition in request.partitions]
+    runs = [PartitionRun(runtime, request, p, unit, span) for p in request.partitions]
     # Admitted (or refused as busy) once pruning says how much is left to read, before a byte
     # of output: a refused request has started nothing the caller must undo.
     small = sum(run.candidate_bytes() for run in runs) <= SMALL_BYTES_MAX
