@@ -133,3 +133,14 @@ def test_spans_go_to_the_otlp_endpoint_when_one_is_configured(monkeypatch):
     sent = ExportTraceServiceRequest.FromString(body)
     names = {s.name for r in sent.resource_spans for ss in r.scope_spans for s in ss.spans}
     assert names == {"query", "plan"}
+
+
+def test_a_device_traces_only_a_well_formed_sampled_traceparent():
+    """A broken header, or a caller that does not sample, leaves the call untraced (answered)."""
+    good = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    parent = tracing._parent(good)
+    assert parent is not None and parent.is_remote
+    assert f"{parent.trace_id:032x}" == good.split("-")[1]
+    unsampled = good[:-2] + "00"
+    for header in ("", "garbage", good.replace("0af7", "zzzz"), "ff" + good[2:], unsampled):
+        assert tracing._parent(header) is None, header
