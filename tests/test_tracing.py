@@ -3,7 +3,11 @@ of JSON lines, or over OTLP where it is configured; and nothing at all where it 
 
 from __future__ import annotations
 
+import ast
 import json
+import os
+import subprocess
+import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -93,6 +97,42 @@ def test_tracing_off_opens_no_span_sends_no_header_and_adds_no_middleware(monkey
     assert span.headers() == [] and tracing.server_middleware() == {}
     items = [1, 2]
     assert span.around(items) is items
+    env = {k: v for k, v in os.environ.items() if k not in (settings.TRACE_FILE.name, *OTLP)}
+    imported = subprocess.run(  # a process that does not trace never imports opentelemetry
+        [sys.executable, "-c", OFF_IMPORTS],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    assert imported.stdout.split() == ["False"], imported.stdout + imported.stderr
+
+
+OTLP = tracing.OTLP_ENDPOINTS
+OFF_IMPORTS = """
+import sys
+from quarry import tracing
+tracing.query("query").child("plan").end()
+print(any(name.startswith("opentelemetry") for name in sys.modules))
+"""
+
+
+def test_only_the_tracing_module_imports_opentelemetry_and_only_once_it_traces():
+    """Every other module reaches OpenTelemetry through ``quarry.tracing``, whose imports of
+    it are inside the functions that run only when tracing is on."""
+    source = Path(tracing.__file__).parent
+    for path in source.rglob("*.py"):
+        text = path.read_text()
+        if "opentelemetry" not in text:
+            continue
+        for node in ast.walk(ast.parse(text)):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            if isinstance(node, ast.ImportFrom):
+                names = [node.module or ""]
+            if any(name.startswith("opentelemetry") for name in names):
+                assert path == Path(tracing.__file__), f"{path}:{node.lineno}"
+                assert node.col_offset > 0, f"{path}:{node.lineno}: imported at the top"
 
 
 class _Collector(BaseHTTPRequestHandler):
