@@ -57,7 +57,7 @@ from quarry.errors import (
 from quarry.protocol import control, frame, ingest, integrity, work
 from quarry.protocol.frame import Exchange, Get, Put
 from quarry.protocol.message import Message
-from quarry.store import mend, naming
+from quarry.store import codec, mend, naming
 from quarry.store import partition as partitions
 from quarry.store.kv import KeyValueStore
 from quarry.store.partition import PartitionMeta
@@ -117,7 +117,7 @@ def heartbeats(
     another). Data written on a connection is what tells gRPC the caller's pings are not abuse:
     without it, a call that is silent for a few pings (a long computation, an ingest whose
     device answers only at the end) has its connection closed "too_many_pings"."""
-    empty = pa.RecordBatch.from_pylist([], schema=control.HEARTBEAT_SCHEMA)
+    empty = codec.empty_batch(control.HEARTBEAT_SCHEMA)
 
     def beats() -> Iterator[pa.RecordBatch]:
         ends = time.monotonic() + request.lifetime_s
@@ -845,7 +845,7 @@ def _one_batch(reader: flight.MetadataRecordBatchReader) -> pa.RecordBatch:
     """A put stream's rows as one batch (a slice's)."""
     table = reader.read_all()
     if not table.num_rows:
-        return pa.RecordBatch.from_pylist([], schema=table.schema)
+        return codec.empty_batch(table.schema)
     return table.combine_chunks().to_batches()[0]
 
 

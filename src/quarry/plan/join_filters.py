@@ -330,12 +330,14 @@ def _through(
     """The build side as a plan of its own, when the host filters the build fragment's output
     before the join (``HAVING``): its keys are then fewer than the fragment's. Only for a side
     that reads one fragment once and joins nothing."""
-    rels = list(tree.iter_rels(rel))
-    if plan is None or not any(tree.kind(r) == "filter" for r in rels):
+    if plan is None:
         return ()
-    if any(tree.kind(r) not in _THROUGH_KINDS for r in rels):
-        return ()
-    if sum(1 for r in rels if tree.kind(r) == "read") != 1:
+    kinds: list[str] = []
+    for r in tree.iter_rels(rel):  # stops at the first join: a deep join tree is not walked
+        kinds.append(tree.kind(r))
+        if kinds[-1] not in _THROUGH_KINDS or kinds.count("read") > 1:
+            return ()
+    if "filter" not in kinds or kinds.count("read") != 1:
         return ()
     return tree.make_plan(plan, rel).SerializeToString(), index
 
