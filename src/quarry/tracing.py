@@ -42,7 +42,7 @@ TRACEPARENT = "traceparent"  # the W3C header every traced Flight call carries
 MIDDLEWARE = "quarry-trace"  # the server middleware that reads it
 OTLP_ENDPOINTS = ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
 FILE_EXPORT_DELAY_MS = 500  # a file is read on this machine: spans there within half a second
-TEXT_CHARS_MAX = 1000  # an attribute's text (a query's SQL) is cut here
+TEXT_CHARS_MAX = 1000  # an attribute's text (a query's SQL), an error's, is cut here
 
 Attribute = str | int | float | bool
 
@@ -113,7 +113,8 @@ class _Recording(Span):
         if error is not None and not isinstance(error, GeneratorExit):
             from opentelemetry.trace import Status, StatusCode
 
-            self._span.set_status(Status(StatusCode.ERROR, f"{type(error).__name__}: {error}"))
+            text = f"{type(error).__name__}: {error}"[:TEXT_CHARS_MAX]
+            self._span.set_status(Status(StatusCode.ERROR, text))
         self._span.end()
 
     def around(self, items: Iterable[Any]) -> Iterator[Any]:
