@@ -20,16 +20,22 @@ one place is not the one read in another. So a span is handed to whoever opens i
 (a dispatch ``Task`` carries its fragment's, the device loop its exchange's), and nothing here
 reads or sets the current span.
 
-Bounded: spans wait for export in OpenTelemetry's batch processor (2048 at most; beyond, they
-are dropped, never the query's time), and an attribute's text is cut at ``TEXT_CHARS_MAX``.
+**Cheap when on.** A span is a few plain fields while it runs (ids, name, start, attributes)
+and becomes OpenTelemetry's ``ReadableSpan`` when it ends, handed to OpenTelemetry's batch
+processor and exporters (``_Sink`` says why not its ``Tracer``). Bounded: spans wait for export
+in that processor's queue (2048 at most; beyond, they are dropped, never the query's time), and
+an attribute's text is cut at ``TEXT_CHARS_MAX``.
 """
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
+import random
 import socket
 import threading
+import time
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -45,6 +51,9 @@ FILE_EXPORT_DELAY_MS = 500  # a file is read on this machine: spans there within
 TEXT_CHARS_MAX = 1000  # an attribute's text (a query's SQL), an error's, is cut here
 
 Attribute = str | int | float | bool
+INTERNAL, SERVER = 0, 1  # OpenTelemetry's SpanKind values, without importing it
+SAMPLED = 1  # the W3C trace flag: quarry records every span of a traced query
+_random_bits = random.getrandbits  # as OpenTelemetry's own ids are drawn
 
 
 class Span:
@@ -82,27 +91,41 @@ NO_SPAN = Span()
 
 
 class _Recording(Span):
+    """A span being recorded: its ids, name, start and attributes, kept as plain fields until
+    it ends, then handed to the export as OpenTelemetry's ``ReadableSpan``."""
+
     recording = True
 
-    def __init__(self, tracer: Any, span: Any):
-        self._tracer = tracer
-        self._span = span
+    def __init__(
+        self,
+        sink: _Sink,
+        name: str,
+        trace_id: int,
+        parent: Any,  # the parent's SpanContext; None: a root
+        attributes: dict[str, Attribute],
+        kind: int = INTERNAL,
+    ):
+        self._sink = sink
+        self._name = name
+        self._trace_id = trace_id
+        self._span_id = _random_bits(64)
+        self._parent = parent
+        self._attributes = _attributes(attributes)
+        self._kind = kind
+        self._start_ns = time.time_ns()
+        self._error = ""
         self._ended = False
         self._headers: list[tuple[bytes, bytes]] | None = None
 
     def child(self, name: str, **attributes: Attribute) -> Span:
-        from opentelemetry import trace
-
-        context = trace.set_span_in_context(self._span)
-        return _Recording(self._tracer, self._tracer.start_span(name, context, **_kw(attributes)))
+        return _Recording(self._sink, name, self._trace_id, self._context(), attributes)
 
     def set(self, **attributes: Attribute) -> None:
-        self._span.set_attributes(_attributes(attributes))
+        self._attributes.update(_attributes(attributes))
 
     def headers(self) -> list[tuple[bytes, bytes]]:
         if self._headers is None:  # a span's calls all carry the same: made once
-            context = self._span.get_span_context()
-            parent = f"00-{context.trace_id:032x}-{context.span_id:016x}-{context.trace_flags:02x}"
+            parent = f"00-{self._trace_id:032x}-{self._span_id:016x}-01"
             self._headers = [(TRACEPARENT.encode(), parent.encode())]
         return self._headers
 
@@ -111,11 +134,8 @@ class _Recording(Span):
             return
         self._ended = True
         if error is not None and not isinstance(error, GeneratorExit):
-            from opentelemetry.trace import Status, StatusCode
-
-            text = f"{type(error).__name__}: {error}"[:TEXT_CHARS_MAX]
-            self._span.set_status(Status(StatusCode.ERROR, text))
-        self._span.end()
+            self._error = f"{type(error).__name__}: {error}"[:TEXT_CHARS_MAX]
+        self._sink.ended(self, time.time_ns())
 
     def around(self, items: Iterable[Any]) -> Iterator[Any]:
         try:
@@ -126,6 +146,24 @@ class _Recording(Span):
         finally:
             self.end()
 
+    def _context(self) -> Any:
+        return _otel.SpanContext(self._trace_id, self._span_id, False, _otel.sampled)
+
+    def readable(self, end_ns: int, resource: Any) -> Any:
+        """This span, ended, as OpenTelemetry's exporters take it."""
+        status = _otel.Status(_otel.StatusCode.ERROR, self._error) if self._error else _otel.ok
+        return _otel.ReadableSpan(
+            name=self._name,
+            context=self._context(),
+            parent=self._parent,
+            resource=resource,
+            attributes=self._attributes,
+            kind=_otel.kinds[self._kind],
+            status=status,
+            start_time=self._start_ns,
+            end_time=end_ns,
+        )
+
 
 def _attributes(attributes: dict[str, Attribute]) -> dict[str, Attribute]:
     return {
@@ -134,15 +172,11 @@ def _attributes(attributes: dict[str, Attribute]) -> dict[str, Attribute]:
     }
 
 
-def _kw(attributes: dict[str, Attribute]) -> dict[str, Any]:
-    return {"attributes": _attributes(attributes)} if attributes else {}
-
-
 # ---- this process's exporter -------------------------------------------------------------------
 
 _lock = threading.Lock()
 _service = ("quarry-host", f"{socket.gethostname()}:{os.getpid()}")
-_installed: tuple[tuple[str, str], Any, Any] | None = None  # configuration, provider, tracer
+_installed: tuple[tuple[str, str], _Sink] | None = None  # its configuration, its exports
 
 
 def name_process(service: str, instance: str) -> None:
@@ -162,8 +196,70 @@ def configured() -> tuple[str, str] | None:
     return (str(path) if path is not None else "", endpoint)
 
 
-def _tracer() -> Any:
-    """This process's tracer for the configuration in force, or None (off). Read at each
+class _OpenTelemetry:
+    """The few names of OpenTelemetry a span needs, imported once the process traces (an
+    import in a function costs a lookup at every call: a dozen per span)."""
+
+    def __init__(self) -> None:
+        from opentelemetry.sdk.trace import ReadableSpan
+        from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
+
+        self.ReadableSpan, self.SpanContext = ReadableSpan, SpanContext
+        self.Status, self.StatusCode = Status, StatusCode
+        self.sampled = TraceFlags(SAMPLED)
+        self.ok = Status()
+        self.kinds = {INTERNAL: SpanKind.INTERNAL, SERVER: SpanKind.SERVER}
+
+
+_otel: Any = None  # an _OpenTelemetry once the process traces
+
+
+class _Sink:
+    """Where this process's ended spans go: OpenTelemetry's batch processor in front of each
+    exporter (a bounded queue, exported from a thread of its own, flushed at exit).
+
+    Why not OpenTelemetry's own ``Tracer``: its live spans (locks, bounded attributes, a
+    sampler and the processors called at start and end) cost about 20 µs each, which on a
+    small query (a few ms, a dozen spans) was 5-10% of its time. A span here is a few plain
+    fields until it ends, and becomes a ``ReadableSpan`` only then."""
+
+    def __init__(self, path: str, endpoint: str):
+        global _otel
+        from opentelemetry.sdk.resources import Resource
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+        _otel = _otel or _OpenTelemetry()
+        service, instance = _service
+        self.resource = Resource.create({"service.name": service, "service.instance.id": instance})
+        self.processors = []
+        if endpoint:
+            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+            self.processors.append(BatchSpanProcessor(OTLPSpanExporter()))
+        if path:
+            exporter = _FileExporter(Path(path).resolve())
+            delay_ms = FILE_EXPORT_DELAY_MS
+            self.processors.append(BatchSpanProcessor(exporter, schedule_delay_millis=delay_ms))
+        atexit.register(self.shutdown)
+
+    def ended(self, span: _Recording, end_ns: int) -> None:
+        readable = span.readable(end_ns, self.resource)
+        for processor in self.processors:
+            processor.on_end(readable)
+
+    def flush(self, timeout_s: float) -> None:
+        for processor in self.processors:
+            processor.force_flush(int(timeout_s * 1000))
+
+    def shutdown(self) -> None:
+        """Every span ended so far exported, then no more (at exit, or a new configuration)."""
+        atexit.unregister(self.shutdown)
+        for processor in self.processors:
+            processor.shutdown()
+
+
+def _sink() -> _Sink | None:
+    """This process's exports for the configuration in force, or None (off). Read at each
     query: a process may be told to trace after it started (a test, a benchmark's turns)."""
     global _installed
     wanted = configured()
@@ -173,28 +269,8 @@ def _tracer() -> Any:
         if _installed is None or _installed[0] != wanted:
             if _installed is not None:
                 _installed[1].shutdown()  # its spans exported where they were meant to go
-            provider = _provider(*wanted)
-            _installed = (wanted, provider, provider.get_tracer("quarry"))
-        return _installed[2]
-
-
-def _provider(path: str, endpoint: str) -> Any:
-    from opentelemetry.sdk.resources import Resource
-    from opentelemetry.sdk.trace import TracerProvider
-    from opentelemetry.sdk.trace.export import BatchSpanProcessor
-
-    service, instance = _service
-    resource = Resource.create({"service.name": service, "service.instance.id": instance})
-    provider = TracerProvider(resource=resource)
-    if endpoint:
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-
-        provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
-    if path:
-        exporter = _FileExporter(Path(path).resolve())
-        processor = BatchSpanProcessor(exporter, schedule_delay_millis=FILE_EXPORT_DELAY_MS)
-        provider.add_span_processor(processor)
-    return provider
+            _installed = (wanted, _Sink(*wanted))
+        return _installed[1]
 
 
 def flush(timeout_s: float = 10.0) -> None:
@@ -202,7 +278,7 @@ def flush(timeout_s: float = 10.0) -> None:
     with _lock:
         installed = _installed
     if installed is not None:
-        installed[1].force_flush(int(timeout_s * 1000))
+        installed[1].flush(timeout_s)
 
 
 class _FileExporter:
@@ -210,8 +286,10 @@ class _FileExporter:
     ``write`` to a file opened for appending, so lines of two processes never mix.
 
     A line has the fields of OpenTelemetry's own JSON of a span (``ReadableSpan.to_json``) but
-    its events and links, which quarry makes none of, written compactly: ``to_json`` took
-    three times a span's own cost (its resource encoded again for every span)."""
+    its events and links, which quarry makes none of, and its times as OTLP's JSON has them
+    (nanoseconds since the epoch, ``start_time_unix_nano``), written compactly: ``to_json``
+    took three times a span's own cost (dates formatted, its resource encoded again for every
+    span)."""
 
     def __init__(self, path: Path):
         self.path = path
@@ -229,8 +307,6 @@ class _FileExporter:
         return SpanExportResult.SUCCESS if written == len(text) else SpanExportResult.FAILURE
 
     def _line(self, span: Any) -> str:
-        from opentelemetry.sdk.util import ns_to_iso_str
-
         context, parent, status = span.context, span.parent, span.status
         resource = self._resources.get(id(span.resource))
         if resource is None:
@@ -247,8 +323,8 @@ class _FileExporter:
             },
             "kind": str(span.kind),
             "parent_id": f"0x{parent.span_id:016x}" if parent is not None else None,
-            "start_time": ns_to_iso_str(span.start_time),
-            "end_time": ns_to_iso_str(span.end_time),
+            "start_time_unix_nano": span.start_time,
+            "end_time_unix_nano": span.end_time,
             "status": state,
             "attributes": dict(span.attributes),
         }
@@ -265,11 +341,11 @@ class _FileExporter:
 
 
 def query(name: str, **attributes: Attribute) -> Span:
-    """A query's root span on the host (``NO_SPAN`` while tracing is off)."""
-    tracer = _tracer()
-    if tracer is None:
+    """A query's root span on the host (``NO_SPAN`` while tracing is off): a new trace."""
+    sink = _sink()
+    if sink is None:
         return NO_SPAN
-    return _Recording(tracer, tracer.start_span(name, **_kw(attributes)))
+    return _Recording(sink, name, _random_bits(128), None, attributes)
 
 
 def server_middleware() -> dict[str, flight.ServerMiddlewareFactory]:
@@ -284,14 +360,11 @@ def served(context: flight.ServerCallContext, name: str, **attributes: Attribute
     carried = context.get_middleware(MIDDLEWARE)
     if carried is None:
         return NO_SPAN
-    tracer = _tracer()
-    if tracer is None:
+    sink = _sink()
+    if sink is None:
         return NO_SPAN
-    from opentelemetry import trace
-
-    parent = trace.set_span_in_context(trace.NonRecordingSpan(carried.parent))
-    span = tracer.start_span(name, parent, kind=trace.SpanKind.SERVER, **_kw(attributes))
-    return _Recording(tracer, span)
+    parent = carried.parent
+    return _Recording(sink, name, parent.trace_id, parent, attributes, SERVER)
 
 
 def _parent(traceparent: str) -> Any:
