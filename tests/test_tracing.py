@@ -76,15 +76,15 @@ def test_a_query_is_one_trace_with_every_device_s_stages_under_its_root(tmp_path
         own = [s for s in own if s["attributes"]["quarry.process"] == device]
         assert own, f"{device}: no stage span in the query's trace"
         for stage in own:
-            assert chain(stage, by_id) == ["stage", "work", "dispatch", "fragment", "query"]
+            assert chain(stage, by_id) == ["stage", "work", "fragment", "query"]
             assert stage["resource"]["attributes"]["service.instance.id"] == device
     [pushed] = [s for s in mine if s["name"] == "push_back"]
     assert pushed["attributes"]["quarry.slices"] == 1
     assert chain(pushed, by_id)[-1] == "query"
     [completed] = [s for s in mine if s["name"] == "complete"]
-    assert chain(completed, by_id) == ["complete", "dispatch", "fragment", "query"]
+    assert chain(completed, by_id) == ["complete", "fragment", "query"]
     [fetched] = [s for s in mine if s["name"] == "fetch"]  # the device's side of it
-    assert chain(fetched, by_id) == ["fetch", "complete", "dispatch", "fragment", "query"]
+    assert chain(fetched, by_id) == ["fetch", "complete", "fragment", "query"]
     assert [s["name"] for s in mine if s["parent_id"] is None] == ["query"]
 
 

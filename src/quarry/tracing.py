@@ -165,11 +165,15 @@ class _Recording(Span):
         )
 
 
+_NAMES: dict[str, str] = {}  # an attribute's name as exported (a few dozen, fixed in code)
+
+
 def _attributes(attributes: dict[str, Attribute]) -> dict[str, Attribute]:
-    return {
-        f"quarry.{key}": value[:TEXT_CHARS_MAX] if isinstance(value, str) else value
-        for key, value in attributes.items()
-    }
+    named = {}
+    for key, value in attributes.items():
+        name = _NAMES.get(key) or _NAMES.setdefault(key, f"quarry.{key}")
+        named[name] = value[:TEXT_CHARS_MAX] if isinstance(value, str) else value
+    return named
 
 
 # ---- this process's exporter -------------------------------------------------------------------

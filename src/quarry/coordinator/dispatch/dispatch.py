@@ -85,7 +85,7 @@ class Dispatch:
         loads_seen: Callable[[dict[str, LoadStatus]], None] | None = None,
         cancelled: threading.Event | None = None,
         down: Iterable[str] = (),
-        task_span: str = "dispatch",
+        task_span: str | None = None,
     ) -> None:
         # ``marks``: also yield a ``ChunkDone`` after the output of every slice range known
         # whole, as a device does (a storage server passes them on to its own upstream).
@@ -93,7 +93,10 @@ class Dispatch:
         # the upstream to fetch and complete (a storage server that hands work further back).
         self.marks = marks
         self.passes_on = passes_on
-        self.task_span = task_span  # what a task's span is named (a storage server forwards)
+        # ``task_span``: each task a span of its own, so named (a storage server's ``forward``:
+        # its upstream sees nothing else of its drives); none on the host, whose tasks' spans
+        # would only repeat the devices' own ``work`` under the fragment's
+        self.task_span = task_span
         # ``expect``: per device, the generation to send with its work and raw scans (it
         # refuses them if its own differs: ``freshness``); ``loads_seen``: told each device's
         # load as its work ends
@@ -190,16 +193,15 @@ class Dispatch:
 
     def stream(self, task: Task) -> Iterator[pa.RecordBatch]:
         """One task's output: what the device ran, then what the host completed."""
+        if self.task_span is None or not task.span.recording:
+            yield from self._stream(task)
+            return
         span = task.span.child(
             self.task_span,
             process=task.client.name,
-            fragment=task.label,
             partitions=len(task.request.partitions),
             scan=task.host_only,
         )
-        if not span.recording:
-            yield from self._stream(task)
-            return
         with span:
             yield from self._stream(replace(task, span=span))
 
