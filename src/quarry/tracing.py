@@ -218,6 +218,12 @@ class _OpenTelemetry:
 _otel: Any = None  # an _OpenTelemetry once the process traces
 
 
+def _opentelemetry() -> _OpenTelemetry:
+    global _otel
+    _otel = _otel or _OpenTelemetry()
+    return _otel
+
+
 class _Sink:
     """Where this process's ended spans go: OpenTelemetry's batch processor in front of each
     exporter (a bounded queue, exported from a thread of its own, flushed at exit).
@@ -228,11 +234,10 @@ class _Sink:
     fields until it ends, and becomes a ``ReadableSpan`` only then."""
 
     def __init__(self, path: str, endpoint: str):
-        global _otel
         from opentelemetry.sdk.resources import Resource
         from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
-        _otel = _otel or _OpenTelemetry()
+        _opentelemetry()
         service, instance = _service
         self.resource = Resource.create({"service.name": service, "service.instance.id": instance})
         self.processors = []
@@ -262,11 +267,12 @@ class _Sink:
             processor.shutdown()
 
 
-def _sink() -> _Sink | None:
-    """This process's exports for the configuration in force, or None (off). Read at each
-    query: a process may be told to trace after it started (a test, a benchmark's turns)."""
+def _sink(wanted: tuple[str, str] | None = None) -> _Sink | None:
+    """This process's exports for the configuration in force (``wanted``, else the environment
+    now), or None (off). Read at each query: a process may be told to trace after it started
+    (a test, a benchmark's turns)."""
     global _installed
-    wanted = configured()
+    wanted = wanted or configured()
     if wanted is None:
         return None
     with _lock:
@@ -355,7 +361,8 @@ def query(name: str, **attributes: Attribute) -> Span:
 def server_middleware() -> dict[str, flight.ServerMiddlewareFactory]:
     """The middleware a server takes to read its callers' ``traceparent`` (none while tracing
     is off: a call then costs nothing more)."""
-    return {MIDDLEWARE: _Reader()} if configured() is not None else {}
+    wanted = configured()
+    return {MIDDLEWARE: _Reader(wanted)} if wanted is not None else {}
 
 
 def served(context: flight.ServerCallContext, name: str, **attributes: Attribute) -> Span:
@@ -364,7 +371,7 @@ def served(context: flight.ServerCallContext, name: str, **attributes: Attribute
     carried = context.get_middleware(MIDDLEWARE)
     if carried is None:
         return NO_SPAN
-    sink = _sink()
+    sink = _sink(carried.wanted)  # as configured when the server started: no lookup per call
     if sink is None:
         return NO_SPAN
     parent = carried.parent
@@ -374,8 +381,6 @@ def served(context: flight.ServerCallContext, name: str, **attributes: Attribute
 def _parent(traceparent: str) -> Any:
     """A caller's span from its ``traceparent`` (``00-<trace>-<span>-<flags>``, hex), or None
     where it is not one: a call with a broken header is answered, untraced."""
-    from opentelemetry.trace import INVALID_SPAN_ID, INVALID_TRACE_ID, SpanContext, TraceFlags
-
     parts = traceparent.strip().split("-")
     if len(parts) != 4 or [len(p) for p in parts] != [2, 32, 16, 2] or parts[0] == "ff":
         return None
@@ -383,18 +388,22 @@ def _parent(traceparent: str) -> Any:
         trace_id, span_id, flags = (int(p, 16) for p in parts[1:])
     except ValueError:
         return None
-    if trace_id == INVALID_TRACE_ID or span_id == INVALID_SPAN_ID or not flags & 1:
+    if trace_id == 0 or span_id == 0 or not flags & SAMPLED:  # 0: W3C's invalid ids
         return None  # not sampled by the caller: nothing here is either
-    return SpanContext(trace_id, span_id, is_remote=True, trace_flags=TraceFlags(flags))
+    return _opentelemetry().SpanContext(trace_id, span_id, True, _otel.sampled)
 
 
 class _Carried(flight.ServerMiddleware):
-    def __init__(self, parent: Any):
+    def __init__(self, parent: Any, wanted: tuple[str, str]):
         self.parent = parent  # the caller's span (an OpenTelemetry SpanContext)
+        self.wanted = wanted
 
 
 class _Reader(flight.ServerMiddlewareFactory):
+    def __init__(self, wanted: tuple[str, str]):
+        self.wanted = wanted  # where the server's spans go, as configured when it started
+
     def start_call(self, info: flight.CallInfo, headers: dict) -> _Carried | None:
         values = headers.get(TRACEPARENT)
         parent = _parent(values[0]) if values else None
-        return _Carried(parent) if parent is not None else None
+        return _Carried(parent, self.wanted) if parent is not None else None
