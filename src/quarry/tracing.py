@@ -53,6 +53,7 @@ TEXT_CHARS_MAX = 1000  # an attribute's text (a query's SQL), an error's, is cut
 Attribute = str | int | float | bool
 INTERNAL, SERVER = 0, 1  # OpenTelemetry's SpanKind values, without importing it
 SAMPLED = 1  # the W3C trace flag: quarry records every span of a traced query
+UNSET = '{"status_code":"UNSET"}'  # a span's status in the trace file unless it failed
 _random_bits = random.getrandbits  # as OpenTelemetry's own ids are drawn
 
 
@@ -113,6 +114,7 @@ class _Recording(Span):
         self._attributes = _attributes(attributes)
         self._kind = kind
         self._start_ns = time.time_ns()
+        self._end_ns = 0
         self._error = ""
         self._ended = False
         self._headers: list[tuple[bytes, bytes]] | None = None
@@ -148,6 +150,27 @@ class _Recording(Span):
 
     def _context(self) -> Any:
         return _otel.SpanContext(self._trace_id, self._span_id, False, _otel.sampled)
+
+    @property
+    def context(self) -> Any:
+        """What OpenTelemetry's batch processor asks of a span it takes (is it sampled)."""
+        return self._context()
+
+    def line(self, resource: str) -> str:
+        """This span, ended, as a line of the trace file (``_FileExporter``), its process's
+        ``resource`` already JSON."""
+        parent = self._parent
+        parent_id = f'"0x{parent.span_id:016x}"' if parent is not None else "null"
+        kind = "SpanKind.SERVER" if self._kind == SERVER else "SpanKind.INTERNAL"
+        status = {"status_code": "ERROR", "description": self._error} if self._error else None
+        return (
+            f'{{"name":"{self._name}","context":{{"trace_id":"0x{self._trace_id:032x}",'
+            f'"span_id":"0x{self._span_id:016x}"}},"kind":"{kind}","parent_id":{parent_id},'
+            f'"start_time_unix_nano":{self._start_ns},"end_time_unix_nano":{self._end_ns},'
+            f'"status":{json.dumps(status) if status else UNSET},'
+            f'"attributes":{json.dumps(self._attributes, separators=(",", ":"))},'
+            f'"resource":{resource}}}\n'
+        )
 
     def readable(self, end_ns: int, resource: Any) -> Any:
         """This span, ended, as OpenTelemetry's exporters take it."""
@@ -229,9 +252,10 @@ class _Sink:
     exporter (a bounded queue, exported from a thread of its own, flushed at exit).
 
     Why not OpenTelemetry's own ``Tracer``: its live spans (locks, bounded attributes, a
-    sampler and the processors called at start and end) cost about 20 µs each, which on a
-    small query (a few ms, a dozen spans) was 5-10% of its time. A span here is a few plain
-    fields until it ends, and becomes a ``ReadableSpan`` only then."""
+    sampler and the processors called at start and end) cost about 20 µs each, and a span's
+    ``to_json`` 45 more, which on a small query (a few ms, a dozen spans) was 8-13% of its
+    time. A span here is a few plain fields; ended, it becomes a ``ReadableSpan`` for OTLP,
+    and goes as it is to the file's exporter, which writes its line from those fields."""
 
     def __init__(self, path: str, endpoint: str):
         from opentelemetry.sdk.resources import Resource
@@ -241,20 +265,27 @@ class _Sink:
         service, instance = _service
         self.resource = Resource.create({"service.name": service, "service.instance.id": instance})
         self.processors = []
+        self.otlp = None  # takes ReadableSpans
+        self.file = None  # takes quarry's spans as they are: its exporter writes their lines
         if endpoint:
             from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
-            self.processors.append(BatchSpanProcessor(OTLPSpanExporter()))
+            self.otlp = BatchSpanProcessor(OTLPSpanExporter())
+            self.processors.append(self.otlp)
         if path:
-            exporter = _FileExporter(Path(path).resolve())
+            resource = json.dumps({"attributes": dict(self.resource.attributes)})
+            exporter = _FileExporter(Path(path).resolve(), resource)
             delay_ms = FILE_EXPORT_DELAY_MS
-            self.processors.append(BatchSpanProcessor(exporter, schedule_delay_millis=delay_ms))
+            self.file = BatchSpanProcessor(exporter, schedule_delay_millis=delay_ms)
+            self.processors.append(self.file)
         atexit.register(self.shutdown)
 
     def ended(self, span: _Recording, end_ns: int) -> None:
-        readable = span.readable(end_ns, self.resource)
-        for processor in self.processors:
-            processor.on_end(readable)
+        span._end_ns = end_ns
+        if self.file is not None:
+            self.file.on_end(span)
+        if self.otlp is not None:
+            self.otlp.on_end(span.readable(end_ns, self.resource))
 
     def flush(self, timeout_s: float) -> None:
         for processor in self.processors:
@@ -297,48 +328,23 @@ class _FileExporter:
 
     A line has the fields of OpenTelemetry's own JSON of a span (``ReadableSpan.to_json``) but
     its events and links, which quarry makes none of, and its times as OTLP's JSON has them
-    (nanoseconds since the epoch, ``start_time_unix_nano``), written compactly: ``to_json``
-    took three times a span's own cost (dates formatted, its resource encoded again for every
-    span)."""
+    (nanoseconds since the epoch, ``start_time_unix_nano``), written compactly from quarry's
+    span (``_Recording.line``), the process's resource encoded once."""
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, resource: str):
         self.path = path
-        self._resources: dict[int, str] = {}  # a resource's JSON, by id: the same every line
+        self.resource = resource
 
-    def export(self, spans: Sequence[Any]) -> Any:
+    def export(self, spans: Sequence[_Recording]) -> Any:
         from opentelemetry.sdk.trace.export import SpanExportResult
 
-        text = "".join(self._line(span) for span in spans).encode()
+        text = "".join(span.line(self.resource) for span in spans).encode()
         descriptor = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
         try:
             written = os.write(descriptor, text)
         finally:
             os.close(descriptor)
         return SpanExportResult.SUCCESS if written == len(text) else SpanExportResult.FAILURE
-
-    def _line(self, span: Any) -> str:
-        context, parent, status = span.context, span.parent, span.status
-        resource = self._resources.get(id(span.resource))
-        if resource is None:
-            attributes = dict(span.resource.attributes)
-            resource = self._resources[id(span.resource)] = json.dumps({"attributes": attributes})
-        state = {"status_code": status.status_code.name}
-        if status.description:
-            state["description"] = status.description
-        line = {
-            "name": span.name,
-            "context": {
-                "trace_id": f"0x{context.trace_id:032x}",
-                "span_id": f"0x{context.span_id:016x}",
-            },
-            "kind": str(span.kind),
-            "parent_id": f"0x{parent.span_id:016x}" if parent is not None else None,
-            "start_time_unix_nano": span.start_time,
-            "end_time_unix_nano": span.end_time,
-            "status": state,
-            "attributes": dict(span.attributes),
-        }
-        return json.dumps(line, separators=(",", ":"))[:-1] + ',"resource":' + resource + "}\n"
 
     def shutdown(self) -> None:
         pass
