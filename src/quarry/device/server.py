@@ -43,6 +43,7 @@ from quarry.device.metrics import (
 )
 from quarry.device.peers import PeerCredentials, ask_outcome
 from quarry.device.profile import Profile
+from quarry.device.quarantine import Quarantine
 from quarry.device.revocation_sync import RevocationSync
 from quarry.device.scrub import scrub
 from quarry.device.unit import lookup
@@ -421,12 +422,14 @@ class DeviceServer(Service):
         self.admission = Admission(
             self.name, admission.exchanges_for(profile.cores), admission.queued_bytes_default()
         )
+        self.quarantine = Quarantine(self.data, self.name)
         self.runtime = loop.Runtime(
             self.store,
             Emulator(profile),
             self.name,
             self.admission,
             on_work_done=self.metrics.work_done,
+            quarantine=self.quarantine,
         )
         self._ingesting = 0  # ingest streams open now (``StatsReply.ingesting``)
         self._ingesting_lock = threading.Lock()
@@ -465,6 +468,11 @@ class DeviceServer(Service):
                 "integrity_corrupt_copies",
                 "Damaged copies of partitions it holds, found and not yet mended",
                 len(self.integrity.held().corrupt),
+            ),
+            Gauge(
+                "quarantined_plans",
+                "Sub-plan shapes it declines for now because their stage failed here",
+                len(self.quarantine.held()),
             ),
         ]
 
@@ -542,6 +550,10 @@ class DeviceServer(Service):
             ),
             integrity.Scrubbed.KIND: (integrity.Scrubbed, self._scrubbed),
             integrity.RepairMeta.KIND: (integrity.RepairMeta, self._repair_meta),
+            control.QuarantineClear.KIND: (
+                control.QuarantineClear,
+                lambda r, p: control.QuarantineCleared(self.quarantine.clear()),
+            ),
         }
 
     def _drop(self, request: ingest.Drop, payload: bytes) -> control.Deleted:
@@ -621,6 +633,7 @@ class DeviceServer(Service):
             corrupt_copies=len(held.corrupt),
             unverified_partitions=unverified,
             last_scrub=held.last_scrub,
+            quarantined=self.quarantine.held(),
             **self._totals(),
         )
 
