@@ -4,10 +4,11 @@ On one cluster of ten host-profile devices, the same particle table stored five 
 
 1. Stored bytes: data and parity (or every replica), against one copy, beside the ideal
    (K + M) / K; and ingest throughput of each.
-2. Query time (median of a few runs of three queries, pushdown auto): healthy; with one device
-   lost; with two lost (M for both codes; replicas 2 loses data with two); replicas 2 with one
-   lost beside them. A degraded read rebuilds each lost slice on the host from K survivors:
-   its physical bound is K slices read and shipped per slice rebuilt, and one decode.
+2. Query time (median of a few runs of three queries, pushdown auto, the layouts taking
+   turns run by run): healthy; with one device lost; with two lost (M for both codes;
+   replicas 2 loses data with two); replicas 2 with one lost beside them. A degraded read
+   rebuilds each lost slice on the host from K survivors: its physical bound is K slices
+   read and shipped per slice rebuilt, and one decode.
 3. Rebuild throughput: a lost partition rebuilt on the host (read K survivors, decode, check)
    and ``quarry repair`` (rebuilt and written to a live device), beside the library's raw
    decode rate; zfec and pyeclib (where installed) encode and decode rates at 4+2 and 8+2.
@@ -72,17 +73,17 @@ def stored_bytes(entry: Any) -> dict[str, Any]:
     }
 
 
-def query_time(cluster: Any, name: str, repeats: int) -> float:
-    """Seconds for the three queries, each the median of ``repeats`` runs."""
-    total = 0.0
-    for sql in QUERIES:
-        runs = []
-        for _ in range(repeats):
-            started = time.perf_counter()
-            cluster.sql(sql.format(name=name), pushdown="auto").read_all()
-            runs.append(time.perf_counter() - started)
-        total += statistics.median(runs)
-    return total
+def query_times(cluster: Any, layouts: list[str], repeats: int) -> dict[str, float]:
+    """Seconds for the three queries on each layout, each the median of ``repeats`` runs. The
+    layouts take turns, run by run, so each meets the same machine (a shared one drifts)."""
+    runs: dict[tuple[str, str], list[float]] = {(n, sql): [] for n in layouts for sql in QUERIES}
+    for _ in range(repeats):
+        for name in layouts:
+            for sql in QUERIES:
+                started = time.perf_counter()
+                cluster.sql(sql.format(name=_dataset(name)), pushdown="auto").read_all()
+                runs[(name, sql)].append(time.perf_counter() - started)
+    return {n: sum(statistics.median(runs[(n, sql)]) for sql in QUERIES) for n in layouts}
 
 
 def code_rates(repeats: int) -> list[dict[str, Any]]:
@@ -184,22 +185,22 @@ def run(rows: int, repeats: int) -> dict[str, Any]:
                 "ingest_mb_per_s": table.nbytes / seconds / 1e6,
             }
             console.print(f"{layout}: stored {layouts[layout]['overhead']:.2f}x, {seconds:.1f} s")
-        for layout, _ in LAYOUTS:  # once to warm up (plans, sampled slices, page cache)
-            query_time(cluster, _dataset(layout), 1)
-        for layout, _ in LAYOUTS:
-            layouts[layout]["query_healthy_s"] = query_time(cluster, _dataset(layout), repeats)
+        names = [layout for layout, _ in LAYOUTS]
+        query_times(cluster, names, 1)  # once to warm up (plans, sampled slices, page cache)
+        for layout, seconds in query_times(cluster, names, repeats).items():
+            layouts[layout]["query_healthy_s"] = seconds
         victims = _victims(cluster)
         cluster.kill_device(victims[0])
         cluster.refresh()
-        for layout, _ in LAYOUTS[1:]:
-            layouts[layout]["query_one_lost_s"] = query_time(cluster, _dataset(layout), repeats)
+        for layout, seconds in query_times(cluster, names[1:], repeats).items():
+            layouts[layout]["query_one_lost_s"] = seconds
         rebuilds = {
             layout: rebuild_rate(cluster, f"b/{_dataset(layout)}") for layout, _ in LAYOUTS[3:]
         }
         cluster.kill_device(victims[1])
         cluster.refresh()
-        for layout, _ in (LAYOUTS[2], *LAYOUTS[3:]):
-            layouts[layout]["query_two_lost_s"] = query_time(cluster, _dataset(layout), repeats)
+        for layout, seconds in query_times(cluster, [names[2], *names[3:]], repeats).items():
+            layouts[layout]["query_two_lost_s"] = seconds
         started = time.perf_counter()
         repaired = cluster.repair(bandwidth_bytes_per_s=1e12)
         repair_s = time.perf_counter() - started

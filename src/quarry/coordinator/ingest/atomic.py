@@ -64,7 +64,11 @@ PARTITIONS_PER_DEVICE = 1
 MODES = ("create", "append")
 # errors that say what the user must change, not that the ingest broke: raised as they are
 PASSED_ON = (SourceError, SchemaMismatch, DatasetExists, Forbidden, Unauthenticated)
-EVEN_PARTITIONS_PER_DEVICE_MAX = 2  # an erasure-coded ingest evens its data out up to this
+# An erasure-coded ingest deals whole rounds of stripe groups (data even over the devices)
+# only while that keeps this many data partitions on a device: EC 4+2 on ten devices in 20
+# partitions, two each, answered 14% slower than replicas 1's ten; in 12 (one each, two on
+# two devices) 2% (bench/redundancy.py; docs/redundancy.md).
+EVEN_PARTITIONS_PER_DEVICE_MAX = 1
 RENEWALS_PER_LEASE = 3  # a lease is renewed this often before it would run out
 
 
@@ -280,7 +284,7 @@ def _striped_count(code: parity.Code, count: int, devices: int, drives: int) -> 
     every drive gets a number of groups that deals data evenly over the devices (K data
     partitions of each group land on K of them), so a healthy query waits on no device more
     than on another, unless that takes more than ``EVEN_PARTITIONS_PER_DEVICE_MAX`` each
-    (8+2 on 10 devices: 40): every partition costs a query a few ms on its device."""
+    (4+2 on 10 devices: 20, 8+2: 40): every partition costs a query a few ms on its device."""
     groups = -(-count // code.k)
     even = devices // math.gcd(devices, code.k)
     if count >= drives and even * code.k <= EVEN_PARTITIONS_PER_DEVICE_MAX * devices:
