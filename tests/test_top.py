@@ -46,7 +46,12 @@ def test_rates_are_the_difference_of_two_answers_over_the_time_between():
                 read_bytes=8 * MIB,
                 shipped_bytes=MIB,
                 refused=4,
-                work=WorkCounters(slices_scanned=30, slices_pushed_back=5),
+                work=WorkCounters(
+                    slices_scanned=30,
+                    slices_pushed_back=5,
+                    slices_pushed_back_busy=3,
+                    slices_pushed_back_capability=2,
+                ),
                 free_bytes=3 * (1 << 30),
             ),
             _up("dev1", read_bytes=4 * MIB, admitted=1),  # restarted: counts from zero
@@ -59,6 +64,8 @@ def test_rates_are_the_difference_of_two_answers_over_the_time_between():
     assert shown == "dev0 3 of 8 2.0 MiB 4.0 MiB 512.0 KiB 25% 2.0 3.0 GiB", rows["dev0"]
     assert "2.0 MiB" in rows["dev1"]  # 4 MiB since its restart, not minus 46
     assert "down" in rows["dev2"]
+    # why they went back, under the table
+    assert _shown(before, now)[-1].strip() == "why: dev0 pushed back 5 (busy 3, capability 2)"
 
 
 def test_once_prints_a_snapshot_of_every_device(cluster):

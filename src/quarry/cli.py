@@ -28,6 +28,7 @@ from quarry.cli_common import (
     human_bytes,
     open_cluster,
     print_json,
+    pushed_back_words,
     run,
 )
 from quarry.errors import ClusterError, QuarryError
@@ -59,6 +60,12 @@ device_app = typer.Typer(help="Run and drive device processes.", no_args_is_help
 app.add_typer(device_app, name="device")
 token_app = typer.Typer(no_args_is_help=True, help="Tokens: who may call the devices.")
 app.add_typer(token_app, name="token")
+quarantine_app = typer.Typer(
+    no_args_is_help=True,
+    help="Sub-plan shapes the devices decline because their stage failed there (`quarry "
+    "status` lists them).",
+)
+app.add_typer(quarantine_app, name="quarantine")
 
 MATRIX_FORMATS = ("h5ad", "mtx", "tsv")
 
@@ -315,6 +322,7 @@ def status(cluster: ClusterOption = None, as_json: JsonOption = False) -> None:
         return
     _print_status(rows)
     _print_integrity(rows)
+    _print_quarantine(rows)
     _print_moves(rows)
     for warning in shared:
         console.print(f"[yellow]warning[/yellow]: {warning.message()}")
@@ -433,6 +441,20 @@ def _print_integrity(rows: list[DeviceStatus]) -> None:
                 "(written before checksums: ingest them again)"
             )
         console.print(f"{row.device}: {scrubbed}{held}")
+
+
+def _print_quarantine(rows: list[DeviceStatus]) -> None:
+    """The sub-plan shapes each device declines for now, why, and for how long (docs/
+    operations.md, "Quarantine")."""
+    now = time.time()
+    for row in rows:
+        for held in row.stats.quarantined if row.stats is not None else ():
+            console.print(
+                f"{row.device}: [yellow]quarantined[/yellow] sub-plan {held.shape} of "
+                f"{held.dataset} ({held.cause}: {escape(held.detail)}), "
+                f"{_ago(max(0.0, held.expires_at - now))} left; the host runs it meanwhile "
+                "(`quarry quarantine clear` lifts it)"
+            )
 
 
 def _ago(seconds: float) -> str:
@@ -828,6 +850,12 @@ def _print_analyzed(analyzed: Analyze) -> None:
         table.add_row(*_device_row(d.counters, d.device, str(d.partitions)))
         _rows_below(table, below, d.device, 1)
     console.print(table)
+    for name, counted in [(d.device, d.counters) for d in analyzed.devices] + [
+        (row.device, row.counters) for row in below
+    ]:
+        by = counted.pushed_back_by()
+        if by:  # why work came back, per device (a drive behind a server, too)
+            console.print(f"{name}: {pushed_back_words(by)}", highlight=False)
     for d in analyzed.devices:
         for fallback in d.fallbacks:
             console.print(f"[yellow]{d.device}[/yellow]: {fallback}")
@@ -1580,6 +1608,24 @@ def device_load(
     result = c.load(device, cpu, seconds)
     c.close()
     console.print(f"{device}: background load {result.cpu:.0%} for {result.seconds:.0f} s")
+
+
+@quarantine_app.command("clear")
+def quarantine_clear(
+    device: Annotated[
+        list[str] | None, typer.Option(help="only this device (repeat for more); all by default")
+    ] = None,
+    cluster: ClusterOption = None,
+) -> None:
+    """Lift the quarantine of sub-plan shapes whose stage failed on a device before it expires
+    ($QUARRY_QUARANTINE_S): the next query of those shapes runs on the device again."""
+    c = open_cluster(cluster)
+    try:
+        cleared = c.clear_quarantine(device or None)
+    finally:
+        c.close()
+    for name, count in cleared.items():
+        console.print(f"{name}: {count} quarantined sub-plan shapes lifted")
 
 
 def _mount_optional() -> None:

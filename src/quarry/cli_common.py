@@ -23,7 +23,7 @@ import logging
 import os
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -81,6 +81,12 @@ def human_bytes(value: float) -> str:
             return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
         value /= 1024
     return f"{value}"
+
+
+def pushed_back_words(by: Mapping[str, int]) -> str:
+    """Slices pushed back, in all and per reason: "pushed back 12 (busy 8, capability 4)"."""
+    reasons = ", ".join(f"{reason} {slices:,}" for reason, slices in by.items() if slices)
+    return f"pushed back {sum(by.values()):,} ({reasons})"
 
 
 class ReflowedHelp(TyperGroup):

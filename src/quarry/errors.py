@@ -203,6 +203,19 @@ class PlanNotSupported(QuarryError):
     code = "plan_not_supported"
 
 
+class StageFailed(QuarryError):
+    """A stage failed on a device for the device's own reasons, not its rows': its engine
+    panicked, ran out of memory, or met a fault. The device hands the range back for the host
+    to run and quarantines the plan's shape there (docs/operations.md, "Quarantine"); only a
+    unit that cannot hand work back lets the error reach its caller."""
+
+    code = "stage_failed"
+
+    def __init__(self, message: str, memory: bool = False) -> None:
+        super().__init__(message)
+        self.memory = memory  # out of memory: the range goes back, nothing is quarantined
+
+
 class ExecutionError(QueryError):
     """A query failed while running (division by zero, a bad cast): the engine's message, and
     the device that met it. Running it elsewhere would fail the same way, so nothing retries."""

@@ -324,6 +324,27 @@ OFFLOAD_CHUNK_S: Setting[float] = Setting(
     upper=DAY_S,
 )
 
+QUARANTINE_S: Setting[float] = Setting(
+    "QUARRY_QUARANTINE_S",
+    float,
+    3600.0,
+    "seconds",
+    "How long a device keeps a sub-plan shape whose stage failed there in quarantine (the host "
+    "runs it meanwhile); `quarry quarantine clear` lifts it sooner",
+    lower=0.1,
+    upper=7 * DAY_S,
+)
+STAGE_S_MAX: Setting[float] = Setting(
+    "QUARRY_STAGE_S_MAX",
+    float,
+    300.0,
+    "seconds",
+    "A chunk's stage that runs longer than this on a device has its sub-plan shape "
+    "quarantined there (its answer still counts): a runaway plan goes to the host next time",
+    lower=0.01,
+    upper=DAY_S,
+)
+
 # Tests.
 FAULT_FILE: Setting[Path | None] = Setting(
     "QUARRY_FAULT_FILE",
@@ -331,7 +352,8 @@ FAULT_FILE: Setting[Path | None] = Setting(
     None,
     "",
     "Tests only: a file a device reads at each fault point; `<device>:<point>` in it makes "
-    "that device crash there (device/faults.py)",
+    "that device fail there: crash (prepare, commit) or raise as its engine would (stage) "
+    "(device/faults.py)",
     unset="no faults",
 )
 PROPERTY_EXAMPLES: Setting[int | None] = Setting(

@@ -3,7 +3,8 @@
 It asks what `quarry status` asks (each device's ``stats``), every ``interval_s``: counts since
 each device started (bytes through its links, its work counters, refused as busy), so a rate is
 the difference of two answers over the time between them. A device that restarted in between
-counts from zero again: its rate is shown from its new counts alone, never negative.
+counts from zero again: its rate is shown from its new counts alone, never negative. Under the
+table, why the slices pushed back meanwhile went back, per device (``PushBack``).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from quarry.cli_common import human_bytes
+from quarry.cli_common import human_bytes, pushed_back_words
 from quarry.coordinator.cluster import Cluster
 from quarry.coordinator.membership.listing import DeviceStatus
 from quarry.protocol.control import StatsReply
@@ -56,13 +57,21 @@ def table(before: Sample, now: Sample) -> Table:
     shown.add_column("device", no_wrap=True)
     for column in ("work", "queued", "read/s", "sent/s", "pushed", "busy/s", "free"):
         shown.add_column(column, justify="right", no_wrap=True)
+    why: list[str] = []
     for row in now.rows:
         stats = row.stats
         if stats is None:
             shown.add_row(row.device, "[red]down[/red]", *["-"] * 6)
             continue
-        was = earlier.get(row.device) or StatsReply(keys=0, file_bytes=0)
-        shown.add_row(row.device, *_figures(stats, _since(was, stats), elapsed_s))
+        was = _since(earlier.get(row.device) or StatsReply(keys=0, file_bytes=0), stats)
+        shown.add_row(row.device, *_figures(stats, was, elapsed_s))
+        now_by, was_by = stats.work.pushed_back_by(), was.work.pushed_back_by()
+        by = {reason: now_by.get(reason, 0) - was_by.get(reason, 0) for reason in now_by}
+        if any(by.values()):
+            why.append(f"{row.device} {pushed_back_words(by)}")
+    if why:  # what the "pushed" column's slices went back for, in the interval
+        shown.caption = "why: " + "; ".join(why)
+        shown.caption_justify = "left"
     return shown
 
 

@@ -40,7 +40,7 @@ from quarry.cost.model import (
     handback_s,
     host_share,
 )
-from quarry.device.controller import Adaptive
+from quarry.device.controller import Adaptive, declined_for
 from quarry.protocol.work import HostCost, Policy
 
 GB = 1e9
@@ -211,9 +211,22 @@ def test_device_controller_pushes_back_when_the_host_path_is_cheaper() -> None:
     costs = controller.costs()
     assert costs is not None
     assert not pushes_down(costs["raw"], costs["full"])
-    stage, reason, retry_after_s = controller.stage_for(0)
-    assert stage == "raw"
-    assert retry_after_s is not None
+    decided = controller.stage_for(0)
+    assert decided.stage == "raw"
+    assert decided.retry_after_s is not None
+    assert decided.pushed_back == "slow"  # nothing else loads the drive: it is the dearer path
+
+
+def test_a_device_loaded_by_others_pushes_back_as_busy() -> None:
+    """Background work on the drive, or work waiting for its cores: the decline is for load."""
+    controller = _controller()
+    controller.load = lambda: {"cpu_busy": 0.9, "run_queue": 0.0, "background_load": 0.9}
+    for _ in range(3):
+        controller.observe("full", stored_bytes=1000, output_bytes=10, seconds=20e-6)
+    assert controller.stage_for(0).pushed_back == "busy"
+    assert declined_for({"cpu_busy": 1.0, "run_queue": 2.0, "background_load": 0.0}) == "busy"
+    # its own chunks fill its slots: busy, but not by others
+    assert declined_for({"cpu_busy": 1.0, "run_queue": 0.0, "background_load": 0.0}) == "slow"
 
 
 def test_device_controller_prices_a_range_handed_back_by_its_fixed_costs() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import replace
 
 import pyarrow as pa
@@ -14,8 +15,10 @@ from quarry.device.controller import Controllers
 from quarry.device.emulation import Emulator
 from quarry.device.parked import Parked
 from quarry.device.profile import get_profile
+from quarry.device.quarantine import Quarantine
 from quarry.device.unit import Chunk, Skipped, Unit, UnitError
-from quarry.protocol.stage import Skip, Stage
+from quarry.errors import PlanNotSupported, StageFailed
+from quarry.protocol.stage import PushBack, Skip, Stage
 from quarry.protocol.work import (
     ForcedDecision,
     PushedBack,
@@ -84,6 +87,9 @@ class Echo(Unit):
 
     def payload_needed(self) -> bool:
         return bool(self.request.args.get("needs_payload")) and not self.payload
+
+    def shape(self) -> str | None:
+        return self.request.args.get("shape")
 
     def execute(self, chunk: Chunk):
         self.chunks.append(list(chunk.numbers))
@@ -202,6 +208,8 @@ def test_forced_push_back_is_announced_and_each_slice_counted_once(runtime):
     (report,) = writer.done.partitions
     m = report.metrics.counters
     assert m.slices_pushed_back == 4 and m.slices_executed == slices - 4
+    assert m.pushed_back_by() == {PushBack.FORCED: 4}  # each slice counted under its reason
+    assert {d.pushed_back for d in report.decisions if d.stage != Stage.FULL} == {"forced"}
     # the device read what it ran and what it filtered; the raw range is read when fetched
     assert m.slices_scanned == slices - 2
     assert [(d.first, d.end, d.stage) for d in report.decisions][:3] == [
@@ -368,10 +376,11 @@ class Together(Echo):
     CHUNKS_AT_ONCE = True
     met = None
     fail_at = None
+    error: Callable[[str], Exception] = ValueError
 
     def execute(self, chunk: Chunk):
         if chunk.numbers[0] == self.fail_at:
-            raise ValueError(f"chunk at slice {chunk.numbers[0]} broke")
+            raise type(self).error(f"chunk at slice {chunk.numbers[0]} broke")
         if chunk.numbers[0] < 2 * self.CHUNK_SLICES_MAX:  # the first two chunks meet
             type(self).met.wait(timeout=10)
         return super().execute(chunk)
@@ -386,6 +395,7 @@ def together(runtime, monkeypatch):
     monkeypatch.setitem(unit.REGISTRY, Together.NAME, Together)
     Together.met = threading.Barrier(2)
     Together.fail_at = None
+    Together.error = ValueError
     runtime.emulator = Emulator(replace(get_profile("host"), name="two-cores", cores=2))
     return runtime
 
@@ -415,3 +425,78 @@ def test_a_chunk_that_fails_among_others_fails_the_work_with_its_error(together)
     with pytest.raises(ValueError, match="chunk at slice 9 broke"):
         loop.run_work(together, request, b"", writer)
     assert not any(isinstance(m, WorkDone) for m in writer.messages)
+
+
+def _every_slice_once(report, slices: int) -> None:
+    """The annotation covers each slice once, and the counts agree with it."""
+    ranges = sorted((d.first, d.end) for d in report.decisions)
+    assert ranges[0][0] == 0 and ranges[-1][1] == slices, ranges
+    assert all(a[1] == b[0] for a, b in zip(ranges, ranges[1:])), ranges
+    m = report.metrics.counters
+    assert m.slices_executed + m.slices_pushed_back == slices
+    assert sum(m.pushed_back_by().values()) == m.slices_pushed_back
+
+
+def test_a_stage_that_fails_goes_back_and_its_shape_into_quarantine(together):
+    """A chunk whose stage fails on the device (among others running) goes back raw for
+    ``failed_stage`` and every range after it for ``quarantine``; no row is lost or sent twice.
+    The next request of that shape goes back whole, unread, until the quarantine is lifted;
+    a device that restarts still holds it."""
+    together.quarantine = Quarantine(together.store.path, "dev0", quarantine_s=60.0)
+    Together.fail_at, Together.error = 3 * Together.CHUNK_SLICES_MAX, StageFailed
+    slices = _slices(together)
+    writer = _run(together, unit=Together.NAME, args={"shape": "s1"})
+    (report,) = writer.done.partitions
+    _every_slice_once(report, slices)
+    by = report.metrics.counters.pushed_back_by()
+    assert by[PushBack.FAILED_STAGE] == Together.CHUNK_SLICES_MAX and by[PushBack.QUARANTINE] > 0
+    failed = [d for d in report.decisions if d.pushed_back is PushBack.FAILED_STAGE]
+    assert [(d.first, d.stage) for d in failed] == [(Together.fail_at, Stage.RAW)]
+    shipped = sum(b.num_rows for b in writer.batches) + sum(n.rows for n in writer.notices)
+    assert shipped == ROWS  # what ran here, and what the host reads back
+    (held,) = together.quarantine.held()
+    assert (held.dataset, held.unit, held.shape, held.cause) == (
+        "d/t",
+        Together.NAME,
+        "s1",
+        "failed_stage",
+    )
+    assert held in Quarantine(together.store.path, "dev0").held()  # kept across a restart
+
+    Together.fail_at = None  # the stage would run now: the quarantine holds it back all the same
+    again = _run(together, unit=Together.NAME, args={"shape": "s1"})
+    (report,) = again.done.partitions
+    m = report.metrics.counters
+    assert m.pushed_back_by() == {PushBack.QUARANTINE: slices} and m.slices_scanned == 0
+    assert again.batches == [] and "quarantined here" in report.decisions[0].reason
+    other = _run(together, unit=Together.NAME, args={"shape": "s2"})  # another shape runs
+    assert other.done.partitions[0].metrics.counters.slices_executed == slices
+
+    assert together.quarantine.clear() == 1
+    lifted = _run(together, unit=Together.NAME, args={"shape": "s1"})
+    assert lifted.done.partitions[0].metrics.counters.slices_executed == slices
+
+
+def _out_of_memory(message: str) -> StageFailed:
+    return StageFailed(message, memory=True)
+
+
+@pytest.mark.parametrize(
+    ("error", "why", "rest"),
+    [(PlanNotSupported, PushBack.CAPABILITY, True), (_out_of_memory, PushBack.MEMORY, False)],
+)
+def test_a_plan_the_device_cannot_run_goes_back_and_the_rest_with_it(together, error, why, rest):
+    """The device cannot run the plan (``PlanNotSupported``): that chunk and the rest of the work
+    go back for ``capability`` (those decided before it was seen still run). Its engine ran out
+    of memory: that chunk alone goes back, for ``memory``. Neither is quarantined."""
+    together.quarantine = Quarantine(together.store.path, "dev0")
+    Together.fail_at, Together.error = 3 * Together.CHUNK_SLICES_MAX, error
+    slices = _slices(together)
+    writer = _run(together, unit=Together.NAME, args={"shape": "s1"})
+    (report,) = writer.done.partitions
+    _every_slice_once(report, slices)
+    by = report.metrics.counters.pushed_back_by()
+    assert list(by) == [why] and (by[why] > Together.CHUNK_SLICES_MAX) == rest, by
+    last = max(report.decisions, key=lambda d: d.first)
+    assert last.end == slices and (last.pushed_back is why) == rest
+    assert together.quarantine.held() == ()

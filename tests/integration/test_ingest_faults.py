@@ -139,9 +139,13 @@ def test_the_coordinator_dying_at_random_moments(faulty):
     cluster, _ = faulty
     rng = random.Random(9)
     table = particles.table(ROWS, seed=3)
-    for round_number in range(ROUNDS):
+    # a moment drawn from each quarter of the stream, and one past its end (between phases):
+    # every stretch of the ingest is hit in five rounds (ten random moments did not promise it)
+    batches = ROWS // 10_000
+    stretches = [(i * batches // 4, (i + 1) * batches // 4) for i in range(4)]
+    moments = [rng.randrange(*stretch) for stretch in stretches] + [batches + 1]
+    for round_number, kill_after in enumerate(moments):
         dataset = f"orphans/round{round_number}"
-        kill_after = rng.randrange(0, 24)
         script = textwrap.dedent(f"""
             import os, signal, pyarrow as pa, quarry
             from quarry.samples import particles

@@ -6,7 +6,7 @@ it in their own modules, which this handle only calls (so none of them imports i
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Self
@@ -374,6 +374,13 @@ class Cluster(Membership):
 
     def device_load(self, device: str) -> LoadStatus:
         return self.device(device).load_status()
+
+    def clear_quarantine(self, devices: Iterable[str] | None = None) -> dict[str, int]:
+        """Lift the quarantined sub-plan shapes of ``devices`` (every device by default): the
+        next work of those shapes runs on them again (docs/operations.md, "Quarantine"). How
+        many each held; a device that does not answer raises ``DeviceUnavailable``."""
+        names = sorted(self.devices) if devices is None else list(devices)
+        return {name: self.device(name).quarantine_clear() for name in names}
 
     # ---- queries ------------------------------------------------------------------------------
 

@@ -6,15 +6,18 @@ Stages, from most to least work on the device (the host completes whatever is le
     raw     nothing; the host fetches the slices as stored (push back)
 
 Every decision is recorded with its slice range and reason; the sequence of them is the
-annotated sub-plan the device returns (Skytether §4: annotations, quality-of-service hints).
+annotated sub-plan the device returns (Skytether §4: annotations, quality-of-service hints). A
+range handed back also says why in one word (``PushBack``): ``busy`` when others' work loads the
+drive, ``slow`` when an idle drive is simply the dearer path (``declined_for``).
 """
 
 from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import replace
-from typing import Any
+from typing import Any, NamedTuple
 
 from quarry.cost.eq1 import (
     cut_s_per_byte,
@@ -23,10 +26,31 @@ from quarry.cost.eq1 import (
     on_host_share,
 )
 from quarry.cost.model import handback_s
-from quarry.protocol.stage import Skip, Stage
+from quarry.protocol.stage import PushBack, Skip, Stage
 from quarry.protocol.work import Decision, HostCost, Policy
 
 PUSHBACK_NOTICE_SLICES = 16  # slices handed back are announced in groups: a fetch each
+# A drive this loaded by background work is busy: the work it declines is declined for load.
+BUSY_BACKGROUND_LOAD_MIN = 0.5
+
+
+def declined_for(load: Mapping[str, float]) -> PushBack:
+    """Why a drive (or a storage server) hands work back that it judged dearer than the host
+    path: ``busy`` if others' work loads it (a background load, or work waiting for its cores),
+    ``slow`` otherwise. Its CPU busy alone cannot tell: the query's own chunks fill the drive's
+    slots while it measures."""
+    others = load["background_load"] >= BUSY_BACKGROUND_LOAD_MIN or load["run_queue"] >= 1
+    return PushBack.BUSY if others else PushBack.SLOW
+
+
+class Decided(NamedTuple):
+    """The controller's decision for the next chunk: its stage, the reason in words, when to
+    try again (with a decline) and why in one word (with a decline)."""
+
+    stage: Stage
+    reason: str
+    retry_after_s: float | None
+    pushed_back: PushBack | None
 
 
 class Annotation:
@@ -43,6 +67,7 @@ class Annotation:
             and last.end == decision.first
             and last.stage == decision.stage
             and last.reason == decision.reason
+            and last.pushed_back == decision.pushed_back
         ):
             self.decisions[-1] = replace(last, end=decision.end)
         else:
@@ -50,6 +75,25 @@ class Annotation:
 
     def slices(self, stage: Stage | Skip) -> int:
         return sum(d.end - d.first for d in self.decisions if d.stage == stage)
+
+    def revise(self, decision: Decision) -> None:
+        """``decision`` in place of what was recorded for its slices (a chunk recorded as run
+        whole whose stage then failed): the entries it overlaps keep only their other slices."""
+        kept: list[Decision] = []
+        at = None
+        for old in self.decisions:
+            if old.end <= decision.first or old.first >= decision.end:
+                kept.append(old)
+                continue
+            if at is None:
+                at = len(kept)
+            if old.first < decision.first:
+                kept.append(replace(old, end=decision.first))
+                at = len(kept)
+            if old.end > decision.end:
+                kept.append(replace(old, first=decision.end))
+        kept.insert(len(kept) if at is None else at, decision)
+        self.decisions = kept
 
 
 class Adaptive:
@@ -73,6 +117,7 @@ class Adaptive:
         self.current = Stage(host.start)
         self.measuring = self.current in (Stage.FULL, Stage.FILTER)
         self.reason = f"{self.current}: the cut chosen above it"
+        self.why: PushBack | None = None  # why the current stage declines work (found lazily)
         self.probe_after_s = policy.probe_after_s
         self.next_probe_at = time.monotonic() + self.probe_after_s
         self.probing = False
@@ -158,52 +203,62 @@ class Adaptive:
             return host_path_s_per_byte(self.host.raw_ratio, self.host.link_bytes_per_s, host_s)
         return None
 
-    def stage_for(
-        self, number: int, slice_bytes: int = 0, remaining_bytes: int = 0
-    ) -> tuple[Stage, str, float | None]:
-        """(stage, reason, retry_after_s) for the next chunk, starting at slice ``number``;
-        ``slice_bytes`` and ``remaining_bytes`` (this slice and every one left, stored) let the
-        device judge whether a probe pays."""
+    def stage_for(self, number: int, slice_bytes: int = 0, remaining_bytes: int = 0) -> Decided:
+        """The decision for the next chunk, starting at slice ``number``; ``slice_bytes`` and
+        ``remaining_bytes`` (this slice and every one left, stored) let the device judge
+        whether a probe pays."""
         with self._lock:
-            now = time.monotonic()
-            if self.measuring:
-                needed = self.policy.warmup_chunks + self.policy.sample_chunks
-                if self.seen < needed:
-                    reason = f"{self.current}: measuring the first chunks"
-                    return self.current, reason, self._retry_after(now)
-                self.measuring = False
+            stage, reason, retry_after_s = self._stage_for(number, slice_bytes, remaining_bytes)
+            if stage is Stage.FULL:
+                return Decided(stage, reason, retry_after_s, None)
+            if self.why is None:  # asked once per change of stage: reading the load costs
+                self.why = declined_for(self.load())
+            return Decided(stage, reason, retry_after_s, self.why)
+
+    def _stage_for(
+        self, number: int, slice_bytes: int, remaining_bytes: int
+    ) -> tuple[Stage, str, float | None]:
+        """``stage_for``'s choice, under its lock."""
+        now = time.monotonic()
+        if self.measuring:
+            needed = self.policy.warmup_chunks + self.policy.sample_chunks
+            if self.seen < needed:
+                reason = f"{self.current}: measuring the first chunks"
+                return self.current, reason, self._retry_after(now)
+            self.measuring = False
+        if (
+            self.current is not Stage.FULL
+            and not self.probing
+            and now >= self.next_probe_at
+            and (not remaining_bytes or self.probe_worth_it(slice_bytes, remaining_bytes))
+        ):
+            self.probing = True
+            self.probe_after_s = min(self.probe_after_s * 2, self.policy.probe_after_s_max)
+            self.next_probe_at = now + self.probe_after_s
+            return (
+                Stage.FULL,
+                "executed: probing whether the device can take the work back",
+                None,
+            )
+        handback_bytes = min(remaining_bytes, PUSHBACK_NOTICE_SLICES * slice_bytes)
+        costs = self.costs(handback_bytes)
+        if costs is not None:
+            best = min(costs, key=costs.__getitem__)
             if (
-                self.current is not Stage.FULL
-                and not self.probing
-                and now >= self.next_probe_at
-                and (not remaining_bytes or self.probe_worth_it(slice_bytes, remaining_bytes))
+                best != self.current
+                and costs[best] * (1 + self.policy.hysteresis) < costs[self.current]
             ):
-                self.probing = True
-                self.probe_after_s = min(self.probe_after_s * 2, self.policy.probe_after_s_max)
-                self.next_probe_at = now + self.probe_after_s
-                return (
-                    Stage.FULL,
-                    "executed: probing whether the device can take the work back",
-                    None,
+                load = self.load()
+                self.current = best
+                self.why = declined_for(load)
+                if best is Stage.FULL:
+                    self.probe_after_s = self.policy.probe_after_s
+                self.reason = (
+                    f"{best}: {costs[best] * 1e9:.2f} ns/B vs {self._others(costs, best)} "
+                    f"(device busy {load['cpu_busy']:.0%}, run queue "
+                    f"{load['run_queue']:.0f})"
                 )
-            handback_bytes = min(remaining_bytes, PUSHBACK_NOTICE_SLICES * slice_bytes)
-            costs = self.costs(handback_bytes)
-            if costs is not None:
-                best = min(costs, key=costs.__getitem__)
-                if (
-                    best != self.current
-                    and costs[best] * (1 + self.policy.hysteresis) < costs[self.current]
-                ):
-                    load = self.load()
-                    self.current = best
-                    if best is Stage.FULL:
-                        self.probe_after_s = self.policy.probe_after_s
-                    self.reason = (
-                        f"{best}: {costs[best] * 1e9:.2f} ns/B vs {self._others(costs, best)} "
-                        f"(device busy {load['cpu_busy']:.0%}, run queue "
-                        f"{load['run_queue']:.0f})"
-                    )
-            return self.current, self.reason, self._retry_after(now)
+        return self.current, self.reason, self._retry_after(now)
 
     def _retry_after(self, now: float) -> float | None:
         """QoS hint with every decline: when the device expects to try the work again."""

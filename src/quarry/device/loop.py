@@ -7,6 +7,13 @@ request, or the controller's choice from measured drive time), runs it, streams 
 through the drive's external link, and records the decision with its reason. Ranges it declines
 are announced at once (``PushedBack``) so the host fetches them while the device goes on; the
 last message (``WorkDone``) carries every decision and the metrics, each slice counted once.
+
+Every range declined says why (``PushBack``), counted per reason: the request forced it, the
+controller found the drive busy or slow, or a stage failed here. A chunk whose stage fails for
+the device's own reasons (``declined_by``) is handed back instead of failing the query, and the
+rest of the request follows it: a plan the device cannot run (``capability``), or a shape now in
+quarantine (``device.quarantine``). A request whose shape is in quarantine already hands every
+range back before reading one.
 """
 
 from __future__ import annotations
@@ -24,15 +31,18 @@ import pyarrow as pa
 from pyarrow import flight
 
 from quarry import threads
+from quarry.device import faults
 from quarry.device.admission import SMALL_BYTES_MAX, Admission
 from quarry.device.controller import (  # pushed-back slices go in groups: the host starts early
     PUSHBACK_NOTICE_SLICES,
     Adaptive,
     Annotation,
     Controllers,
+    Decided,
 )
 from quarry.device.emulation import Emulator
 from quarry.device.parked import Parked
+from quarry.device.quarantine import Quarantine
 from quarry.device.unit import (
     Chunk,
     Skipped,
@@ -43,10 +53,12 @@ from quarry.device.unit import (
     host_cores,
     lookup,
 )
-from quarry.protocol.control import LoadStatus
-from quarry.protocol.counters import WorkCounters
-from quarry.protocol.stage import Skip, Stage
+from quarry.errors import PlanNotSupported, StageFailed
+from quarry.protocol.control import LoadStatus, QuarantineCause
+from quarry.protocol.counters import WorkCounters, pushed_back
+from quarry.protocol.stage import PushBack, Skip, Stage
 from quarry.protocol.work import (
+    REASON_CHARS_MAX,
     ChunkDone,
     Decision,
     PartitionReport,
@@ -121,6 +133,29 @@ class Runtime:
     metas: Metas = field(default_factory=Metas)
     # told of every WorkDone sent (the device's metrics count what its callers were told)
     on_work_done: Callable[[WorkDone], None] | None = None
+    # the sub-plan shapes it declines (None: it keeps none, and quarantines nothing)
+    quarantine: Quarantine | None = None
+
+
+def declined_by(error: Exception) -> PushBack | None:
+    """Why a chunk whose stage raised ``error`` goes back to the host rather than failing the
+    query (None: the error is the query's, or a bug: it stands)."""
+    if isinstance(error, PlanNotSupported):
+        return PushBack.CAPABILITY
+    if isinstance(error, StageFailed):
+        return PushBack.MEMORY if error.memory else PushBack.FAILED_STAGE
+    if isinstance(error, MemoryError):
+        return PushBack.MEMORY
+    return None
+
+
+class Declines:
+    """Why the rest of a request goes back, once it is known: its shape is in quarantine here
+    (before it began, or since a stage of it failed), or the device cannot run its plan.
+    Shared by the request's partitions; set from whichever thread ran the chunk that failed."""
+
+    def __init__(self) -> None:
+        self.rest: tuple[PushBack, str] | None = None  # why, and the reason in words
 
 
 class Stream:
@@ -179,6 +214,10 @@ class Counters:
     def count(self, **counts: float) -> None:
         """Add to counters by name (a name not declared fails here)."""
         self.counted = self.counted.plus(WorkCounters(**counts))
+
+    def push_back(self, why: PushBack, slices: int) -> None:
+        """Slices pushed back, counted in the total and under their reason."""
+        self.counted = self.counted.plus(pushed_back(why, slices))
 
     def add_read(self, chunk: Chunk) -> None:
         self.count(
@@ -271,10 +310,18 @@ class ChunkSlots:
 class PartitionRun:
     """One partition of a work request, from its metadata to its report."""
 
-    def __init__(self, runtime: Runtime, request: WorkRequest, partition: int, unit: Unit):
+    def __init__(
+        self,
+        runtime: Runtime,
+        request: WorkRequest,
+        partition: int,
+        unit: Unit,
+        declines: Declines | None = None,
+    ):
         self.runtime = runtime
         self.request = request
         self.unit = unit
+        self.declines = declines if declines is not None else Declines()
         self.meta: PartitionMeta = runtime.metas.read(
             runtime.store, request.domain, request.dataset, partition
         )
@@ -309,6 +356,8 @@ class PartitionRun:
         self.started = time.perf_counter()
         self._ahead: tuple[list[int], Future[Chunk]] | None = None
         self._counting = threading.Lock()  # chunks run at once add their counts one at a time
+        # the annotation and the ranges going back: the decider's, and a failed chunk's thread's
+        self._deciding = threading.RLock()
 
     @property
     def partition(self) -> int:
@@ -341,11 +390,15 @@ class PartitionRun:
         position = 0
         while position < len(self.candidates):
             first = self.candidates[position]
-            stage, reason, retry = self._decide(controller, first, remaining[position])
+            decided = self._decide(controller, first, remaining[position])
+            stage = decided.stage
             numbers = self._chunk(position, stage, controller)
             position += len(numbers)
             if stage is Stage.FULL:
-                self.annotation.record(Decision(numbers[0], numbers[-1] + 1, Stage.FULL, reason))
+                with self._deciding:
+                    self.annotation.record(
+                        Decision(numbers[0], numbers[-1] + 1, Stage.FULL, decided.reason)
+                    )
                 if slots is None:
                     chunk = self._new_chunk(numbers)
                     self._read_ahead(position, controller)
@@ -355,12 +408,12 @@ class PartitionRun:
                     work = functools.partial(self._execute, chunk, controller, stream, trace)
                     final = last and position >= len(self.candidates)
                     if final:  # the host may fetch what went back while this one runs
-                        self._flush(stream)
+                        self.flush(stream)
                     slots.run(work, last=final)
             else:
-                self._push_back(numbers, stage, reason, retry, controller, stream)
+                self._push_back(numbers, decided, controller, stream)
         self._drop_ahead()
-        self._flush(stream)
+        self.flush(stream)
 
     def _answer(self, stream: Stream) -> None:
         """Ranges the unit answers without reading them (``Skip.ANSWERED``): their output, each
@@ -389,23 +442,25 @@ class PartitionRun:
             self._ahead[1].exception()  # wait: no read outlives its run; its error is moot
             self._ahead = None
 
-    def _decide(
-        self, controller: Adaptive | None, number: int, remaining_bytes: int
-    ) -> tuple[Stage, str, float | None]:
+    def _decide(self, controller: Adaptive | None, number: int, remaining_bytes: int) -> Decided:
+        declined = self.declines.rest
         stage = self.forced.get(number)
-        if stage is not None:
-            decided: tuple[Stage, str, float | None] = (stage, "forced by the request", None)
+        if declined is not None:  # nothing more of this request runs here
+            decided = Decided(Stage.RAW, declined[1], None, declined[0])
+        elif stage is not None:
+            why = None if stage is Stage.FULL else PushBack.FORCED
+            decided = Decided(stage, "forced by the request", None, why)
         elif controller is not None:
             slice_bytes = self.meta.slices[number].bytes_stored
-            stage, reason, retry = controller.stage_for(number, slice_bytes, remaining_bytes)
-            decided = (Stage(stage), reason, retry)
+            decided = controller.stage_for(number, slice_bytes, remaining_bytes)
         else:
-            decided = (Stage.FULL, "executed: the host asked for the whole sub-plan", None)
-        stage, reason, retry = decided
-        if stage is Stage.FILTER and Stage.FILTER not in self.unit.STAGES:
+            decided = Decided(
+                Stage.FULL, "executed: the host asked for the whole sub-plan", None, None
+            )
+        if decided.stage is Stage.FILTER and Stage.FILTER not in self.unit.STAGES:
             # a unit without a filter stage pushes back raw rather than half-running
-            return Stage.RAW, reason, retry
-        return stage, reason, retry
+            return decided._replace(stage=Stage.RAW)
+        return decided
 
     def _chunk(self, position: int, stage: Stage, controller: Adaptive | None) -> list[int]:
         """Contiguous slices with the same decision, run together."""
@@ -464,7 +519,16 @@ class PartitionRun:
         context = self.unit.context
         started, drive_before = time.perf_counter(), context.drive_s_here
         computed_before = context.computed_here
-        outputs = list(self.unit.execute(chunk))
+        try:
+            faults.stage(self.runtime.device)
+            outputs = list(self.unit.execute(chunk))
+        except Exception as error:
+            why = declined_by(error)
+            if why is None or Stage.RAW not in self.unit.STAGES:
+                raise
+            self._failed(chunk, why, error, stream)
+            return
+        self._timed(time.perf_counter() - started)
         drive_s = context.drive_s_here - drive_before
         counted = Counters()
         counted.add_computed(computed_before, context.computed_here)
@@ -493,28 +557,75 @@ class PartitionRun:
                 )
             )
 
+    def _failed(self, chunk: Chunk, why: PushBack, error: Exception, stream: Stream) -> None:
+        """A chunk whose stage failed for the device's own reasons goes back raw, recorded in
+        place of the run it was to be; the rest of the request follows it when the plan cannot
+        run here (``capability``) or its shape is quarantined now. Its read is not counted: the
+        host reads the range again when it fetches it, and counts it there, once."""
+        reason = f"{why}: {error}"[:REASON_CHARS_MAX]
+        decided = Decided(Stage.RAW, reason, None, why)
+        self._push_back(chunk.numbers, decided, None, stream, revise=True)
+        if why is PushBack.CAPABILITY:
+            self.declines.rest = (why, reason)
+        elif why is PushBack.FAILED_STAGE:
+            self._quarantine(QuarantineCause.FAILED_STAGE, str(error))
+
+    def _timed(self, stage_s: float) -> None:
+        """A chunk's stage that ran past the device's limit: its output stands, and its shape
+        is quarantined for what is left and for the next requests."""
+        quarantine = self.runtime.quarantine
+        if quarantine is None or stage_s <= quarantine.stage_s_max:
+            return
+        if Stage.RAW in self.unit.STAGES:
+            detail = f"a chunk's stage ran {stage_s:.1f} s, over {quarantine.stage_s_max:g} s"
+            self._quarantine(QuarantineCause.TIME_LIMIT, detail)
+
+    def _quarantine(self, cause: QuarantineCause, detail: str) -> None:
+        """The request's shape in quarantine here (once: chunks at once may fail together)."""
+        quarantine, declined = self.runtime.quarantine, self.declines.rest
+        if quarantine is None or (declined is not None and declined[0] is PushBack.QUARANTINE):
+            return
+        shape = self.unit.shape()
+        if shape is None:
+            return
+        request = self.request
+        entry = quarantine.enter(
+            f"{request.domain}/{request.dataset}", request.unit, shape, cause, detail
+        )
+        self.declines.rest = (PushBack.QUARANTINE, quarantined(entry.shape, cause, detail))
+
     def _push_back(
         self,
         numbers: list[int],
-        stage: Stage,
-        reason: str,
-        retry: float | None,
+        decided: Decided,
         controller: Adaptive | None,
         stream: Stream,
+        revise: bool = False,
     ) -> None:
+        """Hand ``numbers`` back at ``decided.stage``; ``revise``: in place of the decision
+        recorded for them already."""
         if Stage.RAW not in self.unit.STAGES:
             raise UnitError(f"unit {self.unit.NAME} cannot push back: it runs whole partitions")
-        if self.pushed and (
-            self.pushed_stage is not stage or len(self.pushed) >= PUSHBACK_NOTICE_SLICES
-        ):
-            self._flush(stream)
-        if stage is Stage.FILTER:
-            self._filter_now(numbers, controller)
-        self.pushed_stage = stage
-        self.pushed.extend(numbers)
-        with self._counting:
-            self.counters.count(slices_pushed_back=len(numbers))
-        self.annotation.record(Decision(numbers[0], numbers[-1] + 1, stage, reason, retry))
+        stage, why = decided.stage, decided.pushed_back
+        assert why is not None, f"slices {numbers} pushed back without a reason"
+        decision = Decision(
+            numbers[0], numbers[-1] + 1, stage, decided.reason, decided.retry_after_s, why
+        )
+        with self._deciding:
+            if self.pushed and (
+                self.pushed_stage is not stage or len(self.pushed) >= PUSHBACK_NOTICE_SLICES
+            ):
+                self.flush(stream)
+            if stage is Stage.FILTER:
+                self._filter_now(numbers, controller)
+            self.pushed_stage = stage
+            self.pushed.extend(numbers)
+            with self._counting:
+                self.counters.push_back(why, len(numbers))
+            if revise:
+                self.annotation.revise(decision)
+            else:
+                self.annotation.record(decision)
 
     def _filter_now(self, numbers: list[int], controller: Adaptive | None) -> None:
         """The device filters now, timed like any work it does, and parks the rows for the host
@@ -539,6 +650,11 @@ class PartitionRun:
                 if not self.runtime.parked.put(key, batches):
                     break
 
+    def flush(self, stream: Stream) -> None:
+        """Announce the ranges declined and not yet announced (``PushedBack``)."""
+        with self._deciding:
+            self._flush(stream)
+
     def _flush(self, stream: Stream) -> None:
         if not self.pushed:
             return
@@ -557,9 +673,17 @@ class PartitionRun:
 
     def report(self, cpu_s: float) -> PartitionReport:
         wall_s = time.perf_counter() - self.started
+        counted = self.counters.counted
+        # paired with the count of each push back: every slice under one reason
+        assert sum(counted.pushed_back_by().values()) == counted.slices_pushed_back, counted
         return PartitionReport(
             self.partition, tuple(self.annotation.decisions), self.counters.frozen(cpu_s, wall_s)
         )
+
+
+def quarantined(shape: str, cause: QuarantineCause, detail: str) -> str:
+    """A decline for quarantine, in words."""
+    return f"quarantine: sub-plan {shape} quarantined here ({cause}: {detail})"[:REASON_CHARS_MAX]
 
 
 def _elsewhere(request: WorkRequest, meta: PartitionMeta) -> list[Skipped]:
@@ -606,7 +730,11 @@ def run_work(
     started, cpu_started = time.perf_counter(), cpu_seconds()
     context = UnitContext(runtime.store, runtime.emulator, runtime.device)
     unit = lookup(request.unit)(request, payload, context)
-    runs = [PartitionRun(runtime, request, partition, unit) for partition in request.partitions]
+    declines = _declines(runtime, request, unit)
+    runs = [
+        PartitionRun(runtime, request, partition, unit, declines)
+        for partition in request.partitions
+    ]
     # Admitted (or refused as busy) once pruning says how much is left to read, before a byte
     # of output: a refused request has started nothing the caller must undo.
     small = sum(run.candidate_bytes() for run in runs) <= SMALL_BYTES_MAX
@@ -656,6 +784,7 @@ def _run_admitted(
         finally:
             slots.wait()
         for run in runs:
+            run.flush(stream)  # chunks that failed in their slots went back
             finished(run)
     else:
         for run in runs:
@@ -676,6 +805,19 @@ def _run_admitted(
     stream.message(done)
     if runtime.on_work_done is not None:
         runtime.on_work_done(done)
+
+
+def _declines(runtime: Runtime, request: WorkRequest, unit: Unit) -> Declines:
+    """What the request meets before it starts: its shape in quarantine here (then every range
+    goes back, unread), or nothing yet."""
+    declines = Declines()
+    quarantine = runtime.quarantine
+    if quarantine is None or Stage.RAW not in unit.STAGES:
+        return declines
+    held = quarantine.holds(f"{request.domain}/{request.dataset}", request.unit, unit.shape)
+    if held is not None:
+        declines.rest = (PushBack.QUARANTINE, quarantined(held.shape, held.cause, held.detail))
+    return declines
 
 
 def _chunks_at_once(runtime: Runtime, unit: Unit) -> int:

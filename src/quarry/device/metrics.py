@@ -10,7 +10,9 @@ kept for metrics alone are the totals of work done and a latency histogram per k
 Names follow Prometheus's conventions (docs/operations.md lists every one): the one prefix
 ``quarry_``, the base unit last (``_bytes``, ``_seconds``, ``_slices``), ``_total`` on
 counters, and no label but the kind of call, of which there are a few dozen, fixed by the
-protocol (a per-dataset or per-query label would grow without bound).
+protocol, and why slices were pushed back (``PushBack``'s seven reasons: the counters per
+reason are one family, ``quarry_pushed_back_slices_total{reason=...}``); a per-dataset or
+per-query label would grow without bound.
 
 ``prometheus_client`` is imported only by a process that serves metrics: one that does not
 pays nothing for them, not even the timing of its calls.
@@ -32,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from quarry.protocol.counters import COUNTERS, WorkCounters
+from quarry.protocol.counters import COUNTERS, PUSHED_BACK_BY, WorkCounters
 from quarry.protocol.work import WorkDone
 
 if TYPE_CHECKING:
@@ -59,8 +61,12 @@ def work_metric(counter: str) -> str:
     return PREFIX + "work_" + "_".join(words)
 
 
-WORK_METRICS: dict[str, str] = {counter: work_metric(counter) for counter in COUNTERS}
-assert len(set(WORK_METRICS.values())) == len(COUNTERS), WORK_METRICS
+# each counter its own family, but those per push-back reason: one family, labeled by reason
+WORK_METRICS: dict[str, str] = {
+    counter: work_metric(counter) for counter in COUNTERS if counter not in PUSHED_BACK_BY.values()
+}
+assert len(set(WORK_METRICS.values())) == len(WORK_METRICS), WORK_METRICS
+PUSHED_BACK_METRIC = PREFIX + "pushed_back_slices"
 
 
 @dataclass(frozen=True)
@@ -118,6 +124,14 @@ class ServerMetrics:
             family = CounterMetricFamily(name, f"Work streams: {counter} (WorkCounters)")
             family.add_metric([], getattr(work, counter))
             yield family
+        family = CounterMetricFamily(
+            PUSHED_BACK_METRIC,
+            "Slices pushed back to the caller, by why (PushBack)",
+            labels=["reason"],
+        )
+        for reason, counter in PUSHED_BACK_BY.items():
+            family.add_metric([reason.value], getattr(work, counter))
+        yield family
 
     def figure_families(self) -> Iterator[Metric]:
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily

@@ -43,6 +43,7 @@ from quarry.device.metrics import (
 )
 from quarry.device.peers import PeerCredentials, ask_outcome
 from quarry.device.profile import Profile
+from quarry.device.quarantine import Quarantine
 from quarry.device.revocation_sync import RevocationSync
 from quarry.device.scrub import scrub
 from quarry.device.unit import lookup
@@ -57,7 +58,7 @@ from quarry.errors import (
 from quarry.protocol import control, frame, ingest, integrity, work
 from quarry.protocol.frame import Exchange, Get, Put
 from quarry.protocol.message import Message
-from quarry.store import mend, naming
+from quarry.store import codec, mend, naming
 from quarry.store import partition as partitions
 from quarry.store.kv import KeyValueStore
 from quarry.store.partition import PartitionMeta
@@ -117,7 +118,7 @@ def heartbeats(
     another). Data written on a connection is what tells gRPC the caller's pings are not abuse:
     without it, a call that is silent for a few pings (a long computation, an ingest whose
     device answers only at the end) has its connection closed "too_many_pings"."""
-    empty = pa.RecordBatch.from_pylist([], schema=control.HEARTBEAT_SCHEMA)
+    empty = codec.empty_batch(control.HEARTBEAT_SCHEMA)
 
     def beats() -> Iterator[pa.RecordBatch]:
         ends = time.monotonic() + request.lifetime_s
@@ -407,12 +408,14 @@ class DeviceServer(Service):
         self.admission = Admission(
             self.name, admission.exchanges_for(profile.cores), admission.queued_bytes_default()
         )
+        self.quarantine = Quarantine(self.data, self.name)
         self.runtime = loop.Runtime(
             self.store,
             Emulator(profile),
             self.name,
             self.admission,
             on_work_done=self.metrics.work_done,
+            quarantine=self.quarantine,
         )
         self._ingesting = 0  # ingest streams open now (``StatsReply.ingesting``)
         self._ingesting_lock = threading.Lock()
@@ -451,6 +454,11 @@ class DeviceServer(Service):
                 "integrity_corrupt_copies",
                 "Damaged copies of partitions it holds, found and not yet mended",
                 len(self.integrity.held().corrupt),
+            ),
+            Gauge(
+                "quarantined_plans",
+                "Sub-plan shapes it declines for now because their stage failed here",
+                len(self.quarantine.held()),
             ),
         ]
 
@@ -528,6 +536,10 @@ class DeviceServer(Service):
             ),
             integrity.Scrubbed.KIND: (integrity.Scrubbed, self._scrubbed),
             integrity.RepairMeta.KIND: (integrity.RepairMeta, self._repair_meta),
+            control.QuarantineClear.KIND: (
+                control.QuarantineClear,
+                lambda r, p: control.QuarantineCleared(self.quarantine.clear()),
+            ),
         }
 
     def _drop(self, request: ingest.Drop, payload: bytes) -> control.Deleted:
@@ -607,6 +619,7 @@ class DeviceServer(Service):
             corrupt_copies=len(held.corrupt),
             unverified_partitions=unverified,
             last_scrub=held.last_scrub,
+            quarantined=self.quarantine.held(),
             **self._totals(),
         )
 
@@ -826,7 +839,7 @@ def _one_batch(reader: flight.MetadataRecordBatchReader) -> pa.RecordBatch:
     """A put stream's rows as one batch (a slice's)."""
     table = reader.read_all()
     if not table.num_rows:
-        return pa.RecordBatch.from_pylist([], schema=table.schema)
+        return codec.empty_batch(table.schema)
     return table.combine_chunks().to_batches()[0]
 
 

@@ -305,6 +305,12 @@ class Unit:
         """How many slices of this partition run together at most (None: all of them)."""
         return self.CHUNK_SLICES_MAX
 
+    def shape(self) -> str | None:
+        """What a failed stage of this work quarantines on the device for its dataset: the
+        shape of its plan, constants left out (None: nothing is; its failures are its
+        caller's errors, or pushed back one range at a time)."""
+        return None
+
     def plan(self, meta: PartitionMeta, not_here: frozenset[int]) -> list[Skipped]:
         """Ranges of this partition the unit need not run (``not_here``: slices the request
         pushes back or another replica already ran)."""

@@ -72,6 +72,12 @@ def run_command(
 
 
 def _print_offloaded(part: Offloaded) -> None:
+    if part.declined is not None:
+        err_console.print(
+            f"kept lines {list(part.lines)} on the host ({part.declined}): "
+            f"{escape(part.declined_reason)}"
+        )
+        return
     err_console.print(
         f"offloaded lines {list(part.lines)} to {', '.join(part.devices)} in "
         f"{part.wall_s:.2f} s: {human_bytes(part.bytes_read)} read on the devices, "
@@ -79,8 +85,9 @@ def _print_offloaded(part: Offloaded) -> None:
     )
     for m in part.migrations:
         err_console.print(
-            f"  migrated: {m.device} partition {m.partition}, {m.slices} of {m.slices_total} "
-            f"slices ran on the host (first done at {m.at_s:.2f} s): {escape(m.reason)}"
+            f"  migrated ({m.pushed_back or 'raw'}): {m.device} partition {m.partition}, "
+            f"{m.slices} of {m.slices_total} slices ran on the host (first done at "
+            f"{m.at_s:.2f} s): {escape(m.reason)}"
         )
 
 

@@ -35,7 +35,7 @@ from quarry.offload.program import Line, Program
 from quarry.offload.reads import Mounts, Reads
 from quarry.offload.reductions import Reduction
 from quarry.protocol.counters import WorkCounters
-from quarry.protocol.stage import Stage
+from quarry.protocol.stage import PushBack, Stage
 from quarry.protocol.work import ForcedDecision, HostCost, PartitionRange, WorkRequest
 
 WORKERS_PER_DEVICE = 2
@@ -209,6 +209,7 @@ class Migration:
     slices_total: int
     at_s: float  # after the devices' part began, when the host finished the first of them
     reason: str
+    pushed_back: PushBack | None = None  # why, in one word (the device's ``Decision``)
 
 
 @dataclass(frozen=True)
@@ -224,6 +225,9 @@ class Offloaded:
     migrations: tuple[Migration, ...] = field(default_factory=tuple)
     bytes_sent: int = 0  # values of earlier lines sent to the devices, every request counted
     drive_s: float = 0.0  # the devices' seconds: their CPU, stretched by profile and load
+    # the block was not sent at all (its inputs cannot go to the devices): why, and in words
+    declined: PushBack | None = None
+    declined_reason: str = ""
 
 
 @dataclass(frozen=True)
@@ -371,9 +375,16 @@ def _migrations(reports: Sequence[Any], tasks: Sequence[Any], started: float) ->
                 report.counters.slices_total,
                 round(at, 3),
                 pushed[0].reason,
+                pushed[0].pushed_back,
             )
         )
     return tuple(found)
+
+
+def _declined(lines: tuple[int, ...], reason: str) -> Offloaded:
+    """A block kept on the host because its inputs cannot go to the devices: the devices
+    cannot take it (``capability``), and nothing was read or sent."""
+    return Offloaded(lines, (), 0, 0, 0, declined=PushBack.CAPABILITY, declined_reason=reason)
 
 
 def _values_of(table: pa.Table, block: Block) -> dict[str, Any]:
@@ -437,8 +448,11 @@ def run_with_cut(
         try:
             payload = shipped_values(block, namespace)
             found, done = run_on_devices(cluster, program, block, argv, how, payload)
-        except NotOffloadable:
+        except NotOffloadable as error:
             host(program.lines[block.first : block.end])  # here, as a plain run would
+            if report is not None:
+                lines = (program.lines[block.first].number, *block.lines)
+                report.append(_declined(lines, str(error)))
         except OffloadFailed as error:
             raise profile.ProgramFailed(str(error)) from None
         else:

@@ -48,6 +48,7 @@ from quarry.plan.optimizer import Fired, optimize
 from quarry.plan.rules import Fixpoint, Rule, null_aware
 from quarry.plan.rules.decimal_scale import decimal_scale
 from quarry.plan.rules.holistic import holistic
+from quarry.plan.rules.null_divisor import null_divisor
 from quarry.plan.rules.prune_slices import prune_slices
 from quarry.plan.rules.push_filter import push_filter
 from quarry.plan.rules.push_limit import push_limit
@@ -400,9 +401,10 @@ def plan_cut(
         raise _with_plan(unsupported.producer_error(_clean(str(error))), output, logical) from None
     unsupported.refuse_untyped_nulls(plan)
     # the plan DataFusion just produced: nobody else holds it, so the rules change it as it is;
-    # null_aware first and always (an answer depends on it), then the optional ones
+    # null_aware and null_divisor first and always (answers depend on them), then the optional
     try:
-        plan, fired = optimize(plan, (null_aware.rule(logical, ctx), *plan_rules), plan_snapshot)
+        always = (null_aware.rule(logical, ctx), null_divisor)
+        plan, fired = optimize(plan, (*always, *plan_rules), plan_snapshot)
     except NeedsHostEngine as needs:
         raise _with_plan(needs, output, logical) from None
     return initial_cut(plan, catalog, ctx, resolved, selectivity), output, fired

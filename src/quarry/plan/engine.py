@@ -24,6 +24,7 @@ from datafusion.substrait import Consumer, Producer, Serde
 from substrait import algebra_pb2, plan_pb2, type_pb2
 
 from quarry.plan import depth, tree
+from quarry.store import codec
 
 RESERVED_PREFIX = "__quarry"
 # A sort reserves this share of its partition's part of the pool up front, to merge what it
@@ -162,10 +163,6 @@ def quote_identifier(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
-def empty_batch(schema: pa.Schema) -> pa.RecordBatch:
-    return pa.RecordBatch.from_pylist([], schema=schema)
-
-
 def register_batches(
     ctx: SessionContext,
     reference: str,
@@ -182,7 +179,7 @@ def register_batches(
     for index, batch in enumerate(batches):
         dealt[index % len(dealt)].append(aligned(batch))
     filled = [partition for partition in dealt if partition]
-    ctx.register_record_batches(reference, filled or [[empty_batch(schema)]])
+    ctx.register_record_batches(reference, filled or [[codec.empty_batch(schema)]])
 
 
 WIDE_ALIGNMENT = 16  # what the engine needs of a 128-bit value's buffer (decimal128's i128)

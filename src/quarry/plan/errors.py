@@ -47,13 +47,35 @@ class StageError(RuntimeError):
 
     One that cannot be decoded or planned makes a device hand the work back (the coordinator
     runs that part itself); one met ``while_running`` (division by zero, a bad cast) is the
-    query's own error, the same wherever it runs.
+    query's own error, the same wherever it runs, unless the engine ``panicked`` (a Rust panic:
+    a bug of the engine, not the query's) or ran out of ``memory``: then a device hands the
+    range back too.
     """
 
-    def __init__(self, message: str, operator: str = "", while_running: bool = False) -> None:
+    def __init__(
+        self,
+        message: str,
+        operator: str = "",
+        while_running: bool = False,
+        panicked: bool = False,
+        memory: bool = False,
+    ) -> None:
         super().__init__(message)
         self.operator = operator
         self.while_running = while_running
+        self.panicked = panicked
+        self.memory = memory
+
+
+def is_panic(error: BaseException) -> bool:
+    """A Rust panic of the engine (pyo3's ``PanicException``, which Python cannot import)."""
+    return type(error).__name__ == "PanicException"
+
+
+def is_out_of_memory(error: BaseException) -> bool:
+    """The engine could not allocate: Arrow's or Python's ``MemoryError``, or DataFusion's
+    "Resources exhausted" (a memory pool's bound)."""
+    return isinstance(error, MemoryError) or "Resources exhausted" in str(error)
 
 
 def is_engine_failure(error: BaseException) -> bool:

@@ -17,7 +17,7 @@ from datafusion import DataFrame, SessionContext
 from google.protobuf.message import DecodeError
 
 from quarry.plan import engine, merge, tree
-from quarry.plan.errors import StageError, is_engine_failure
+from quarry.plan.errors import StageError, is_engine_failure, is_out_of_memory, is_panic
 
 INPUT_TABLE = "__quarry_input"
 # Stages repeat per slice range; decoding each once is enough. Bounded like every cache.
@@ -115,7 +115,11 @@ def run_stage(
         # Every operator plans on an empty input: the rows themselves made it fail.
         data = operator == "plan"
         raise StageError(
-            f"cannot run sub-plan: {operator} failed: {_first_line(error)}", operator, data
+            f"cannot run sub-plan: {operator} failed: {_first_line(error)}",
+            operator,
+            data,
+            panicked=is_panic(error),
+            memory=is_out_of_memory(error),
         ) from None
     return _collected(ctx, frame, bound, prepared, input_schema, target_partitions)
 
@@ -151,7 +155,11 @@ def _collected(
                 f"cannot run sub-plan: {operator} failed: {_first_line(error)}", operator
             ) from None
         raise StageError(
-            f"sub-plan failed while running: {_first_line(error)}", "execution", while_running=True
+            f"sub-plan failed while running: {_first_line(error)}",
+            "execution",
+            while_running=True,
+            panicked=is_panic(error),
+            memory=is_out_of_memory(error),
         ) from None
     ctx.deregister_table(INPUT_TABLE)  # kept, the session holds no rows
     _give_session(target_partitions, ctx)

@@ -267,6 +267,48 @@ class CopyInFlight(Message):
 
 
 COPIES_MAX = 4096  # copies into one device at once, as its stats list them
+QUARANTINED_MAX = 1024  # sub-plan shapes a device keeps in quarantine (the oldest go first)
+SHAPE_CHARS_MAX = 64
+DETAIL_CHARS_MAX = 1024
+
+
+class QuarantineCause(StrEnum):
+    """What put a sub-plan shape in quarantine on a device."""
+
+    FAILED_STAGE = "failed_stage"  # its stage failed there: the engine panicked, a fault
+    TIME_LIMIT = "time_limit"  # a chunk's stage ran past ``QUARRY_STAGE_S_MAX``
+
+
+@dataclass(frozen=True)
+class QuarantinedPlan(Message):
+    """A sub-plan shape (``plan.shape``: its plan without literals) a device declines for a
+    dataset until ``expires_at`` (seconds since the epoch), or until ``quarry quarantine
+    clear``: the host runs that work meanwhile (docs/operations.md, "Quarantine")."""
+
+    dataset: str = bounded(chars_max=2 * NAME_CHARS_MAX + 1)  # domain/name
+    unit: str = bounded(chars_max=NAME_CHARS_MAX)
+    shape: str = bounded(chars_max=SHAPE_CHARS_MAX)
+    cause: QuarantineCause
+    detail: str = bounded(chars_max=DETAIL_CHARS_MAX)  # what failed, in the device's words
+    entered_at: float = bounded(low=0.0)
+    expires_at: float = bounded(low=0.0)
+
+    @property
+    def key(self) -> tuple[str, str, str]:
+        return (self.dataset, self.unit, self.shape)
+
+
+@dataclass(frozen=True)
+class QuarantineClear(Message):
+    """Lift every quarantine a device holds (an admin's: the next work of those shapes runs
+    on the device again)."""
+
+    KIND = Action.QUARANTINE_CLEAR
+
+
+@dataclass(frozen=True)
+class QuarantineCleared(Message):
+    cleared: int = bounded(low=0)  # shapes it held
 
 
 @dataclass(frozen=True)
@@ -300,6 +342,8 @@ class StatsReply(Message):
     shipped_bytes: int = bounded(low=0, default=0)
     work: WorkCounters = WorkCounters()
     free_bytes: int = bounded(low=0, default=0)
+    # sub-plan shapes it declines for now, and why (docs/operations.md, "Quarantine")
+    quarantined: tuple[QuarantinedPlan, ...] = bounded(items_max=QUARANTINED_MAX, default=())
 
 
 @dataclass(frozen=True)

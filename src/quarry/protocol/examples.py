@@ -11,7 +11,7 @@ import pyarrow as pa
 from quarry.protocol import control, ingest, work
 from quarry.protocol.counters import WorkCounters
 from quarry.protocol.message import Message
-from quarry.protocol.stage import Skip, Stage
+from quarry.protocol.stage import PushBack, Skip, Stage
 
 SCHEMA = pa.schema([("id", pa.int64()), ("ke", pa.float64())])
 RECORD = control.IngestRecord("abc", 0, 4, 1, "create", 1.5, {"0": ["dev0"]}, "p.parquet")
@@ -58,7 +58,23 @@ EXAMPLES: list[Message] = [
         admitted=10,
         refused=1,
         copies=(control.CopyInFlight("d/t", 3, "dev1", 1 << 20, 4 << 20),),
+        work=WorkCounters(
+            slices_pushed_back=3, slices_pushed_back_busy=2, slices_pushed_back_forced=1
+        ),
+        quarantined=(
+            control.QuarantinedPlan(
+                "d/t",
+                "substrait",
+                "3f2a9c1e5b7d0a44",
+                control.QuarantineCause.FAILED_STAGE,
+                "the device's engine panicked",
+                1.5,
+                3601.5,
+            ),
+        ),
     ),
+    control.QuarantineClear(),
+    control.QuarantineCleared(1),
     control.KvGet("a/b"),
     control.KvValue(3),
     control.KvPut("a/b", 0),
@@ -132,7 +148,7 @@ EXAMPLES: list[Message] = [
                 0,
                 (
                     work.Decision(0, 1, Skip.PRUNED, "zone maps"),
-                    work.Decision(1, 3, Stage.RAW, "raw: cheaper", 0.5),
+                    work.Decision(1, 3, Stage.RAW, "raw: cheaper", 0.5, PushBack.SLOW),
                 ),
                 work.WorkMetrics(
                     WorkCounters(slices_total=3, slices_pruned=1),

@@ -55,6 +55,7 @@ class Action(StrEnum):
     REPAIR_META = "repair_meta"  # a damaged metadata slice replaced by a good copy's
     RETIRE = "retire"  # a partition moved elsewhere leaves this device
     HOLDERS = "holders"  # which devices hold a partition now (after a move)
+    QUARANTINE_CLEAR = "quarantine_clear"  # lift every sub-plan shape a device quarantined
 
 
 class Put(StrEnum):

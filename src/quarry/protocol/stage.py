@@ -11,6 +11,9 @@ chooses), the device controller (its decision per slice range) and the host disp
 must complete). A range a device never ran is ``pruned`` (zone maps exclude every row),
 ``cached`` (a stored partial result covers it) or ``answered`` (its zone maps' statistics are
 the output: ``count``, ``sum``, ``min``, ``max`` over slices every row of which passes).
+
+A range that goes back to the host (``raw`` or ``filter``) goes back for one ``PushBack`` reason,
+counted per reason wherever push-backs are counted (``protocol.counters``).
 """
 
 from __future__ import annotations
@@ -39,3 +42,16 @@ class Skip(StrEnum):
     CACHED = "cached"
     ELSEWHERE = "elsewhere"  # done by another replica before it stopped answering
     ANSWERED = "answered"  # the slices' statistics are the unit's output: nothing read
+
+
+class PushBack(StrEnum):
+    """Why a range came back to the host (Exadata counts "offload declined" by reason): a
+    small fixed set, a label of the devices' metrics (``quarry_pushed_back_slices_total``)."""
+
+    BUSY = "busy"  # the device's load: background work, or work waiting for its cores
+    SLOW = "slow"  # measured: on an idle device the host path costs less (Eq. 1)
+    MEMORY = "memory"  # the stage ran out of memory on the device
+    CAPABILITY = "capability"  # the device cannot run that operator or plan
+    FAILED_STAGE = "failed_stage"  # the stage failed on the device (engine error, panic)
+    QUARANTINE = "quarantine"  # the plan's shape failed here before (``device.quarantine``)
+    FORCED = "forced"  # the request said so (a caller's forced decision, ``pushdown=server``)

@@ -27,7 +27,7 @@ from quarry.protocol.control import (
 from quarry.protocol.counters import WorkCounters
 from quarry.protocol.frame import Exchange, Get
 from quarry.protocol.message import Message, bounded
-from quarry.protocol.stage import Skip, Stage
+from quarry.protocol.stage import PushBack, Skip, Stage
 
 REQUEST_PARTITIONS_MAX = 4096
 DECISIONS_MAX = 1 << 20
@@ -199,9 +199,12 @@ class Decision(Message):
     stage: Stage | Skip
     reason: str = bounded(chars_max=REASON_CHARS_MAX)
     retry_after_s: float | None = bounded(low=0.0, default=None)  # QoS hint with a decline
+    # why a range handed back went back (the reason in words is ``reason``); None otherwise
+    pushed_back: PushBack | None = None
 
     def __post_init__(self) -> None:
         assert self.first <= self.end, (self.first, self.end)
+        assert self.pushed_back is None or self.stage in (Stage.RAW, Stage.FILTER), self
 
 
 @dataclass(frozen=True)

@@ -260,6 +260,12 @@ class StorageServer(Service):
                 lambda r, p: control.LoadStatus(**self.emulator.load()),
             ),
             control.Calibrate.KIND: (control.Calibrate, self._calibrate),
+            control.QuarantineClear.KIND: (  # its drives' quarantines: they run the stages
+                control.QuarantineClear,
+                lambda r, p: control.QuarantineCleared(
+                    sum(self._all(lambda d: d.ask(r, control.QuarantineCleared).cleared))
+                ),
+            ),
             control.KvGet.KIND: (control.KvGet, lambda r, p: first.action(r)),
             control.KvPut.KIND: (control.KvPut, lambda r, p: first.action(r, p)),
             control.KvDelete.KIND: (control.KvDelete, lambda r, p: first.action(r)),
@@ -302,6 +308,7 @@ class StorageServer(Service):
             ingesting=sum(s.ingesting for s in stats),
             **self._admitted(),
             **self._totals(),
+            quarantined=tuple(q for s in stats for q in s.quarantined)[: control.QUARANTINED_MAX],
         )
 
     def _calibrate(self, request: control.Calibrate, payload: bytes) -> control.CalibrateReply:

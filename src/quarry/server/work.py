@@ -27,6 +27,7 @@ from quarry.coordinator.dispatch.report import WorkReport
 from quarry.coordinator.dispatch.streams import merge
 from quarry.cost import eq1
 from quarry.cost.model import CUTS, DeviceFigures, HostFigures
+from quarry.device.controller import declined_for
 from quarry.device.loop import cpu_seconds
 from quarry.device.unit import host_context, lookup
 from quarry.device.units.substrait import (
@@ -39,7 +40,7 @@ from quarry.errors import DeviceUnavailable
 from quarry.plan.capabilities import Capabilities
 from quarry.plan.restrict import restrict_filter_stage, runs_whole_stage
 from quarry.protocol.control import LoadStatus
-from quarry.protocol.stage import Stage
+from quarry.protocol.stage import PushBack, Stage
 from quarry.protocol.work import (
     ChunkDone,
     Decision,
@@ -122,7 +123,8 @@ def run_work(
     started, cpu_started = time.perf_counter(), cpu_seconds()
     unit_class = lookup(request.unit)
     schema = unit_class(request, payload, host_context()).output_schema
-    dispatch = Dispatch(marks=True, passes_on=passes_on(server, request))
+    passed_why: dict[tuple[int, int], PushBack] = {}  # (partition, first slice): why passed on
+    dispatch = Dispatch(marks=True, passes_on=passes_on(server, request, passed_why))
     shipped = {p: Shipped() for p in request.partitions}
     costs = _drive_costs(server, request, payload)
     tasks = [_task(server, request, payload, p, unit_class, costs) for p in request.partitions]
@@ -140,7 +142,9 @@ def run_work(
         except DeviceUnavailable as error:  # a drive stopped: this server lost the work
             raise DeviceUnavailable(f"storage server {server.name}: {error}") from None
     reports = tuple(
-        _partition_report(server.name, dispatch, task, shipped[task.request.partitions[0]])
+        _partition_report(
+            server.name, dispatch, task, shipped[task.request.partitions[0]], passed_why
+        )
         for task in tasks
     )
     done = WorkDone(
@@ -165,20 +169,31 @@ def level_mode(request: WorkRequest) -> Pushdown:
     return Pushdown.AUTO if request.host is not None else Pushdown.ALWAYS
 
 
-def passes_on(server: StorageServer, request: WorkRequest) -> Callable[[Task, PushedBack], bool]:
+def passes_on(
+    server: StorageServer,
+    request: WorkRequest,
+    why: dict[tuple[int, int], PushBack] | None = None,
+) -> Callable[[Task, PushedBack], bool]:
     """Whether a range a drive handed back goes on to the host rather than being completed
     here: the host forced it there (``ForcedDecision.to_host``), or, under auto, the host
-    completes it for less (``host_cheaper``)."""
+    completes it for less (``host_cheaper``). Why each range passed on goes in ``why``, by
+    (partition, first slice)."""
     upward = {(f.partition, n) for f in request.forced if f.to_host for n in range(f.first, f.end)}
     mode = level_mode(request)
+    why = why if why is not None else {}
 
     def decide(task: Task, notice: PushedBack) -> bool:
         numbers = ((notice.partition, n) for r in notice.ranges for n in r.numbers())
         if any(number in upward for number in numbers):
+            why.update({(notice.partition, r.first): PushBack.FORCED for r in notice.ranges})
             return True
         if mode is not Pushdown.AUTO or request.host is None:  # it completes what it is handed
             return False
-        return host_cheaper(request.host, notice.stage, server.emulator.load()["cpu_busy"])
+        load = server.emulator.load()
+        if not host_cheaper(request.host, notice.stage, load["cpu_busy"]):
+            return False
+        why.update({(notice.partition, r.first): declined_for(load) for r in notice.ranges})
+        return True
 
     return decide
 
@@ -328,18 +343,33 @@ def _write_group(
 
 
 def _partition_report(
-    server: str, dispatch: Dispatch, task: Task, shipped: Shipped
+    server: str,
+    dispatch: Dispatch,
+    task: Task,
+    shipped: Shipped,
+    passed_why: dict[tuple[int, int], PushBack],
 ) -> PartitionReport:
     """The server's account of a partition: every slice the drive scanned was executed at this
-    level (by the drive, or by the server completing it), and the drive's own account below."""
+    level (by the drive, or by the server completing it), but what it passed on to the host
+    (pushed back at this level, each range for why the server passed it on), and the drive's
+    own account below."""
     partition = task.request.partitions[0]
     drive = dispatch.report(task, partition)
     scanned = drive.counters.slices_scanned  # raw ranges passed on count when fetched
     filtered_on = sum(n.slices for n in shipped.passed if n.stage is Stage.FILTER)
+    why = {
+        (n.partition, r.first): passed_why.get((n.partition, r.first), PushBack.FORCED)
+        for n in shipped.passed
+        for r in n.ranges
+    }
+    by: dict[PushBack, int] = {}
+    for n in shipped.passed:
+        for r in n.ranges:
+            reason = why[(n.partition, r.first)]
+            by[reason] = by.get(reason, 0) + len(r)
     counters = replace(
-        drive.counters,
+        drive.counters.with_pushed_back(by),
         slices_executed=scanned - filtered_on,
-        slices_pushed_back=sum(n.slices for n in shipped.passed),
         rows_shipped=shipped.rows,
         bytes_shipped=shipped.bytes,
         # the server's CPU completing it, and decompressing what came raw as stored
@@ -354,7 +384,13 @@ def _partition_report(
         for d in completed
         if (d.first, d.end) not in passed
     ) + tuple(
-        Decision(first, end, stage, f"passed on to the host by storage server {server}")
+        Decision(
+            first,
+            end,
+            stage,
+            f"passed on to the host by storage server {server}",
+            pushed_back=why[(partition, first)],
+        )
         for (first, end), stage in sorted(passed.items())
     )
     return PartitionReport(

@@ -22,6 +22,12 @@ COMPRESSIONS = ("none", "zstd", "lz4")
 _ARROW_CODEC = {"none": None, "zstd": "zstd", "lz4": "lz4"}
 
 
+def empty_batch(schema: pa.Schema) -> pa.RecordBatch:
+    """A batch of no rows. Not ``from_pylist([])``: converting Python values makes pyarrow
+    import pandas (~37 MiB), which an idle device answering heartbeats has no use for."""
+    return pa.RecordBatch.from_arrays([pa.nulls(0, f.type) for f in schema], schema=schema)
+
+
 def check_compression(name: str) -> str:
     if name not in COMPRESSIONS:
         raise InvalidOption(

@@ -365,11 +365,7 @@ class PartitionWriter:
         rest = table.slice(rows)
         self._pending_rows = rest.to_batches()
         self._pending_count = rest.num_rows
-        batch = (
-            head.to_batches()[0]
-            if head.num_rows
-            else pa.RecordBatch.from_pylist([], schema=self.meta.schema)
-        )
+        batch = head.to_batches()[0] if head.num_rows else codec.empty_batch(self.meta.schema)
         self._store_slice(batch)
 
     def _store_slice(self, batch: pa.RecordBatch) -> None:

@@ -31,7 +31,7 @@ from quarry.coordinator.membership.device_client import DeviceClient
 from quarry.device.unit import Unit
 from quarry.errors import CorruptSlice, DeviceUnavailable, PlanNotSupported, ProtocolError
 from quarry.protocol.control import LoadStatus
-from quarry.protocol.stage import Stage
+from quarry.protocol.stage import PushBack, Stage
 from quarry.protocol.work import ChunkDone, PushedBack, SliceRequest, WorkDone, WorkRequest
 from quarry.store import stored
 from quarry.tally import Tally
@@ -198,6 +198,9 @@ class Dispatch:
                     r.mode = "scan"
                     r.fallback = f"{error}; the host ran this sub-plan over raw slices"
                 yield from self._host_only(task)
+                with self._lock:  # every slice it read raw came back for the device's lack
+                    for r in reports:
+                        r.push_back(PushBack.CAPABILITY, r.slices_raw)
         yield from self._finish(task.host)
 
     def _finish(self, host: Unit) -> Iterator[pa.RecordBatch]:

@@ -16,8 +16,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from quarry.protocol.counters import WorkCounters
-from quarry.protocol.stage import Skip, Stage
+from quarry.protocol.counters import WorkCounters, pushed_back
+from quarry.protocol.stage import PushBack, Skip, Stage
 from quarry.protocol.work import (
     Decision,
     LevelReport,
@@ -57,6 +57,11 @@ class WorkReport(Record):
     def count(self, **counts: float) -> None:
         """Add to counters by name (a name not declared fails here)."""
         self.counters = self.counters.plus(WorkCounters(**counts))
+
+    def push_back(self, why: PushBack, slices: int) -> None:
+        """Slices that came back to the host without a device's word for it (the host fell
+        back to reading them raw), counted in the total and under ``why``."""
+        self.counters = self.counters.plus(pushed_back(why, slices))
 
     def add_device(self, report: PartitionReport, trace: list[TraceEntry] | None) -> None:
         """The device's own account of the partition (its ``WorkDone``)."""

@@ -207,6 +207,10 @@ class DeviceClient:
     def load_status(self) -> control.LoadStatus:
         return self.ask(control.LoadStatusRequest(), control.LoadStatus)
 
+    def quarantine_clear(self) -> int:
+        """Lift every sub-plan shape the device quarantined; how many there were."""
+        return self.ask(control.QuarantineClear(), control.QuarantineCleared).cleared
+
     def calibrate(
         self, part: control.CalibratePart, repeat: int = 1, timeout_s: float | None = None
     ) -> control.CalibrateReply:

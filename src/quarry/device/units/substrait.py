@@ -2,9 +2,11 @@
 
 The payload is the stages' bytes back to back, their lengths in ``SubstraitArgs``. Zone-map
 predicates prune slices before anything is read. A plan this device cannot decode or plan is
-``PlanNotSupported`` (the host then runs the fragment itself over raw slices); an error while
-running (division by zero, a bad cast) is the query's error: running it on the host would fail
-the same way.
+``PlanNotSupported`` (the device hands it back: the host then runs the fragment itself over raw
+slices); an error while running (division by zero, a bad cast) is the query's error: running it
+on the host would fail the same way. An engine that panics or runs out of memory is the
+device's failure, not the query's (``StageFailed``): the device hands the range back, and
+quarantines the plan's shape (``shape``) after a panic.
 """
 
 from __future__ import annotations
@@ -17,7 +19,13 @@ from typing import Any
 import pyarrow as pa
 
 from quarry.device.unit import Chunk, Skipped, Unit, conform, register
-from quarry.errors import ExecutionError, PlanNotSupported, ProtocolError, QueryError
+from quarry.errors import (
+    ExecutionError,
+    PlanNotSupported,
+    ProtocolError,
+    QueryError,
+    StageFailed,
+)
 from quarry.plan import tree
 from quarry.plan.errors import StageError
 from quarry.plan.join_filters import stored_column
@@ -25,6 +33,7 @@ from quarry.plan.keys import KEY_SET_BYTES_MAX, KeyCut, keep, keep_named
 from quarry.plan.keys import decode as decode_keys
 from quarry.plan.prune import slice_may_match, slice_must_match
 from quarry.plan.rowwise import groups
+from quarry.plan.shape import shape_of
 from quarry.plan.stage import prepare, run_stage
 from quarry.plan.statistics import STATISTICS_MAX, SliceStatistic, answer
 from quarry.plan.superplan import COMPLETION_GROUP_BYTES_MAX, complete_group
@@ -155,6 +164,11 @@ class SubstraitUnit(Unit):
             return read_columns(self.stages, self.args.raw_schema)
         except StageError:  # not a plan this device decodes: running it says so, as it did
             return None
+
+    def shape(self) -> str:
+        """The stages the device runs, literals erased: a shape that failed here is
+        quarantined for the dataset (``plan.shape``)."""
+        return shape_of(self.stages[Stage.FILTER], self.stages[Stage.FULL])
 
     def chunk_slices(self, meta: PartitionMeta) -> int:
         if not meta.slices:
@@ -323,6 +337,10 @@ def _run(
             if batch.num_rows:
                 yield batch
     except StageError as error:
+        if error.memory:
+            raise StageFailed(f"the device's engine ran out of memory: {error}", True) from None
+        if error.panicked:
+            raise StageFailed(f"the device's engine panicked: {error}") from None
         if error.while_running:
             raise ExecutionError(str(error)) from None
         raise PlanNotSupported(f"this device cannot run the sub-plan: {error}") from None
