@@ -64,11 +64,6 @@ PARTITIONS_PER_DEVICE = 1
 MODES = ("create", "append")
 # errors that say what the user must change, not that the ingest broke: raised as they are
 PASSED_ON = (SourceError, SchemaMismatch, DatasetExists, Forbidden, Unauthenticated)
-# An erasure-coded ingest deals whole rounds of stripe groups (data even over the devices)
-# only while that keeps this many data partitions on a device: EC 4+2 on ten devices in 20
-# partitions, two each, answered 14% slower than replicas 1's ten; in 12 (one each, two on
-# two devices) 2% (bench/redundancy.py; docs/redundancy.md).
-EVEN_PARTITIONS_PER_DEVICE_MAX = 1
 RENEWALS_PER_LEASE = 3  # a lease is renewed this often before it would run out
 
 
@@ -280,15 +275,20 @@ def ingest(
 
 
 def _striped_count(code: parity.Code, count: int, devices: int, drives: int) -> int:
-    """Data partitions of an erasure-coded ingest: whole stripe groups of K. A table that fills
-    every drive gets a number of groups that deals data evenly over the devices (K data
-    partitions of each group land on K of them), so a healthy query waits on no device more
-    than on another, unless that takes more than ``EVEN_PARTITIONS_PER_DEVICE_MAX`` each
-    (4+2 on 10 devices: 20, 8+2: 40): every partition costs a query a few ms on its device."""
-    groups = -(-count // code.k)
-    even = devices // math.gcd(devices, code.k)
-    if count >= drives and even * code.k <= EVEN_PARTITIONS_PER_DEVICE_MAX * devices:
-        groups = -(-groups // even) * even
+    """Data partitions of an erasure-coded ingest: whole stripe groups of K. Every partition a
+    query reads costs its device a run of its own, so a table that fills every drive keeps at
+    most one data partition on a device: its count rounded down to whole groups (4+2 or 8+2 on
+    ten devices: 8, on eight of them), and up to whole rounds of the devices where K divides
+    them (4+2 on eight: 8, one on each). Rounded up instead, 4+2 on ten put two of 12 on two
+    devices (their share 2/12 where 8 give each 1/8) and answered 2% slower than replicas 1;
+    dealt evenly, two on every device, 20 answered 14% slower (bench/redundancy.py). A smaller
+    table gets its count rounded up to whole groups."""
+    if count < drives:
+        return -(-count // code.k) * code.k
+    groups = max(1, count // code.k)
+    if devices % code.k == 0:
+        rounds = devices // code.k
+        groups = -(-groups // rounds) * rounds
     return groups * code.k
 
 
