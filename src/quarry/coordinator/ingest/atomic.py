@@ -279,10 +279,10 @@ def _striped_count(code: parity.Code, count: int, devices: int, drives: int) -> 
     query reads costs its device a run of its own, so a table that fills every drive keeps at
     most one data partition on a device: its count rounded down to whole groups (4+2 or 8+2 on
     ten devices: 8, on eight of them), and up to whole rounds of the devices where K divides
-    them (4+2 on eight: 8, one on each). Rounded up instead, 4+2 on ten put two of 12 on two
-    devices (their share 2/12 where 8 give each 1/8) and answered 2% slower than replicas 1;
-    dealt evenly, two on every device, 20 answered 14% slower (bench/redundancy.py). A smaller
-    table gets its count rounded up to whole groups."""
+    them (4+2 on eight: 8, one on each). 4+2 on ten answered 10% faster than replicas 1 in 8;
+    rounded up, in 12 (two on two devices, the busiest's share 2/12 where 8 give each 1/8), 8%
+    slower; dealt evenly, two on every device, in 20, 29% slower (docs/redundancy.md). A
+    smaller table gets its count rounded up to whole groups."""
     if count < drives:
         return -(-count // code.k) * code.k
     groups = max(1, count // code.k)
