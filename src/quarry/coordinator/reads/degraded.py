@@ -75,9 +75,11 @@ class Span:
     def overlaps(self, start: int, end: int) -> bool:
         return start < self.high and end > self.low
 
-    def cut(self, value: bytes | memoryview, length: int) -> bytes:
-        """A value of ``length`` bytes, as coded (zeros past its end), within the span."""
-        return bytes(value[self.low : max(self.low, min(length, self.high))])
+    def cut(self, block: bytes) -> bytes:
+        """A parity block's bytes within the span (a block is as long as its stripe's longest
+        value, so it covers the span whole)."""
+        assert len(block) >= self.high, (len(block), self.high)
+        return block[self.low : self.high]
 
     def joined(self, offsets: list[int], indices: list[int], streams: list[bytes]) -> bytes:
         """A value's bytes within the span, from the streams (of the columns at ``indices``,
@@ -290,7 +292,7 @@ class Rebuilder:
         the slices it has in [first, end)."""
         if member in self.stripe.parity:
             read = self._scanned(member, client, first, end, [parity.PARITY], True)
-            return {n: spans[n].cut(value, len(value)) for n, value in read.items()}
+            return {n: spans[n].cut(block) for n, block in read.items()}
         position = self.stripe.position(member)
         layout = self.layout()
         wanted: set[int] = set()
