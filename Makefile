@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: demo test test-fast env r lint bench clean
+.PHONY: demo test test-fast env r prometheus lint bench clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -18,8 +18,9 @@ env: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/quarry demo
 
-# Everything, the slow tier included. Tests that need R are skipped, in one line, where
-# Rscript is missing (`make r` installs it; CI does so first).
+# Everything, the slow tier included. Tests that need R or Prometheus are skipped, in one
+# line, where Rscript or prometheus is missing (`make r`, `make prometheus` install them; CI
+# does so first).
 test: $(STAMP)
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
@@ -30,6 +31,11 @@ test-fast: $(STAMP)
 # R and reticulate from Debian's packages (needs root or sudo), for examples/r and its test.
 r:
 	bash scripts/install-r.sh
+
+# Prometheus from Debian's packages (needs root or sudo), for the test that has a real
+# Prometheus scrape a local cluster (skipped, in one line, where `prometheus` is missing).
+prometheus:
+	bash scripts/install-prometheus.sh
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests bench

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
+import tempfile
+import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -69,3 +73,92 @@ def median_time(repeat: int, run: Any) -> tuple[float, Any]:
         result = run()
         times.append(time.perf_counter() - started)
     return statistics.median(times), result
+
+
+# ---- metrics and tracing on and off, side by side in one run (``--telemetry``) ----------------
+
+ARMS = ("off", "on")
+SCRAPE_PERIOD_S = 15.0  # the "on" devices are scraped this often: Prometheus's default
+
+
+class Telemetry:
+    """Two clusters alike but for telemetry, up at once, so that one run compares them query by
+    query: ``off`` serves no metrics and traces nothing; ``on`` has every device serve
+    Prometheus metrics (scraped every ``SCRAPE_PERIOD_S`` by a thread here, as a Prometheus
+    would) and traces every query, host and devices, to a trace file. ``turn(arm)`` is the
+    host's side: its queries are traced in the ``on`` turns only."""
+
+    def __init__(self, clusters: dict[str, Any], spans: Path, ports: list[int]):
+        self.clusters = clusters
+        self.spans = spans
+        self.ports = ports
+        self.scrapes = 0
+        self._stop = threading.Event()
+        self._scraper = threading.Thread(target=self._scrape, name="bench-scraper", daemon=True)
+        self._scraper.start()
+
+    def _scrape(self) -> None:
+        import urllib.request
+
+        while not self._stop.wait(SCRAPE_PERIOD_S):
+            for port in self.ports:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+                    r.read()
+                self.scrapes += 1
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._scraper.join()
+
+    @contextlib.contextmanager
+    def turn(self, arm: str) -> Iterator[Any]:
+        """The ``arm``'s cluster, with this process tracing its queries if the arm is on."""
+        from quarry import settings
+
+        name = settings.TRACE_FILE.name
+        if arm == "on":
+            os.environ[name] = str(self.spans)
+        try:
+            yield self.clusters[arm]
+        finally:
+            os.environ.pop(name, None)
+
+    def figures(self) -> dict[str, Any]:
+        """What the ``on`` arm recorded: the proof that it was on."""
+        from quarry import tracing
+
+        tracing.flush()
+        lines = self.spans.read_text().splitlines() if self.spans.exists() else []
+        return {
+            "scrape_period_s": SCRAPE_PERIOD_S,
+            "scrapes": self.scrapes,
+            "spans_written": len(lines),
+            "devices_serving_metrics": len(self.ports),
+        }
+
+
+@contextlib.contextmanager
+def telemetry_clusters(devices: int, **options: Any) -> Iterator[Telemetry]:
+    """``Telemetry``'s two clusters of ``devices`` each (``quarry.local``'s ``options``)."""
+    import quarry
+    from quarry import settings
+
+    names = (settings.METRICS_PORT.name, settings.TRACE_FILE.name)
+    assert not any(os.environ.get(name) for name in names), f"unset {names} to compare"
+    with tempfile.TemporaryDirectory() as folder, contextlib.ExitStack() as stack:
+        spans = Path(folder) / "spans.jsonl"
+        off = stack.enter_context(quarry.local(devices=devices, **options))
+        os.environ.update({names[0]: "0", names[1]: str(spans)})  # for the devices it starts
+        try:
+            on = stack.enter_context(quarry.local(devices=devices, **options))
+        finally:
+            for name in names:
+                os.environ.pop(name, None)
+        ports = [
+            json.loads((Path(spec.data) / "ready.json").read_text())["metrics_port"]
+            for spec in on.specs
+        ]
+        assert all(ports), ports
+        telemetry = Telemetry({"off": off, "on": on}, spans, ports)
+        stack.callback(telemetry.stop)
+        yield telemetry

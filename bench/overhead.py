@@ -1,6 +1,6 @@
 """Per-query overhead: a 1,000-row aggregate on four local devices, auto / always / never.
 
-    python bench/overhead.py [--queries 60] [--devices 4]
+    python bench/overhead.py [--queries 60] [--devices 4] [--telemetry]
 
 The work itself is nothing (250 rows per device); what is measured is everything around it:
 the catalog's check, planning (or the kept plan), opening the exchanges, the devices' loop,
@@ -8,6 +8,12 @@ the host's completion and the super-plan. Each query is timed from ``cluster.que
 last row read; modes take turns in rounds, so a busy moment of the machine falls on all three.
 Alongside: the median of each part of EXPLAIN ANALYZE's time section, so the figures can be
 explained, and the figures before the catalog, plans and threads were kept (``BEFORE_MS``).
+
+``--telemetry``: the same queries on two clusters up at once, one with metrics and tracing off,
+one with both on (every device serving Prometheus metrics, scraped as a Prometheus would, and
+every query traced, host and devices, to a file: ``common.Telemetry``), taking turns within
+each round (ABBA), so the ratio on / off per mode is the cost of watching a cluster
+(``overhead_telemetry``).
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ import matplotlib
 import pyarrow as pa
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import png_path, write_json
+from common import ARMS, png_path, telemetry_clusters, write_json
 
 import quarry
 
@@ -97,6 +103,77 @@ def run(queries: int, devices: int) -> dict:
     }
 
 
+def run_telemetry(queries: int, devices: int) -> dict:
+    """Each mode's queries on both clusters, in turns: medians per arm and their ratio."""
+    table = pa.table({"k": pa.array(range(1000)), "v": pa.array([float(i) for i in range(1000)])})
+    seconds = {arm: {mode: [] for mode in MODES} for arm in ARMS}
+    with telemetry_clusters(devices) as telemetry:
+        for arm in ARMS:
+            with telemetry.turn(arm) as cluster:
+                cluster.ingest(table, "t/small", partitions=devices)
+                for mode in MODES:
+                    for _ in range(WARMUP_QUERIES):
+                        cluster.query(SQL, pushdown=mode).execute().read_all()
+        load_before = os.getloadavg()[0]
+        rounds = 0
+        while min(len(s) for s in seconds["on"].values()) < queries:
+            order = ARMS if rounds % 2 == 0 else ARMS[::-1]  # ABBA: a drift falls on both
+            rounds += 1
+            for mode in MODES:
+                count = min(ROUND_QUERIES, queries - len(seconds["on"][mode]))
+                for arm in order:
+                    with telemetry.turn(arm) as cluster:
+                        for _ in range(count):
+                            started = time.perf_counter()
+                            cluster.query(SQL, pushdown=mode).execute().read_all()
+                            seconds[arm][mode].append(time.perf_counter() - started)
+        load_after = os.getloadavg()[0]
+        recorded = telemetry.figures()
+    summary = {}
+    for mode in MODES:
+        off, on = (statistics.median(seconds[arm][mode]) for arm in ARMS)
+        summary[mode] = {
+            "off_median_ms": 1e3 * off,
+            "on_median_ms": 1e3 * on,
+            "on_over_off": on / off,
+        }
+    total = {arm: sum(statistics.median(seconds[arm][m]) for m in MODES) for arm in ARMS}
+    return {
+        "sql": SQL,
+        "rows": table.num_rows,
+        "devices": devices,
+        "queries_per_mode_and_arm": queries,
+        "load_average": {"before": load_before, "after": load_after},
+        "on": recorded,
+        "modes": summary,
+        "on_over_off": total["on"] / total["off"],  # the modes' medians summed
+        "seconds": seconds,
+    }
+
+
+def plot_telemetry(result: dict) -> None:
+    import matplotlib.pyplot as plt
+
+    modes = result["modes"]
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    x = range(len(MODES))
+    for offset, arm in ((-0.2, "off"), (0.2, "on")):
+        heights = [modes[m][f"{arm}_median_ms"] for m in MODES]
+        ax.bar([i + offset for i in x], heights, width=0.4, label=f"metrics and tracing {arm}")
+    for i, mode in enumerate(MODES):
+        top = max(modes[mode]["off_median_ms"], modes[mode]["on_median_ms"])
+        ax.annotate(f"x{modes[mode]['on_over_off']:.3f}", (i, top), ha="center", va="bottom")
+    ax.set_xticks(list(x), MODES)
+    ax.set_ylabel("median ms per query (to the last row)")
+    ax.set_title(
+        f"{result['rows']:,}-row aggregate on {result['devices']} devices: on / off "
+        f"x{result['on_over_off']:.3f}"
+    )
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(png_path("overhead_telemetry"), dpi=120)
+
+
 def plot(result: dict) -> None:
     import matplotlib.pyplot as plt
 
@@ -156,7 +233,22 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--queries", type=int, default=60, help="timed queries per mode")
     parser.add_argument("--devices", type=int, default=4)
+    parser.add_argument(
+        "--telemetry", action="store_true", help="compare metrics and tracing on and off"
+    )
     args = parser.parse_args()
+    if args.telemetry:
+        result = run_telemetry(args.queries, args.devices)
+        for mode, s in result["modes"].items():
+            print(
+                f"{mode:7s} off {s['off_median_ms']:6.2f} ms  on {s['on_median_ms']:6.2f} ms  "
+                f"on/off {s['on_over_off']:.3f}"
+            )
+        print(f"on/off (medians summed) {result['on_over_off']:.3f}; on recorded {result['on']}")
+        path = write_json("overhead_telemetry", result)
+        plot_telemetry(result)
+        print(f"wrote {path}")
+        return
     result = run(args.queries, args.devices)
     for mode, s in result["modes"].items():
         print(

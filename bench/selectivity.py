@@ -1,7 +1,7 @@
 """Kinetic Pipe's two queries swept over selectivity: pushdown never / always / auto vs DuckDB.
 
     python bench/selectivity.py [--rows 20000000] [--devices 4] [--profile host] [--repeat 3]
-                                [--modes never,always,auto] [--name selectivity]
+                                [--modes never,always,auto] [--name selectivity] [--telemetry]
 
 On a particle table (id, x, y, z, ke), for selectivities 0.1% .. 100%:
     Q1  SELECT * FROM particles WHERE ke > X
@@ -11,6 +11,11 @@ wall time (the best of ``--repeat`` runs after one untimed run, for both systems
 shipped from devices to the host, side by side, and their ratios. At 200M rows
 (``--rows 200000000 --modes auto --name selectivity_200m``) the sweep runs auto only: never
 ships every row at every point and takes most of the run.
+
+``--telemetry``: each point on two clusters up at once, one with metrics and tracing off, one
+with both on (``common.Telemetry``), their runs taking turns (ABBA), and no DuckDB: the best
+time of each and their ratio per point and mode, and the times summed over the sweep
+(``<name>_telemetry``).
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ import pyarrow.parquet as pq
 from rich.progress import Progress
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import png_path, write_json
+from common import ARMS, Telemetry, png_path, telemetry_clusters, write_json
 
 import quarry
 from quarry.samples import particles
@@ -62,9 +67,15 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--modes", default=",".join(MODES), help="quarry's pushdown modes")
     parser.add_argument("--name", default="selectivity", help="results file name")
+    parser.add_argument(
+        "--telemetry", action="store_true", help="compare metrics and tracing on and off"
+    )
     args = parser.parse_args()
     modes = [m for m in args.modes.split(",") if m]
     assert set(modes) <= set(MODES), modes
+    if args.telemetry:
+        telemetry_sweep(args, modes)
+        return
 
     rows: list[dict] = []
     with (
@@ -141,6 +152,100 @@ def main() -> None:
     )
     plot(rows, args, modes)
     print(f"wrote {path}")
+
+
+def telemetry_sweep(args: argparse.Namespace, modes: list[str]) -> None:
+    rows: list[dict] = []
+    with tempfile.TemporaryDirectory() as tmp, telemetry_clusters(args.devices) as telemetry:
+        parquet = Path(tmp) / "particles.parquet"
+        writer = None
+        for batch in particles.batches(args.rows):
+            if writer is None:
+                writer = pq.ParquetWriter(parquet, batch.schema)
+            writer.write_batch(batch)
+        writer.close()
+        for arm in ARMS:
+            print(f"ingesting {args.rows:,} particles into {args.devices} devices ({arm}) ...")
+            with telemetry.turn(arm) as cluster:
+                cluster.ingest(parquet, "physics/particles")
+        for fraction in SELECTIVITIES:
+            x = particles.ke_threshold(fraction)
+            for name, template in QUERIES.items():
+                sql = template.format(x=x)
+                row: dict = {"selectivity": fraction, "query": name, "sql": sql}
+                for mode in modes:
+                    best = best_of_arms(args.repeat, telemetry, sql, mode)
+                    for arm in ARMS:
+                        row[f"{mode}_{arm}_s"] = best[arm]
+                    row[f"{mode}_on_over_off"] = best["on"] / best["off"]
+                    print(
+                        f"{name:6s} {fraction:6.1%} {mode:6s} off {best['off']:7.3f}s "
+                        f"on {best['on']:7.3f}s  on/off {best['on'] / best['off']:.3f}"
+                    )
+                rows.append(row)
+        recorded = telemetry.figures()
+    summed = {
+        mode: sum(r[f"{mode}_on_s"] for r in rows) / sum(r[f"{mode}_off_s"] for r in rows)
+        for mode in modes
+    }
+    every = [r[f"{m}_{arm}_s"] for r in rows for m in modes for arm in ARMS]
+    total = sum(every[1::2]) / sum(every[0::2])
+    print(f"on/off summed over the sweep: {summed}, all modes {total:.3f}; on recorded {recorded}")
+    path = write_json(
+        f"{args.name}_telemetry",
+        {
+            "rows": args.rows,
+            "devices": args.devices,
+            "repeat": args.repeat,
+            "on": recorded,
+            "on_over_off_summed": summed,
+            "on_over_off": total,
+            "results": rows,
+        },
+    )
+    plot_telemetry(rows, args, modes, total)
+    print(f"wrote {path}")
+
+
+def best_of_arms(repeat: int, telemetry: Telemetry, sql: str, mode: str) -> dict[str, float]:
+    """The best of ``repeat`` timed runs on each arm after one untimed run each, the arms
+    taking turns (ABBA); both must give the same rows."""
+    best = {arm: float("inf") for arm in ARMS}
+    rows = {}
+    for round_ in range(repeat + 1):
+        for arm in ARMS if round_ % 2 == 0 else ARMS[::-1]:
+            with telemetry.turn(arm) as cluster:
+                started = time.perf_counter()
+                rows[arm] = cluster.query(sql, pushdown=mode).execute().read_all().num_rows
+                if round_:  # the first round warms each arm
+                    best[arm] = min(best[arm], time.perf_counter() - started)
+    assert rows["on"] == rows["off"], (sql, mode, rows)
+    return best
+
+
+def plot_telemetry(rows: list[dict], args: argparse.Namespace, modes: list[str], total: float):
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.5), sharey=True)
+    for ax, name in zip(axes, QUERIES, strict=True):
+        chosen = [r for r in rows if r["query"] == name]
+        x = [100 * r["selectivity"] for r in chosen]
+        for mode in modes:
+            ax.plot(x, [r[f"{mode}_on_over_off"] for r in chosen], marker="o", label=mode)
+        ax.axhline(1.0, color="black", linewidth=0.8)
+        for bound in (0.97, 1.03):
+            ax.axhline(bound, color="red", linestyle="--", linewidth=0.8)
+        ax.set_xscale("log")
+        ax.set_xlabel("selectivity (% of rows with ke > X)")
+        ax.set_title(TITLES[name])
+        ax.legend(fontsize=8)
+    axes[0].set_ylabel("best time, metrics and tracing on / off")
+    fig.suptitle(
+        f"Telemetry on / off: {args.rows:,} particles, {args.devices} devices "
+        f"(summed over the sweep: x{total:.3f}; dashed: ±3%)"
+    )
+    fig.tight_layout()
+    fig.savefig(png_path(f"{args.name}_telemetry"), dpi=120)
 
 
 def ratios(row: dict, modes: list[str]) -> dict:

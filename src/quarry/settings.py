@@ -270,6 +270,18 @@ METRICS_PORT: Setting[int | None] = Setting(
     unset="no metrics",
 )
 
+# Traces (tracing.py, docs/operations.md).
+TRACE_FILE: Setting[Path | None] = Setting(
+    "QUARRY_TRACE_FILE",
+    Path,
+    None,
+    "",
+    "Every quarry process started with it (a query's host, its devices and storage servers) "
+    "appends the spans of each query it takes part in to this file, one JSON line a span: set "
+    "it to see a query's trace across processes without a collector",
+    unset="no trace file (OTLP if OTEL_EXPORTER_OTLP_ENDPOINT is set, else no traces)",
+)
+
 # Moves (coordinator/admin/rebalance.py): a device a partition moved away from.
 MOVED_KEEP_S: Setting[float] = Setting(
     "QUARRY_MOVED_KEEP_S",

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field, replace
 import pyarrow as pa
 from pyarrow import flight
 
-from quarry import threads
+from quarry import threads, tracing
 from quarry.device import faults
 from quarry.device.admission import SMALL_BYTES_MAX, Admission
 from quarry.device.controller import (  # pushed-back slices go in groups: the host starts early
@@ -317,8 +317,10 @@ class PartitionRun:
         partition: int,
         unit: Unit,
         declines: Declines | None = None,
+        span: tracing.Span = tracing.NO_SPAN,
     ):
         self.runtime = runtime
+        self.span = span  # the exchange's: each stage it runs and range it hands back a child
         self.request = request
         self.unit = unit
         self.declines = declines if declines is not None else Declines()
@@ -517,6 +519,7 @@ class PartitionRun:
         added to the partition's counts once done)."""
         numbers = chunk.numbers
         context = self.unit.context
+        span = self._stage_span(Stage.FULL, numbers)
         started, drive_before = time.perf_counter(), context.drive_s_here
         computed_before = context.computed_here
         try:
@@ -526,6 +529,7 @@ class PartitionRun:
             why = declined_by(error)
             if why is None or Stage.RAW not in self.unit.STAGES:
                 raise
+            span.end(error)  # the range goes back: its push-back follows
             self._failed(chunk, why, error, stream)
             return
         self._timed(time.perf_counter() - started)
@@ -536,6 +540,8 @@ class PartitionRun:
         if self.unit.RESUMABLE:  # everything this range yields is out: the host may count it
             with counted.ship.timing():
                 stream.message(ChunkDone(self.partition, numbers[0], numbers[-1] + 1))
+        span.set(bytes_read=chunk.bytes_read, bytes_shipped=shipped)
+        span.end()  # a stage that failed is told by the exchange's span, which it ends
         counted.add_read(chunk)
         counted.count(slices_executed=len(numbers), drive_s=drive_s)
         with self._counting:
@@ -556,6 +562,16 @@ class PartitionRun:
                     shipped,
                 )
             )
+
+    def _stage_span(self, stage: Stage, numbers: list[int]) -> tracing.Span:
+        return self.span.child(
+            "stage",
+            process=self.runtime.device,
+            stage=str(stage),
+            partition=self.partition,
+            first=numbers[0],
+            end=numbers[-1] + 1,
+        )
 
     def _failed(self, chunk: Chunk, why: PushBack, error: Exception, stream: Stream) -> None:
         """A chunk whose stage failed for the device's own reasons goes back raw, recorded in
@@ -633,7 +649,8 @@ class PartitionRun:
         chunk = self._new_chunk(numbers)
         drive_before = self.unit.context.drive_s_here
         computed_before = self.unit.context.computed_here
-        outputs = self.unit.filter(chunk)
+        with self._stage_span(Stage.FILTER, numbers):
+            outputs = self.unit.filter(chunk)
         drive_s = self.unit.context.drive_s_here - drive_before
         counted = Counters(WorkCounters(drive_s=drive_s))
         counted.add_computed(computed_before, self.unit.context.computed_here)
@@ -668,6 +685,13 @@ class PartitionRun:
             rows=sum(self.meta.slices[n].rows for n in self.pushed) if raw else 0,
             bytes_stored=sum(self.meta.slices[n].bytes_stored for n in self.pushed) if raw else 0,
         )
+        self.span.child(
+            "push_back",
+            process=self.runtime.device,
+            stage=str(notice.stage),
+            partition=notice.partition,
+            slices=notice.slices,
+        ).end()
         stream.message(notice)
         self.pushed = []
 
@@ -724,15 +748,20 @@ def _controller(runtime: Runtime, request: WorkRequest) -> Adaptive | None:
 
 
 def run_work(
-    runtime: Runtime, request: WorkRequest, payload: bytes, writer: flight.MetadataRecordBatchWriter
+    runtime: Runtime,
+    request: WorkRequest,
+    payload: bytes,
+    writer: flight.MetadataRecordBatchWriter,
+    span: tracing.Span = tracing.NO_SPAN,
 ) -> None:
-    """Run a work request; stream its output, its push-back notices, then ``WorkDone``."""
+    """Run a work request; stream its output, its push-back notices, then ``WorkDone``
+    (under ``span``, the exchange's: a span for each stage run and each range handed back)."""
     started, cpu_started = time.perf_counter(), cpu_seconds()
     context = UnitContext(runtime.store, runtime.emulator, runtime.device)
     unit = lookup(request.unit)(request, payload, context)
     declines = _declines(runtime, request, unit)
     runs = [
-        PartitionRun(runtime, request, partition, unit, declines)
+        PartitionRun(runtime, request, partition, unit, declines, span)
         for partition in request.partitions
     ]
     # Admitted (or refused as busy) once pruning says how much is left to read, before a byte

@@ -25,7 +25,7 @@ from typing import Any
 import pyarrow as pa
 from pyarrow import flight
 
-from quarry import auth
+from quarry import auth, tracing
 from quarry.auth.enrollment import DeviceLabels
 from quarry.auth.middleware import needed
 from quarry.auth.revocation import Verifier
@@ -200,11 +200,12 @@ class Service(flight.FlightServerBase):
         labels: Labels | None = None,
     ):
         verifier = security.verifier
-        middleware = {auth.NAME: auth.TokenCheck(verifier)} if verifier else None
+        middleware = {auth.NAME: auth.TokenCheck(verifier)} if verifier else {}
+        middleware.update(tracing.server_middleware())  # none unless it traces
         tls = [security.tls] if security.tls else None
         super().__init__(
             location,
-            middleware=middleware,
+            middleware=middleware or None,
             tls_certificates=tls,
             verify_client=security.verify_clients,
             root_certificates=security.ca if security.verify_clients else None,
@@ -214,6 +215,7 @@ class Service(flight.FlightServerBase):
         self.security = security
         self.identity = identity_file.load_or_create(self.data, name, profile.name)
         self.name = self.identity["name"]
+        tracing.name_process(f"quarry-{self.WHAT}", self.name)
         self.labels = labels or Labels.of()
         self.started_at = time.time()
         # this process's own: a restart (new process) never repeats a generation it gave
@@ -284,11 +286,23 @@ class Service(flight.FlightServerBase):
             raise ProtocolError(f"unknown exchange {kind!r}")
         request = work.WorkRequest.from_json(header)
         auth.authorize(context, f"run {request.unit}", lookup(request.unit).ROLE)
-        with self.metrics.timed(Exchange.WORK):
-            self._work(request, payload, writer)
+        span = tracing.served(
+            context,
+            "work",
+            process=self.name,
+            unit=request.unit,
+            dataset=f"{request.domain}/{request.dataset}",
+            partitions=len(request.partitions),
+        )
+        with self.metrics.timed(Exchange.WORK), span:
+            self._work(request, payload, writer, span)
 
     def _work(
-        self, request: work.WorkRequest, payload: bytes, writer: flight.MetadataRecordBatchWriter
+        self,
+        request: work.WorkRequest,
+        payload: bytes,
+        writer: flight.MetadataRecordBatchWriter,
+        span: tracing.Span,
     ) -> None:
         raise NotImplementedError
 
@@ -765,10 +779,14 @@ class DeviceServer(Service):
         return control.Version(version)
 
     def _work(
-        self, request: work.WorkRequest, payload: bytes, writer: flight.MetadataRecordBatchWriter
+        self,
+        request: work.WorkRequest,
+        payload: bytes,
+        writer: flight.MetadataRecordBatchWriter,
+        span: tracing.Span,
     ) -> None:
         self._check_generation(request.generation)
-        loop.run_work(self.runtime, request, payload, writer)  # admitted inside, once pruned
+        loop.run_work(self.runtime, request, payload, writer, span)  # admitted inside, once pruned
 
     def _check_generation(self, expected: str) -> None:
         """Refuse work planned on a catalog this device no longer matches, before any of it."""
@@ -800,7 +818,8 @@ class DeviceServer(Service):
         else:
             raise ProtocolError(f"unknown ticket {kind!r}")
         timed = self.metrics.timed_stream(kind, batches)
-        return flight.GeneratorStream(schema, _typed_errors(timed, self.damaged))
+        span = tracing.served(context, "fetch" if kind == Get.SLICES else kind, process=self.name)
+        return flight.GeneratorStream(schema, _typed_errors(span.around(timed), self.damaged))
 
     def _scan(self, request: work.ScanRequest) -> tuple[pa.Schema, Iterable[pa.RecordBatch], bool]:
         """Raw slices, through the profile's internal and external bandwidth limits, read as

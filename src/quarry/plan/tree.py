@@ -7,9 +7,10 @@ inside a subquery is found like any other.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 
-from google.protobuf.descriptor import FieldDescriptor
+from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from google.protobuf.message import Message
 from substrait import algebra_pb2, plan_pb2
 
@@ -86,10 +87,36 @@ def iter_messages(message: Message) -> Iterator[Message]:
 
 
 def iter_rels(message: Message) -> Iterator[algebra_pb2.Rel]:
-    """Every relation under `message` (itself included), through inputs and subqueries."""
-    for item in iter_messages(message):
+    """Every relation under `message` (itself included), through inputs and subqueries, in
+    the order `iter_messages` meets them. Sub-messages of a kind that can hold no relation (a
+    type, a literal, a field reference: most of a plan's messages) are not walked."""
+    stack: list[tuple[Message, int]] = [(message, 0)]
+    while stack:
+        item, depth = stack.pop()
+        assert depth < WALK_DEPTH_MAX, "Substrait tree deeper than protobuf allows"
         if isinstance(item, algebra_pb2.Rel):
             yield item
+        below: list[Message] = []
+        for field, value in item.ListFields():
+            if field.type == FieldDescriptor.TYPE_MESSAGE and _may_hold_rel(field.message_type):
+                below.extend(value) if field.is_repeated else below.append(value)
+        stack.extend((child, depth + 1) for child in reversed(below))
+
+
+@functools.cache
+def _may_hold_rel(descriptor: Descriptor) -> bool:
+    """Whether a message of this kind can have a relation at or under it."""
+    seen: set[str] = set()
+    todo = [descriptor]
+    while todo:
+        kind = todo.pop()
+        if kind.full_name == algebra_pb2.Rel.DESCRIPTOR.full_name:
+            return True
+        if kind.full_name in seen:
+            continue
+        seen.add(kind.full_name)
+        todo.extend(f.message_type for f in kind.fields if f.message_type is not None)
+    return False
 
 
 def kind(rel: algebra_pb2.Rel) -> str:

@@ -23,7 +23,7 @@ from typing import Any
 import pyarrow as pa
 from pyarrow import flight
 
-from quarry import auth
+from quarry import auth, tracing
 from quarry.coordinator.membership.cluster_file import DeviceSpec
 from quarry.coordinator.membership.device_client import DeviceClient, _finish_put
 from quarry.coordinator.membership.membership import Membership
@@ -360,19 +360,20 @@ class StorageServer(Service):
             request = work.CalibrationTransfer.from_json(header)
             schema, batches = calibration.calibration_stream(self.emulator, request.bytes)
             return flight.GeneratorStream(schema, _typed_errors(batches))
+        span = tracing.served(context, "forward", process=self.name, call=kind)
         if kind == Get.SLICES:
             fetch = work.SliceRequest.from_json(header)
             drive = self.holder(fetch.domain, fetch.dataset, fetch.partition)
-            reader = drive.get(fetch, payload)
+            reader = drive.get(fetch, payload, span)
         elif kind == Get.SCAN:
             scan = work.ScanRequest.from_json(header)
             drive = self.holder(scan.domain, scan.dataset, scan.partition)
-            reader = drive.get(scan)
+            reader = drive.get(scan, span=span)
         else:
             raise ProtocolError(f"unknown ticket {kind!r}")
         schema = drive.guard(lambda: reader.schema)
         timed = self.metrics.timed_stream(kind, self._shipped(drive, reader))
-        return flight.GeneratorStream(schema, _typed_errors(timed))
+        return flight.GeneratorStream(schema, _typed_errors(span.around(timed)))
 
     def _shipped(
         self, drive: DeviceClient, reader: flight.FlightStreamReader
@@ -382,9 +383,13 @@ class StorageServer(Service):
             yield batch
 
     def _work(
-        self, request: work.WorkRequest, payload: bytes, writer: flight.MetadataRecordBatchWriter
+        self,
+        request: work.WorkRequest,
+        payload: bytes,
+        writer: flight.MetadataRecordBatchWriter,
+        span: tracing.Span,
     ) -> None:
-        server_work.run_work(self, request, payload, writer)
+        server_work.run_work(self, request, payload, writer, span)
 
 
 def _drive_pulse(drive: DeviceClient) -> str:

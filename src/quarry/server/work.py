@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Protocol
 
 import pyarrow as pa
 
+from quarry import tracing
 from quarry.coordinator.dispatch.dispatch import Dispatch, Task
 from quarry.coordinator.dispatch.report import WorkReport
 from quarry.coordinator.dispatch.streams import merge
@@ -118,16 +119,22 @@ def run_work(
     request: WorkRequest,
     payload: bytes,
     writer: flight.MetadataRecordBatchWriter,
+    span: tracing.Span = tracing.NO_SPAN,
 ) -> None:
-    """Run ``request`` over the server's drives; stream its output, marks and ``WorkDone``."""
+    """Run ``request`` over the server's drives; stream its output, marks and ``WorkDone``.
+    Each drive's share is traced as a ``forward`` span under the exchange's ``span``."""
     started, cpu_started = time.perf_counter(), cpu_seconds()
     unit_class = lookup(request.unit)
     schema = unit_class(request, payload, host_context()).output_schema
     passed_why: dict[tuple[int, int], PushBack] = {}  # (partition, first slice): why passed on
-    dispatch = Dispatch(marks=True, passes_on=passes_on(server, request, passed_why))
+    dispatch = Dispatch(
+        marks=True, passes_on=passes_on(server, request, passed_why), task_span="forward"
+    )
     shipped = {p: Shipped() for p in request.partitions}
     costs = _drive_costs(server, request, payload)
-    tasks = [_task(server, request, payload, p, unit_class, costs) for p in request.partitions]
+    tasks = [
+        _task(server, request, payload, p, unit_class, costs, span) for p in request.partitions
+    ]
     with server.admission.exchange(small=False):
         writer.begin(schema)
         groups = merge(
@@ -244,6 +251,7 @@ def _task(
     partition: int,
     unit_class,
     costs: dict[str, HostCost] | None,
+    span: tracing.Span,
 ) -> Task:
     """One partition's share, for the drive that holds it, with the costs this server tells
     it; a SQL sub-plan cut again for a drive that cannot run all of it (``for_drive``)."""
@@ -262,6 +270,7 @@ def _task(
         payload=payload,
         label=f"{request.domain}/{request.dataset}",
         stored_raw=server.compressed(request.domain, request.dataset),
+        span=span,
     )
     capabilities = server.capabilities(drive)
     if request.unit == SubstraitUnit.NAME and not capabilities.is_full:

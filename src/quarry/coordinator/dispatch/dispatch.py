@@ -23,7 +23,7 @@ from typing import TypeVar
 
 import pyarrow as pa
 
-from quarry import threads
+from quarry import threads, tracing
 from quarry.coordinator.dispatch.failover import DeviceLost, Progress, resume
 from quarry.coordinator.dispatch.report import WorkReport
 from quarry.coordinator.dispatch.streams import Merged, merge
@@ -69,6 +69,9 @@ class Task:
     # host receives count as verified (their device checked them, and this side too when they
     # come as stored)
     verified: frozenset[int] = frozenset()
+    # the span its trace goes under (a fragment's, a storage server's exchange): each task is
+    # a span of its own there, with the device's spans under it (``tracing``; none when off)
+    span: tracing.Span = tracing.NO_SPAN
 
 
 class Dispatch:
@@ -82,6 +85,7 @@ class Dispatch:
         loads_seen: Callable[[dict[str, LoadStatus]], None] | None = None,
         cancelled: threading.Event | None = None,
         down: Iterable[str] = (),
+        task_span: str | None = None,
     ) -> None:
         # ``marks``: also yield a ``ChunkDone`` after the output of every slice range known
         # whole, as a device does (a storage server passes them on to its own upstream).
@@ -89,6 +93,10 @@ class Dispatch:
         # the upstream to fetch and complete (a storage server that hands work further back).
         self.marks = marks
         self.passes_on = passes_on
+        # ``task_span``: each task a span of its own, so named (a storage server's ``forward``:
+        # its upstream sees nothing else of its drives); none on the host, whose tasks' spans
+        # would only repeat the devices' own ``work`` under the fragment's
+        self.task_span = task_span
         # ``expect``: per device, the generation to send with its work and raw scans (it
         # refuses them if its own differs: ``freshness``); ``loads_seen``: told each device's
         # load as its work ends
@@ -185,6 +193,19 @@ class Dispatch:
 
     def stream(self, task: Task) -> Iterator[pa.RecordBatch]:
         """One task's output: what the device ran, then what the host completed."""
+        if self.task_span is None or not task.span.recording:
+            yield from self._stream(task)
+            return
+        span = task.span.child(
+            self.task_span,
+            process=task.client.name,
+            partitions=len(task.request.partitions),
+            scan=task.host_only,
+        )
+        with span:
+            yield from self._stream(replace(task, span=span))
+
+    def _stream(self, task: Task) -> Iterator[pa.RecordBatch]:
         if task.host_only:
             yield from self._host_only(task)
         else:
@@ -244,6 +265,7 @@ class Dispatch:
                             columns=columns,
                             stored=task.stored_raw,
                             generation=self._expected(client.name),
+                            span=task.span,
                         )
                     )
                 for shipped in client.batches(reader):
@@ -364,7 +386,7 @@ class Dispatch:
             generation = self._expected(task.client.name)
             if generation:
                 request = replace(request, generation=generation)
-            for item in self._opened(lambda: task.client.work(request, payload)):
+            for item in self._opened(lambda: task.client.work(request, payload, task.span)):
                 if isinstance(item, pa.RecordBatch):
                     pending.append(item)
                 elif isinstance(item, ChunkDone):
@@ -479,7 +501,7 @@ class Dispatch:
                 report.add_raw(notice.slices, notice.rows, notice.bytes_stored)
 
         def arriving() -> Iterator[pa.RecordBatch]:
-            reader = self._opened(lambda: task.client.get(fetch, payload))
+            reader = self._opened(lambda: task.client.get(fetch, payload, span))
             for shipped in task.client.batches(reader):
                 size = pa.ipc.get_record_batch_size(shipped)
                 slices, checked = self._decoded(report, shipped)
@@ -488,7 +510,15 @@ class Dispatch:
                     report.count(slices_verified=len(slices) if verified else checked)
                 yield from slices
 
-        return list(self._complete(task.host, notice.stage, arriving()))
+        span = task.span.child(
+            "complete",
+            process=task.client.name,
+            partition=notice.partition,
+            stage=str(notice.stage),
+            slices=notice.slices,
+        )
+        with span:
+            return list(self._complete(task.host, notice.stage, arriving()))
 
 
 def _elsewhere(request: WorkRequest, partition: int) -> frozenset[int]:

@@ -101,6 +101,11 @@ class Merged(Iterator[T]):
         self._stop.set()
         self._items.close()
 
+    def through(self, wrap: Callable[[Iterator[T]], Generator[T, None, None]]) -> Merged[T]:
+        """This stream through ``wrap`` (a span that ends with it): closed or dropped, the
+        result stops the producers as this one would."""
+        return Merged(wrap(self), self._stop)
+
 
 def _next(results: queue.Queue, cancelled: threading.Event | None) -> object:
     """The next item, or ``QueryCancelled`` once ``cancelled`` is set (checked while waiting)."""

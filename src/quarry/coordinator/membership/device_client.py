@@ -15,6 +15,7 @@ from typing import Any
 import pyarrow as pa
 from pyarrow import flight
 
+from quarry import tracing
 from quarry.auth.middleware import bearer
 from quarry.coordinator.membership.backoff import BusyCounter, retrying
 from quarry.coordinator.membership.liveness import (
@@ -74,9 +75,14 @@ class DeviceClient:
         self.heartbeat.stop()
         self._client.close()
 
-    def _options(self, timeout_s: float | None = None) -> flight.FlightCallOptions:
+    def _options(
+        self, timeout_s: float | None = None, span: tracing.Span = tracing.NO_SPAN
+    ) -> flight.FlightCallOptions:
+        """A call's deadline and headers: its token, and with a ``span`` (a traced query's)
+        the trace the device's own spans join (``traceparent``)."""
         self.heartbeat.ensure()  # every call: the device's heartbeats keep its pings welcome
-        return flight.FlightCallOptions(timeout=timeout_s or self.timeout_s, headers=self._headers)
+        headers = self._headers + span.headers() if span.recording else self._headers
+        return flight.FlightCallOptions(timeout=timeout_s or self.timeout_s, headers=headers)
 
     def _heartbeat_stream(self) -> Callable[[], flight.FlightStreamReader]:
         """How ``Heartbeat`` opens its stream: bound to the Flight client, not to this object."""
@@ -256,13 +262,15 @@ class DeviceClient:
 
     # ---- reads ---------------------------------------------------------------------------
 
-    def get(self, request: Message, payload: bytes = b"") -> flight.FlightStreamReader:
+    def get(
+        self, request: Message, payload: bytes = b"", span: tracing.Span = tracing.NO_SPAN
+    ) -> flight.FlightStreamReader:
         """A do_get stream for a ticket (scan, pushed-back slices, calibration), once the
         device has admitted it (a busy device is retried after the wait it asks for)."""
         ticket = flight.Ticket(request.encode(payload))
 
         def admitted() -> flight.FlightStreamReader:
-            options = self._options(STREAM_TIMEOUT_S)
+            options = self._options(STREAM_TIMEOUT_S, span)
             reader = self.guard(lambda: self._client.do_get(ticket, options))
             self.guard(lambda: reader.schema)  # the device's first answer: admitted, or busy
             return reader
@@ -279,12 +287,13 @@ class DeviceClient:
         columns: list[str] | None = None,
         stored: bool = False,
         generation: str = "",
+        span: tracing.Span = tracing.NO_SPAN,
     ) -> flight.FlightStreamReader:
         columns_ = tuple(columns) if columns is not None else None
         request = work.ScanRequest(
             domain, dataset, partition, first, end, columns_, stored, generation
         )
-        return self.get(request)
+        return self.get(request, span=span)
 
     def batches(self, reader: flight.FlightStreamReader) -> Iterator[pa.RecordBatch]:
         """A stream's batches, its errors translated."""
@@ -295,13 +304,16 @@ class DeviceClient:
 
     # ---- work near the data ----------------------------------------------------------------
 
-    def work(self, request: work.WorkRequest, payload: bytes = b"") -> WorkStream:
+    def work(
+        self, request: work.WorkRequest, payload: bytes = b"", span: tracing.Span = tracing.NO_SPAN
+    ) -> WorkStream:
         """Run a unit of work; iterate the stream for its batches and, in stream order, the
-        device's notices (``PushedBack``) and its last word (``WorkDone``)."""
+        device's notices (``PushedBack``) and its last word (``WorkDone``). Under a ``span``
+        the device's spans join its trace."""
         descriptor = flight.FlightDescriptor.for_command(request.encode(payload))
 
         def admitted() -> WorkStream:
-            options = self._options(STREAM_TIMEOUT_S)
+            options = self._options(STREAM_TIMEOUT_S, span)
             exchange = self.guard(lambda: self._client.do_exchange(descriptor, options))
             stream = WorkStream(self, *exchange)
             try:

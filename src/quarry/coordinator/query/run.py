@@ -12,10 +12,12 @@ import time
 import uuid
 import weakref
 from collections.abc import Iterable, Iterator
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
+from quarry import tracing
 from quarry.coordinator.dispatch.dispatch import Dispatch, Task
 from quarry.coordinator.dispatch.report import WorkReport
 from quarry.coordinator.dispatch.streams import Merged
@@ -83,6 +85,13 @@ class Query:
         self.collectors: list[join_keys.KeyCollector] = []
         self.pairs: tuple[JoinFilter, ...] = ()
         self.query_id = uuid.uuid4().hex
+        # the query's trace, whole across processes (``tracing``; NO_SPAN when off): it ends
+        # when the answer has been read, or the query is dropped
+        self.span = tracing.query(
+            "query", sql=sql, pushdown=str(self.pushdown), query_id=self.query_id
+        )
+        if self.span.recording:
+            weakref.finalize(self, self.span.end)
         self.cancelled = threading.Event()  # ``cancel``: every run of this query stops
         self.dispatch = Dispatch(cancelled=self.cancelled)
         self.started = self.finished = self.host_cpu_s = self.cpu_finished = 0.0
@@ -95,7 +104,7 @@ class Query:
         cluster.settle()
         self.state = cluster.state
         self.check: CatalogCheck | None = None
-        with self.clocks.planning.timing(), only_quarry_errors(sql):
+        with self.clocks.planning.timing(), only_quarry_errors(sql), self.span.child("plan"):
             self.decomposition, self.cuts = self._plan()
 
     # ---- the plan -----------------------------------------------------------------------------
@@ -176,8 +185,9 @@ class Query:
             cpu_started = cpu_seconds()
             with only_quarry_errors(self.sql):
                 result = self._run()
-        except BaseException:
+        except BaseException as error:
             slot.release()
+            self.span.end(error)
             raise
 
         def stream() -> Iterator[pa.RecordBatch]:
@@ -188,8 +198,13 @@ class Query:
                 self.host_cpu_s = self.cpu_finished - cpu_started
                 workload.learn(self.sql, self.finished - self.started)
                 self._learn_cuts()
+                self.span.set(rows=self.rows)
+            except BaseException as error:
+                self.span.end(error)
+                raise
             finally:
                 slot.release()
+                self.span.end()
 
         batches = stream()
         weakref.finalize(batches, slot.release)  # a reader dropped unread
@@ -264,7 +279,7 @@ class Query:
             self.cluster.refresh()
         self.state = self.cluster.state
         self.check = self.cluster.checked()
-        with self.clocks.planning.timing():
+        with self.clocks.planning.timing(), self.span.child("plan", again=True):
             self.decomposition, self.cuts = self._plan()
         self._restart_clean()
         return self._start(checked_by_devices=not planning_streams(self.decomposition))
@@ -359,6 +374,15 @@ class Query:
         )
 
     def _output(self, name: str, tasks: list[Task]) -> Merged:
+        """A fragment's output: its tasks run by the dispatch (under a span of the fragment's,
+        when the query is traced, that ends with its last batch)."""
+        span = self.span.child("fragment", fragment=name, tasks=len(tasks))
+        if span.recording:
+            tasks = [replace(task, span=span) for task in tasks]
+            return self._dispatched(name, tasks).through(span.around)
+        return self._dispatched(name, tasks)
+
+    def _dispatched(self, name: str, tasks: list[Task]) -> Merged:
         workers = WORKERS_PER_DEVICE * len(self.cluster.live_devices())
         if self.pushdown is Pushdown.NEVER:
             # The host does all the work: more streams than its cores only hold more rows at
