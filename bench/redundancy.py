@@ -4,13 +4,15 @@ On one cluster of ten host-profile devices, the same particle table stored five 
 
 1. Stored bytes: data and parity (or every replica), against one copy, beside the ideal
    (K + M) / K; and ingest throughput of each.
-2. Query time (median of a few runs of three queries, pushdown auto): healthy; with one device
-   lost; with two lost (M for both codes; replicas 2 loses data with two); replicas 2 with one
-   lost beside them. A degraded read rebuilds each lost slice on the host from K survivors:
-   its physical bound is K slices read and shipped per slice rebuilt, and one decode.
-3. Rebuild throughput: a lost partition rebuilt on the host (read K survivors, decode, check)
-   and ``quarry repair`` (rebuilt and written to a live device), beside the library's raw
-   decode rate; zfec and pyeclib (where installed) encode and decode rates at 4+2 and 8+2.
+2. Query time (median of a few runs of three queries, pushdown auto, the layouts taking
+   turns run by run): healthy; with one device lost; with two lost (M for both codes;
+   replicas 2 loses data with two); replicas 2 with one lost beside them. A degraded read
+   rebuilds each lost slice on the host from K survivors: its physical bound is K slices
+   read and shipped per slice rebuilt, and one decode.
+3. Rebuild throughput: a lost partition rebuilt on the host (read K survivors, decode, check),
+   whole and one column of it (that column's run of each stripe), and ``quarry repair``
+   (rebuilt and written to a live device), beside the library's raw decode rate; zfec and
+   pyeclib (where installed) encode and decode rates at 4+2 and 8+2.
 
 Writes bench/results/redundancy.json and .png. Run: python bench/redundancy.py [--quick]
 """
@@ -49,6 +51,7 @@ QUERIES = (
     "SELECT id, ke FROM b.{name} WHERE ke > 9.5",
 )
 BLOCK_BYTES = 1 << 20
+ONE_COLUMN = "ke"  # a degraded read of one column rebuilds its bytes only
 console = Console(stderr=True)
 
 
@@ -72,17 +75,17 @@ def stored_bytes(entry: Any) -> dict[str, Any]:
     }
 
 
-def query_time(cluster: Any, name: str, repeats: int) -> float:
-    """Seconds for the three queries, each the median of ``repeats`` runs."""
-    total = 0.0
-    for sql in QUERIES:
-        runs = []
-        for _ in range(repeats):
-            started = time.perf_counter()
-            cluster.sql(sql.format(name=name), pushdown="auto").read_all()
-            runs.append(time.perf_counter() - started)
-        total += statistics.median(runs)
-    return total
+def query_times(cluster: Any, layouts: list[str], repeats: int) -> dict[str, float]:
+    """Seconds for the three queries on each layout, each the median of ``repeats`` runs. The
+    layouts take turns, run by run, so each meets the same machine (a shared one drifts)."""
+    runs: dict[tuple[str, str], list[float]] = {(n, sql): [] for n in layouts for sql in QUERIES}
+    for _ in range(repeats):
+        for name in layouts:
+            for sql in QUERIES:
+                started = time.perf_counter()
+                cluster.sql(sql.format(name=_dataset(name)), pushdown="auto").read_all()
+                runs[(name, sql)].append(time.perf_counter() - started)
+    return {n: sum(statistics.median(runs[(n, sql)]) for sql in QUERIES) for n in layouts}
 
 
 def code_rates(repeats: int) -> list[dict[str, Any]]:
@@ -157,6 +160,12 @@ def rebuild_rate(cluster: Any, dataset: str) -> dict[str, Any]:
     rows = sum(b.num_rows for b in rebuilder.scan(entry.domain, entry.name, lost.partition))
     seconds = time.perf_counter() - started
     rebuilt = sum(s.bytes_stored for s in rebuilder.meta().slices)
+    one = Rebuilder.of(cluster, lost)  # one column of five: its run of each stripe only
+    started = time.perf_counter()
+    for _ in one.scan(entry.domain, entry.name, lost.partition, columns=[ONE_COLUMN]):
+        pass
+    one_s = time.perf_counter() - started
+    column = sum(s.columns[entry.schema.get_field_index(ONE_COLUMN)] for s in one.meta().slices)
     return {
         "rows": rows,
         "bytes_rebuilt": rebuilt,
@@ -165,6 +174,14 @@ def rebuild_rate(cluster: Any, dataset: str) -> dict[str, Any]:
         "seconds": seconds,
         "decode_s": rebuilder.decode_s,
         "bytes_per_s": rebuilt / seconds,
+        "one_column": {
+            "column": ONE_COLUMN,
+            "bytes_rebuilt": column,
+            "bytes_read": one.bytes_read,
+            "read_share_of_whole": one.bytes_read / max(1, rebuilder.bytes_read),
+            "seconds": one_s,
+            "decode_s": one.decode_s,
+        },
     }
 
 
@@ -184,22 +201,22 @@ def run(rows: int, repeats: int) -> dict[str, Any]:
                 "ingest_mb_per_s": table.nbytes / seconds / 1e6,
             }
             console.print(f"{layout}: stored {layouts[layout]['overhead']:.2f}x, {seconds:.1f} s")
-        for layout, _ in LAYOUTS:  # once to warm up (plans, sampled slices, page cache)
-            query_time(cluster, _dataset(layout), 1)
-        for layout, _ in LAYOUTS:
-            layouts[layout]["query_healthy_s"] = query_time(cluster, _dataset(layout), repeats)
+        names = [layout for layout, _ in LAYOUTS]
+        query_times(cluster, names, 1)  # once to warm up (plans, sampled slices, page cache)
+        for layout, seconds in query_times(cluster, names, repeats).items():
+            layouts[layout]["query_healthy_s"] = seconds
         victims = _victims(cluster)
         cluster.kill_device(victims[0])
         cluster.refresh()
-        for layout, _ in LAYOUTS[1:]:
-            layouts[layout]["query_one_lost_s"] = query_time(cluster, _dataset(layout), repeats)
+        for layout, seconds in query_times(cluster, names[1:], repeats).items():
+            layouts[layout]["query_one_lost_s"] = seconds
         rebuilds = {
             layout: rebuild_rate(cluster, f"b/{_dataset(layout)}") for layout, _ in LAYOUTS[3:]
         }
         cluster.kill_device(victims[1])
         cluster.refresh()
-        for layout, _ in (LAYOUTS[2], *LAYOUTS[3:]):
-            layouts[layout]["query_two_lost_s"] = query_time(cluster, _dataset(layout), repeats)
+        for layout, seconds in query_times(cluster, [names[2], *names[3:]], repeats).items():
+            layouts[layout]["query_two_lost_s"] = seconds
         started = time.perf_counter()
         repaired = cluster.repair(bandwidth_bytes_per_s=1e12)
         repair_s = time.perf_counter() - started

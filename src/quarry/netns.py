@@ -13,6 +13,10 @@ its own host, and lets a test or a benchmark cut, heal and shape its link
                                  `ip netns exec <prefix><i> python -m quarry.device serve
                                   --host 10.A.B.(10+i) --tls ...`
 
+A host may run several devices (``cluster(devices_per_host=...)``): they share its namespace and
+address, listen on ports from ``DEVICE_PORT`` up, and say the address as their host's failure
+domain, so replicas and stripes spread over hosts as on real machines.
+
 - ``cut``: the veth's root end set down. Silence, both ways, and no reset: what a pulled cable or
   a dead switch port looks like (checked on this kernel: a call across it waited 12 s without
   an error until the link came back). A bridge port set "disabled" was tried and kept
@@ -46,6 +50,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -53,6 +58,8 @@ from quarry.auth.credentials import Credentials, create
 from quarry.auth.enrollment import DeviceFolder, ensure_enrolled
 from quarry.coordinator.cluster import Cluster
 from quarry.coordinator.membership.cluster_file import ClusterFile, DeviceSpec
+from quarry.coordinator.membership.membership import client_of
+from quarry.coordinator.processes.layouts import STARTS_AT_ONCE
 from quarry.coordinator.processes.spawn import (
     ENROLLED,
     STOP_TIMEOUT_S,
@@ -63,7 +70,7 @@ from quarry.coordinator.processes.spawn import (
 from quarry.errors import QuarryError
 
 COMMAND_TIMEOUT_S = 20.0  # one `ip` or `tc` command
-DEVICE_PORT = 31337  # every device has an address of its own: the same port on each
+DEVICE_PORT = 31337  # every host has an address of its own: its devices listen from this port up
 FIRST_DEVICE_HOST = 10  # device i listens on 10.A.B.(10 + i)
 DEVICES_MAX = 200
 SUBNET_TRIES_MAX = 64
@@ -322,15 +329,19 @@ class NamespacedCluster:
     processes: dict[str, subprocess.Popen]
     data: Path
     profiles_file: str | None = None
+    # each device's host: the name of its namespace's link (a device of its own host: its own)
+    hosts: dict[str, str] = field(default_factory=dict)
 
     def link(self, name: str) -> Link:
-        return self.network.links[name]
+        """The link of a host, or of the host device ``name`` runs on."""
+        return self.network.links[self.hosts.get(name, name)]
 
     def cut(self, name: str) -> None:
-        self.network.cut(name)
+        """A host's link (device ``name``'s host's: with every device on it) goes silent."""
+        self.network.cut(self.link(name).name)
 
     def heal(self, name: str) -> None:
-        self.network.heal(name)
+        self.network.heal(self.link(name).name)
 
     def kill(self, name: str) -> None:
         """Stop a device abruptly (SIGKILL), as a crash would."""
@@ -339,31 +350,49 @@ class NamespacedCluster:
         process.wait(timeout=STOP_TIMEOUT_S)
 
     def start(self, name: str) -> None:
-        """Start a stopped device again in its namespace, on its data and address."""
+        """Start a stopped device again in its namespace, on its data and address, and give the
+        cluster a fresh client of it (a gRPC channel to a dead server backs off before it
+        reconnects)."""
         spec = next(s for s in self.specs if s.name == name)
         assert spec.data is not None and spec.profile is not None
-        process, _ = _start(self.network, spec, self.profiles_file)
+        process, _ = _start(self.network, self.link(name), spec, self.profiles_file)
         self.processes[name] = process
+        self.cluster.devices[name].close()
+        self.cluster.devices[name] = client_of(spec)
+        self.cluster.refresh()
 
 
 def _start(
-    network: Network, spec: DeviceSpec, profiles_file: str | None
+    network: Network, link: Link, spec: DeviceSpec, profiles_file: str | None
 ) -> tuple[subprocess.Popen, dict]:
-    """One device's process in its namespace, once it listens."""
+    """One device's process in its host's namespace, once it listens."""
     assert spec.data is not None and spec.profile is not None
-    link = network.links[spec.name]
     command = device_command(
         Path(spec.data),
         spec.name,
         spec.profile,
-        DEVICE_PORT,
+        spec.port,
         Path(spec.data) / "ready.json",
         profiles_file,
         _enrolled(spec, link),
         tls=True,
+        host_label=spec.host,  # its failure domain: the host (namespace) it runs on
     )
-    command = [*network.exec_prefix(spec.name), *command, "--host", link.address]
+    command = [*network.exec_prefix(link.name), *command, "--host", link.address]
     return spawn(command, Path(spec.data), f"device {spec.name} in {link.namespace}")
+
+
+def _start_all(
+    network: Network, links: list[Link], specs: list[DeviceSpec]
+) -> dict[str, subprocess.Popen]:
+    """Every device's process, started at once (``STARTS_AT_ONCE`` together), by name; if one
+    fails, the first error (those started are stopped with the network's namespaces)."""
+    with ThreadPoolExecutor(min(STARTS_AT_ONCE, len(specs)), "quarry-netns-start") as pool:
+        futures = [
+            pool.submit(_start, network, link, spec, spec.profiles_file)
+            for link, spec in zip(links, specs, strict=True)
+        ]
+        return {spec.name: future.result()[0] for spec, future in zip(specs, futures, strict=True)}
 
 
 def _enrolled(spec: DeviceSpec, link: Link) -> DeviceFolder:
@@ -381,13 +410,17 @@ def cluster(
     profile: str = "host",
     data: str | Path | None = None,
     profiles_file: str | None = None,
+    devices_per_host: int = 1,
 ) -> Iterator[NamespacedCluster]:
-    """``devices`` devices, each in a namespace of its own on its own address, TLS on; the
-    cluster talks to them from this process (the root namespace). Everything is removed on
-    exit, the folder too unless ``data`` names it."""
+    """``devices`` devices, ``devices_per_host`` to a host: each host a namespace of its own
+    on its own address (its devices on ports from ``DEVICE_PORT`` up, its address their
+    failure domain), TLS on; the cluster talks to them from this process (the root
+    namespace). A host of one device is named as its device (``dev0``), others ``host0``...
+    Everything is removed on exit, the folder too unless ``data`` names it."""
     reason = missing()
     if reason is not None:
         raise NetnsUnavailable(reason)
+    assert 1 <= devices_per_host <= devices, (devices_per_host, devices)
     owns = data is None
     root = Path(tempfile.mkdtemp(prefix="quarry-netns-")) if owns else Path(data)
     root.mkdir(parents=True, exist_ok=True)
@@ -396,26 +429,35 @@ def cluster(
     running: Cluster | None = None
     try:
         names = [f"dev{i}" for i in range(devices)]
-        links = [network.add(name) for name in names]
-        credentials = make_credentials(root, tuple(link.address for link in links))
-        specs = []
-        for link in links:
-            spec = DeviceSpec(
-                name=link.name,
-                address=f"grpc+tls://{link.address}:{DEVICE_PORT}",
-                data=str(root / link.name),
+        hosts = {
+            name: name if devices_per_host == 1 else f"host{i // devices_per_host}"
+            for i, name in enumerate(names)
+        }
+        links = {host: network.add(host) for host in dict.fromkeys(hosts.values())}
+        addresses = tuple(link.address for link in links.values())
+        credentials = make_credentials(root, addresses)
+        specs = [
+            DeviceSpec(
+                name=name,
+                address=f"grpc+tls://{link.address}:{DEVICE_PORT + i % devices_per_host}",
+                data=str(root / name),
                 profile=profile,
                 profiles_file=profiles_file,
                 credentials=str(credentials.folder),
                 token_file=str(credentials.admin_token_file),
                 ca_file=str(credentials.ca_file),
+                host=link.address,
             )
-            process, _ = _start(network, spec, profiles_file)
-            processes[link.name] = process
-            specs.append(replace(spec, pid=process.pid))
+            for i, name in enumerate(names)
+            for link in (links[hosts[name]],)
+        ]
+        processes.update(_start_all(network, [links[hosts[s.name]] for s in specs], specs))
+        specs = [replace(spec, pid=processes[spec.name].pid) for spec in specs]
         ClusterFile(tuple(specs)).write(root / "cluster.json")
         running = Cluster(tuple(specs), source=str(root / "cluster.json"))
-        yield NamespacedCluster(network, running, tuple(specs), processes, root, profiles_file)
+        yield NamespacedCluster(
+            network, running, tuple(specs), processes, root, profiles_file, hosts
+        )
     finally:
         if running is not None:
             running.close()

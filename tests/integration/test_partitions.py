@@ -248,15 +248,17 @@ def test_a_link_cut_during_an_ingest_ends_complete_or_absent(namespaced, monkeyp
         assert netns.wait_until(lambda: _settled(cluster), HEAL_S), "debris outlived the lease"
         cluster.refresh()
         listed = name in {d.dataset for d in cluster.datasets()}
-        if outcome.error is None:  # complete: every row, on every replica
+        # the decider cut while asked to commit: only its word, once healed, says which
+        unknown = isinstance(outcome.error, atomic.OutcomeUnknown)
+        if outcome.error is None or (unknown and listed):  # complete: every row, every replica
             assert listed and cluster.entry(name).rows == rows
             assert cluster.scan(name).read_all().num_rows == rows
             cluster.drop(name)
         else:  # absent, with nothing left behind
             assert isinstance(outcome.error, QuarryError), repr(outcome.error)
-            assert not listed, f"round {number}: a failed ingest is listed"
+            assert not listed, f"round {number}: a failed ingest is listed: {outcome.error!r}"
         assert _key_counts(cluster) == before, f"round {number}: debris"
-        outcomes.append("complete" if outcome.error is None else "absent")
+        outcomes.append("complete" if outcome.error is None or listed else "absent")
     print(f"ingest rounds: {outcomes}")
 
 

@@ -14,7 +14,7 @@ and 25 GB/s out of it, the crc32c package 24-31 and 24, google-crc32c 16-17 and 
 copies what it is given first). A 64-bit digest lets a random corruption through once in 2^64
 checks, CRC-32C once in 2^32; CRC-32C's one edge, detecting every burst of up to 32 bits
 whatever the length, matters for short network frames, not for values of megabytes read whole.
-A read checks at memory speed, about 100 ms per GB (``bench/checksum.py``, docs/integrity.md).
+A read checks at memory speed, 86-100 ms per GB (``bench/checksum.py``, docs/integrity.md).
 
 A value written before checksums has none (``None``): it reads as it always did, unverified,
 and ``quarry status`` counts such partitions (docs/integrity.md says why they are not refused).

@@ -19,6 +19,10 @@ step 3 is refused at the door (its catalog generation changed) and planned again
 running there reads the rows the grace keeps. A rebalance cut short (the coordinator killed)
 leaves a copy pending on its target, which the target drops when its lease ends, or a
 partition on one device too many, which the next plan takes off again: run it again.
+
+An erasure-coded dataset's stripe groups are placed as partitions of K + M replicas
+(``StripedGroups``): a member moves only off a device its group leaves, onto one that holds no
+member of the group, and its copy must hold the very bytes its parity was coded over.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ from quarry.coordinator.admin.repair import (
 from quarry.coordinator.membership.placement import Group, plan
 from quarry.errors import ClusterError, DatasetNotFound, QuarryError
 from quarry.progress import Bar
+from quarry.store import parity
 
 if TYPE_CHECKING:
     from quarry.coordinator.membership.catalog import DatasetEntry, PartitionEntry
@@ -159,10 +164,10 @@ def planned(cluster: Membership) -> tuple[list[PartitionPlan], int]:
         raise ClusterError("every device is drained: no device is left to hold partitions")
     members: list[tuple[DatasetEntry, str, list[PartitionEntry]]] = []
     groups: list[Group] = []
+    striped: list[StripedGroups] = []
     for entry in cluster.catalog.values():
         if entry.parity or entry.parity_lost:
-            # erasure coded: a stripe group's members stay where its ingest (or a repair) put
-            # them, on distinct devices; moving them one by one could set two together
+            striped.extend(_striped(entry, len(domains)))
             continue
         for record, partitions in _by_ingest(entry):
             if record.replicas > len(domains):
@@ -173,13 +178,17 @@ def planned(cluster: Membership) -> tuple[list[PartitionPlan], int]:
             holders = {p.partition: tuple(p.devices) for p in partitions}
             groups.append(Group(entry.qualified, record.replicas, holders))
             members.append((entry, record.id, partitions))
-    targets = plan(groups, domains)
+    targets = plan([*groups, *(s.group for s in striped)], domains)
     plans = [
         PartitionPlan(entry, p, ingest_id, tuple(p.devices), target[p.partition])
-        for (entry, ingest_id, partitions), target in zip(members, targets, strict=True)
+        for (entry, ingest_id, partitions), target in zip(
+            members, targets[: len(groups)], strict=True
+        )
         for p in partitions
         if set(target[p.partition]) != set(p.devices)
     ]
+    for stripes, target in zip(striped, targets[len(groups) :], strict=True):
+        plans.extend(stripes.moves(target))
     drained = cluster.drained
     plans.sort(
         key=lambda m: (
@@ -189,7 +198,72 @@ def planned(cluster: Membership) -> tuple[list[PartitionPlan], int]:
         )
     )
     replicas = sum(len(p.devices) for entry, _, partitions in members for p in partitions)
+    replicas += sum(len(p.devices) for s in striped for group in s.members for p in group)
     return plans, replicas
+
+
+@dataclass(frozen=True)
+class StripedGroups:
+    """The stripe groups of one erasure-coded ingest, placed as one placement group whose
+    "partitions" are its stripe groups and whose K + M "replicas" are their members' devices
+    (as its ingest placed them): a plan keeps each group's members on K + M distinct devices,
+    in distinct domains while enough exist, and moves only those that must move."""
+
+    entry: DatasetEntry
+    ingest_id: str
+    group: Group
+    members: list[list[PartitionEntry]]  # per stripe group: data then parity, in block order
+
+    def moves(self, target: dict[int, tuple[str, ...]]) -> list[PartitionPlan]:
+        """Each member off a device its group leaves, onto one the group takes that holds no
+        member of it: two members never share a device, not even while one moves. A member
+        on two devices (a move cut short) keeps one."""
+        plans = []
+        for index, members in enumerate(self.members):
+            devices = list(target[index])
+            assert len(devices) == len(members), (self.entry.qualified, devices, members)
+            kept: dict[int, str] = {}
+            for p in members:
+                stays = next((d for d in p.devices if d in devices and d not in kept.values()), "")
+                if stays:
+                    kept[p.partition] = stays
+            holding = {d for p in members for d in p.devices}
+            free = sorted(
+                (d for d in devices if d not in kept.values()), key=lambda d: d in holding
+            )
+            for p in members:
+                goes = kept.get(p.partition) or free.pop(0)
+                if tuple(p.devices) != (goes,):
+                    plans.append(
+                        PartitionPlan(self.entry, p, self.ingest_id, tuple(p.devices), (goes,))
+                    )
+        return sorted(plans, key=lambda plan: len(plan.adds))  # extra copies let go first
+
+
+def _striped(entry: DatasetEntry, devices: int) -> list[StripedGroups]:
+    """An erasure-coded dataset's stripe groups, ingest by ingest. One with a member lost
+    (held by no device) is left where it is: ``quarry repair`` rebuilds the member first."""
+    held = {p.partition: p for p in [*entry.partitions, *entry.parity] if not p.lost}
+    found = []
+    for record in entry.ingests:
+        code = parity.parse(record.redundancy)
+        if code is None or not record.stripes:
+            continue
+        members = [[held.get(n) for n in (*g.data, *g.parity)] for g in record.stripes]
+        if any(p is None or not p.devices for group in members for p in group):
+            continue
+        if code.k + code.m > devices:
+            raise ClusterError(
+                f"{entry.qualified} is {code.text}: each stripe's {code.k + code.m} members on "
+                f"as many devices, but only {devices} would hold partitions: add a device first"
+            )
+        whole = [[p for p in group if p is not None] for group in members]
+        holders = {
+            index: tuple(d for p in group for d in p.devices) for index, group in enumerate(whole)
+        }
+        group = Group(f"{entry.qualified}#stripes", code.k + code.m, holders)
+        found.append(StripedGroups(entry, record.id, group, whole))
+    return found
 
 
 def _by_ingest(entry: DatasetEntry) -> Iterable[tuple[IngestRecord, list[PartitionEntry]]]:
@@ -248,6 +322,8 @@ def _move(
                 copied_bytes=bar.advance,
             )
             copied.append(target)
+        if p.stripe is not None and sources:
+            _same_bytes(cluster, move, sources[0], copied)
         for device in move.target:
             held = cluster.devices[device].holders(
                 entry.domain, entry.name, p.partition, move.ingest_id, list(move.target)
@@ -264,6 +340,27 @@ def _move(
         report.failed.extend(MoveFailed(m, str(error)) for m in moves)
         return
     report.moved.extend(moves)
+
+
+def _same_bytes(cluster: Membership, move: PartitionPlan, source: str, copies: list[str]) -> None:
+    """A stripe member's copies hold the very bytes its stripe's parity was coded over: each
+    slice's length and checksums as on the device it leaves (a paired assertion: parity over
+    other bytes would rebuild garbage, which the checksums would then refuse). A copy that
+    does not is let go of at once."""
+    entry, p = move.entry, move.partition
+
+    def slices(device: str) -> list[tuple[int, list[int] | None]]:
+        described = cluster.devices[device].describe(entry.domain, entry.name, p.partition)
+        return [(s.bytes_stored, s.checksums) for s in described.slices]
+
+    expected = slices(source)
+    for copy in copies:
+        if slices(copy) != expected:
+            cluster.devices[copy].retire(entry.domain, entry.name, p.partition, move.ingest_id)
+            raise QuarryError(
+                f"the copy of partition {p.partition} of {entry.qualified} on {copy} does not "
+                f"hold the bytes its {entry.redundancy} stripe was coded over: it stays on {source}"
+            )
 
 
 def _orphans_gone(cluster: Membership, move: PartitionPlan, copied: list[str]) -> None:

@@ -11,7 +11,10 @@ offload) gives the answer the healthy cluster gives. A rebuilt slice is checked 
 checksums its device wrote (kept with the parity), as a read on that device checks it.
 
 Its cost is the physical bound of a degraded read: K slices read and shipped for every slice
-rebuilt, and one decode on the host's CPU.
+rebuilt, and one decode on the host's CPU. The code works byte by byte, so a read of some
+columns rebuilds only the run of the lost value that holds them (``Span``), from the same run
+of each survivor: a data survivor's streams that overlap it, and that run of a parity block
+(read whole: a parity partition is read as rows).
 """
 
 from __future__ import annotations
@@ -46,6 +49,48 @@ class Layout:
 
     def lengths(self, number: int) -> list[int]:
         return [0 if i is None else int(i["bytes_stored"]) for i in self.infos[number]]
+
+    def offsets(self, number: int, position: int) -> list[int]:
+        """Where each column stream of a data block's value starts, and where the last ends."""
+        info = self.infos[number][position]
+        found = [0]
+        for size in (info or {}).get("columns") or []:
+            found.append(found[-1] + int(size))
+        return found
+
+    def by_column(self, number: int) -> bool:
+        """Whether every value of stripe ``number`` is stored as a stream per column."""
+        return all(i is None or i.get("columns") is not None for i in self.infos[number])
+
+
+@dataclass(frozen=True)
+class Span:
+    """The bytes of a stripe rebuilt: ``[low, high)`` of every block. The code works byte by
+    byte, so the columns a query reads of a lost slice come back from the same range of K
+    survivors: the survivors' streams that overlap it, and that range of a parity block."""
+
+    low: int
+    high: int
+
+    def overlaps(self, start: int, end: int) -> bool:
+        return start < self.high and end > self.low
+
+    def cut(self, block: bytes) -> bytes:
+        """A parity block's bytes within the span (a block is as long as its stripe's longest
+        value, so it covers the span whole)."""
+        assert len(block) >= self.high, (len(block), self.high)
+        return block[self.low : self.high]
+
+    def joined(self, offsets: list[int], indices: list[int], streams: list[bytes]) -> bytes:
+        """A value's bytes within the span, from the streams (of the columns at ``indices``,
+        which start at ``offsets``) that overlap it, cut at the value's end."""
+        value = bytearray(self.high - self.low)
+        for index, stream in zip(indices, streams, strict=True):
+            start, end = max(offsets[index], self.low), min(offsets[index + 1], self.high)
+            if start < end:
+                piece = stream[start - offsets[index] : end - offsets[index]]
+                value[start - self.low : end - self.low] = piece
+        return bytes(value[: max(0, min(offsets[-1], self.high) - self.low)])
 
 
 class Rebuilder:
@@ -184,15 +229,33 @@ class Rebuilder:
     def _rebuilt(self, first: int, end: int, columns: list[str] | None) -> list[pa.RecordBatch]:
         """Slices [first, end) rebuilt; a survivor that fails is replaced by another."""
         errors: list[str] = []
+        spans = {number: self._span(number, columns) for number in range(first, end)}
         for _ in range(SURVIVOR_SETS_MAX):
             survivors = self._survivors()
             try:
-                blocks = {p: self._read(p, client, first, end) for p, client in survivors}
+                blocks = {p: self._read(p, client, first, end, spans) for p, client in survivors}
             except (DeviceUnavailable, CorruptSlice) as error:
                 errors.append(str(error))
                 continue
-            return [self._decoded(number, blocks, columns) for number in range(first, end)]
+            return [
+                self._decoded(number, blocks, columns, spans[number])
+                for number in range(first, end)
+            ]
         raise self._missing("; ".join(errors))
+
+    def _span(self, number: int, columns: list[str] | None) -> Span:
+        """What stripe ``number`` must rebuild: a lost data slice's streams of ``columns`` (the
+        run from the first to the last of them), else (every column, or a parity block coded
+        again from the data) the whole stripe."""
+        layout = self.layout()
+        whole = Span(0, max(1, max(layout.lengths(number))))
+        if self.is_parity or columns is None or not layout.by_column(number):
+            return whole
+        offsets = layout.offsets(number, self.stripe.data.index(self.partition))
+        indices = [self.entry.schema.get_field_index(c) for c in columns]
+        if not indices or min(indices) < 0 or len(offsets) <= max(indices) + 1:
+            return whole  # decode_read names what is wrong
+        return Span(min(offsets[i] for i in indices), max(offsets[i + 1] for i in indices))
 
     def _survivors(self) -> list[tuple[int, Any]]:
         """K members of the stripe held by devices that answer (data first: a parity row is
@@ -221,43 +284,62 @@ class Rebuilder:
             if d not in down and d not in self.failed and d in self.cluster.devices
         ]
 
-    def _read(self, member: int, client: Any, first: int, end: int) -> dict[int, bytes]:
-        """Slice number -> the member's stored value (a data slice's whole value, or a parity
-        block), for the slices it has in [first, end)."""
-        is_parity = member in self.stripe.parity
+    def _read(
+        self, member: int, client: Any, first: int, end: int, spans: dict[int, Span]
+    ) -> dict[int, bytes]:
+        """Slice number -> the member's stored bytes within its stripe's span (a data slice's
+        value, read as the streams that overlap the span; a parity block, read whole), for
+        the slices it has in [first, end)."""
+        if member in self.stripe.parity:
+            read = self._scanned(member, client, first, end, [parity.PARITY], True)
+            return {n: spans[n].cut(block) for n, block in read.items()}
+        position = self.stripe.position(member)
+        layout = self.layout()
+        wanted: set[int] = set()
+        for number, span in spans.items():
+            offsets = layout.offsets(number, position)
+            wanted.update(i for i in range(len(offsets) - 1) if span.overlaps(*offsets[i : i + 2]))
+        held = [n for n in spans if layout.lengths(n)[position]]
+        if not wanted:  # the member's values all end before the span: zeros, as coded
+            return dict.fromkeys(held, b"")
+        names = [self.entry.schema.field(i).name for i in sorted(wanted)]
+        read = self._scanned(member, client, first, end, names, False)
+        assert sorted(read) == held, (member, sorted(read), held)
+        return {
+            number: spans[number].joined(layout.offsets(number, position), sorted(wanted), streams)
+            for number, streams in read.items()
+        }
+
+    def _scanned(
+        self, member: int, client: Any, first: int, end: int, names: list[str], is_parity: bool
+    ) -> dict[int, Any]:
+        """Slice number -> a parity block, or a data slice's streams of ``names``."""
         try:
-            if is_parity:
-                reader = client.scan(
-                    self.entry.domain, self.entry.name, member, first, end, [parity.PARITY]
-                )
-            else:
-                reader = client.scan(
-                    self.entry.domain,
-                    self.entry.name,
-                    member,
-                    first,
-                    end,
-                    self.entry.schema.names,
-                    stored=True,
-                )
-            values: dict[int, bytes] = {}
+            reader = client.scan(
+                self.entry.domain, self.entry.name, member, first, end, names, stored=not is_parity
+            )
+            found: dict[int, Any] = {}
             number = first
             for batch in client.batches(reader):
                 for value in _values(batch, is_parity):
-                    values[number] = value
-                    self.bytes_read += len(value)
+                    found[number] = value
+                    self.bytes_read += sum(len(v) for v in value) if not is_parity else len(value)
                     number += 1
-            return values
+            return found
         except (DeviceUnavailable, CorruptSlice):
             self.failed.add(client.name)
             raise
 
     def _decoded(
-        self, number: int, read: dict[int, dict[int, bytes]], columns: list[str] | None
+        self,
+        number: int,
+        read: dict[int, dict[int, bytes]],
+        columns: list[str] | None,
+        span: Span,
     ) -> pa.RecordBatch:
         """Slice ``number`` of the lost member, from its stripe: rows decoded and checked, or
         a parity row coded again."""
-        values = self._stripe(number, read)
+        values = self._stripe(number, read, span)
         self.rebuilt_slices += 1
         if self.is_parity:
             blocks, _ = parity.encode(self.stripe.code, values)
@@ -276,26 +358,28 @@ class Rebuilder:
             else [self.entry.schema.get_field_index(c) for c in columns]
         )
         view = memoryview(value)
-        parts = [view[offsets[i] : offsets[i + 1]] for i in indices]
+        parts = [view[offsets[i] - span.low : offsets[i + 1] - span.low] for i in indices]
         return decode_read(meta, FetchedSlice(number, columns, None, parts, indices))
 
-    def _stripe(self, number: int, read: dict[int, dict[int, bytes]]) -> list[bytes]:
-        """Stripe ``number``'s K data values, each cut to its own length."""
+    def _stripe(self, number: int, read: dict[int, dict[int, bytes]], span: Span) -> list[bytes]:
+        """Stripe ``number``'s K data values within ``span``, each cut to its own end."""
         code, stripe = self.stripe.code, self.stripe
-        lengths = self.layout().lengths(number)
+        lengths = [
+            max(0, min(length, span.high) - span.low) for length in self.layout().lengths(number)
+        ]
         blocks: dict[int, bytes] = {}
         for member, values in read.items():
             position = stripe.position(member)
             if number in values:
                 blocks[position] = values[number]
         for position in range(code.k):  # partitions with no slice here: zeros, as coded
-            if not lengths[position]:
+            if not self.layout().lengths(number)[position]:
                 blocks.setdefault(position, b"")
         if all(p in blocks for p in range(code.k)):
             data = [blocks[p] for p in range(code.k)]
         else:
             started = time.thread_time()
-            data = parity.decode(code, blocks, max(1, max(lengths)))
+            data = parity.decode(code, blocks, span.high - span.low)
             self.decode_s += time.thread_time() - started
         return [value[:length] for value, length in zip(data, lengths, strict=True)]
 
@@ -307,10 +391,10 @@ class Rebuilder:
         )
 
 
-def _values(batch: pa.RecordBatch, is_parity: bool) -> list[bytes]:
+def _values(batch: pa.RecordBatch, is_parity: bool) -> list[Any]:
     """The values in a survivor's batch: a parity block per row, or a data slice's stored
-    value (its column streams in schema order, joined) per row."""
+    streams (of the columns read, in schema order) per row."""
     if is_parity:
         return [bytes(v) for v in batch.column(parity.PARITY).to_pylist()]
     names = [n for n in batch.schema.names if n not in (stored.ROWS, stored.CHECKSUMS)]
-    return [b"".join(batch.column(n)[row].as_py() for n in names) for row in range(batch.num_rows)]
+    return [[batch.column(n)[row].as_py() for n in names] for row in range(batch.num_rows)]
