@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import math
 import threading
 import time
 import uuid
