@@ -82,13 +82,7 @@ def main() -> None:
         tempfile.TemporaryDirectory() as tmp,
         quarry.local(devices=args.devices, profile=args.profile) as cluster,
     ):
-        parquet = Path(tmp) / "particles.parquet"
-        writer = None
-        for batch in particles.batches(args.rows):
-            if writer is None:
-                writer = pq.ParquetWriter(parquet, batch.schema)
-            writer.write_batch(batch)
-        writer.close()
+        parquet = write_particles(Path(tmp) / "particles.parquet", args.rows)
         print(f"ingesting {args.rows:,} particles into {args.devices} devices ...")
         cluster.ingest(parquet, "physics/particles", progress=True)
         con = duckdb.connect()
@@ -154,16 +148,21 @@ def main() -> None:
     print(f"wrote {path}")
 
 
+def write_particles(parquet: Path, rows: int) -> Path:
+    """``rows`` particles written to ``parquet`` batch by batch (never whole in memory)."""
+    writer = None
+    for batch in particles.batches(rows):
+        if writer is None:
+            writer = pq.ParquetWriter(parquet, batch.schema)
+        writer.write_batch(batch)
+    writer.close()
+    return parquet
+
+
 def telemetry_sweep(args: argparse.Namespace, modes: list[str]) -> None:
     rows: list[dict] = []
     with tempfile.TemporaryDirectory() as tmp, telemetry_clusters(args.devices) as telemetry:
-        parquet = Path(tmp) / "particles.parquet"
-        writer = None
-        for batch in particles.batches(args.rows):
-            if writer is None:
-                writer = pq.ParquetWriter(parquet, batch.schema)
-            writer.write_batch(batch)
-        writer.close()
+        parquet = write_particles(Path(tmp) / "particles.parquet", args.rows)
         for arm in ARMS:
             print(f"ingesting {args.rows:,} particles into {args.devices} devices ({arm}) ...")
             with telemetry.turn(arm) as cluster:
