@@ -296,6 +296,7 @@ def test_a_matrix_ordered_by_cell_labels_answers_in_the_source_order(
             )
             assert_same(q.to_anndata(), _expected(pbmc_adata, case))
     q = genes.query(genes_cluster, ordered_by_cells.dataset, "phase = 'S'", "means > 0.1")
+    assert q.source == ordered_by_cells.dataset
     whole = q.to_anndata()
     assert list(whole.obs_names) == list(pbmc_adata.obs_names[pbmc_adata.obs.phase == "S"])
     chunks = list(q.batches(values_max=2_000))

@@ -145,10 +145,10 @@ def query(
     var_table, gene_positions = _genes(members[0], var, var_columns, mode)
     parts, first_cell = [], 0
     for matrix in members:
-        cells, obs_frame, source = _cells(matrix, obs, kept, mode)
+        cells, obs_frame, placed = _cells(matrix, obs, kept, mode)
         if len(members) > 1:
             obs_frame.insert(0, DATASET_COLUMN, matrix.dataset)
-        parts.append(Part(matrix, cells, gene_positions, obs_frame, first_cell, source))
+        parts.append(Part(matrix, cells, gene_positions, obs_frame, first_cell, placed))
         first_cell += len(cells)
     return CellQuery(source, parts, var_table, mode, dict(push_back or {}), policy)
 
@@ -298,7 +298,8 @@ def _stored_rows(part: Part) -> int:
 
 
 def _assemble(part: Part, batches: list[pa.RecordBatch], gene_count: int) -> sparse.csr_matrix:
-    """The part's rows as its cells x genes block, every selected row once, in stored order."""
+    """The part's rows as its cells x genes block, every selected row once, in stored order
+    (a matrix stored in an order of its own: in its source's)."""
     if part.by_cells:
         block = _rows_csr(batches, part.cells, gene_count)
     else:
