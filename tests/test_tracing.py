@@ -184,3 +184,20 @@ def test_a_device_traces_only_a_well_formed_sampled_traceparent():
     unsampled = good[:-2] + "00"
     for header in ("", "garbage", good.replace("0af7", "zzzz"), "ff" + good[2:], unsampled):
         assert tracing._parent(header) is None, header
+
+
+def test_spans_past_the_file_writer_s_queue_are_dropped_and_counted(tmp_path, monkeypatch):
+    """A process ending spans faster than its file is written keeps the newest
+    ``SPANS_WAITING_MAX`` and counts the rest: the query never waits for its trace."""
+    trace_file = tmp_path / "spans.jsonl"
+    monkeypatch.setattr(tracing, "SPANS_WAITING_MAX", 8)
+    monkeypatch.setattr(tracing, "FILE_EXPORT_DELAY_MS", 60_000)  # only the flush below writes
+    monkeypatch.setenv(settings.TRACE_FILE.name, str(trace_file))
+    for number in range(20):
+        tracing.query("query", number=number).end()
+    sink = tracing._sink()
+    assert sink is not None and sink.file is not None
+    tracing.flush()
+    assert [s["attributes"]["quarry.number"] for s in spans_of(trace_file)] == list(range(12, 20))
+    assert sink.file.dropped == 12
+    sink.shutdown()
