@@ -249,32 +249,39 @@ def main() -> None:
     args = parser.parse_args()
     if args.telemetry:
         result = run_telemetry(args.queries, args.devices)
-        for mode, s in result["modes"].items():
-            print(
-                f"{mode:7s} off {s['off_median_ms']:6.2f} ms  on {s['on_median_ms']:6.2f} ms  "
-                f"on/off {s['on_over_off']:.3f}"
-            )
-        print(f"on/off (medians summed) {result['on_over_off']:.3f}; on recorded {result['on']}")
-        cpu = result["cpu_ms_per_query"]
+        print_telemetry(result)
+        name, draw = "overhead_telemetry", plot_telemetry
+    else:
+        result = run(args.queries, args.devices)
+        print_overhead(result)
+        name, draw = "overhead", plot
+    path = write_json(name, result)
+    draw(result)
+    print(f"wrote {path}")
+
+
+def print_telemetry(result: dict) -> None:
+    for mode, s in result["modes"].items():
         print(
-            "CPU a query, host + devices: "
-            + ", ".join(f"{arm} {c['host']:.2f} + {c['devices']:.2f} ms" for arm, c in cpu.items())
-            + f"; on/off {result['cpu_on_over_off']:.3f}"
+            f"{mode:7s} off {s['off_median_ms']:6.2f} ms  on {s['on_median_ms']:6.2f} ms  "
+            f"on/off {s['on_over_off']:.3f}"
         )
-        path = write_json("overhead_telemetry", result)
-        plot_telemetry(result)
-        print(f"wrote {path}")
-        return
-    result = run(args.queries, args.devices)
+    print(f"on/off (medians summed) {result['on_over_off']:.3f}; on recorded {result['on']}")
+    cpu = result["cpu_ms_per_query"]
+    print(
+        "CPU a query, host + devices: "
+        + ", ".join(f"{arm} {c['host']:.2f} + {c['devices']:.2f} ms" for arm, c in cpu.items())
+        + f"; on/off {result['cpu_on_over_off']:.3f}"
+    )
+
+
+def print_overhead(result: dict) -> None:
     for mode, s in result["modes"].items():
         print(
             f"{mode:7s} median {s['median_ms']:6.2f} ms  p90 {s['p90_ms']:6.2f} ms  "
             f"(before {s['before_median_ms']:.1f} ms)"
         )
     print(f"load average {result['load_average']}")
-    path = write_json("overhead", result)
-    plot(result)
-    print(f"wrote {path}")
 
 
 if __name__ == "__main__":
