@@ -240,3 +240,28 @@ def test_spans_past_the_file_writer_s_queue_are_dropped_and_counted(tmp_path, mo
     assert [s["attributes"]["quarry.number"] for s in spans_of(trace_file)] == list(range(12, 20))
     assert sink.file.dropped == 12
     sink.shutdown()
+
+
+def test_a_forked_child_writes_none_of_its_parent_s_waiting_spans(tmp_path, monkeypatch):
+    trace_file = tmp_path / "spans.jsonl"
+    monkeypatch.setattr(tracing, "FILE_EXPORT_DELAY_MS", 60_000)
+    monkeypatch.setenv(settings.TRACE_FILE.name, str(trace_file))
+    tracing.query("query", number=1).end()
+    reader, writer = os.pipe()
+    child = os.fork()
+    if child == 0:  # the child writes its own span, and only that
+        os.close(reader)
+        tracing.query("query", number=2).end()
+        tracing.flush()
+        os.write(writer, b"done")
+        os._exit(0)
+    os.close(writer)
+    assert os.read(reader, 4) == b"done"
+    os.waitpid(child, 0)
+    os.close(reader)
+    assert [s["attributes"]["quarry.number"] for s in spans_of(trace_file)] == [2]
+    tracing.flush()
+    assert sorted(s["attributes"]["quarry.number"] for s in spans_of(trace_file)) == [1, 2]
+    sink = tracing._sink()
+    assert sink is not None
+    sink.shutdown()

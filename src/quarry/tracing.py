@@ -217,8 +217,14 @@ _installed: tuple[tuple[str, str], _Sink] | None = None  # its configuration, it
 
 
 def _forget_exports() -> None:
-    """A forked child starts its own exports: its parent's writer thread is not in it."""
+    """A forked child starts its own exports: its parent's writer thread is not in it, and the
+    spans its parent had waiting are the parent's to write (not twice, at the child's exit)."""
     global _installed, _lock
+    if _installed is not None:
+        sink = _installed[1]
+        atexit.unregister(sink.shutdown)
+        if sink.file is not None:
+            sink.file.forget()
     _installed, _lock = None, threading.Lock()
 
 
@@ -385,6 +391,10 @@ class _FileExport:
                     "trace file %s: spans come faster than written; oldest dropped", self.path
                 )
         self._waiting.append(span)
+
+    def forget(self) -> None:
+        """No span waiting (a forked child's copy of its parent's)."""
+        self._waiting.clear()
 
     def _run(self) -> None:
         while not self._stop.wait(FILE_EXPORT_DELAY_MS / 1000):
