@@ -308,9 +308,23 @@ def test_a_matrix_ordered_by_cell_labels_answers_in_the_source_order(
     assert "source_position" not in q.obs.columns
 
 
-def test_order_by_names_cell_metadata_columns(genes_cluster, pbmc_adata):
+def test_order_by_names_cell_metadata_columns(genes_cluster, pbmc_adata, tmp_path):
     with pytest.raises(genes.GenesInputError, match="order_by names \\['tissue'\\]"):
         genes.ingest(genes_cluster, pbmc_adata, "bio/bad_order", order_by=["tissue"])
+    path = tmp_path / "pbmc.h5ad"
+    pbmc_adata.write_h5ad(path)
+    where = ["--cluster", str(genes_cluster.cluster_file)]
+    command = ["ingest", str(path), "--dataset", "bio/cli_ordered", "--orientation", "cells"]
+    result = CliRunner().invoke(app, [*command, "--order-by", "phase, louvain", *where])
+    assert result.exit_code == 0, result.output
+    genes_cluster.refresh()
+    try:
+        q = genes.query(genes_cluster, "bio/cli_ordered", "louvain = '5'", ["CD3D"])
+        expected = pbmc_adata[pbmc_adata.obs.louvain == "5"][:, ["CD3D"]]
+        np.testing.assert_array_equal(q.to_anndata().X.toarray(), expected.X)
+        assert list(q.obs.index) == list(expected.obs_names)
+    finally:
+        genes.drop(genes_cluster, "bio/cli_ordered")
 
 
 @pytest.mark.slow
