@@ -17,8 +17,8 @@ from __future__ import annotations
 import functools
 import threading
 import time
-from collections.abc import Callable, Generator, Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Collection, Generator, Iterable, Iterator, Mapping
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +26,7 @@ import pyarrow as pa
 
 from quarry import settings
 from quarry.errors import HostMemoryExceeded
-from quarry.plan import duckdb_super, engine, merge, tree
+from quarry.plan import common_parts, duckdb_super, engine, merge, tree
 from quarry.plan.computed import register_computed, substituted
 from quarry.plan.decompose import Decomposition, Fragment
 from quarry.plan.memory import SUPER_PLAN_MEMORY_BYTES_MAX, MemoryBudget
@@ -149,6 +149,7 @@ def run_super(
     inputs_in: Callable[[], object] | None = None,
     reran: Callable[[SortMergeRerun], object] | None = None,
     computed: Callable[[], Mapping[bytes, pa.Table]] | None = None,
+    cut: Collection[str] = (),
 ) -> pa.RecordBatchReader:
     """Run the super-plan over each fragment's (completed) output; the result streams.
 
@@ -171,7 +172,8 @@ def run_super(
     ``reran`` is told when a hash join did not fit and the super-plan ran again with sort-merge
     joins (`SortMergeRerun`). ``computed``, asked then too, gives the parts of the super-plan
     the host already ran, by their plan's bytes, with their output: those are read, not run
-    again (`computed.substituted`).
+    again (`computed.substituted`). A part of the super-plan that occurs more than once runs
+    once (`common_parts`); alike fragments count as one, unless a join's keys ``cut`` them.
     """
     pace = pace or machine_pace()
     clock = clock if clock is not None else Tally()
@@ -219,7 +221,7 @@ def run_super(
             temp_directory,
             pace,
             clock,
-            _Hooks(inputs_in, reran, computed),
+            _Hooks(inputs_in, reran, computed, cut),
         ),
     )
 
@@ -283,6 +285,13 @@ def _run(
             else:
                 ctx = engine.session(partitions, budget.pool_bytes, spool.directory)
             _register(ctx, decomposition, spooled, partitions, tables)
+            same = common_parts.same_outputs(decomposition.fragments, hooks.cut)
+            plan, common = common_parts.run_once(
+                ctx, decomposition.super_plan, same, budget.spool_memory_bytes_max, partitions
+            )
+            if common:
+                decomposition = replace(decomposition, super_plan=plan)
+                tables = {**tables, **common}
         exhausted = yield from _run_as_planned(ctx, decomposition, budget, pace, clock)
         if exhausted is None:
             if kept:  # read to its end: the session goes back, holding none of this query's rows
@@ -393,6 +402,7 @@ class _Hooks:
     inputs_in: Callable[[], object] | None = None
     reran: Callable[[SortMergeRerun], object] | None = None
     computed: Callable[[], Mapping[bytes, pa.Table]] | None = None
+    cut: Collection[str] = ()  # fragments a join's keys cut: not taken for alike ones
 
 
 # Super-plan sessions kept between queries, each used by one query at a time: a fresh session

@@ -334,6 +334,7 @@ class Query:
             inputs_in=inputs_in,
             reran=self.clocks.super_plan_reran,
             computed=self._computed,
+            cut=probes,
         )
         return outputs, result
 
