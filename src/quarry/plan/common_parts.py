@@ -46,9 +46,9 @@ def run_once(
     partitions: int = 1,
 ) -> tuple[bytes, dict[str, pa.Table]]:
     """The super-plan with each common part read from a table of its output, run on ``ctx``
-    (which holds the fragments' outputs), and those tables by name, registered on ``ctx``.
-    ``same``: fragments whose output is another's, to the one they are taken for
-    (``same_outputs``)."""
+    (which holds the fragments' outputs), and those tables by name, registered on ``ctx``;
+    together they hold at most ``rows_bytes_max``. ``same``: fragments whose output is
+    another's, to the one they are taken for (``same_outputs``)."""
     if not _has_common(super_plan, tuple(sorted(same.items()))):
         return super_plan, {}
     plan = tree.parse_plan(super_plan)
@@ -63,6 +63,7 @@ def run_once(
         if table is None:
             refused.add(key)
             continue
+        rows_bytes_max -= table.nbytes  # every part's rows together
         name = f"{COMMON_PREFIX}{len(tables)}"
         engine.register_batches(ctx, name, table.schema, table.to_batches(), partitions)
         read = typed_read(name, table.schema)
@@ -121,7 +122,8 @@ def _largest_common(
     candidates = {key: _outermost(rels) for key, rels in found.items() if len(rels) > 1}
     for key in sorted(candidates, key=lambda k: (-sizes[k] * (len(candidates[k]) - 1), -sizes[k])):
         occurrences = candidates[key]
-        if len(occurrences) > 1 and _standalone(occurrences[0], plan):
+        ordered = tree.kind(occurrences[0]) == "sort"  # its order would not survive the table
+        if len(occurrences) > 1 and not ordered and _standalone(occurrences[0], plan):
             return key, occurrences
     return None
 

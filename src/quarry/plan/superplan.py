@@ -285,13 +285,9 @@ def _run(
             else:
                 ctx = engine.session(partitions, budget.pool_bytes, spool.directory)
             _register(ctx, decomposition, spooled, partitions, tables)
-            same = common_parts.same_outputs(decomposition.fragments, hooks.cut)
-            plan, common = common_parts.run_once(
-                ctx, decomposition.super_plan, same, budget.spool_memory_bytes_max, partitions
+            decomposition, tables = _common_once(
+                ctx, decomposition, tables, spool, partitions, hooks.cut
             )
-            if common:
-                decomposition = replace(decomposition, super_plan=plan)
-                tables = {**tables, **common}
         exhausted = yield from _run_as_planned(ctx, decomposition, budget, pace, clock)
         if exhausted is None:
             if kept:  # read to its end: the session goes back, holding none of this query's rows
@@ -301,6 +297,24 @@ def _run(
         if hooks.reran is not None:
             hooks.reran(SortMergeRerun(exhausted, budget.pool_bytes))
         yield from _run_sort_merge(decomposition, spooled, budget, pace, clock, tables)
+
+
+def _common_once(
+    ctx: Any,
+    decomposition: Decomposition,
+    tables: dict[str, pa.Table],
+    spool: Spool,
+    partitions: int,
+    cut: Collection[str],
+) -> tuple[Decomposition, dict[str, pa.Table]]:
+    """The super-plan's parts that occur more than once run now, once (``common_parts``), in
+    what the spool's share of memory leaves; the super-plan reads their tables instead."""
+    same = common_parts.same_outputs(decomposition.fragments, cut)
+    held_max = max(0, spool.memory_bytes_max - spool.memory_bytes)
+    plan, common = common_parts.run_once(ctx, decomposition.super_plan, same, held_max, partitions)
+    if not common:
+        return decomposition, tables
+    return replace(decomposition, super_plan=plan), {**tables, **common}
 
 
 def _run_as_planned(
