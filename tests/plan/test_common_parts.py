@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from quarry.plan import decompose, engine, run_stage, tree
-from quarry.plan.common_parts import COMMON_PREFIX, run_once, same_outputs
+from quarry.plan.common_parts import COMMON_PREFIX, ROWS_SAVED_MIN, Inputs, run_once, same_outputs
 from quarry.protocol.stage import Stage
 
 from .harness import assert_same_rows, execute
@@ -30,6 +30,12 @@ def _context(decomposition, outputs):
     return ctx
 
 
+def _inputs(decomposition, same=None, rows=ROWS_SAVED_MIN):
+    """As many rows a fragment as make a part over it worth running once (``rows``)."""
+    counts = {f.name: rows for f in decomposition.fragments}
+    return Inputs.of(same or {}, counts, decomposition.output_schema)
+
+
 def _reads(super_plan: bytes, name: str) -> int:
     plan = tree.parse_plan(super_plan)
     return sum(1 for rel in tree.iter_rels(plan) if tree.named_table(rel) == (name,))
@@ -40,7 +46,7 @@ def test_a_cte_read_twice_runs_once_and_answers_the_same(small) -> None:
     devices ran everything or handed rows back."""
     decomposition = decompose(TWICE, small.schemas, "always")
     ctx = _context(decomposition, _outputs(decomposition, small.table))
-    changed, tables = run_once(ctx, decomposition.super_plan, {}, 1 << 30)
+    changed, tables = run_once(ctx, decomposition.super_plan, _inputs(decomposition), 1 << 30)
     assert list(tables) == [f"{COMMON_PREFIX}0"]
     assert _reads(changed, f"{COMMON_PREFIX}0") == 2
     assert engine.consume(ctx, changed).schema().types == decomposition.output_schema.types
@@ -57,13 +63,22 @@ def test_parts_over_alike_fragments_run_once_unless_a_join_cuts_one(small) -> No
     ctx = _context(decomposition, _outputs(decomposition, small.table))
     same = same_outputs(decomposition.fragments, ())
     assert same == {second: first}
-    changed, tables = run_once(ctx, decomposition.super_plan, same, 1 << 30)
+    changed, tables = run_once(ctx, decomposition.super_plan, _inputs(decomposition, same), 1 << 30)
     assert _reads(changed, f"{COMMON_PREFIX}0") == 2
     assert same_outputs(decomposition.fragments, {second}) == {}
-    assert run_once(ctx, decomposition.super_plan, {}, 1 << 30) == (decomposition.super_plan, {})
+    unrelated = _inputs(decomposition)
+    assert run_once(ctx, decomposition.super_plan, unrelated, 1 << 30) == (
+        decomposition.super_plan,
+        {},
+    )
 
 
-def test_a_part_past_the_bytes_it_may_hold_runs_where_it_was(small) -> None:
+def test_a_part_past_the_bytes_it_may_hold_or_over_few_rows_runs_where_it_was(small) -> None:
+    """Held whole, the part would pass its bytes; over few rows, running it apart costs more
+    than running it twice."""
     decomposition = decompose(TWICE, small.schemas, "always")
     ctx = _context(decomposition, _outputs(decomposition, small.table))
-    assert run_once(ctx, decomposition.super_plan, {}, 16) == (decomposition.super_plan, {})
+    unchanged = (decomposition.super_plan, {})
+    assert run_once(ctx, decomposition.super_plan, _inputs(decomposition), 16) == unchanged
+    few = _inputs(decomposition, rows=ROWS_SAVED_MIN - 1)
+    assert run_once(ctx, decomposition.super_plan, few, 1 << 30) == unchanged

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Collection, Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
@@ -30,58 +31,86 @@ from quarry.plan import engine, tree
 from quarry.plan.decompose import typed_read
 
 COMMON_PREFIX = "__quarry_common_"
-PARTS_MAX = 8  # parts run once per super-plan, largest first
+PARTS_MAX = 8  # parts run once per super-plan, the most saving first
+# A part is run once only where that saves reading this many input rows or more: below, running
+# it apart (its own plan, a table, a check of the answer's types: a few milliseconds) costs more
+# than it saves (TPC-DS Q1's and Q30's CTEs over 30,000 returns were slower run once).
+ROWS_SAVED_MIN = 100_000
 WORK_RELS = frozenset(
     ("join", "cross", "hash_join", "merge_join", "nested_loop_join", "aggregate", "set", "window")
 )
+SHAPES_KEPT_MAX = 256  # super-plans whose parts are kept
 VOLATILE_FUNCTIONS = ("random", "uuid", "now", "current_", "nextval")
-SHAPES_KEPT_MAX = 256
 
 
 def run_once(
     ctx: Any,
     super_plan: bytes,
-    same: Mapping[str, str],
+    inputs: Inputs,
     rows_bytes_max: int,
     partitions: int = 1,
 ) -> tuple[bytes, dict[str, pa.Table]]:
     """The super-plan with each common part read from a table of its output, run on ``ctx``
     (which holds the fragments' outputs), and those tables by name, registered on ``ctx``;
-    together they hold at most ``rows_bytes_max``. ``same``: fragments whose output is
-    another's, to the one they are taken for (``same_outputs``)."""
-    if not _has_common(super_plan, tuple(sorted(same.items()))):
-        return super_plan, {}
-    plan = tree.parse_plan(super_plan)
+    together they hold at most ``rows_bytes_max``."""
+    current = super_plan
     tables: dict[str, pa.Table] = {}
     refused: set[bytes] = set()
     for _ in range(PARTS_MAX):
-        part = _largest_common(plan, same, refused)
+        part = _most_saving(current, inputs, refused)
         if part is None:
             break
-        key, occurrences = part
-        table = _collected(ctx, plan, occurrences[0], rows_bytes_max)
+        plan = tree.parse_plan(current)
+        rels = [rel for rel, _ in tree.iter_rels_nested(tree.root_rel(plan))]
+        table = _collected(ctx, plan, rels[part.places[0]], rows_bytes_max)
         if table is None:
-            refused.add(key)
+            refused.add(part.key)
             continue
         rows_bytes_max -= table.nbytes  # every part's rows together
         name = f"{COMMON_PREFIX}{len(tables)}"
         engine.register_batches(ctx, name, table.schema, table.to_batches(), partitions)
         read = typed_read(name, table.schema)
-        for rel in occurrences:
-            tree.replace(rel, read)
+        for place in part.places:
+            tree.replace(rels[place], read)
         tables[name] = table
+        current = plan.SerializeToString()
     if not tables:
         return super_plan, {}
-    changed = plan.SerializeToString()
-    if _types(ctx, changed) != _types(ctx, super_plan):  # never an answer of other types
+    if _types(ctx, current) != inputs.output_types:  # never an answer of other types
         for name in tables:
             ctx.deregister_table(name)
         return super_plan, {}
-    return changed, tables
+    return current, tables
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """What ``run_once`` knows of the super-plan's inputs and output: per fragment the one
+    whose output it is (``same``, from ``same_outputs``) and its rows, and the types of the
+    answer."""
+
+    same: tuple[tuple[str, str], ...]
+    rows: tuple[tuple[str, int], ...]
+    output_types: tuple[pa.DataType, ...]
+
+    @classmethod
+    def of(cls, same: Mapping[str, str], rows: Mapping[str, int], output: pa.Schema) -> Inputs:
+        return cls(tuple(sorted(same.items())), tuple(sorted(rows.items())), tuple(output.types))
+
+
+@dataclass(frozen=True)
+class Part:
+    """A part that occurs more than once: its bytes (reads named as the fragments they are
+    taken for), where it occurs (places in ``iter_rels_nested``'s order, none inside
+    another) and the tables it reads, once per read."""
+
+    key: bytes
+    places: tuple[int, ...]
+    reads: tuple[str, ...]
 
 
 def same_outputs(fragments: Iterable[Any], cut: Collection[str]) -> dict[str, str]:
-    """Per fragment, the one whose output it is (``run_once``'s ``same``): fragments that read
+    """Per fragment, the one whose output it is (``Inputs.same``): fragments that read
     one dataset with the same stages into the same schema ship the same rows, unless a join's
     keys cut one (``cut``); each is taken for the first of its kind."""
     first: dict[tuple, str] = {}
@@ -97,55 +126,62 @@ def same_outputs(fragments: Iterable[Any], cut: Collection[str]) -> dict[str, st
     return same
 
 
+def _most_saving(super_plan: bytes, inputs: Inputs, refused: Collection[bytes]) -> Part | None:
+    """Of the parts that may run once, the one that saves the most input rows read (at least
+    ``ROWS_SAVED_MIN``); None if there is none."""
+    rows = dict(inputs.rows)
+    best, saved_most = None, ROWS_SAVED_MIN - 1
+    for part in _parts(super_plan, inputs.same):
+        saved = sum(rows.get(name, 0) for name in part.reads) * (len(part.places) - 1)
+        if saved > saved_most and part.key not in refused:
+            best, saved_most = part, saved
+    return best
+
+
 @functools.lru_cache(maxsize=SHAPES_KEPT_MAX)
-def _has_common(super_plan: bytes, same: tuple[tuple[str, str], ...]) -> bool:
-    """Whether any part worth running once occurs twice (most super-plans: none; worked out
-    once per plan)."""
-    return _largest_common(tree.parse_plan(super_plan), dict(same), set()) is not None
-
-
-def _largest_common(
-    plan: Any, same: Mapping[str, str], refused: Collection[bytes]
-) -> tuple[bytes, list[algebra_pb2.Rel]] | None:
-    """The part that does work (a join, an aggregate, a set under it), occurs more than once
-    and runs on its own, whose runs once save the most (relations in it times its occurrences
-    after the first), with its occurrences; None if there is none."""
-    found: dict[bytes, list[algebra_pb2.Rel]] = {}
-    sizes: dict[bytes, int] = {}
-    for rel in tree.iter_rels(tree.root_rel(plan)):
-        if tree.kind(rel) == "read":
+def _parts(super_plan: bytes, same: tuple[tuple[str, str], ...]) -> tuple[Part, ...]:
+    """The parts of a super-plan that do work (a join, an aggregate, a set in them), occur more
+    than once and run on their own; worked out once per plan. Each relation's bytes are
+    written once, from a copy of the plan whose reads are named as the fragments they are
+    taken for (a copy per relation cost TPC-DS Q64 0.15 s)."""
+    plan = tree.parse_plan(super_plan)
+    canonical = tree.copy_plan(plan)
+    taken = dict(same)
+    nested = list(tree.iter_rels_nested(tree.root_rel(canonical)))
+    for rel, _ in nested:
+        names = tree.named_table(rel)
+        if names is not None and len(names) == 1 and names[0] in taken:
+            tree.set_named_table(rel, [taken[names[0]]])
+    kinds = [tree.kind(rel) for rel, _ in nested]
+    places: dict[bytes, list[int]] = {}
+    for place, (rel, _) in enumerate(nested):
+        if kinds[place] != "read":
+            places.setdefault(rel.SerializeToString(deterministic=True), []).append(place)
+    original = [rel for rel, _ in tree.iter_rels_nested(tree.root_rel(plan))]
+    parts = []
+    for key, found in places.items():
+        if len(found) < 2:
             continue
-        key, size, works = _canonical(rel, same)
-        if works and key not in refused:
-            found.setdefault(key, []).append(rel)
-            sizes[key] = size
-    candidates = {key: _outermost(rels) for key, rels in found.items() if len(rels) > 1}
-    for key in sorted(candidates, key=lambda k: (-sizes[k] * (len(candidates[k]) - 1), -sizes[k])):
-        occurrences = candidates[key]
-        ordered = tree.kind(occurrences[0]) == "sort"  # its order would not survive the table
-        if len(occurrences) > 1 and not ordered and _standalone(occurrences[0], plan):
-            return key, occurrences
-    return None
+        spans = [(place, _subtree_end(nested, place)) for place in found]
+        outermost = [p for p, _ in spans if not any(a < p < b for a, b in spans)]
+        first, end = spans[0]
+        works = any(kind in WORK_RELS for kind in kinds[first:end])
+        ordered = kinds[first] == "sort"  # its order would not survive the table
+        if len(outermost) < 2 or not works or ordered:
+            continue
+        if not _standalone(original[first], plan):
+            continue
+        reads = tuple(name for rel, _ in nested[first:end] for name in tree.named_table(rel) or ())
+        parts.append(Part(key, tuple(outermost), reads))
+    return tuple(parts)
 
 
-def _canonical(rel: algebra_pb2.Rel, same: Mapping[str, str]) -> tuple[bytes, int, bool]:
-    """The relation's bytes with every fragment read named as the one it is taken for, how
-    many relations it holds, and whether any of them does work."""
-    copy = tree.copy_rel(rel)
-    size, works = 0, False
-    for inner in tree.iter_rels(copy):
-        size += 1
-        works = works or tree.kind(inner) in WORK_RELS
-        names = tree.named_table(inner)
-        if names is not None and len(names) == 1 and names[0] in same:
-            tree.set_named_table(inner, [same[names[0]]])
-    return copy.SerializeToString(deterministic=True), size, works
-
-
-def _outermost(rels: list[algebra_pb2.Rel]) -> list[algebra_pb2.Rel]:
-    """Occurrences not inside another (a part nested in itself: only the outer one)."""
-    inner = {id(r) for rel in rels for r in tree.iter_rels(rel) if r is not rel}
-    return [rel for rel in rels if id(rel) not in inner]
+def _subtree_end(nested: list[tuple[Any, int]], place: int) -> int:
+    """Where the relations under ``nested[place]`` end (the first not nested deeper)."""
+    depth, end = nested[place][1], place + 1
+    while end < len(nested) and nested[end][1] > depth:
+        end += 1
+    return end
 
 
 def _standalone(rel: algebra_pb2.Rel, plan: Any) -> bool:
@@ -184,8 +220,8 @@ def _collected(ctx: Any, plan: Any, rel: algebra_pb2.Rel, rows_bytes_max: int) -
     return pa.Table.from_batches(batches, schema=named)
 
 
-def _types(ctx: Any, plan: bytes) -> list[pa.DataType]:
+def _types(ctx: Any, plan: bytes) -> tuple[pa.DataType, ...]:
     try:
-        return engine.consume(ctx, plan).schema().types
+        return tuple(engine.consume(ctx, plan).schema().types)
     except Exception:  # DataFusion raises plain Exceptions
-        return []
+        return ()

@@ -286,7 +286,7 @@ def _run(
                 ctx = engine.session(partitions, budget.pool_bytes, spool.directory)
             _register(ctx, decomposition, spooled, partitions, tables)
             decomposition, tables = _common_once(
-                ctx, decomposition, tables, spool, partitions, hooks.cut
+                ctx, decomposition, tables, spool, spooled, partitions, hooks.cut
             )
         exhausted = yield from _run_as_planned(ctx, decomposition, budget, pace, clock)
         if exhausted is None:
@@ -304,14 +304,21 @@ def _common_once(
     decomposition: Decomposition,
     tables: dict[str, pa.Table],
     spool: Spool,
+    spooled: Mapping[str, SpooledFragment],
     partitions: int,
     cut: Collection[str],
 ) -> tuple[Decomposition, dict[str, pa.Table]]:
     """The super-plan's parts that occur more than once run now, once (``common_parts``), in
     what the spool's share of memory leaves; the super-plan reads their tables instead."""
-    same = common_parts.same_outputs(decomposition.fragments, cut)
+    inputs = common_parts.Inputs.of(
+        common_parts.same_outputs(decomposition.fragments, cut),
+        {name: output.rows for name, output in spooled.items()},
+        decomposition.output_schema,
+    )
     held_max = max(0, spool.memory_bytes_max - spool.memory_bytes)
-    plan, common = common_parts.run_once(ctx, decomposition.super_plan, same, held_max, partitions)
+    plan, common = common_parts.run_once(
+        ctx, decomposition.super_plan, inputs, held_max, partitions
+    )
     if not common:
         return decomposition, tables
     return replace(decomposition, super_plan=plan), {**tables, **common}

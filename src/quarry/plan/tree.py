@@ -103,6 +103,23 @@ def iter_rels(message: Message) -> Iterator[algebra_pb2.Rel]:
         stack.extend((child, depth + 1) for child in reversed(below))
 
 
+def iter_rels_nested(message: Message) -> Iterator[tuple[algebra_pb2.Rel, int]]:
+    """``iter_rels``' relations, each with how many relations hold it (its own subtree is the
+    run of relations after it nested deeper)."""
+    stack: list[tuple[Message, int, int]] = [(message, 0, 0)]
+    while stack:
+        item, depth, nested = stack.pop()
+        assert depth < WALK_DEPTH_MAX, "Substrait tree deeper than protobuf allows"
+        if isinstance(item, algebra_pb2.Rel):
+            yield item, nested
+            nested += 1
+        below: list[Message] = []
+        for field, value in item.ListFields():
+            if field.type == FieldDescriptor.TYPE_MESSAGE and _may_hold_rel(field.message_type):
+                below.extend(value) if field.is_repeated else below.append(value)
+        stack.extend((child, depth + 1, nested) for child in reversed(below))
+
+
 @functools.cache
 def _may_hold_rel(descriptor: Descriptor) -> bool:
     """Whether a message of this kind can have a relation at or under it."""
