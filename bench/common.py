@@ -88,10 +88,14 @@ class Telemetry:
     would) and traces every query, host and devices, to a trace file. ``turn(arm)`` is the
     host's side: its queries are traced in the ``on`` turns only."""
 
-    def __init__(self, clusters: dict[str, Any], spans: Path, ports: list[int]):
+    def __init__(
+        self, clusters: dict[str, Any], spans: Path, ports: list[int], pids: dict[str, list[int]]
+    ):
         self.clusters = clusters
         self.spans = spans
         self.ports = ports
+        self.pids = pids  # each arm's device processes
+        self.cpu_s = self.no_cpu()
         self.scrapes = 0
         self._stop = threading.Event()
         self._scraper = threading.Thread(target=self._scrape, name="bench-scraper", daemon=True)
@@ -118,10 +122,19 @@ class Telemetry:
         name = settings.TRACE_FILE.name
         if arm == "on":
             os.environ[name] = str(self.spans)
+        host, devices = host_cpu_s(), processes_cpu_s(self.pids[arm])
         try:
             yield self.clusters[arm]
         finally:
             os.environ.pop(name, None)
+            self.cpu_s[arm]["host"] += host_cpu_s() - host
+            self.cpu_s[arm]["devices"] += processes_cpu_s(self.pids[arm]) - devices
+
+    @staticmethod
+    def no_cpu() -> dict[str, dict[str, float]]:
+        """CPU seconds spent in each arm's turns, by this process and by the arm's devices (less
+        noisy than the queries' times on a busy machine: another process's work is not in it)."""
+        return {arm: {"host": 0.0, "devices": 0.0} for arm in ARMS}
 
     def figures(self) -> dict[str, Any]:
         """What the ``on`` arm recorded: the proof that it was on."""
@@ -135,6 +148,24 @@ class Telemetry:
             "spans_written": len(lines),
             "devices_serving_metrics": len(self.ports),
         }
+
+
+def host_cpu_s() -> float:
+    """CPU seconds this process has used (every thread)."""
+    import resource
+
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def processes_cpu_s(pids: list[int]) -> float:
+    """CPU seconds the processes ``pids`` have used (user and system, from /proc)."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for pid in pids:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        total += int(fields[11]) + int(fields[12])  # utime, stime
+    return total / ticks
 
 
 @contextlib.contextmanager
@@ -154,11 +185,13 @@ def telemetry_clusters(devices: int, **options: Any) -> Iterator[Telemetry]:
         finally:
             for name in names:
                 os.environ.pop(name, None)
-        ports = [
-            json.loads((Path(spec.data) / "ready.json").read_text())["metrics_port"]
-            for spec in on.specs
-        ]
+        ready = {
+            arm: [json.loads((Path(s.data) / "ready.json").read_text()) for s in cluster.specs]
+            for arm, cluster in (("off", off), ("on", on))
+        }
+        ports = [r["metrics_port"] for r in ready["on"]]
         assert all(ports), ports
-        telemetry = Telemetry({"off": off, "on": on}, spans, ports)
+        pids = {arm: [r["pid"] for r in rs] for arm, rs in ready.items()}
+        telemetry = Telemetry({"off": off, "on": on}, spans, ports, pids)
         stack.callback(telemetry.stop)
         yield telemetry

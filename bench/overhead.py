@@ -115,6 +115,7 @@ def run_telemetry(queries: int, devices: int) -> dict:
                     for _ in range(WARMUP_QUERIES):
                         cluster.query(SQL, pushdown=mode).execute().read_all()
         load_before = os.getloadavg()[0]
+        telemetry.cpu_s = telemetry.no_cpu()  # the warm-up's not counted
         rounds = 0
         while min(len(s) for s in seconds["on"].values()) < queries:
             order = ARMS if rounds % 2 == 0 else ARMS[::-1]  # ABBA: a drift falls on both
@@ -138,6 +139,11 @@ def run_telemetry(queries: int, devices: int) -> dict:
             "on_over_off": on / off,
         }
     total = {arm: sum(statistics.median(seconds[arm][m]) for m in MODES) for arm in ARMS}
+    counted = {arm: sum(len(seconds[arm][m]) for m in MODES) for arm in ARMS}
+    cpu_ms = {
+        arm: {part: 1e3 * s / counted[arm] for part, s in telemetry.cpu_s[arm].items()}
+        for arm in ARMS
+    }
     return {
         "sql": SQL,
         "rows": table.num_rows,
@@ -147,6 +153,10 @@ def run_telemetry(queries: int, devices: int) -> dict:
         "on": recorded,
         "modes": summary,
         "on_over_off": total["on"] / total["off"],  # the modes' medians summed
+        # CPU a query costs, host and devices (every mode), and its ratio: not moved by other
+        # processes' work on a busy machine as the times are
+        "cpu_ms_per_query": cpu_ms,
+        "cpu_on_over_off": sum(cpu_ms["on"].values()) / sum(cpu_ms["off"].values()),
         "seconds": seconds,
     }
 
@@ -239,26 +249,39 @@ def main() -> None:
     args = parser.parse_args()
     if args.telemetry:
         result = run_telemetry(args.queries, args.devices)
-        for mode, s in result["modes"].items():
-            print(
-                f"{mode:7s} off {s['off_median_ms']:6.2f} ms  on {s['on_median_ms']:6.2f} ms  "
-                f"on/off {s['on_over_off']:.3f}"
-            )
-        print(f"on/off (medians summed) {result['on_over_off']:.3f}; on recorded {result['on']}")
-        path = write_json("overhead_telemetry", result)
-        plot_telemetry(result)
-        print(f"wrote {path}")
-        return
-    result = run(args.queries, args.devices)
+        print_telemetry(result)
+        name, draw = "overhead_telemetry", plot_telemetry
+    else:
+        result = run(args.queries, args.devices)
+        print_overhead(result)
+        name, draw = "overhead", plot
+    path = write_json(name, result)
+    draw(result)
+    print(f"wrote {path}")
+
+
+def print_telemetry(result: dict) -> None:
+    for mode, s in result["modes"].items():
+        print(
+            f"{mode:7s} off {s['off_median_ms']:6.2f} ms  on {s['on_median_ms']:6.2f} ms  "
+            f"on/off {s['on_over_off']:.3f}"
+        )
+    print(f"on/off (medians summed) {result['on_over_off']:.3f}; on recorded {result['on']}")
+    cpu = result["cpu_ms_per_query"]
+    print(
+        "CPU a query, host + devices: "
+        + ", ".join(f"{arm} {c['host']:.2f} + {c['devices']:.2f} ms" for arm, c in cpu.items())
+        + f"; on/off {result['cpu_on_over_off']:.3f}"
+    )
+
+
+def print_overhead(result: dict) -> None:
     for mode, s in result["modes"].items():
         print(
             f"{mode:7s} median {s['median_ms']:6.2f} ms  p90 {s['p90_ms']:6.2f} ms  "
             f"(before {s['before_median_ms']:.1f} ms)"
         )
     print(f"load average {result['load_average']}")
-    path = write_json("overhead", result)
-    plot(result)
-    print(f"wrote {path}")
 
 
 if __name__ == "__main__":

@@ -88,6 +88,45 @@ def test_a_query_is_one_trace_with_every_device_s_stages_under_its_root(tmp_path
     assert [s["name"] for s in mine if s["parent_id"] is None] == ["query"]
 
 
+@pytest.mark.slow
+def test_a_drive_s_stages_hang_from_its_storage_server_s_forward(tmp_path, monkeypatch):
+    """Behind a storage server the trace goes one level deeper: each drive's stage sits under
+    the drive's work, under the server's forward of it, under the server's work, the host's
+    fragment and the query, and each span names the process that made it."""
+    trace_file = tmp_path / "spans.jsonl"
+    monkeypatch.setenv(settings.TRACE_FILE.name, str(trace_file))
+    with quarry.local(servers=1, drives_per_server=2) as cluster:
+        cluster.ingest(particles.table(20_000, seed=3), "trace/served", partitions=2)
+        [server] = cluster.specs
+        drives = sorted(drive.name for drive in server.drives)
+        planned = cluster.query("SELECT count(*) FROM served WHERE ke > 2", pushdown="always")
+        assert planned.execute().read_all().num_rows == 1
+        tracing.flush()
+        deadline = time.monotonic() + SPANS_WAIT_S
+        while True:
+            stages = [s for s in spans_of(trace_file) if s["name"] == "stage"]
+            if len(stages) >= 2:
+                break
+            assert time.monotonic() < deadline, "the drives exported no stage span"
+            time.sleep(0.2)
+    spans = spans_of(trace_file)
+    by_id = {s["context"]["span_id"]: s for s in spans}
+
+    def process(span: dict) -> str:
+        return span["resource"]["attributes"]["service.instance.id"]
+
+    for stage in stages:
+        names = chain(stage, by_id)
+        assert names == ["stage", "work", "forward", "work", "fragment", "query"], names
+        ancestors = [stage]
+        while ancestors[-1]["parent_id"] in by_id:
+            ancestors.append(by_id[ancestors[-1]["parent_id"]])
+        owners = [process(span) for span in ancestors]
+        assert owners[0] == owners[1] and owners[0] in drives
+        assert owners[2] == owners[3] == server.name
+    assert {process(s) for s in stages} == set(drives)
+
+
 def test_tracing_off_opens_no_span_sends_no_header_and_adds_no_middleware(monkeypatch):
     for name in (settings.TRACE_FILE.name, *tracing.OTLP_ENDPOINTS):
         monkeypatch.delenv(name, raising=False)
@@ -184,3 +223,45 @@ def test_a_device_traces_only_a_well_formed_sampled_traceparent():
     unsampled = good[:-2] + "00"
     for header in ("", "garbage", good.replace("0af7", "zzzz"), "ff" + good[2:], unsampled):
         assert tracing._parent(header) is None, header
+
+
+def test_spans_past_the_file_writer_s_queue_are_dropped_and_counted(tmp_path, monkeypatch):
+    """A process ending spans faster than its file is written keeps the newest
+    ``SPANS_WAITING_MAX`` and counts the rest: the query never waits for its trace."""
+    trace_file = tmp_path / "spans.jsonl"
+    monkeypatch.setattr(tracing, "SPANS_WAITING_MAX", 8)
+    monkeypatch.setattr(tracing, "FILE_EXPORT_DELAY_MS", 60_000)  # only the flush below writes
+    monkeypatch.setenv(settings.TRACE_FILE.name, str(trace_file))
+    for number in range(20):
+        tracing.query("query", number=number).end()
+    sink = tracing._sink()
+    assert sink is not None and sink.file is not None
+    tracing.flush()
+    assert [s["attributes"]["quarry.number"] for s in spans_of(trace_file)] == list(range(12, 20))
+    assert sink.file.dropped == 12
+    sink.shutdown()
+
+
+def test_a_forked_child_writes_none_of_its_parent_s_waiting_spans(tmp_path, monkeypatch):
+    trace_file = tmp_path / "spans.jsonl"
+    monkeypatch.setattr(tracing, "FILE_EXPORT_DELAY_MS", 60_000)
+    monkeypatch.setenv(settings.TRACE_FILE.name, str(trace_file))
+    tracing.query("query", number=1).end()
+    reader, writer = os.pipe()
+    child = os.fork()
+    if child == 0:  # the child writes its own span, and only that
+        os.close(reader)
+        tracing.query("query", number=2).end()
+        tracing.flush()
+        os.write(writer, b"done")
+        os._exit(0)
+    os.close(writer)
+    assert os.read(reader, 4) == b"done"
+    os.waitpid(child, 0)
+    os.close(reader)
+    assert [s["attributes"]["quarry.number"] for s in spans_of(trace_file)] == [2]
+    tracing.flush()
+    assert sorted(s["attributes"]["quarry.number"] for s in spans_of(trace_file)) == [1, 2]
+    sink = tracing._sink()
+    assert sink is not None
+    sink.shutdown()

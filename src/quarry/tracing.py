@@ -21,22 +21,24 @@ one place is not the one read in another. So a span is handed to whoever opens i
 reads or sets the current span.
 
 **Cheap when on.** A span is a few plain fields while it runs (ids, name, start, attributes)
-and becomes OpenTelemetry's ``ReadableSpan`` when it ends, handed to OpenTelemetry's batch
-processor and exporters (``_Sink`` says why not its ``Tracer``). Bounded: spans wait for export
-in that processor's queue (2048 at most; beyond, they are dropped, never the query's time), and
+and, ended, is written to the file as it is (``_FileExport``) or becomes OpenTelemetry's
+``ReadableSpan`` for its OTLP exporter (``_Sink`` says why not its ``Tracer``). Bounded: spans
+wait for export in a queue (2048 at most; beyond, they are dropped, never the query's time), and
 an attribute's text is cut at ``TEXT_CHARS_MAX``.
 """
 
 from __future__ import annotations
 
 import atexit
+import collections
 import json
+import logging
 import os
 import random
 import socket
 import threading
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -44,10 +46,13 @@ from pyarrow import flight
 
 from quarry import settings
 
+logger = logging.getLogger(__name__)
+
 TRACEPARENT = "traceparent"  # the W3C header every traced Flight call carries
 MIDDLEWARE = "quarry-trace"  # the server middleware that reads it
 OTLP_ENDPOINTS = ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
 FILE_EXPORT_DELAY_MS = 500  # a file is read on this machine: spans there within half a second
+SPANS_WAITING_MAX = 2048  # for the file's writer (OpenTelemetry's processor's queue: the same)
 TEXT_CHARS_MAX = 1000  # an attribute's text (a query's SQL), an error's, is cut here
 
 Attribute = str | int | float | bool
@@ -118,6 +123,7 @@ class _Recording(Span):
         self._error = ""
         self._ended = False
         self._headers: list[tuple[bytes, bytes]] | None = None
+        self._span_context: Any = None  # OpenTelemetry's SpanContext of it, made once asked
 
     def child(self, name: str, **attributes: Attribute) -> Span:
         return _Recording(self._sink, name, self._trace_id, self._context(), attributes)
@@ -149,7 +155,11 @@ class _Recording(Span):
             self.end()
 
     def _context(self) -> Any:
-        return _otel.SpanContext(self._trace_id, self._span_id, False, _otel.sampled)
+        if self._span_context is None:  # asked by each child and by the export: made once
+            self._span_context = _otel.SpanContext(
+                self._trace_id, self._span_id, False, _otel.sampled
+            )
+        return self._span_context
 
     @property
     def context(self) -> Any:
@@ -157,7 +167,7 @@ class _Recording(Span):
         return self._context()
 
     def line(self, resource: str) -> str:
-        """This span, ended, as a line of the trace file (``_FileExporter``), its process's
+        """This span, ended, as a line of the trace file (``_FileExport``), its process's
         ``resource`` already JSON."""
         parent = self._parent
         parent_id = f'"0x{parent.span_id:016x}"' if parent is not None else "null"
@@ -206,6 +216,21 @@ _service = ("quarry-host", f"{socket.gethostname()}:{os.getpid()}")
 _installed: tuple[tuple[str, str], _Sink] | None = None  # its configuration, its exports
 
 
+def _forget_exports() -> None:
+    """A forked child starts its own exports: its parent's writer thread is not in it, and the
+    spans its parent had waiting are the parent's to write (not twice, at the child's exit)."""
+    global _installed, _lock
+    if _installed is not None:
+        sink = _installed[1]
+        atexit.unregister(sink.shutdown)
+        if sink.file is not None:
+            sink.file.forget()
+    _installed, _lock = None, threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_exports)
+
+
 def name_process(service: str, instance: str) -> None:
     """What this process's spans say it is (``service.name``, ``service.instance.id``): a
     device or server names itself as it starts, before its first span."""
@@ -213,9 +238,21 @@ def name_process(service: str, instance: str) -> None:
     _service = (service, instance)
 
 
+_read: tuple[tuple[str, ...], tuple[str, str] | None] = ((), None)  # the variables, as parsed
+
+
 def configured() -> tuple[str, str] | None:
     """Where spans go, as the environment says now (the trace file, the OTLP endpoint), or None:
-    tracing is off."""
+    tracing is off. Read at every query: parsed again only when the variables changed."""
+    global _read
+    names = (settings.TRACE_FILE.name, *OTLP_ENDPOINTS)
+    raw = tuple(os.environ.get(name, "") for name in names)
+    if raw != _read[0]:
+        _read = (raw, _parse_configuration())
+    return _read[1]
+
+
+def _parse_configuration() -> tuple[str, str] | None:
     path = settings.TRACE_FILE.get()
     endpoint = next((os.environ[n] for n in OTLP_ENDPOINTS if os.environ.get(n, "").strip()), "")
     if path is None and not endpoint:
@@ -248,8 +285,9 @@ def _opentelemetry() -> _OpenTelemetry:
 
 
 class _Sink:
-    """Where this process's ended spans go: OpenTelemetry's batch processor in front of each
-    exporter (a bounded queue, exported from a thread of its own, flushed at exit).
+    """Where this process's ended spans go: to OTLP through OpenTelemetry's batch processor, to
+    the file through ``_FileExport`` (each a bounded queue, exported from a thread of its own,
+    flushed at exit).
 
     Why not OpenTelemetry's own ``Tracer``: its live spans (locks, bounded attributes, a
     sampler and the processors called at start and end) cost about 20 µs each, and a span's
@@ -259,24 +297,22 @@ class _Sink:
 
     def __init__(self, path: str, endpoint: str):
         from opentelemetry.sdk.resources import Resource
-        from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
         _opentelemetry()
         service, instance = _service
         self.resource = Resource.create({"service.name": service, "service.instance.id": instance})
-        self.processors = []
+        self.processors: list[Any] = []
         self.otlp = None  # takes ReadableSpans
         self.file = None  # takes quarry's spans as they are: its exporter writes their lines
         if endpoint:
             from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+            from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
             self.otlp = BatchSpanProcessor(OTLPSpanExporter())
             self.processors.append(self.otlp)
         if path:
             resource = json.dumps({"attributes": dict(self.resource.attributes)})
-            exporter = _FileExporter(Path(path).resolve(), resource)
-            delay_ms = FILE_EXPORT_DELAY_MS
-            self.file = BatchSpanProcessor(exporter, schedule_delay_millis=delay_ms)
+            self.file = _FileExport(Path(path).resolve(), resource)
             self.processors.append(self.file)
         atexit.register(self.shutdown)
 
@@ -322,35 +358,66 @@ def flush(timeout_s: float = 10.0) -> None:
         installed[1].flush(timeout_s)
 
 
-class _FileExporter:
+class _FileExport:
     """Spans as JSON lines, appended to a file that several processes share: each batch is one
     ``write`` to a file opened for appending, so lines of two processes never mix.
 
     A line has the fields of OpenTelemetry's own JSON of a span (``ReadableSpan.to_json``) but
     its events and links, which quarry makes none of, and its times as OTLP's JSON has them
     (nanoseconds since the epoch, ``start_time_unix_nano``), written compactly from quarry's
-    span (``_Recording.line``), the process's resource encoded once."""
+    span (``_Recording.line``), the process's resource encoded once.
+
+    Batched here, not by OpenTelemetry's batch processor: ending a span is one append to a
+    bounded deque, where that processor's ``on_end`` asks the span's sampling, the process's
+    id and its queue's length (a few µs a span, which a small query's dozen spans feel). A
+    thread of its own writes what waits every ``FILE_EXPORT_DELAY_MS``; past
+    ``SPANS_WAITING_MAX`` waiting, the oldest are dropped (counted), never the query's time."""
 
     def __init__(self, path: Path, resource: str):
         self.path = path
         self.resource = resource
+        self.dropped = 0
+        self._waiting: collections.deque[_Recording] = collections.deque(maxlen=SPANS_WAITING_MAX)
+        self._writing = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="quarry-trace-file", daemon=True)
+        self._thread.start()
 
-    def export(self, spans: Sequence[_Recording]) -> Any:
-        from opentelemetry.sdk.trace.export import SpanExportResult
+    def on_end(self, span: _Recording) -> None:
+        if len(self._waiting) == SPANS_WAITING_MAX:
+            self.dropped += 1
+            if self.dropped == 1:
+                logger.warning(
+                    "trace file %s: spans come faster than written; oldest dropped", self.path
+                )
+        self._waiting.append(span)
 
-        text = "".join(span.line(self.resource) for span in spans).encode()
-        descriptor = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-        try:
-            written = os.write(descriptor, text)
-        finally:
-            os.close(descriptor)
-        return SpanExportResult.SUCCESS if written == len(text) else SpanExportResult.FAILURE
+    def forget(self) -> None:
+        """No span waiting (a forked child's copy of its parent's)."""
+        self._waiting.clear()
+
+    def _run(self) -> None:
+        while not self._stop.wait(FILE_EXPORT_DELAY_MS / 1000):
+            self.force_flush()
+
+    def force_flush(self, timeout_millis: int = 0) -> bool:
+        """Every span waiting, written now (``timeout_millis``: as the processors take it)."""
+        with self._writing:
+            spans = [self._waiting.popleft() for _ in range(len(self._waiting))]
+            if not spans:
+                return True
+            text = "".join(span.line(self.resource) for span in spans).encode()
+            descriptor = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+            try:
+                return os.write(descriptor, text) == len(text)
+            finally:
+                os.close(descriptor)
 
     def shutdown(self) -> None:
-        pass
-
-    def force_flush(self, timeout_millis: int = 30_000) -> bool:
-        return True
+        self._stop.set()
+        if self._thread is not threading.current_thread():
+            self._thread.join(timeout=FILE_EXPORT_DELAY_MS / 1000 * 4)
+        self.force_flush()
 
 
 # ---- where spans begin ---------------------------------------------------------------------

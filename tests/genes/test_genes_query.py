@@ -260,3 +260,108 @@ def test_quarry_genes_get_writes_an_h5ad(genes_cluster, stored_by_cells, pbmc_ad
     expected = pbmc_adata[pbmc_adata.obs.louvain == "3"][:, ["CD3D", "NKG7"]]
     np.testing.assert_array_equal(written.X.toarray(), expected.X)
     assert list(written.obs_names) == list(expected.obs_names)
+
+
+@pytest.fixture(scope="module")
+def ordered_by_cells(genes_cluster, pbmc_adata):
+    """pbmc68k_reduced stored by cells in the order of two of its labels, in small blocks (a
+    slice here is about twenty cells; blocks of 8 KiB hold two or three)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr("quarry.genes.datasets.MATRIX_BLOCK_BYTES", 8 << 10)
+        stored = genes.ingest(
+            genes_cluster,
+            pbmc_adata,
+            "bio/pbmc_ordered",
+            orientation="cells",
+            order_by=["louvain", "phase"],
+        )
+    yield stored
+    genes.drop(genes_cluster, stored.dataset)
+
+
+@pytest.mark.slow
+def test_a_matrix_ordered_by_cell_labels_answers_in_the_source_order(
+    genes_cluster, ordered_by_cells, pbmc_adata
+):
+    """Stored in louvain order, read in blocks: the answer is still ``adata[obs, var]``, cells
+    in the AnnData's own order, whatever ran where."""
+    for case in CASES:
+        for mode in ("always", "never", "auto"):
+            q = genes.query(
+                genes_cluster,
+                ordered_by_cells.dataset,
+                _obs_filter(pbmc_adata, case),
+                CASES[case][2],
+                pushdown=mode,
+            )
+            assert_same(q.to_anndata(), _expected(pbmc_adata, case))
+    q = genes.query(genes_cluster, ordered_by_cells.dataset, "phase = 'S'", "means > 0.1")
+    assert q.source == ordered_by_cells.dataset
+    whole = q.to_anndata()
+    assert list(whole.obs_names) == list(pbmc_adata.obs_names[pbmc_adata.obs.phase == "S"])
+    chunks = list(q.batches(values_max=2_000))
+    assert len(chunks) > 2
+    for chunk in chunks:  # each chunk's cells in the source's order too
+        assert list(chunk.obs_names) == [c for c in whole.obs_names if c in set(chunk.obs_names)]
+    joined = anndata.concat(chunks, axis=0, merge="same")[whole.obs_names]
+    np.testing.assert_array_equal(joined.X.toarray(), whole.X.toarray())
+    assert "source_position" not in q.obs.columns
+
+
+def test_order_by_names_cell_metadata_columns(genes_cluster, pbmc_adata, tmp_path):
+    with pytest.raises(genes.GenesInputError, match="order_by names \\['tissue'\\]"):
+        genes.ingest(genes_cluster, pbmc_adata, "bio/bad_order", order_by=["tissue"])
+    path = tmp_path / "pbmc.h5ad"
+    pbmc_adata.write_h5ad(path)
+    where = ["--cluster", str(genes_cluster.cluster_file)]
+    command = ["ingest", str(path), "--dataset", "bio/cli_ordered", "--orientation", "cells"]
+    result = CliRunner().invoke(app, [*command, "--order-by", "phase, louvain", *where])
+    assert result.exit_code == 0, result.output
+    genes_cluster.refresh()
+    try:
+        q = genes.query(genes_cluster, "bio/cli_ordered", "louvain = '5'", ["CD3D"])
+        expected = pbmc_adata[pbmc_adata.obs.louvain == "5"][:, ["CD3D"]]
+        np.testing.assert_array_equal(q.to_anndata().X.toarray(), expected.X)
+        assert list(q.obs.index) == list(expected.obs_names)
+    finally:
+        genes.drop(genes_cluster, "bio/cli_ordered")
+
+
+@pytest.mark.slow
+def test_ordered_cells_in_blocks_cut_the_bytes_a_narrow_query_reads(cluster):
+    """A donor's T cells are one in ten of the donor's cells: stored in the source's order,
+    every block of the donor's run holds some; ordered by donor and cell type they are one run,
+    read from the blocks that hold it. Same answer, a fraction of the bytes."""
+    cells, gene_count = 20_000, 2_000
+    x = sparse.random(cells, gene_count, density=0.05, format="csr", dtype=np.float32, rng=11)
+    obs = pd.DataFrame(
+        {
+            "donor": pd.Categorical([f"D{i // 2_000:02d}" for i in range(cells)]),
+            "cell_type": pd.Categorical([f"type{i % 10}" for i in range(cells)]),
+        },
+        index=[f"c{i}" for i in range(cells)],
+    )
+    adata = anndata.AnnData(
+        X=x, obs=obs, var=pd.DataFrame(index=[f"g{i}" for i in range(gene_count)])
+    )
+    genes.ingest(cluster, adata, "bio/unordered", orientation="cells")
+    genes.ingest(
+        cluster, adata, "bio/ordered", orientation="cells", order_by=["donor", "cell_type"]
+    )
+    where, names = "donor = 'D04' AND cell_type = 'type3'", ["g1", "g5", "g9"]
+    mask = ((obs.donor == "D04") & (obs.cell_type == "type3")).to_numpy()
+    try:
+        reports = {}
+        for name in ("unordered", "ordered"):
+            q = genes.query(cluster, f"bio/{name}", where, names)
+            got = q.to_anndata()
+            np.testing.assert_array_equal(got.X.toarray(), x[mask][:, [1, 5, 9]].toarray())
+            assert list(got.obs_names) == list(obs.index[mask])
+            reports[name] = q.report
+        slice_bytes = reports["ordered"].bytes_matrix / reports["ordered"].slices_total
+        assert reports["ordered"].bytes_read * 3 < reports["unordered"].bytes_read
+        assert reports["ordered"].bytes_read < slice_bytes  # blocks: less than a slice
+        assert reports["ordered"].bytes_read >= x[mask].nnz * 8  # what its cells hold, read
+    finally:
+        genes.drop(cluster, "bio/unordered")
+        genes.drop(cluster, "bio/ordered")

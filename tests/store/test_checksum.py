@@ -182,3 +182,52 @@ def test_slices_shipped_as_stored_carry_their_checksums_to_the_receiver(tmp_path
     broken = stored.batch([bytes(flipped), parts[1]], meta.slices[0].rows, stream, sums)
     with pytest.raises(CorruptSlice, match="shipped as stored: column v: checksum mismatch"):
         stored.decode(broken)
+
+
+def _blocked(tmp_path, compression: str = "none") -> KeyValueStore:
+    """``_stored``'s rows in slices cut into blocks of about 16 KiB (a dataset's hint)."""
+    store = KeyValueStore(tmp_path, kv_bytes_max=64 << 10)
+    table = _ones()
+    meta = _meta(table.schema, compression)
+    meta.hints[codec.BLOCK_BYTES_HINT] = 16 << 10
+    writer = partitions.PartitionWriter(store, meta)
+    for batch in table.to_batches(max_chunksize=3000):
+        writer.write(batch)
+    writer.finish()
+    partitions.commit(store, "t1", "dev0")
+    return store
+
+
+@pytest.mark.parametrize("compression", ["none", "zstd"])
+def test_some_rows_of_a_blocked_slice_read_only_their_blocks_checked(tmp_path, compression):
+    """A blocked slice reads whole as any other; asked for some rows, it reads the column's
+    head and the blocks holding them, each checked against its own checksum, and says so in
+    the bytes it counts."""
+    store = _blocked(tmp_path, compression)
+    meta = partitions.read_meta(store, "d", "n", 0)
+    info = meta.slices[1]
+    assert info.block_rows and len(info.blocks[1]) > 4  # head, three blocks or more, end
+    assert pa.Table.from_batches(list(partitions.read_slices(store, meta))).equals(_ones())
+    first = sum(s.rows for s in meta.slices[:1])
+    rows = (info.block_rows + 3, info.block_rows + 9)  # within the second block
+    fetched = partitions.fetch_slice(store, meta, 1, ["v"], rows=rows)
+    assert fetched.span == (1, 2) and fetched.bytes_read == partitions.read_bytes(
+        meta, 1, ["v"], rows
+    )
+    if compression == "none":  # zstd makes a block of ones a few bytes: its head outweighs it
+        assert fetched.bytes_read < partitions.read_bytes(meta, 1, ["v"]) / 3
+    batch = partitions.decode_read(meta, fetched)
+    low, high = info.block_rows_of(fetched.span)
+    assert batch.equals(_ones().slice(first + low, high - low).select(["v"]).to_batches()[0])
+    # one byte of the second block's values damaged: that read refuses it, naming the block
+    key = naming.slice_key("d", "n", 0, 1)
+    value = bytearray(store.get(key)[0])
+    at = info.columns[0] + info.blocks[1][0] + info.blocks[1][1] + info.blocks[1][2] // 2
+    value[at] ^= 0x10
+    store.put(key, bytes(value))
+    with pytest.raises(CorruptSlice, match="column v block 1: checksum mismatch"):
+        partitions.decode_read(meta, partitions.fetch_slice(store, meta, 1, ["v"], rows=rows))
+    with pytest.raises(CorruptSlice, match="column v: checksum mismatch"):
+        partitions.read_slice(store, meta, 1)  # read whole, as a scrub does
+    untouched = partitions.fetch_slice(store, meta, 1, ["v"], rows=(0, 2))  # the first block
+    assert partitions.decode_read(meta, untouched).num_rows == info.block_rows

@@ -504,8 +504,14 @@ class PartitionRun:
         return self._fresh_chunk(numbers)
 
     def _fresh_chunk(self, numbers: list[int]) -> Chunk:
+        meta, unit = self.meta, self.unit
         return Chunk(
-            self.meta, numbers, self.runtime.store, self.runtime.emulator, self.unit.columns()
+            meta,
+            numbers,
+            self.runtime.store,
+            self.runtime.emulator,
+            unit.columns(),
+            rows_of=lambda number: unit.slice_rows(meta, number),
         )
 
     def _execute(

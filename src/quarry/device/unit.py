@@ -202,6 +202,8 @@ class Chunk:
     store: KeyValueStore
     emulator: Emulator
     columns: list[str] | None = None
+    # the rows [first, end) of a slice the unit needs (``Unit.slice_rows``; None: all of it)
+    rows_of: Callable[[int], tuple[int, int] | None] | None = None
     rows_read: int = 0
     bytes_read: int = 0
     verified: int = 0  # slices whose checksums were checked as they were read
@@ -225,16 +227,22 @@ class Chunk:
         snapshot = self.store.snapshot()
         for number in self.numbers:
             info = self.meta.slices[number]
-            read = partitions.read_bytes(self.meta, number, self.columns)
+            rows = self.rows_of(number) if self.rows_of is not None else None
+            read = partitions.read_bytes(self.meta, number, self.columns, rows)
             with self.read_time.timing():
                 self.emulator.read(read)
                 fetched = partitions.fetch_slice(
-                    self.store, self.meta, number, self.columns, snapshot
+                    self.store, self.meta, number, self.columns, snapshot, rows
                 )
             with self.decode_time.timing():
                 batch = partitions.decode_read(self.meta, fetched)
-            # Paired with the write side: each slice holds the rows its metadata promised.
-            assert batch.num_rows == info.rows, (number, batch.num_rows, info.rows)
+            # Paired with the write side: each slice (or run of its blocks) holds the rows its
+            # metadata promised, and what was read is what the emulated link carried.
+            first, end = (
+                (0, info.rows) if fetched.span is None else info.block_rows_of(fetched.span)
+            )
+            assert batch.num_rows == end - first, (number, batch.num_rows, first, end)
+            assert fetched.bytes_read == read, (number, fetched.bytes_read, read)
             self.rows_read += batch.num_rows
             self.bytes_read += read
             self.verified += info.checksums is not None  # checked by ``decode_read``
@@ -309,6 +317,12 @@ class Unit:
         """What a failed stage of this work quarantines on the device for its dataset: the
         shape of its plan, constants left out (None: nothing is; its failures are its
         caller's errors, or pushed back one range at a time)."""
+        return None
+
+    def slice_rows(self, meta: PartitionMeta, number: int) -> tuple[int, int] | None:
+        """The rows [first, end) of slice ``number`` that ``execute`` needs (None: all). A
+        blocked slice is then read only in the blocks that hold them, so ``execute`` may be
+        handed more rows than asked for, never fewer."""
         return None
 
     def plan(self, meta: PartitionMeta, not_here: frozenset[int]) -> list[Skipped]:

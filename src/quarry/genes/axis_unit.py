@@ -208,8 +208,7 @@ class AxisQuery(Unit):
 
     def plan(self, meta: PartitionMeta, not_here: frozenset[int]) -> list[Skipped]:
         check_same_ingest(meta, self.request, self.args.ingest_ids)
-        orientation = (meta.schema.metadata or {}).get(b"quarry.genes.orientation", b"genes")
-        row_column = ROW_ID_COLUMN[orientation.decode()]
+        row_column = self.row_column(meta)
         pruned = []
         for number, info in enumerate(meta.slices):
             zone = info.zone_map.get(row_column, {})
@@ -217,6 +216,28 @@ class AxisQuery(Unit):
                 pruned.append(number)
         reason = "zone map: no selected row in the slice"
         return [Skipped(r, Skip.PRUNED, reason) for r in ranges_of(pruned)]
+
+    def slice_rows(self, meta: PartitionMeta, number: int) -> tuple[int, int] | None:
+        """The slice's rows from its first selected row to its last: a slice of a stored matrix
+        is a run of consecutive row ids (``rows_batch``, ``contiguous_slices``), so its zone
+        map places each id. A blocked slice is then read in the blocks holding them alone."""
+        info = meta.slices[number]
+        zone = info.zone_map.get(self.row_column(meta), {})
+        if self.selection.rows is None or "min" not in zone:
+            return None
+        low, high = int(zone["min"]), int(zone["max"])
+        if high - low + 1 != info.rows:
+            return None  # not one run of ids: position and id do not match
+        rows = self.selection.rows
+        first, end = np.searchsorted(rows, low), np.searchsorted(rows, high, side="right")
+        if first == end:
+            return None
+        return int(rows[first]) - low, int(rows[end - 1]) - low + 1
+
+    @staticmethod
+    def row_column(meta: PartitionMeta) -> str:
+        orientation = (meta.schema.metadata or {}).get(b"quarry.genes.orientation", b"genes")
+        return ROW_ID_COLUMN[orientation.decode()]
 
     def execute(self, chunk: Chunk) -> list[pa.RecordBatch]:
         batches = list(chunk.batches())

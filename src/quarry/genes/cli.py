@@ -150,6 +150,13 @@ def ingest(
         bool,
         typer.Option(help="read an .h5ad a block of genes at a time (a matrix larger than memory)"),
     ] = False,
+    order_by: Annotated[
+        str | None,
+        typer.Option(
+            help="store the cells in the order of these cell metadata columns, comma-separated "
+            "(cells a filter selects together are read together; answers keep the file's order)"
+        ),
+    ] = None,
     cluster: ClusterOption = None,
 ) -> None:
     """Store an expression matrix with its cell and gene metadata."""
@@ -173,6 +180,7 @@ def ingest(
             metadata=pairs,
             replicas=replicas,  # type: ignore[arg-type]
             compression=compression,
+            order_by=[c.strip() for c in order_by.split(",") if c.strip()] if order_by else None,
         )
     finally:
         c.close()

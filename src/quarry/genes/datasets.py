@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import json
 from collections import OrderedDict
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -44,6 +44,7 @@ from quarry.genes.matrix import (
 from quarry.genes.readers import Format, read, read_h5ad
 from quarry.progress import Bar
 from quarry.store import naming
+from quarry.store.codec import BLOCK_BYTES_HINT
 
 if TYPE_CHECKING:
     from quarry.coordinator.cluster import Cluster
@@ -56,6 +57,14 @@ GENES_SUFFIX = "__genes"
 # Rows are dealt to partitions round-robin, so a scan returns them out of order: this column
 # puts them back (the gene's row / the cell's column number in the matrix).
 POSITION_COLUMN = "position"
+# A matrix ingested with ``order_by`` stores its cells in that order; this column of its cell
+# metadata keeps each cell's place in the source, so answers come back in the user's order.
+SOURCE_POSITION_COLUMN = "source_position"
+# A matrix stored by cells is cut into blocks of about this many bytes within each slice
+# (``store.codec.BLOCK_BYTES_HINT``): an axis query reads only the blocks holding selected
+# cells. 256 KiB keeps a slice's block list short (16 blocks of a 4 MiB slice, about 2 KB of
+# its metadata slice) while a contiguous selection reads at most two blocks it does not need.
+MATRIX_BLOCK_BYTES = 256 << 10
 # Cell and gene metadata read back per process, keyed by dataset version: a repeated request
 # does not scan them again, and a re-ingest (new version) never sees stale ones.
 AXIS_CACHE_ENTRIES_MAX = 16
@@ -99,7 +108,21 @@ class StoredMatrix:
 
     @property
     def cells(self) -> pa.Table:
-        return self._axis(CELLS_SUFFIX, CELL_COLUMN, self.cell_count)
+        table = self._axis(CELLS_SUFFIX, CELL_COLUMN, self.cell_count)
+        return table.drop_columns([SOURCE_POSITION_COLUMN]) if self.ordered else table
+
+    @property
+    def ordered(self) -> bool:
+        """Whether the cells are stored in an order of their own (``ingest(order_by=...)``)."""
+        return bool(self.description.get("order_by"))
+
+    @property
+    def source_positions(self) -> np.ndarray | None:
+        """Each stored cell's place in the source (None: stored in the source's order)."""
+        if not self.ordered:
+            return None
+        table = self._axis(CELLS_SUFFIX, CELL_COLUMN, self.cell_count)
+        return table.column(SOURCE_POSITION_COLUMN).to_numpy().astype(np.int64)
 
     @property
     def genes(self) -> pa.Table:
@@ -146,6 +169,7 @@ def ingest(
     format: Format | None = None,
     cell_metadata: str | Path | pa.Table | None = None,
     density_threshold: float | None = None,
+    order_by: Sequence[str] | None = None,
     progress: bool | None = None,
 ) -> StoredMatrix:
     """Store an expression matrix (a file, an AnnData, an `ExpressionMatrix` or `GeneBlocks`).
@@ -156,6 +180,10 @@ def ingest(
                  at a time.
     orientation: "genes" (genes are rows, the paper's layout) or "cells" (pivoted).
     metadata:    custom dataset metadata, kept with the dataset and copied into results.
+    order_by:    cell metadata columns to store the cells in the order of (as Census orders
+                 cells by dataset): cells that filters select together then lie together, so
+                 an axis query reads few slices, and in them few blocks. Answers still come
+                 in the source's cell order. Needs the matrix in memory (not blocks).
     progress:    a bar of the rows stored: on a terminal (None), always (True) or never.
     Returns the stored matrix. Raises `DatasetExists` if the matrix is already there: drop it
     first (`quarry.genes.drop`); dropping and ingesting again gives a new `version`. A matrix
@@ -167,6 +195,8 @@ def ingest(
     qualified = f"{domain}/{name}"
     user_metadata = _user_metadata(qualified, metadata)
     matrix = _as_matrix(source, qualified, format, cell_metadata)
+    if order_by:
+        matrix = ordered_cells(matrix, list(order_by))
     _clear_name(cluster, qualified)
     # Only now: a GeneBlocks is read once, and this reads its first block.
     stream = _matrix_stream(matrix, orientation, density_threshold)
@@ -186,10 +216,15 @@ def ingest(
         "source": matrix.dataset,
         "matrix_metadata": _json_safe(matrix.metadata),
         "categories": {CELLS_SUFFIX: cell_categories, GENES_SUFFIX: gene_categories},
+        "order_by": list(order_by or []),
     }
     dataset_metadata = {**user_metadata, DESCRIPTION_KEY: json.dumps(description)}
     options = {"replicas": replicas, "compression": compression, "metadata": dataset_metadata}
     hints = {"genes.role": "axis"}
+    # Blocks serve reads of some rows: a cell filter selects runs of a matrix stored by cells.
+    # One stored by genes is read whole by the statistics it serves (ranks, HVG), which would
+    # only pay for joining blocks.
+    blocks = {BLOCK_BYTES_HINT: MATRIX_BLOCK_BYTES} if orientation == "cells" else {}
     try:
         cluster.ingest(genes, qualified + GENES_SUFFIX, hints=hints, **options)
         cluster.ingest(cells, qualified + CELLS_SUFFIX, hints=hints, **options)
@@ -197,7 +232,7 @@ def ingest(
             cluster.ingest(
                 pa.RecordBatchReader.from_batches(stream.schema, _advancing(stream, bar)),
                 qualified,
-                hints={"genes.role": "matrix", "genes.orientation": orientation},
+                hints={"genes.role": "matrix", "genes.orientation": orientation, **blocks},
                 progress=False,
                 # a slice is a run of rows (cells, or genes), so its zone map of row ids is as
                 # narrow as its rows: an axis query's selection prunes every other slice
@@ -364,6 +399,41 @@ def _as_matrix(
 
         matrix = with_cell_metadata(matrix, cell_metadata)
     return matrix
+
+
+def ordered_cells(matrix: ExpressionMatrix | GeneBlocks, order_by: list[str]) -> ExpressionMatrix:
+    """``matrix`` with its cells in the order of ``order_by`` (stable: ties keep the source's
+    order; categories by their values), each cell's source position in
+    ``SOURCE_POSITION_COLUMN``."""
+    if not isinstance(matrix, ExpressionMatrix):
+        raise GenesInputError(
+            f"dataset {matrix.dataset!r}: order_by reorders the cells of a matrix in memory; "
+            "a matrix given in blocks is stored in the order it arrives (sort its cells first)"
+        )
+    cells = matrix.cells
+    unknown = [c for c in order_by if c not in cells.column_names]
+    if unknown or SOURCE_POSITION_COLUMN in cells.column_names:
+        raise GenesInputError(
+            f"dataset {matrix.dataset!r}: order_by names {unknown or order_by} but the cell "
+            f"metadata columns are {cells.column_names}"
+            + (f" ({SOURCE_POSITION_COLUMN!r} is quarry's)" if not unknown else "")
+        )
+    keys = pa.table(
+        [
+            cells.column(c).cast(cells.column(c).type.value_type)
+            if pa.types.is_dictionary(cells.column(c).type)
+            else cells.column(c)
+            for c in order_by
+        ],
+        names=[f"k{i}" for i in range(len(order_by))],
+    )
+    order = pc.sort_indices(keys, sort_keys=[(f"k{i}", "ascending") for i in range(len(order_by))])
+    order_np = order.to_numpy()
+    values = matrix.values[:, order_np]
+    reordered = cells.take(order).append_column(
+        SOURCE_POSITION_COLUMN, pa.array(order_np.astype(np.int64))
+    )
+    return ExpressionMatrix(values, matrix.genes, reordered, matrix.metadata, matrix.dataset)
 
 
 def _user_metadata(dataset: str, metadata: Mapping[str, object] | None) -> dict[str, str]:

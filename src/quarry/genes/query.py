@@ -64,10 +64,25 @@ class Part:
     genes: np.ndarray
     obs: pd.DataFrame
     first_cell: int  # the part's first cell in the result (members of a collection stack)
+    # a matrix stored in an order of its own (``ingest(order_by=...)``): each selected cell's
+    # place in the source, so the result follows the source's order (None: stored in it)
+    source: np.ndarray | None = None
 
     @property
     def by_cells(self) -> bool:
         return self.matrix.orientation == "cells"
+
+    def in_source_order(self, where: np.ndarray) -> np.ndarray:
+        """``where`` (indexes into the part's cells) reordered as the source has the cells."""
+        if self.source is None:
+            return where
+        return where[np.argsort(self.source[where], kind="stable")]
+
+    @property
+    def result_obs(self) -> pd.DataFrame:
+        if self.source is None:
+            return self.obs
+        return self.obs.iloc[self.in_source_order(np.arange(len(self.cells)))]
 
 
 @dataclass
@@ -130,10 +145,10 @@ def query(
     var_table, gene_positions = _genes(members[0], var, var_columns, mode)
     parts, first_cell = [], 0
     for matrix in members:
-        cells, obs_frame = _cells(matrix, obs, kept, mode)
+        cells, obs_frame, placed = _cells(matrix, obs, kept, mode)
         if len(members) > 1:
             obs_frame.insert(0, DATASET_COLUMN, matrix.dataset)
-        parts.append(Part(matrix, cells, gene_positions, obs_frame, first_cell))
+        parts.append(Part(matrix, cells, gene_positions, obs_frame, first_cell, placed))
         first_cell += len(cells)
     return CellQuery(source, parts, var_table, mode, dict(push_back or {}), policy)
 
@@ -161,7 +176,7 @@ class CellQuery:
 
     @property
     def obs(self) -> pd.DataFrame:
-        frames = [part.obs for part in self.parts]
+        frames = [part.result_obs for part in self.parts]
         return _stacked(frames) if len(frames) > 1 else frames[0]
 
     @property
@@ -170,7 +185,8 @@ class CellQuery:
 
     def to_anndata(self) -> Any:
         """The whole selection as one AnnData: cells in the matrices' order (a collection's
-        members one after the other), genes in the matrix's order."""
+        members one after the other; a matrix stored in an order of its own gives them in
+        its source's order), genes in the matrix's order."""
         import anndata
 
         blocks = [_assemble(part, list(self._rows(part)), len(self.var)) for part in self.parts]
@@ -181,7 +197,8 @@ class CellQuery:
         """The selection in AnnData chunks of about ``values_max`` non-zero values each, as the
         devices answer: chunks of cells from a matrix stored by cells, chunks of genes from one
         stored by genes (``chunk.uns["quarry_axis"]`` says which). Each chunk's rows are in
-        stored order; chunks come in the order they arrive."""
+        stored order (its cells in the source's order); chunks come in the order they
+        arrive."""
         import anndata
 
         for part in self.parts:
@@ -281,10 +298,15 @@ def _stored_rows(part: Part) -> int:
 
 
 def _assemble(part: Part, batches: list[pa.RecordBatch], gene_count: int) -> sparse.csr_matrix:
-    """The part's rows as its cells x genes block, every selected row once, in stored order."""
+    """The part's rows as its cells x genes block, every selected row once, in stored order
+    (a matrix stored in an order of its own: in its source's)."""
     if part.by_cells:
-        return _rows_csr(batches, part.cells, gene_count)
-    return _rows_csr(batches, part.genes, len(part.cells)).T.tocsr()
+        block = _rows_csr(batches, part.cells, gene_count)
+    else:
+        block = _rows_csr(batches, part.genes, len(part.cells)).T.tocsr()
+    if part.source is None:
+        return block
+    return block[part.in_source_order(np.arange(len(part.cells)))]
 
 
 def _rows_csr(batches: list[pa.RecordBatch], selected: np.ndarray, width: int) -> sparse.csr_matrix:
@@ -324,11 +346,15 @@ def _chunk(anndata: Any, part: Part, batches: list[pa.RecordBatch], var: pd.Data
     if axis == "obs":
         x = _rows_csr(batches, rows, len(var))
         where = np.searchsorted(part.cells, rows)
+        if part.source is not None:  # the chunk's cells as the source has them
+            order = part.in_source_order(where)
+            x, where = x[np.searchsorted(where, order)], order
         chunk = anndata.AnnData(X=x, obs=part.obs.iloc[where], var=var)
     else:
         x = _rows_csr(batches, rows, len(part.cells)).T.tocsr()
         where = np.searchsorted(part.genes, rows)
-        chunk = anndata.AnnData(X=x, obs=part.obs, var=var.iloc[where])
+        order = part.in_source_order(np.arange(len(part.cells)))
+        chunk = anndata.AnnData(X=x[order], obs=part.obs.iloc[order], var=var.iloc[where])
     chunk.uns["quarry_axis"] = axis
     return chunk
 
@@ -338,10 +364,23 @@ def _chunk(anndata: Any, part: Part, batches: list[pa.RecordBatch], var: pd.Data
 
 def _cells(
     matrix: StoredMatrix, where: str | None, columns: list[str], pushdown: Pushdown
-) -> tuple[np.ndarray, pd.DataFrame]:
-    """Positions of the cells matching ``where`` (sorted), and their metadata."""
-    table = _where(matrix, "__cells", where, [CELL_COLUMN, *columns], pushdown, "obs")
-    return table[0], _frame(matrix, "__cells", table[1], CELL_COLUMN)
+) -> tuple[np.ndarray, pd.DataFrame, np.ndarray | None]:
+    """Stored positions of the cells matching ``where`` (sorted), their metadata, and their
+    places in the source (None: the matrix stores them in the source's order)."""
+    from quarry.genes.datasets import SOURCE_POSITION_COLUMN
+
+    asked = [CELL_COLUMN, *columns]
+    filtered = matrix.ordered and where is not None
+    if filtered:
+        asked.append(SOURCE_POSITION_COLUMN)
+    positions, table = _where(matrix, "__cells", where, asked, pushdown, "obs")
+    source = None
+    if filtered:
+        source = table.column(SOURCE_POSITION_COLUMN).to_numpy().astype(np.int64)
+        table = table.drop_columns([SOURCE_POSITION_COLUMN])
+    elif matrix.ordered:
+        source = matrix.source_positions[positions]
+    return positions, _frame(matrix, "__cells", table, CELL_COLUMN), source
 
 
 def _genes(

@@ -26,6 +26,8 @@ KERNEL_REPEAT_MAX = 1024
 PARTITION_MAX = 1 << 20
 DEVICE_PARTITIONS_MAX = 1 << 20
 COLUMNS_MAX = 1 << 16
+# a blocked slice's messages per column (blocks, head, end marker: ``store.codec.BLOCKS_MAX``)
+BLOCK_MESSAGES_MAX = (1 << 16) + 2
 GENERATION_CHARS_MAX = 64 << 10  # a storage server's names each of its drives'
 
 
@@ -236,6 +238,13 @@ class SliceDescription(Message):
     # each column stream's XXH3-64 checksum (None: written before checksums)
     checksums: list[int] | None = bounded(
         items_max=COLUMNS_MAX, low=0, high=(1 << 64) - 1, default=None
+    )
+    # a blocked slice: rows per block, and per column its messages' lengths and checksums
+    # (head, each block, end marker; ``quarry.store.codec.message_lengths``)
+    block_rows: int = bounded(low=0, default=0)
+    blocks: list[list[int]] | None = bounded(items_max=BLOCK_MESSAGES_MAX, low=0, default=None)
+    block_checksums: list[list[int]] | None = bounded(
+        items_max=BLOCK_MESSAGES_MAX, low=0, high=(1 << 64) - 1, default=None
     )
 
 

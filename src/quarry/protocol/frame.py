@@ -23,7 +23,8 @@ from quarry.errors import ProtocolError, ProtocolMismatch, QuarryError, error_cl
 # 2: every message typed; one work exchange for every kind of work (was query and program)
 # 3: a partition's work counters travel as one message (WorkMetrics.counters: WorkCounters)
 # 4: slices shipped as stored carry their checksums; scrub and the mending of one copy
-PROTOCOL_VERSION = 4
+# 5: a SliceDescription describes a blocked slice's blocks (block_rows, blocks, block_checksums)
+PROTOCOL_VERSION = 5
 MAGIC = b"QRY"
 HEADER_BYTES_MAX = 16 << 20  # a JSON header above this is a bug, not a request
 _LENGTH = struct.Struct(">I")

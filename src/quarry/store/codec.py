@@ -7,6 +7,13 @@ IPC buffer compression (zstd, lz4 frame), so the device that scans a slice decom
 its own CPU (POLARDB §3.2); a slice read raw for another to scan travels as stored
 (``quarry.store.stored``) and its receiver decompresses it. A value stored whole (one stream
 of every column, the first format) still reads.
+
+A dataset may ask for blocks (the ingest hint ``BLOCK_BYTES_HINT``; ``encode_columns(...,
+block_rows=N)``): each column's stream is then several record batches of N rows, and the
+metadata slice keeps each message's length and checksum (``message_lengths``), so a device reads
+the schema message and only the blocks that hold the rows it needs (``decode_blocks``), as a
+Parquet reader uses a page index. A blocked stream is still one IPC stream: read whole, it
+decodes as any other (its batches joined).
 """
 
 from __future__ import annotations
@@ -36,11 +43,16 @@ def check_compression(name: str) -> str:
     return name
 
 
-def encode_slice(batch: pa.RecordBatch, compression: str = "none") -> bytes:
+def encode_slice(batch: pa.RecordBatch, compression: str = "none", block_rows: int = 0) -> bytes:
+    """One IPC stream of ``batch``: one record batch, or blocks of ``block_rows`` rows."""
+    assert block_rows >= 0, block_rows
     options = pa.ipc.IpcWriteOptions(compression=_ARROW_CODEC[check_compression(compression)])
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, batch.schema, options=options) as writer:
-        writer.write_batch(batch)
+        if block_rows and batch.num_rows > block_rows:
+            writer.write_table(pa.Table.from_batches([batch]), max_chunksize=block_rows)
+        else:
+            writer.write_batch(batch)
     return sink.getvalue().to_pybytes()
 
 
@@ -53,7 +65,7 @@ def decode_slice(
     the engine, and the batch is checked for what an engine can trip over (``checks``: offsets,
     UTF-8, buffer sizes) because an engine may read past a bad offset.
     """
-    if schema is not None and not _has_dictionary(schema):
+    if schema is not None and not has_dictionary(schema):
         return _with_rows(_decode_known(value, schema, None), rows)
     try:
         reader = pa.ipc.open_stream(_unpadded(value))
@@ -83,8 +95,8 @@ def _decode_known(
     """A slice of a schema the metadata slice already holds: its one record batch message read
     with that schema, without building a stream reader per slice (a one-column decimal slice
     of 25,000 rows: 16 us a column before, 7 now; TPC-H Q14's devices spent a quarter of their
-    CPU decoding). The stream must be exactly a schema message, that batch and at most the
-    end-of-stream marker. Its schema message must say ``schema``: the same bytes as
+    CPU decoding). The stream must be exactly a schema message, that batch (or its blocks) and
+    at most the end-of-stream marker. Its schema message must say ``schema``: the same bytes as
     ``head_bytes`` (the message ``schema`` encodes to), or, written another way, an equal
     schema. The batch is checked as any slice is."""
     try:
@@ -95,20 +107,91 @@ def _decode_known(
             raise CorruptSlice(f"a slice holds a schema and one record batch, found {body.type}")
         if head.metadata.to_pybytes() != head_bytes and not pa.ipc.read_schema(head).equals(schema):
             raise CorruptSlice("slice schema differs from its partition's schema")
-        rest = reader.size() - reader.tell()
-        if rest and (rest != len(_END_OF_STREAM) or reader.read() != _END_OF_STREAM):
-            raise CorruptSlice(f"a slice holds one record batch, {rest} bytes follow it")
-        batch = pa.ipc.read_record_batch(body, schema)
-        checks.check(batch)
+        batches = [_checked_batch(body, schema)]
+        batches += _batches_after(reader, schema, ends_marked=True)
     except (pa.ArrowException, OSError, ValueError, MemoryError, EOFError) as error:
         raise CorruptSlice(f"slice does not decode: {error}") from None
+    return batches[0] if len(batches) == 1 else pa.concat_batches(batches)
+
+
+def _checked_batch(message: pa.ipc.Message, schema: pa.Schema) -> pa.RecordBatch:
+    batch = pa.ipc.read_record_batch(message, schema)
+    checks.check(batch)
     return batch
 
 
+def _batches_after(
+    reader: pa.BufferReader, schema: pa.Schema, ends_marked: bool
+) -> list[pa.RecordBatch]:
+    """The record batch messages left in ``reader`` (the blocks of a blocked stream), each
+    checked; a whole stream may end with the end-of-stream marker, a run of blocks read alone
+    ends where its last block does."""
+    batches = []
+    while rest := reader.size() - reader.tell():
+        if ends_marked and rest <= len(_END_OF_STREAM):
+            if rest != len(_END_OF_STREAM) or reader.read() != _END_OF_STREAM:
+                raise CorruptSlice(f"a slice's column ends with {rest} stray bytes")
+            break
+        if len(batches) >= BLOCKS_MAX:
+            raise CorruptSlice(f"a slice's column holds more than {BLOCKS_MAX} blocks")
+        message = pa.ipc.read_message(reader)
+        if message.type != "record batch":
+            raise CorruptSlice(f"a slice's column holds a {message.type} among its blocks")
+        batches.append(_checked_batch(message, schema))
+    return batches
+
+
 _END_OF_STREAM = b"\xff\xff\xff\xff\x00\x00\x00\x00"
+BLOCKS_MAX = 1 << 16  # record batches in one column stream (a block per row at worst)
+BLOCK_BYTES_HINT = "store.block_bytes"  # a dataset's hint: its slices' block size, in bytes
 
 
-def _has_dictionary(schema: pa.Schema) -> bool:
+def message_lengths(stream: bytes | memoryview | pa.Buffer) -> list[int]:
+    """A column stream cut at its IPC messages: [its head (alignment padding and the schema
+    message), each record batch (block), the end-of-stream marker (0 if absent)]; they add up
+    to the stream's length."""
+    buffer = stream if isinstance(stream, pa.Buffer) else pa.py_buffer(stream)
+    unpadded = _unpadded(buffer)
+    reader = pa.BufferReader(unpadded)
+    pa.ipc.read_message(reader)  # the schema
+    lengths = [buffer.size - unpadded.size + reader.tell()]
+    while (rest := reader.size() - reader.tell()) > len(_END_OF_STREAM):
+        before = reader.tell()
+        pa.ipc.read_message(reader)
+        lengths.append(reader.tell() - before)
+    lengths.append(rest)
+    assert sum(lengths) == buffer.size, (lengths, buffer.size)
+    return lengths
+
+
+def decode_blocks(
+    head: bytes | memoryview | pa.Buffer,
+    blocks: bytes | memoryview | pa.Buffer,
+    single: pa.Schema,
+    head_bytes: bytes,
+    rows: int,
+) -> pa.Array:
+    """One column's rows read as a run of its blocks: ``head`` (the stream's padding and schema
+    message) and ``blocks`` (consecutive record batch messages), each checked as a whole
+    column is; ``rows`` rows of the column ``single`` describes (``Columns.singles``)."""
+    try:
+        message = pa.ipc.read_message(pa.BufferReader(_unpadded(head)))
+        if message.type != "schema":
+            raise CorruptSlice(f"a column's head is a {message.type}, not its schema")
+        same = message.metadata.to_pybytes() == head_bytes
+        if not same and not pa.ipc.read_schema(message).equals(single):
+            raise CorruptSlice("slice schema differs from its partition's schema")
+        body = blocks if isinstance(blocks, pa.Buffer) else pa.py_buffer(blocks)
+        batches = _batches_after(pa.BufferReader(body), single, ends_marked=False)
+    except (pa.ArrowException, OSError, ValueError, MemoryError, EOFError) as error:
+        raise CorruptSlice(f"blocks do not decode: {error}") from None
+    if not batches:
+        raise CorruptSlice("no block read")
+    batch = batches[0] if len(batches) == 1 else pa.concat_batches(batches)
+    return _with_rows(batch, rows).column(0)
+
+
+def has_dictionary(schema: pa.Schema) -> bool:
     """Dictionaries travel in messages of their own: such slices take the stream reader."""
     return any(_field_has_dictionary(field.type) for field in schema)
 
@@ -119,8 +202,11 @@ def _field_has_dictionary(kind: pa.DataType) -> bool:
     return any(_field_has_dictionary(kind.field(i).type) for i in range(kind.num_fields))
 
 
-def encode_columns(batch: pa.RecordBatch, compression: str = "none") -> tuple[bytes, list[int]]:
+def encode_columns(
+    batch: pa.RecordBatch, compression: str = "none", block_rows: int = 0
+) -> tuple[bytes, list[int]]:
     """A slice value of one IPC stream per column, and each stream's length (its padding in).
+    ``block_rows`` > 0: each stream holds record batches of that many rows (blocks).
 
     Uncompressed, each stream is placed so that its largest buffer lies on a 16-byte boundary
     of the value, 8 zero bytes before it when needed (``ALIGNMENT``): a value in LMDB starts
@@ -130,7 +216,8 @@ def encode_columns(batch: pa.RecordBatch, compression: str = "none") -> tuple[by
     value = bytearray()
     lengths = []
     for field, column in zip(batch.schema, batch.columns, strict=True):
-        part = encode_slice(pa.record_batch([column], schema=pa.schema([field])), compression)
+        single = pa.record_batch([column], schema=pa.schema([field]))
+        part = encode_slice(single, compression, block_rows)
         pad = 0 if compression != "none" else -(len(value) + _largest_buffer_at(part)) % ALIGNMENT
         value += _PAD[:pad] + part
         lengths.append(pad + len(part))
@@ -175,7 +262,7 @@ class Columns:
         singles = tuple(pa.schema([field]) for field in fields)
         return cls(
             singles,
-            tuple(_has_dictionary(single) for single in singles),
+            tuple(has_dictionary(single) for single in singles),
             tuple(pa.ipc.read_message(s.serialize()).metadata.to_pybytes() for s in singles),
             pa.schema(fields, metadata=metadata),
         )

@@ -56,8 +56,9 @@ def rewrite_slice(
         for stale in txn.list(key):  # the damaged value's key-values, however it was cut
             if stale == key or stale.startswith(key + "."):
                 txn.delete(stale)
+        # in the blocks it had: the same bytes as the good copy's, block checksums and all
         meta.slices[number] = partitions.store_slice(
-            txn, key, batch, meta.compression, store.kv_bytes_max, version
+            txn, key, batch, meta.compression, store.kv_bytes_max, version, old.block_rows
         )
         partitions.put_meta(txn, meta, store.kv_bytes_max)
     return version

@@ -65,6 +65,27 @@ class SliceInfo:
     # Each column stream's checksum (``store.checksum``), in the same order (None: written
     # before checksums, read unverified).
     checksums: list[int] | None = None
+    # A blocked slice (``codec.BLOCK_BYTES_HINT``): rows per block, and per column the lengths
+    # and checksums of its stream's messages (``codec.message_lengths``: head, each block,
+    # end marker), so a read of some rows takes, and checks, the head and their blocks alone.
+    block_rows: int = 0
+    blocks: list[list[int]] | None = None
+    block_checksums: list[list[int]] | None = None
+
+    def block_span(self, rows: tuple[int, int] | None) -> tuple[int, int] | None:
+        """The blocks [first, end) holding rows [rows[0], rows[1]) of the slice; None when the
+        read takes the whole slice (no blocks, no rows asked, or every block needed)."""
+        if rows is None or not self.block_rows or self.blocks is None:
+            return None
+        count = len(self.blocks[0]) - 2
+        first, end = rows
+        assert 0 <= first < end <= self.rows, (rows, self.rows)
+        span = first // self.block_rows, min(count, -(-end // self.block_rows))
+        return None if span == (0, count) else span
+
+    def block_rows_of(self, span: tuple[int, int]) -> tuple[int, int]:
+        """The slice's rows [first, end) that blocks ``span`` hold."""
+        return span[0] * self.block_rows, min(self.rows, span[1] * self.block_rows)
 
 
 @dataclass
@@ -156,6 +177,9 @@ class PartitionMeta:
                 s.get("columns"),
                 s.get("stripe_bytes", 0),
                 s.get("checksums"),
+                s.get("block_rows", 0),
+                s.get("blocks"),
+                s.get("block_checksums"),
             )
             for s in body["slices"]
         ]
@@ -206,13 +230,19 @@ def meta_what(domain: str, dataset: str, partition: int) -> str:
 
 
 def store_slice(
-    txn: Any, key: str, batch: pa.RecordBatch, compression: str, kv_bytes_max: int, version: int
+    txn: Any,
+    key: str,
+    batch: pa.RecordBatch,
+    compression: str,
+    kv_bytes_max: int,
+    version: int,
+    block_rows: int = 0,
 ) -> SliceInfo:
     """Store one slice value (a stream per column) and describe it for the metadata slice,
     each stream's checksum with it."""
-    value, lengths = codec.encode_columns(batch, compression)
+    value, lengths = codec.encode_columns(batch, compression, block_rows)
     stripes = _put_striped(txn, key, value, kv_bytes_max)
-    return describe_slice(batch, value, lengths, stripes, kv_bytes_max, version)
+    return describe_slice(batch, value, lengths, stripes, kv_bytes_max, version, block_rows)
 
 
 def describe_slice(
@@ -222,9 +252,19 @@ def describe_slice(
     stripes: int,
     kv_bytes_max: int,
     version: int = 1,
+    block_rows: int = 0,
 ) -> SliceInfo:
     """What the metadata slice says of a slice value (also computed off the device: the parity
     of an erasure-coded stripe keeps it, so a lost slice is rebuilt and checked exactly)."""
+    blocks = block_checksums = None
+    if block_rows:
+        blocks, block_checksums = [], []
+        view, start = memoryview(value), 0
+        for length in lengths:
+            messages = codec.message_lengths(view[start : start + length])
+            blocks.append(messages)
+            block_checksums.append(checksum.of_columns(view[start : start + length], messages))
+            start += length
     return SliceInfo(
         batch.num_rows,
         len(value),
@@ -235,6 +275,9 @@ def describe_slice(
         lengths,
         kv_bytes_max if stripes > 1 else 0,
         checksum.of_columns(value, lengths),
+        block_rows if blocks is not None else 0,
+        blocks,
+        block_checksums,
     )
 
 
@@ -297,6 +340,7 @@ class PartitionWriter:
         self._started = False
         # sorted by this column before it is cut into slices (the whole partition waits here)
         self.cluster_by = meta.ingest.get("cluster_by") or None
+        self.block_bytes = block_bytes_of(meta)
 
     def _start(self) -> None:
         d, n, p = self.meta.domain, self.meta.dataset, self.meta.partition
@@ -376,7 +420,13 @@ class PartitionWriter:
         with self.store.transaction(visible=False) as txn:
             self._check_pending(txn)
             info = store_slice(
-                txn, key, batch, self.meta.compression, self.store.kv_bytes_max, version=1
+                txn,
+                key,
+                batch,
+                self.meta.compression,
+                self.store.kv_bytes_max,
+                version=1,
+                block_rows=block_rows_for(batch, self.block_bytes),
             )
         self.meta.slices.append(info)
 
@@ -412,6 +462,24 @@ class PartitionWriter:
                 self.store.kv_bytes_max,
             )
         return m
+
+
+def block_bytes_of(meta: PartitionMeta) -> int:
+    """The block size the dataset asked for (``codec.BLOCK_BYTES_HINT``; 0: slices unblocked).
+    Columns holding dictionaries travel with dictionary messages between the blocks: never
+    blocked."""
+    target = int(meta.hints.get(codec.BLOCK_BYTES_HINT) or 0)
+    if target < 0:
+        raise IngestFailed(f"{codec.BLOCK_BYTES_HINT} must be a byte count, not {target}")
+    return 0 if codec.has_dictionary(meta.schema) else target
+
+
+def block_rows_for(batch: pa.RecordBatch, block_bytes: int) -> int:
+    """Rows per block of a slice, so that a block holds about ``block_bytes`` of its rows (0:
+    the slice is one block, and is not cut)."""
+    if not block_bytes or batch.nbytes <= block_bytes or not batch.num_rows:
+        return 0
+    return max(1, batch.num_rows * block_bytes // batch.nbytes)
 
 
 def _bytes_per_row_estimate(schema: pa.Schema) -> float:
@@ -623,6 +691,17 @@ class FetchedSlice:
     whole: bytes | None  # a value stored whole (the first format)
     parts: list[bytes | memoryview | pa.Buffer] | None  # else the columns' IPC streams
     indices: list[int] | None  # and those columns' schema positions
+    # Some blocks alone (``SliceInfo.block_span``): which, and each column's head and blocks.
+    span: tuple[int, int] | None = None
+    heads: list[bytes | memoryview | pa.Buffer] | None = None
+
+    @property
+    def bytes_read(self) -> int:
+        """What was taken off the store."""
+        if self.whole is not None:
+            return len(self.whole)
+        assert self.parts is not None
+        return sum(checksum.size(p) for p in [*self.parts, *(self.heads or [])])
 
 
 def fetch_slice(
@@ -631,15 +710,22 @@ def fetch_slice(
     number: int,
     columns: list[str] | None = None,
     snapshot: Snapshot | None = None,
+    rows: tuple[int, int] | None = None,
 ) -> FetchedSlice:
     """The stored bytes of a slice's ``columns``; read in place through ``snapshot`` (the
-    batch decoded from them then holds it open), else copied off the store."""
+    batch decoded from them then holds it open), else copied off the store. ``rows``: the
+    slice's rows [first, end) that are needed; a blocked slice then gives the blocks that hold
+    them (at least those rows; ``FetchedSlice.span``), any other the whole slice."""
     info = meta.slices[number]
     key = naming.slice_key(meta.domain, meta.dataset, meta.partition, number)
     if info.columns is None:  # stored whole
         value = codec.unstripe(store.get_many(naming.slice_value_keys(key, info.stripes)))
         return FetchedSlice(number, columns, value, None, None)
     wanted = column_indices(meta, columns)
+    span = info.block_span(rows)
+    if span is not None:
+        heads, bodies = _block_values(store, key, info, wanted, span, snapshot)
+        return FetchedSlice(number, columns, None, bodies, wanted, span, heads)
     parts = _column_values(store, key, info, wanted, snapshot)
     return FetchedSlice(number, columns, None, [parts[i] for i in wanted], wanted)
 
@@ -653,10 +739,95 @@ def decode_read(meta: PartitionMeta, fetched: FetchedSlice) -> pa.RecordBatch:
             batch = codec.decode_slice(fetched.whole, meta.schema, info.rows)
             return batch.select(fetched.columns) if fetched.columns is not None else batch
         assert fetched.parts is not None and fetched.indices is not None
+        if fetched.span is not None:
+            return _decode_blocks(meta, fetched)
         verify_parts(meta, fetched.number, fetched.parts, fetched.indices)
         return codec.decode_columns(fetched.parts, meta.columns(fetched.indices), info.rows)
     except CorruptSlice as error:
         raise CorruptSlice(f"{slice_what(meta, fetched.number)}: {error}") from None
+
+
+def _decode_blocks(meta: PartitionMeta, fetched: FetchedSlice) -> pa.RecordBatch:
+    """Some blocks of a slice's columns, each message checked against its checksum, decoded."""
+    info = meta.slices[fetched.number]
+    assert fetched.span is not None and fetched.heads is not None and fetched.parts is not None
+    assert info.blocks is not None and fetched.indices is not None
+    first, end = fetched.span
+    rows = info.block_rows_of(fetched.span)
+    columns = meta.columns(fetched.indices)
+    arrays = []
+    each = zip(fetched.heads, fetched.parts, fetched.indices, strict=True)
+    for k, (head, body, index) in enumerate(each):
+        name = meta.schema.field(index).name
+        lengths = info.blocks[index]
+        sums = None if info.block_checksums is None else info.block_checksums[index]
+        try:
+            checksum.check(head, lengths[0], sums and sums[0], f"column {name} head")
+            view, start = memoryview(body), 0
+            for block in range(first, end):
+                length = lengths[1 + block]
+                what = f"column {name} block {block}"
+                checksum.check(view[start : start + length], length, sums and sums[1 + block], what)
+                start += length
+            if start != checksum.size(body):
+                raise CorruptSlice(f"column {name}: {checksum.size(body)} bytes read for blocks")
+            single, head_bytes = columns.singles[k], columns.heads[k]
+            arrays.append(codec.decode_blocks(head, body, single, head_bytes, rows[1] - rows[0]))
+        except CorruptSlice as error:
+            raise CorruptSlice(f"column {name}: {error}") from None
+    return pa.RecordBatch.from_arrays(arrays, schema=columns.schema)
+
+
+def _block_values(
+    store: KeyValueStore,
+    key: str,
+    info: SliceInfo,
+    wanted: list[int],
+    span: tuple[int, int],
+    snapshot: Snapshot | None,
+) -> tuple[list[Any], list[Any]]:
+    """Of each wanted column, its head and its blocks ``span`` as byte ranges of the value."""
+    assert info.columns is not None and info.blocks is not None
+    offsets = [0]
+    for length in info.columns:
+        offsets.append(offsets[-1] + length)
+    ranges = []
+    for i in wanted:
+        lengths = info.blocks[i]
+        assert sum(lengths) == info.columns[i], (i, lengths, info.columns[i])
+        start = offsets[i] + lengths[0]
+        low = start + sum(lengths[1 : 1 + span[0]])
+        high = start + sum(lengths[1 : 1 + span[1]])
+        ranges += [(offsets[i], start), (low, high)]
+    values = _ranges_of_value(store, key, info, ranges, snapshot)
+    return values[0::2], values[1::2]
+
+
+def _ranges_of_value(
+    store: KeyValueStore,
+    key: str,
+    info: SliceInfo,
+    ranges: list[tuple[int, int]],
+    snapshot: Snapshot | None,
+) -> list[Any]:
+    """Byte ranges [start, end) of a slice value, each cut at the stripes it crosses and read
+    in one call; a range within one stripe comes in place (or as its one copy)."""
+    stripe = info.stripe_bytes or max(1, info.bytes_stored)
+    keys = naming.slice_value_keys(key, info.stripes)
+    pieces: list[tuple[str, int, int]] = []
+    counts = []
+    for start, end in ranges:
+        first, last = start // stripe, max(start, end - 1) // stripe
+        counts.append(last - first + 1)
+        for s in range(first, last + 1):
+            low, high = max(start, s * stripe), min(end, (s + 1) * stripe)
+            pieces.append((keys[min(s, len(keys) - 1)], low - s * stripe, high - s * stripe))
+    values: list = snapshot.ranges(pieces) if snapshot is not None else store.get_ranges(pieces)
+    out = []
+    for count in counts:
+        out.append(values[0] if count == 1 else b"".join(values[:count]))
+        values = values[count:]
+    return out
 
 
 def slice_what(meta: PartitionMeta, number: int) -> str:
@@ -716,10 +887,23 @@ def column_indices(meta: PartitionMeta, columns: list[str] | None) -> list[int]:
     return indices
 
 
-def read_bytes(meta: PartitionMeta, number: int, columns: list[str] | None = None) -> int:
-    """Bytes ``read_slice`` takes off the store for these columns of a slice."""
+def read_bytes(
+    meta: PartitionMeta,
+    number: int,
+    columns: list[str] | None = None,
+    rows: tuple[int, int] | None = None,
+) -> int:
+    """Bytes ``fetch_slice`` takes off the store for these columns (and rows) of a slice."""
     info = meta.slices[number]
-    return column_bytes(meta.schema, info.columns, info.bytes_stored, columns)
+    span = info.block_span(rows) if info.columns is not None else None
+    if span is None:
+        return column_bytes(meta.schema, info.columns, info.bytes_stored, columns)
+    assert info.blocks is not None
+    total = 0
+    for i in column_indices(meta, columns):
+        lengths = info.blocks[i]
+        total += lengths[0] + sum(lengths[1 + span[0] : 1 + span[1]])
+    return total
 
 
 def column_bytes(
@@ -915,7 +1099,13 @@ def update_slice(
         for old_key in naming.slice_value_keys(key, old.stripes):
             txn.delete(old_key)
         meta.slices[number] = store_slice(
-            txn, key, batch, meta.compression, store.kv_bytes_max, old.version + 1
+            txn,
+            key,
+            batch,
+            meta.compression,
+            store.kv_bytes_max,
+            old.version + 1,
+            block_rows_for(batch, block_bytes_of(meta)),
         )
         put_meta(txn, meta, store.kv_bytes_max)
     return old.version + 1

@@ -59,3 +59,15 @@ def test_contiguous_groups_are_one_slice_and_slices_one_size():
     # a table smaller than a slice a partition: one group (one run) each
     assert layout.group_rows_for(first, slice_rows, 4, slice_rows) == -(-slice_rows // 4)
     assert layout.contiguous_slices(None, 4 * MIB) is None
+
+
+def test_slices_in_blocks_are_refused_with_erasure_coding():
+    """Parity is coded over the host's encoding of whole slices: a dataset that asks for blocks
+    is told so before anything is sent (``cluster`` is never reached)."""
+    from quarry.coordinator.ingest.atomic import ingest
+    from quarry.errors import InvalidOption
+    from quarry.store.codec import BLOCK_BYTES_HINT
+
+    table = pa.table({"a": [1, 2, 3]})
+    with pytest.raises(InvalidOption, match="drop the store.block_bytes hint"):
+        ingest(None, table, "t/x", hints={BLOCK_BYTES_HINT: 1 << 18}, redundancy="ec:2+1")

@@ -49,7 +49,7 @@ from quarry.progress import Bar
 from quarry.protocol.control import IngestRecord, StripeGroup
 from quarry.protocol.ingest import PartitionWritten, PutPartition, Renew, Renewed
 from quarry.store import naming, parity
-from quarry.store.codec import check_compression
+from quarry.store.codec import BLOCK_BYTES_HINT, check_compression
 
 if TYPE_CHECKING:
     from quarry.coordinator.membership.membership import Membership
@@ -88,6 +88,12 @@ def ingest(
     code = parity.parse(redundancy)
     if code is not None and replicas != 1:
         raise InvalidOption(f"{code.text} keeps one copy of each slice and parity: drop replicas")
+    if code is not None and (hints or {}).get(BLOCK_BYTES_HINT):
+        # parity is coded over the host's own encoding of each slice, which is not blocked
+        raise InvalidOption(
+            f"{code.text} codes parity over whole slices: drop the {BLOCK_BYTES_HINT} hint "
+            "(slices in blocks) or keep replicas instead"
+        )
     cluster.refresh()
     existing = cluster.catalog.get(f"{domain}/{name}")
     if existing is not None and mode == "append":
