@@ -456,24 +456,6 @@ def test_reads_alike_are_kept_apart_when_join_keys_cut_them_apart(tpch_cluster, 
     assert shipped < shared.explain(analyze=True).analyze.bytes_shipped
 
 
-def test_a_few_keys_prune_the_slices_that_cannot_hold_them(tpch_cluster, tpch):
-    """Q18's HAVING leaves a few orders; orders and lineitem are stored in order-key order, so
-    their keys fall in a few slices of each, and the devices read only those: the same answer
-    as without join keys, with slices pruned for the keys."""
-    sql = tpch.queries[18]
-    planned = tpch_cluster.query(sql, pushdown="always")
-    result = planned.execute().read_all()
-    assert_same_rows(result, tpch.expected(18), ordered=_ordered(sql), context="Q18")
-    explained = planned.explain(analyze=True)
-    reasons = [
-        d.reason for p in explained.analyze.partitions for d in p.decisions if d.stage == "pruned"
-    ]
-    assert any("key set" in reason for reason in reasons), reasons
-    plain = tpch_cluster.query(sql, pushdown="always", join_filters=False)
-    plain.execute().read_all()
-    assert explained.analyze.bytes_read < plain.explain(analyze=True).analyze.bytes_read
-
-
 def test_probes_cut_by_the_same_keys_share_one_key_set(tpch_cluster, tpch, monkeypatch):
     """Q21 cuts its EXISTS and NOT EXISTS reads of lineitem by the order keys of its first: the
     keys are made distinct once, for both (at SF 10 twice took half a second before the second

@@ -81,15 +81,3 @@ def test_distinct_keys_are_each_non_null_value_once(chunks, kind) -> None:
     unique = keys.distinct(values)
     assert unique.type == kind and unique.null_count == 0
     assert sorted(unique.to_pylist()) == sorted({v for c in chunks for v in c if v is not None})
-
-
-def test_a_slice_whose_bounds_hold_no_key_may_be_pruned(monkeypatch) -> None:
-    """A slice's zone-map bounds of the cut column: only a key within them can keep a row."""
-    cut = KeyCut(0, pa.array([5, 17, None, 40], pa.int64()))
-    assert not cut.may_hold(6, 16) and not cut.may_hold(41, 90) and not cut.may_hold(-3, 4)
-    assert cut.may_hold(5, 5) and cut.may_hold(10, 17) and cut.may_hold(0, 100)
-    # not known: bounds that are not integers, keys of another type, or too many to sort
-    assert cut.may_hold(None, 16) and cut.may_hold(6.0, 16.0) and cut.may_hold(True, True)
-    assert KeyCut(0, pa.array(["a", "b"])).may_hold(6, 16)
-    monkeypatch.setattr(keys, "PRUNE_KEYS_MAX", 3)
-    assert KeyCut(0, pa.array([5, 17, 40, 41], pa.int64())).may_hold(6, 16)

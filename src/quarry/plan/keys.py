@@ -29,11 +29,6 @@ KEY_SET_BYTES_MAX = 16 << 20  # a key set on the wire: wider keys (text) may rea
 # TPC-H SF 10's 60 million order keys: 7.5 MB), at most this many a byte each (16 MiB at most;
 # a gather of bytes costs about half a gather of bits)
 LOOKUP_RANGE_MAX = 1 << 29
-# key sets of at most this many keys also prune slices by their zone maps (``may_hold``): a
-# few keys of a dataset stored in key order fall in a few slices (TPC-H Q18's 57 orders: 57 of
-# SF 1's 1.5 million, in at most 57 of the slices of orders and of lineitem); many more fall in
-# every slice, and sorting them for it would cost each device more than it saves
-PRUNE_KEYS_MAX = 10_000
 BYTE_RANGE_MAX = 1 << 24
 INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
 
@@ -109,18 +104,6 @@ class KeyCut:
                 return pa.array(np.ones(len(values), dtype=np.bool_))
         return pc.is_in(values, value_set=keys)
 
-    def may_hold(self, low: object, high: object) -> bool:
-        """Whether some key lies in ``[low, high]``, a slice's zone-map bounds of the column:
-        a slice with none holds no row this cut keeps, and need not be read. True when that
-        is not known: bounds or keys not integers, or more than ``PRUNE_KEYS_MAX`` keys."""
-        if not (_whole(low) and _whole(high)) or not _fits_int64(self.keys.type):
-            return True
-        if len(self.keys) > PRUNE_KEYS_MAX or not INT64_MIN <= low <= high <= INT64_MAX:
-            return True
-        keys = self._sorted
-        at = int(np.searchsorted(keys, low))
-        return at < len(keys) and int(keys[at]) <= high
-
     @functools.cached_property
     def _table(self) -> tuple[int, np.ndarray, bool] | None:
         """The keys as a table over their range: a byte per value up to ``BYTE_RANGE_MAX``
@@ -144,10 +127,6 @@ class KeyCut:
         """The keys sorted, for integers spanning too wide a range for a table: a binary
         search over them, built once (``is_in`` builds its hash again for every batch)."""
         return np.unique(self.keys.to_numpy(zero_copy_only=False).astype(np.int64, copy=False))
-
-
-def _whole(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _fits_int64(kind: pa.DataType) -> bool:

@@ -187,25 +187,7 @@ class SubstraitUnit(Unit):
         ]
         reason = "zone maps exclude every row"
         pruned = [Skipped(r, Skip.PRUNED, reason) for r in ranges_of(excluded)]
-        kept = set(range(len(meta.slices))) - set(excluded)
-        keyless = (
-            [n for n in sorted(kept) if not self._keys_may_match(meta.slices[n].zone_map)]
-            if self._input_cuts
-            else []
-        )
-        reason = "no key of a join's key set within the slice's zone map"
-        pruned += [Skipped(r, Skip.PRUNED, reason) for r in ranges_of(keyless)]
-        return pruned + self._answered(meta, not_here | frozenset(excluded + keyless))
-
-    def _keys_may_match(self, zone_map: dict) -> bool:
-        """Whether the slice may hold a row the key sets cut on its stored columns keep (a
-        join's few keys over a dataset stored in their order: TPC-H Q18 reads 57 orders and
-        their lineitems, not every slice of both)."""
-        for column, cut in self._input_cuts:
-            stats = zone_map.get(column)
-            if stats and not cut.may_hold(stats.get("min"), stats.get("max")):
-                return False
-        return True
+        return pruned + self._answered(meta, not_here | frozenset(excluded))
 
     def _answered(self, meta: PartitionMeta, not_here: frozenset[int]) -> list[Skipped]:
         """Runs of slices every row of which passes, whose statistics say the sub-plan's output
