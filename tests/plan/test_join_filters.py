@@ -211,10 +211,10 @@ SF1_ROWS = {
 SF1_KEPT = {"tpch/part": 0.002, "tpch/nation": 0.04}  # Q2's and Q11's filters, sampled
 
 
-def _described(tpch, number: int) -> list[str]:
+def _described(tpch, number: int, shares: dict[str, float] = SF1_KEPT) -> list[str]:
     decomposition = decompose(tpch.queries[number], tpch.schemas, "always")
     fragments = {f.name: f for f in decomposition.fragments}
-    kept = {f.name: SF1_KEPT[f.dataset] for f in fragments.values() if f.dataset in SF1_KEPT}
+    kept = {f.name: shares[f.dataset] for f in fragments.values() if f.dataset in shares}
     return [
         f"{fragments[p.probe].dataset} by {fragments[p.build].dataset}: {p.describe(fragments)}"
         for p in join_filters(decomposition, SF1_ROWS, kept)
@@ -235,3 +235,30 @@ def test_a_fragment_read_twice_is_not_cut_when_one_read_is_not(tpch) -> None:
     """Q21's lineitem is read for the late deliveries and again in ``NOT EXISTS (... l_suppkey
     <> ...)``: the second read needs every supplier's lines, so supplier's keys may not cut it."""
     assert not any(p.startswith("tpch/lineitem by tpch/supplier") for p in _described(tpch, 21))
+
+
+def test_a_build_equal_to_a_smaller_ones_keys_cuts_by_those() -> None:
+    """TPC-H Q9's shape: returns joins the big rows that joined the few tagged small ones. Its
+    join's own build (big's keys, as many as big's rows) would not pay; through ``b.k = s.k``
+    those keys are among small's, which do."""
+    sql = (
+        "SELECT sum(r.v) FROM d.small s JOIN d.big b ON s.k = b.k "
+        "JOIN d.returns r ON r.k = b.k WHERE s.tag = 'x'"
+    )
+    assert _pairs(sql) == {*CUT, ("d/returns", "k", "d/small", "k")}
+    # a join's own build that pays is kept: one found through an equality only stands in
+    direct = {"d/big": 1_000, "d/small": 100, "d/returns": 600_000}
+    assert _pairs(sql, direct) == {*CUT, ("d/returns", "k", "d/big", "k")}
+
+
+def test_a_build_cut_only_by_the_probes_own_keys_does_not_cut_it_again(tpch) -> None:
+    """Q9: partsupp, cut by the green parts through ``p_partkey = l_partkey``, holds nearly every
+    supplier; the lineitems of those parts are not cut again by its suppliers, nor orders by
+    those lineitems (a chain of waits for nothing)."""
+    described = _described(tpch, 9, {"tpch/part": 0.053})
+    assert sorted(described) == [
+        "tpch/lineitem by tpch/part: __quarry_fragment_1.l_partkey IN (keys of "
+        "__quarry_fragment_0.p_partkey)",
+        "tpch/partsupp by tpch/part: __quarry_fragment_3.ps_partkey IN (keys of "
+        "__quarry_fragment_0.p_partkey)",
+    ]
