@@ -788,9 +788,7 @@ def _block_values(
 ) -> tuple[list[Any], list[Any]]:
     """Of each wanted column, its head and its blocks ``span`` as byte ranges of the value."""
     assert info.columns is not None and info.blocks is not None
-    offsets = [0]
-    for length in info.columns:
-        offsets.append(offsets[-1] + length)
+    offsets = _column_offsets(info.columns)
     ranges = []
     for i in wanted:
         lengths = info.blocks[i]
@@ -801,6 +799,14 @@ def _block_values(
         ranges += [(offsets[i], start), (low, high)]
     values = _ranges_of_value(store, key, info, ranges, snapshot)
     return values[0::2], values[1::2]
+
+
+def _column_offsets(lengths: list[int]) -> list[int]:
+    """Where each column stream starts in a slice value, and (last) where the value ends."""
+    offsets = [0]
+    for length in lengths:
+        offsets.append(offsets[-1] + length)
+    return offsets
 
 
 def _ranges_of_value(
@@ -927,32 +933,16 @@ def _column_values(
     """The IPC streams of the wanted columns, read as byte ranges of the slice value (runs of
     neighbouring columns as one range, each range cut at the stripes it crosses)."""
     assert info.columns is not None
-    offsets = [0]
-    for length in info.columns:
-        offsets.append(offsets[-1] + length)
+    offsets = _column_offsets(info.columns)
     runs: list[list[int]] = []
     for i in sorted(set(wanted)):
         if runs and runs[-1][-1] == i - 1:
             runs[-1].append(i)
         else:
             runs.append([i])
-    stripe = info.stripe_bytes or max(1, info.bytes_stored)
-    keys = naming.slice_value_keys(key, info.stripes)
-    pieces: list[tuple[str, int, int]] = []
-    counts = []
-    for run in runs:
-        start, end = offsets[run[0]], offsets[run[-1] + 1]
-        first, last = start // stripe, max(start, end - 1) // stripe
-        counts.append(last - first + 1)
-        for s in range(first, last + 1):
-            low, high = max(start, s * stripe), min(end, (s + 1) * stripe)
-            pieces.append((keys[min(s, len(keys) - 1)], low - s * stripe, high - s * stripe))
-    values: list = snapshot.ranges(pieces) if snapshot is not None else store.get_ranges(pieces)
+    ranges = [(offsets[run[0]], offsets[run[-1] + 1]) for run in runs]
     out: dict[int, bytes | memoryview | pa.Buffer] = {}
-    for run, count in zip(runs, counts, strict=True):
-        # a run within one stripe is read in place (or its one copy); across stripes, joined
-        data = values[0] if count == 1 else b"".join(values[:count])
-        values = values[count:]
+    for run, data in zip(runs, _ranges_of_value(store, key, info, ranges, snapshot), strict=True):
         base, view = offsets[run[0]], memoryview(data)  # columns of a run share it
         for i in run:
             out[i] = view[offsets[i] - base : offsets[i + 1] - base] if len(run) > 1 else data
