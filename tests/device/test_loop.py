@@ -377,10 +377,19 @@ class Together(Echo):
     met = None
     fail_at = None
     error: Callable[[str], Exception] = ValueError
+    # chunks after the failing one wait for this (the quarantine entered): on a loaded machine
+    # the other lane could otherwise run every later chunk before the failure is seen
+    after_failure: Callable[[], bool] | None = None
 
     def execute(self, chunk: Chunk):
         if chunk.numbers[0] == self.fail_at:
             raise type(self).error(f"chunk at slice {chunk.numbers[0]} broke")
+        after_failure = type(self).after_failure
+        if after_failure is not None and chunk.numbers[0] > self.fail_at:
+            deadline = time.monotonic() + 10
+            while not after_failure() and time.monotonic() < deadline:
+                time.sleep(0.005)
+            time.sleep(0.05)  # the loop marks the rest declined just after the entry
         if chunk.numbers[0] < 2 * self.CHUNK_SLICES_MAX:  # the first two chunks meet
             type(self).met.wait(timeout=10)
         return super().execute(chunk)
@@ -396,6 +405,7 @@ def together(runtime, monkeypatch):
     Together.met = threading.Barrier(2)
     Together.fail_at = None
     Together.error = ValueError
+    Together.after_failure = None
     runtime.emulator = Emulator(replace(get_profile("host"), name="two-cores", cores=2))
     return runtime
 
@@ -444,6 +454,7 @@ def test_a_stage_that_fails_goes_back_and_its_shape_into_quarantine(together):
     a device that restarts still holds it."""
     together.quarantine = Quarantine(together.store.path, "dev0", quarantine_s=60.0)
     Together.fail_at, Together.error = 3 * Together.CHUNK_SLICES_MAX, StageFailed
+    Together.after_failure = lambda: bool(together.quarantine.held())
     slices = _slices(together)
     writer = _run(together, unit=Together.NAME, args={"shape": "s1"})
     (report,) = writer.done.partitions
@@ -463,7 +474,8 @@ def test_a_stage_that_fails_goes_back_and_its_shape_into_quarantine(together):
     )
     assert held in Quarantine(together.store.path, "dev0").held()  # kept across a restart
 
-    Together.fail_at = None  # the stage would run now: the quarantine holds it back all the same
+    Together.fail_at = Together.after_failure = None  # the stage would run now: the quarantine
+    # holds it back all the same
     again = _run(together, unit=Together.NAME, args={"shape": "s1"})
     (report,) = again.done.partitions
     m = report.metrics.counters
