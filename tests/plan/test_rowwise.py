@@ -11,7 +11,7 @@ import pyarrow as pa
 import pytest
 
 from quarry.plan import decompose, run_stage, run_super
-from quarry.plan.rowwise import rowwise_fragment
+from quarry.plan.rowwise import coalesced, rowwise_fragment
 
 from .harness import assert_same_rows
 
@@ -76,3 +76,17 @@ def test_the_answer_streams_before_the_input_ends_and_equals_duckdb(table):
     connection = duckdb.connect()
     connection.register("t", table)
     assert_same_rows(result, connection.execute(sql).fetch_arrow_table(), ordered=False)
+
+
+def test_small_batches_are_joined_in_order_and_large_ones_pass_uncopied() -> None:
+    small = [pa.record_batch({"k": list(range(i * 3, i * 3 + 3))}) for i in range(10)]
+    large = pa.record_batch({"k": list(range(100, 150))})
+    empty = pa.record_batch({"k": pa.array([], pa.int64())})
+    out = coalesced([*small[:5], empty, large, *small[5:]], rows_max=8)
+    assert [b.num_rows for b in out] == [6, 6, 3, 50, 6, 6, 3]
+    assert out[3] is large  # not copied
+    rows = [v for b in out for v in b.column(0).to_pylist()]
+    assert rows == [*range(15), *range(100, 150), *range(15, 30)]
+    # batches whose types differ stay as they were
+    narrow = pa.record_batch({"k": pa.array([1, 2], pa.int32())})
+    assert len(coalesced([small[1], narrow], rows_max=8)) == 2

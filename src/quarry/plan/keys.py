@@ -134,27 +134,42 @@ def _fits_int64(kind: pa.DataType) -> bool:
 
 
 def _looked_up(values: pa.Array, low: int, table: np.ndarray, bits: bool) -> pa.Array:
-    numbers = values.fill_null(0) if values.null_count else values
     # a value past either end wraps or clips onto an empty end entry, never inside
-    at = numbers.to_numpy(zero_copy_only=False).astype(np.int64, copy=False) - low
+    at = np.subtract(_integers(values), low, dtype=np.int64)
     if bits:
         np.clip(at, 0, len(table) * 8 - 1, out=at)
         found = ((table[at >> 3] >> (at & 7).astype(np.uint8)) & 1).view(np.bool_)
     else:
         found = np.take(table, at, mode="clip")
-    if values.null_count:
-        found &= ~values.is_null().to_numpy(zero_copy_only=False)
-    return pa.array(found, pa.bool_())
+    return _mask(values, found)
 
 
 def _searched(values: pa.Array, keys_sorted: np.ndarray) -> pa.Array:
-    numbers = values.fill_null(0) if values.null_count else values
-    wanted = numbers.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
+    wanted = _integers(values).astype(np.int64, copy=False)
     at = np.minimum(np.searchsorted(keys_sorted, wanted), len(keys_sorted) - 1)
-    found = keys_sorted[at] == wanted
+    return _mask(values, keys_sorted[at] == wanted)
+
+
+def _integers(values: pa.Array) -> np.ndarray:
+    """The values' data buffer as numbers, in place: a null's slot holds whatever it holds
+    (``_mask`` drops it). Filling nulls first and converting took three times the lookup's
+    own time (TPC-DS's sale dates are 4% null)."""
+    kind = np.dtype(values.type.to_pandas_dtype())
+    data = values.buffers()[1]
+    return np.frombuffer(data, kind, count=len(values), offset=values.offset * kind.itemsize)
+
+
+def _mask(values: pa.Array, found: np.ndarray) -> pa.Array:
+    """``found`` as a mask, false where the value is null (its slot held anything)."""
+    packed = np.packbits(found, bitorder="little")
     if values.null_count:
-        found &= ~values.is_null().to_numpy(zero_copy_only=False)
-    return pa.array(found, pa.bool_())
+        if values.offset:
+            packed &= np.packbits(
+                values.is_valid().to_numpy(zero_copy_only=False), bitorder="little"
+            )
+        else:  # the values' validity bitmap, byte for byte over the same rows
+            packed &= np.frombuffer(values.buffers()[0], np.uint8, count=len(packed))
+    return pa.Array.from_buffers(pa.bool_(), len(values), [None, pa.py_buffer(packed)])
 
 
 def keep(batch: pa.RecordBatch, cuts: Sequence[KeyCut]) -> pa.RecordBatch:
@@ -168,11 +183,11 @@ def keep(batch: pa.RecordBatch, cuts: Sequence[KeyCut]) -> pa.RecordBatch:
 
 
 def keep_named(batch: pa.RecordBatch, cuts: Sequence[tuple[str, KeyCut]]) -> pa.RecordBatch:
-    """``batch`` without the rows some cut drops, each cut on the column of its name."""
-    if not cuts or not batch.num_rows:
-        return batch
-    mask = None
+    """``batch`` without the rows some cut drops, each cut on the column of its name. Each cut
+    filters before the next looks: a join's keys usually keep few rows (TPC-DS Q42's 30 dates
+    of 1,800), and the next cut then looks only at those."""
     for name, cut in cuts:
-        found = cut.mask(batch.column(name))
-        mask = found if mask is None else pc.and_(mask, found)
-    return batch.filter(mask)
+        if not batch.num_rows:
+            break
+        batch = batch.filter(cut.mask(batch.column(name)))
+    return batch

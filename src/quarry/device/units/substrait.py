@@ -32,7 +32,7 @@ from quarry.plan.join_filters import stored_column
 from quarry.plan.keys import KEY_SET_BYTES_MAX, KeyCut, keep, keep_named
 from quarry.plan.keys import decode as decode_keys
 from quarry.plan.prune import slice_may_match, slice_must_match
-from quarry.plan.rowwise import groups
+from quarry.plan.rowwise import coalesced, groups
 from quarry.plan.shape import shape_of
 from quarry.plan.stage import prepare, run_stage
 from quarry.plan.statistics import STATISTICS_MAX, SliceStatistic, answer
@@ -223,9 +223,11 @@ class SubstraitUnit(Unit):
         self, stage: bytes, schema: pa.Schema, batches: list[pa.RecordBatch]
     ) -> list[pa.RecordBatch]:
         if self._input_cuts:
-            batches = [keep_named(batch, self._input_cuts) for batch in batches]
+            batches = coalesced(
+                (keep_named(batch, self._input_cuts) for batch in batches), ENGINE_BATCH_ROWS
+            )
         output = _run(stage, schema, (batch for batch in batches if batch.num_rows))
-        return self._kept(output, self._output_cuts)
+        return coalesced(self._kept(output, self._output_cuts), ENGINE_BATCH_ROWS)
 
     def _full_for(self, chunk: Chunk) -> bytes:
         """The whole sub-plan, without its filter when every row of the chunk passes it by its
