@@ -282,12 +282,15 @@ class Snapshot:
         """Byte ranges ``[start, end)`` of values, in place; a range past a value's end comes
         back short, for the reader's checks to catch."""
         parts = []
+        found: dict[str, tuple[int, int]] = {}  # key: its value's address and length
         for key, start, end in ranges:
-            value = self._txn.get(_encode_key(key), db=self._data)
-            if value is None:
-                raise KeyNotFound(f"no key {key!r} on this device")
-            start, end = min(start, len(value)), min(max(start, end), len(value))
-            address = pa.py_buffer(value).address
+            if key not in found:  # a slice's columns are ranges of one value: looked up once
+                value = self._txn.get(_encode_key(key), db=self._data)
+                if value is None:
+                    raise KeyNotFound(f"no key {key!r} on this device")
+                found[key] = (pa.py_buffer(value).address, len(value))
+            address, length = found[key]
+            start, end = min(start, length), min(max(start, end), length)
             parts.append(pa.foreign_buffer(address + start, end - start, base=self))
         return parts
 
