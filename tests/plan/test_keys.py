@@ -81,3 +81,16 @@ def test_distinct_keys_are_each_non_null_value_once(chunks, kind) -> None:
     unique = keys.distinct(values)
     assert unique.type == kind and unique.null_count == 0
     assert sorted(unique.to_pylist()) == sorted({v for c in chunks for v in c if v is not None})
+
+
+def test_a_zone_map_that_holds_no_key_says_so_and_doubt_keeps_the_slice() -> None:
+    cut = KeyCut(0, pa.array([10, 20, 30, None], pa.int64()))
+    stats = lambda low, high, nulls=0: {"min": low, "max": high, "rows": 5, "null_count": nulls}  # noqa: E731
+    assert (
+        cut.may_hold(stats(5, 10)) and cut.may_hold(stats(11, 25)) and cut.may_hold(stats(30, 99))
+    )
+    assert not cut.may_hold(stats(11, 19)) and not cut.may_hold(stats(31, 99))
+    assert not cut.may_hold(stats(None, None, nulls=5))  # all null: a join never matches NULL
+    assert cut.may_hold(None) and cut.may_hold({"min": 1.5, "max": 2.5})  # unsure: kept
+    assert KeyCut(0, pa.array(["a"])).may_hold(stats("b", "c"))  # text keys: not judged
+    assert not KeyCut(0, pa.array([], pa.int64())).may_hold(stats(0, 99))  # no key, no row

@@ -11,7 +11,8 @@ gather per batch), a binary search over them sorted when they span a wider range
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -103,6 +104,22 @@ class KeyCut:
             except (pa.ArrowInvalid, pa.ArrowNotImplementedError):  # no cut rather than a wrong one
                 return pa.array(np.ones(len(values), dtype=np.bool_))
         return pc.is_in(values, value_set=keys)
+
+    def may_hold(self, stats: Mapping[str, Any] | None) -> bool:
+        """Whether a slice whose zone map of the cut column is ``stats`` may hold a row the cut
+        keeps: false only for integer keys none of which lies in [min, max], or a column all
+        null there. Unsure (no statistics, other types): true."""
+        if not stats:
+            return True
+        rows, nulls = stats.get("rows"), stats.get("null_count")
+        if rows is not None and nulls is not None and nulls >= rows:
+            return False
+        low, high = stats.get("min"), stats.get("max")
+        if not (_fits_int64(self.keys.type) and isinstance(low, int) and isinstance(high, int)):
+            return True
+        keys = self._sorted
+        at = int(np.searchsorted(keys, low))
+        return at < len(keys) and int(keys[at]) <= high
 
     @functools.cached_property
     def _table(self) -> tuple[int, np.ndarray, bool] | None:

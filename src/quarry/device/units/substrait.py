@@ -119,7 +119,9 @@ def key_cuts(args: SubstraitArgs, payload: bytes) -> list[KeyCut]:
     return cuts
 
 
-ENGINE_BATCH_ROWS = 8192  # DataFusion's batch size: rows handed on as they are come no larger
+ENGINE_BATCH_ROWS = 8192
+# an engine run costs about what reading this many slices does (a few ms against ~0.3)
+SLICES_PER_RUN = 4  # DataFusion's batch size: rows handed on as they are come no larger
 
 
 @register
@@ -187,7 +189,35 @@ class SubstraitUnit(Unit):
         ]
         reason = "zone maps exclude every row"
         pruned = [Skipped(r, Skip.PRUNED, reason) for r in ranges_of(excluded)]
-        return pruned + self._answered(meta, not_here | frozenset(excluded))
+        keyless = self._keyless(meta, not_here | frozenset(excluded))
+        reason = "zone maps hold none of a join's keys"
+        pruned += [Skipped(r, Skip.PRUNED, reason) for r in ranges_of(keyless)]
+        return pruned + self._answered(meta, not_here | frozenset(excluded) | frozenset(keyless))
+
+    def _keyless(self, meta: PartitionMeta, not_here: frozenset[int]) -> list[int]:
+        """Slices whose zone maps hold none of a join's keys (TPC-DS inventory, stored in date
+        order, against 60 dates: 3 of 96 slices hold one), where skipping them pays: each gap
+        it opens in a run of slices costs an engine run of its own, about what reading
+        ``SLICES_PER_RUN`` slices does (scattered through the run, TPC-H Q18's 20% of lineitem
+        skipped made it no faster)."""
+        if not self._input_cuts:
+            return []
+        left = [n for n in range(len(meta.slices)) if n not in not_here]
+        keyless = [
+            n
+            for n in left
+            if not all(
+                cut.may_hold((meta.slices[n].zone_map or {}).get(column))
+                for column, cut in self._input_cuts
+            )
+        ]
+        if not keyless:
+            return []
+        runs_before = len(ranges_of(left))
+        runs_after = len(ranges_of(sorted(set(left) - set(keyless))))
+        if (runs_after - runs_before) * SLICES_PER_RUN > len(keyless):
+            return []
+        return keyless
 
     def _answered(self, meta: PartitionMeta, not_here: frozenset[int]) -> list[Skipped]:
         """Runs of slices every row of which passes, whose statistics say the sub-plan's output
