@@ -94,3 +94,11 @@ def test_a_zone_map_that_holds_no_key_says_so_and_doubt_keeps_the_slice() -> Non
     assert cut.may_hold(None) and cut.may_hold({"min": 1.5, "max": 2.5})  # unsure: kept
     assert KeyCut(0, pa.array(["a"])).may_hold(stats("b", "c"))  # text keys: not judged
     assert not KeyCut(0, pa.array([], pa.int64())).may_hold(stats(0, 99))  # no key, no row
+
+
+def test_too_many_keys_are_not_judged_against_zone_maps(monkeypatch) -> None:
+    from quarry.plan import keys
+
+    monkeypatch.setattr(keys, "PRUNING_KEYS_MAX", 2)
+    cut = KeyCut(0, pa.array([10, 20, 30], pa.int64()))
+    assert cut.may_hold({"min": 11, "max": 19, "rows": 5, "null_count": 0})
