@@ -214,3 +214,15 @@ def keep_named(batch: pa.RecordBatch, cuts: Sequence[tuple[str, KeyCut]]) -> pa.
             break
         batch = batch.filter(cut.mask(batch.column(name)))
     return batch
+
+
+def keep_in(batches: Sequence[pa.RecordBatch], cuts: Sequence[tuple[str, KeyCut]]) -> pa.Table:
+    """Rows of a chunk's slices (batches of one schema) that every cut keeps, as one table:
+    each cut looks at its column across them all at once (a slice at a time, the calls cost
+    more than the work: 220 slices of 13,000 rows for TPC-DS Q42)."""
+    table = pa.Table.from_batches(batches)
+    for name, cut in cuts:
+        if not table.num_rows:
+            break
+        table = table.filter(cut.mask(table.column(name).combine_chunks()))
+    return table

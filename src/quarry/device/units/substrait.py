@@ -29,7 +29,7 @@ from quarry.errors import (
 from quarry.plan import tree
 from quarry.plan.errors import StageError
 from quarry.plan.join_filters import stored_column
-from quarry.plan.keys import KEY_SET_BYTES_MAX, KeyCut, keep, keep_named
+from quarry.plan.keys import KEY_SET_BYTES_MAX, KeyCut, keep, keep_in, keep_named
 from quarry.plan.keys import decode as decode_keys
 from quarry.plan.prune import slice_may_match, slice_must_match
 from quarry.plan.rowwise import coalesced, groups
@@ -252,10 +252,9 @@ class SubstraitUnit(Unit):
     def _executed(
         self, stage: bytes, schema: pa.Schema, batches: list[pa.RecordBatch]
     ) -> list[pa.RecordBatch]:
-        if self._input_cuts:
-            batches = coalesced(
-                (keep_named(batch, self._input_cuts) for batch in batches), ENGINE_BATCH_ROWS
-            )
+        if self._input_cuts and batches:
+            kept = keep_in(batches, self._input_cuts).to_batches()
+            batches = coalesced(kept, ENGINE_BATCH_ROWS)
         output = _run(stage, schema, (batch for batch in batches if batch.num_rows))
         return coalesced(self._kept(output, self._output_cuts), ENGINE_BATCH_ROWS)
 
