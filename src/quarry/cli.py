@@ -808,7 +808,8 @@ def _device_row(counted: WorkCounters, name: str, partitions: str) -> list[str]:
         str(counted.slices_pushed_back),
         str(counted.slices_verified),
         f"{counted.rows_read:,}",
-        human_bytes(counted.bytes_read),
+        human_bytes(counted.bytes_read)
+        + (f" ({human_bytes(counted.bytes_cached)} cached)" if counted.bytes_cached else ""),
         human_bytes(counted.bytes_shipped),
         f"{counted.device_cpu_s:.3f}",
     ]

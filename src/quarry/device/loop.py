@@ -33,6 +33,7 @@ from pyarrow import flight
 from quarry import threads, tracing
 from quarry.device import faults
 from quarry.device.admission import SMALL_BYTES_MAX, Admission
+from quarry.device.column_cache import ColumnCache
 from quarry.device.controller import (  # pushed-back slices go in groups: the host starts early
     PUSHBACK_NOTICE_SLICES,
     Adaptive,
@@ -135,6 +136,7 @@ class Runtime:
     on_work_done: Callable[[WorkDone], None] | None = None
     # the sub-plan shapes it declines (None: it keeps none, and quarantines nothing)
     quarantine: Quarantine | None = None
+    cache: ColumnCache | None = None  # decoded columns kept in its memory (None: none)
 
 
 def declined_by(error: Exception) -> PushBack | None:
@@ -225,6 +227,7 @@ class Counters:
             slices_verified=chunk.verified,
             rows_read=chunk.rows_read,
             bytes_read=chunk.bytes_read,
+            bytes_cached=chunk.bytes_cached,
         )
         self.read.add(chunk.read_time)
         self.decode.add(chunk.decode_time)
@@ -512,6 +515,7 @@ class PartitionRun:
             self.runtime.emulator,
             unit.columns(),
             rows_of=lambda number: unit.slice_rows(meta, number),
+            cache=self.runtime.cache,
         )
 
     def _execute(

@@ -36,6 +36,8 @@ class Profile:
     capabilities: str = "full"
     # Operators / functions the device evaluates; empty means everything DataFusion runs.
     expressions: tuple[str, ...] = field(default_factory=tuple)
+    # memory kept for decoded columns (``device.column_cache``); None: ``cache_bytes`` says
+    column_cache_bytes: int | None = None
 
     def __post_init__(self) -> None:
         assert self.compute_factor > 0, self
@@ -49,6 +51,19 @@ class Profile:
             and self.internal_bytes_per_s is None
             and self.external_bytes_per_s is None
         )
+
+    def cache_bytes(self, default_bytes: int) -> int:
+        """Memory for decoded columns: the profile's figure, else none for an emulated drive
+        (its calibrations, and the papers' experiments it reproduces, are of the drive reading
+        every time), else ``default_bytes`` (``QUARRY_DEVICE_CACHE_MIB``), at most an eighth of
+        the device's memory."""
+        if self.column_cache_bytes is not None:
+            return self.column_cache_bytes
+        if self.emulated:
+            return 0
+        if self.memory_bytes is not None:
+            return min(default_bytes, self.memory_bytes // 8)
+        return default_bytes
 
     def to_json(self) -> dict[str, Any]:
         body = asdict(self)

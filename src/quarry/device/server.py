@@ -25,13 +25,14 @@ from typing import Any
 import pyarrow as pa
 from pyarrow import flight
 
-from quarry import auth, tracing
+from quarry import auth, settings, tracing
 from quarry.auth.enrollment import DeviceLabels
 from quarry.auth.middleware import needed
 from quarry.auth.revocation import Verifier
 from quarry.device import admission, calibration, faults, loop
 from quarry.device import identity as identity_file
 from quarry.device.admission import Admission
+from quarry.device.column_cache import ColumnCache
 from quarry.device.integrity import IntegrityLog
 from quarry.device.janitor import Janitor
 from quarry.device.metrics import (
@@ -430,6 +431,7 @@ class DeviceServer(Service):
             self.admission,
             on_work_done=self.metrics.work_done,
             quarantine=self.quarantine,
+            cache=ColumnCache(profile.cache_bytes(settings.DEVICE_CACHE_MIB.get() << 20)),
         )
         self._ingesting = 0  # ingest streams open now (``StatsReply.ingesting``)
         self._ingesting_lock = threading.Lock()

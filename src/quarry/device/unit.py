@@ -35,6 +35,7 @@ from typing import Any, ClassVar, TypeVar
 import pyarrow as pa
 
 from quarry.auth.tokens import Role
+from quarry.device.column_cache import ColumnCache, ColumnKey
 from quarry.device.emulation import Emulator
 from quarry.errors import KeyNotFound, QuarryError
 from quarry.protocol.stage import Skip, Stage
@@ -204,9 +205,12 @@ class Chunk:
     columns: list[str] | None = None
     # the rows [first, end) of a slice the unit needs (``Unit.slice_rows``; None: all of it)
     rows_of: Callable[[int], tuple[int, int] | None] | None = None
+    # decoded columns in the device's memory (``device.column_cache``; None: read every time)
+    cache: ColumnCache | None = None
     rows_read: int = 0
-    bytes_read: int = 0
-    verified: int = 0  # slices whose checksums were checked as they were read
+    bytes_read: int = 0  # of the slices' columns read, off the store or from the cache
+    bytes_cached: int = 0  # of which from the cache
+    verified: int = 0  # slices whose checksums were checked as they were read (or cached)
     preloaded: list[pa.RecordBatch] | None = None
     read_time: Tally = field(default_factory=Tally)  # off the store, through the internal link
     decode_time: Tally = field(default_factory=Tally)
@@ -229,6 +233,17 @@ class Chunk:
             info = self.meta.slices[number]
             rows = self.rows_of(number) if self.rows_of is not None else None
             read = partitions.read_bytes(self.meta, number, self.columns, rows)
+            keys = self._cache_keys(number, rows)
+            if keys:
+                with self.read_time.timing():
+                    cached = self._cached(keys)
+                if cached is not None:
+                    self.rows_read += cached.num_rows
+                    self.bytes_read += read
+                    self.bytes_cached += read
+                    self.verified += 1
+                    yield cached
+                    continue
             with self.read_time.timing():
                 self.emulator.read(read)
                 fetched = partitions.fetch_slice(
@@ -246,7 +261,32 @@ class Chunk:
             self.rows_read += batch.num_rows
             self.bytes_read += read
             self.verified += info.checksums is not None  # checked by ``decode_read``
+            if keys:
+                with self.decode_time.timing():
+                    self.cache.put(keys, batch.columns)  # type: ignore[union-attr]
             yield batch
+
+    def _cache_keys(self, number: int, rows: tuple[int, int] | None) -> list[ColumnKey]:
+        """The cache's keys of the columns read of a slice; none where it keeps nothing: no
+        cache, a slice stored whole or without checksums, or some of its blocks wanted."""
+        info = self.meta.slices[number]
+        if self.cache is None or info.checksums is None or info.columns is None:
+            return []
+        if rows is not None and info.block_span(rows) is not None:
+            return []
+        meta = self.meta
+        dataset = f"{meta.domain}/{meta.dataset}"
+        return [
+            ColumnKey(dataset, meta.partition, number, i, info.checksums[i])
+            for i in partitions.column_indices(meta, self.columns)
+        ]
+
+    def _cached(self, keys: list[ColumnKey]) -> pa.RecordBatch | None:
+        arrays = self.cache.get(keys)  # type: ignore[union-attr]
+        if arrays is None:
+            return None
+        schema = self.meta.columns([key.column for key in keys]).schema
+        return pa.RecordBatch.from_arrays(arrays, schema=schema)
 
     @property
     def bytes_stored(self) -> int:

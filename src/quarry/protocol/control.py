@@ -75,6 +75,7 @@ class ProfileInfo(Message):
     kv_bytes_max: int = bounded(low=4096, default=4 << 20)
     capabilities: str = "full"
     expressions: tuple[str, ...] = bounded(items_max=1024, default=())
+    column_cache_bytes: int | None = bounded(low=0, default=None)
 
 
 # the role a storage server answers hello with (a drive's is "device"): the host reads it to

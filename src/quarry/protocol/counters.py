@@ -52,6 +52,7 @@ class WorkCounters(Message):
     slices_rejected: int = bounded(low=0, default=0)
     rows_read: int = bounded(low=0, default=0)
     bytes_read: int = bounded(low=0, default=0)
+    bytes_cached: int = bounded(low=0, default=0)  # of those, from the device's column cache
     rows_shipped: int = bounded(low=0, default=0)  # everything sent upstream for this work
     bytes_shipped: int = bounded(low=0, default=0)
     drive_s: float = bounded(low=0.0, default=0.0)  # emulated drive time of what it executed

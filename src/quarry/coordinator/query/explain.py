@@ -76,6 +76,7 @@ class Analyze(Record):
     partitions: tuple[WorkReport, ...]
     bytes_shipped: int  # to the host, every device
     bytes_read: int
+    bytes_cached: int = 0  # of those, from the devices' column caches (``device.column_cache``)
     host_cpu_s: float
     host_decode_s: float  # of which decompressing raw slices that came as stored (POLARDB §3.2)
     wall_s: float
@@ -122,6 +123,7 @@ def analyze(
         partitions=partitions,
         bytes_shipped=sum(r.counters.bytes_shipped for r in partitions),
         bytes_read=sum(r.counters.bytes_read for r in partitions),
+        bytes_cached=sum(r.counters.bytes_cached for r in partitions),
         host_cpu_s=host_cpu_s,
         host_decode_s=sum(r.decode_s for r in partitions),
         wall_s=wall_s,

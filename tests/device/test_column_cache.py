@@ -1,0 +1,79 @@
+"""The device's cache of decoded columns: a column read again comes from memory, never for other
+bytes than it holds, within its bound."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pytest
+
+import quarry
+from quarry.device.column_cache import ColumnCache, ColumnKey
+from quarry.device.profile import BUILTIN
+
+
+def _key(number: int, checksum: int = 1) -> ColumnKey:
+    return ColumnKey("d/t", 0, number, 0, checksum)
+
+
+def test_entries_come_back_as_copies_and_the_least_recently_used_go_first() -> None:
+    column = pa.array(range(1000), pa.int64())  # 8,000 bytes
+    cache = ColumnCache(capacity_bytes=8 * 8_000)  # eight of them: one takes at most an eighth
+    for number in range(8):
+        cache.put([_key(number)], [column])
+    (kept,) = cache.get([_key(0)])  # 0 is now the most recent
+    assert kept.equals(column) and kept.buffers()[1].address != column.buffers()[1].address
+    cache.put([_key(8)], [column])
+    assert cache.bytes_held <= cache.capacity_bytes
+    assert cache.get([_key(1)]) is None  # the least recently used went
+    assert cache.get([_key(0)]) is not None and cache.get([_key(8)]) is not None
+    assert cache.get([_key(0), _key(9)]) is None  # all of them or none
+    assert cache.get([_key(0, checksum=2)]) is None  # other bytes: another entry
+
+
+def test_no_room_keeps_nothing() -> None:
+    column = pa.array(range(1000), pa.int64())
+    ColumnCache(0).put([_key(0)], [column])
+    small = ColumnCache(capacity_bytes=8_000)  # a column over an eighth of it is not kept
+    small.put([_key(0)], [column])
+    assert small.get([_key(0)]) is None and small.bytes_held == 0
+
+
+def test_an_emulated_drive_keeps_no_cache_and_the_host_its_setting() -> None:
+    assert BUILTIN["kinetic"].cache_bytes(256 << 20) == 0
+    assert BUILTIN["scaleflux"].cache_bytes(256 << 20) == 0
+    assert BUILTIN["host"].cache_bytes(256 << 20) == 256 << 20
+
+
+@pytest.fixture(scope="module")
+def one_device():
+    with quarry.local(devices=1) as cluster:
+        yield cluster
+
+
+def _read(cluster, sql: str) -> tuple[list, int, int]:
+    planned = cluster.query(sql, pushdown="always")
+    rows = planned.execute().read_all().to_pylist()
+    devices = planned.explain(analyze=True).analyze.devices
+    read = sum(d.counters.bytes_read for d in devices)
+    return rows, read, sum(d.counters.bytes_cached for d in devices)
+
+
+def test_a_column_read_again_comes_from_memory_and_a_rewrite_is_never_answered_from_it(
+    one_device,
+) -> None:
+    cluster = one_device
+    table = pa.table({"k": pa.array(range(200_000), pa.int64()), "v": [1.0] * 200_000})
+    cluster.ingest(table, "cache/t")
+    sql = "SELECT count(*) AS n, sum(v) AS s FROM cache.t WHERE k % 7 = 0"
+    first, read, cached = _read(cluster, sql)
+    again, read_again, cached_again = _read(cluster, sql)
+    assert first == again == [{"n": 28_572, "s": 28_572.0}]
+    assert cached == 0 and read_again == read and cached_again == read  # all of it from memory
+    # the same dataset written again with other values: never the old columns
+    cluster.drop("cache/t")
+    cluster.ingest(table.set_column(1, "v", pa.array([2.0] * 200_000)), "cache/t")
+    rewritten, _, cached_after = _read(cluster, sql)
+    assert rewritten == [{"n": 28_572, "s": 57_144.0}] and cached_after == 0
+    cluster.ingest(table.slice(0, 7), "cache/t", mode="append")  # one more row with k % 7 == 0
+    appended, _, _ = _read(cluster, sql)
+    assert appended == [{"n": 28_573, "s": 57_145.0}]
