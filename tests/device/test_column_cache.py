@@ -77,3 +77,20 @@ def test_a_column_read_again_comes_from_memory_and_a_rewrite_is_never_answered_f
     cluster.ingest(table.slice(0, 7), "cache/t", mode="append")  # one more row with k % 7 == 0
     appended, _, _ = _read(cluster, sql)
     assert appended == [{"n": 28_573, "s": 57_145.0}]
+
+
+def test_a_scan_larger_than_half_the_cache_does_not_enter_it(monkeypatch) -> None:
+    """Such a scan would push out what fits and copy every column on its way in for nothing;
+    a small read still enters."""
+    monkeypatch.setenv("QUARRY_DEVICE_CACHE_MIB", "1")
+    large = pa.table({"k": pa.array(range(200_000), pa.int64()), "v": [1.0] * 200_000})  # 3.2 MB
+    small = large.slice(0, 5_000)  # 80 kB: under an eighth of the cache
+    with quarry.local(devices=1) as cluster:
+        cluster.ingest(large, "cache/large")
+        cluster.ingest(small, "cache/small")
+        for name, enters in (("large", False), ("small", True)):
+            sql = f"SELECT sum(v) AS s FROM cache.{name} WHERE k % 7 = 0"
+            first, _, _ = _read(cluster, sql)
+            again, read, cached = _read(cluster, sql)
+            assert first == again
+            assert cached == (read if enters else 0), name

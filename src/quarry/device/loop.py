@@ -516,7 +516,20 @@ class PartitionRun:
             unit.columns(),
             rows_of=lambda number: unit.slice_rows(meta, number),
             cache=self.runtime.cache,
+            cache_admits=self._cache_admits,
         )
+
+    @functools.cached_property
+    def _cache_admits(self) -> bool:
+        """Whether the columns this run reads may enter the device's column cache: not for a
+        request that reads more than half of it (a scan larger than the cache would push out
+        what fits, and copy every column on its way in for nothing: TPC-H SF 10's lineitem)."""
+        cache = self.runtime.cache
+        if cache is None or not cache.capacity_bytes:
+            return False
+        columns = self.unit.columns()
+        read = sum(partitions.read_bytes(self.meta, n, columns) for n in self.candidates)
+        return read * len(self.request.partitions) <= cache.capacity_bytes // 2
 
     def _execute(
         self,
@@ -951,7 +964,9 @@ def _fetch_one(
     number: int,
     schema: pa.Schema,
 ) -> list[pa.RecordBatch]:
-    chunk = Chunk(meta, [number], runtime.store, runtime.emulator, unit.columns())
+    chunk = Chunk(
+        meta, [number], runtime.store, runtime.emulator, unit.columns(), cache=runtime.cache
+    )
     if request.stage is Stage.RAW:
         return [unit.raw_slice(meta, number, batch) for batch in chunk.batches()]
     if request.query_id:

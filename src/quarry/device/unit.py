@@ -207,6 +207,7 @@ class Chunk:
     rows_of: Callable[[int], tuple[int, int] | None] | None = None
     # decoded columns in the device's memory (``device.column_cache``; None: read every time)
     cache: ColumnCache | None = None
+    cache_admits: bool = True  # whether what it reads off the store enters the cache
     rows_read: int = 0
     bytes_read: int = 0  # of the slices' columns read, off the store or from the cache
     bytes_cached: int = 0  # of which from the cache
@@ -261,7 +262,7 @@ class Chunk:
             self.rows_read += batch.num_rows
             self.bytes_read += read
             self.verified += info.checksums is not None  # checked by ``decode_read``
-            if keys:
+            if keys and self.cache_admits:
                 with self.decode_time.timing():
                     self.cache.put(keys, batch.columns)  # type: ignore[union-attr]
             yield batch
