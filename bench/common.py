@@ -13,6 +13,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from quarry import settings
+
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
@@ -29,6 +31,8 @@ def environment() -> dict[str, Any]:
         "datafusion": datafusion.__version__,
         "duckdb": duckdb.__version__,
         "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+        # each device's column cache (0: none; warm runs read decoded columns from it)
+        "device_cache_mib": settings.DEVICE_CACHE_MIB.get(),
     }
 
 

@@ -128,6 +128,8 @@ def one_scale(
                             "quarry_s": run.seconds,
                             "ratio": duck_s / run.seconds if run.seconds else None,
                             "bytes_shipped": run.analyzed.get("bytes_shipped"),
+                            "bytes_read": run.analyzed.get("bytes_read"),
+                            "bytes_cached": run.analyzed.get("bytes_cached"),
                             "error": run.error,
                             "agree": run.error is None and same(run.answer, expected),
                         }

@@ -122,6 +122,7 @@ def one_scale(
                             "ratio": duck_s / cut.seconds if cut.seconds else None,
                             "bytes_shipped": cut.analyzed.get("bytes_shipped"),
                             "bytes_read": cut.analyzed.get("bytes_read"),
+                            "bytes_cached": cut.analyzed.get("bytes_cached"),
                             "join_keys": cut.pairs,
                             "error": cut.error,
                             "no_join_keys_s": plain.seconds,

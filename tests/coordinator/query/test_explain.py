@@ -57,6 +57,7 @@ def test_rules_and_analyze_show_when_there_are_some():
         "partitions",
         "bytes_shipped",
         "bytes_read",
+        "bytes_cached",
         "host_cpu_s",
         "host_decode_s",
         "wall_s",
