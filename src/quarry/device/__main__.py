@@ -7,7 +7,10 @@ coordinator, no DataFusion until a sub-plan comes), so many devices fit on one m
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+import threading
+import time
 
 from quarry.errors import QuarryError
 
@@ -30,7 +33,29 @@ def serve_options(serve: argparse.ArgumentParser) -> argparse.ArgumentParser:
     serve.add_argument("--rack")
     # Prometheus metrics on this port, on the same address (docs/operations.md)
     serve.add_argument("--metrics-port", type=int)
+    # the process that started it (a local cluster's): it exits once that one is gone
+    serve.add_argument("--exit-with", type=int)
     return serve
+
+
+PARENT_CHECK_S = 0.5
+
+
+def exit_with(parent: int | None) -> None:
+    """Exit once ``parent`` is no longer this process's parent: a local cluster's devices and
+    servers live as long as the program that made them, even one killed before it could stop
+    them (a killed benchmark left four devices listening for an hour). A started cluster
+    (``quarry up``) is not given one: it outlives the command."""
+    if parent is None:
+        return
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(PARENT_CHECK_S)
+        print(f"the process that started this one ({parent}) is gone: exiting", file=sys.stderr)
+        os._exit(0)
+
+    threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -38,6 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     commands = parser.add_subparsers(dest="command", required=True)
     serve_options(commands.add_parser("serve", help="run one device"))
     options = parser.parse_args(argv)
+    exit_with(options.exit_with)
     from quarry.device.server import serve_with
 
     try:

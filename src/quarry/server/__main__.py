@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from quarry.device.__main__ import serve_options
+from quarry.device.__main__ import exit_with, serve_options
 from quarry.errors import QuarryError
 
 
@@ -21,6 +21,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     serve.add_argument("--drives", required=True, help="JSON file: the drives it fronts")
     options = parser.parse_args(argv)
+    exit_with(options.exit_with)
     import logging
 
     from quarry.coordinator.membership.cluster_file import read_drives

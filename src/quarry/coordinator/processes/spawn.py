@@ -229,6 +229,8 @@ def spawn(
     ready = data / "ready.json"
     ready.unlink(missing_ok=True)
     log_file = data / ("device.log" if "quarry.device" in command else "server.log")
+    if not detach:  # it lives as long as this process, however this one ends
+        command = [*command, "--exit-with", str(os.getpid())]
     with open(log_file, "ab") as log:
         process = subprocess.Popen(
             command,
