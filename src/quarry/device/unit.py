@@ -23,6 +23,7 @@ A new kind of work is one module: a ``Unit`` subclass decorated with ``@register
 
 from __future__ import annotations
 
+import functools
 import importlib
 import os
 import pkgutil
@@ -279,8 +280,13 @@ class Chunk:
         dataset = f"{meta.domain}/{meta.dataset}"
         return [
             ColumnKey(dataset, meta.partition, number, i, info.checksums[i])
-            for i in partitions.column_indices(meta, self.columns)
+            for i in self._column_indices
         ]
+
+    @functools.cached_property
+    def _column_indices(self) -> list[int]:
+        """Schema positions of the columns read: the same for every slice of the chunk."""
+        return partitions.column_indices(self.meta, self.columns)
 
     def _cached(self, keys: list[ColumnKey]) -> pa.RecordBatch | None:
         arrays = self.cache.get(keys)  # type: ignore[union-attr]
