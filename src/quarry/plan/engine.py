@@ -53,18 +53,22 @@ def session(
     memory_pool_bytes: int | None = None,
     temp_directory: str | Path | None = None,
     optimize: bool = True,
+    swap_joins: bool = True,
 ) -> SessionContext:
     """A DataFusion session; with `memory_pool_bytes`, its operators share a fair spill pool
     of that size and sorts and aggregations spill to `temp_directory` (else the OS's
     temporary directory) instead of growing. Without `optimize`, plans run as they come (no
     logical optimizer pass; the analyzer's type coercion and the physical optimizer still run):
     for plans the optimizer already made, whose second pass finds nothing but costs a third of
-    a small stage's run."""
+    a small stage's run. Without `swap_joins`, each hash join builds on its left input as the
+    plan says (``rules.build_side`` chose it), DataFusion's statistics never turning it round."""
     config = SessionConfig()
     if target_partitions is not None:
         config = config.with_target_partitions(target_partitions)
     if not optimize:
         config = config.set("datafusion.optimizer.max_passes", "0")
+    if not swap_joins:
+        config = config.set("datafusion.optimizer.join_reordering", "false")
     if memory_pool_bytes is None:
         return SessionContext(config)
     partitions = target_partitions or cpu_count()

@@ -32,6 +32,7 @@ from quarry.plan.decompose import Decomposition, Fragment
 from quarry.plan.memory import SUPER_PLAN_MEMORY_BYTES_MAX, MemoryBudget
 from quarry.plan.passthrough import SHAPES_KEPT_MAX, passthrough_fragment
 from quarry.plan.rowwise import groups, rowwise_fragment
+from quarry.plan.rules import build_side
 from quarry.plan.spool import MIB, Spool, SpooledFragment, rows_in_files
 from quarry.plan.stage import run_stage
 from quarry.protocol.stage import Stage
@@ -283,8 +284,11 @@ def _run(
             if kept:
                 ctx = _take_session(partitions, budget.pool_bytes)
             else:
-                ctx = engine.session(partitions, budget.pool_bytes, spool.directory)
+                ctx = engine.session(
+                    partitions, budget.pool_bytes, spool.directory, swap_joins=False
+                )
             _register(ctx, decomposition, spooled, partitions, tables)
+            decomposition = _small_builds(decomposition, spooled, tables)
             decomposition, tables = _common_once(
                 ctx, decomposition, tables, spool, spooled, partitions, hooks.cut
             )
@@ -322,6 +326,21 @@ def _common_once(
     if not common:
         return decomposition, tables
     return replace(decomposition, super_plan=plan), {**tables, **common}
+
+
+def _small_builds(
+    decomposition: Decomposition,
+    spooled: Mapping[str, SpooledFragment],
+    tables: Mapping[str, pa.Table],
+) -> Decomposition:
+    """The super-plan with each join building on its input of fewer delivered rows
+    (``rules.build_side``)."""
+    rows = {name: output.rows for name, output in spooled.items()}
+    rows.update((name, table.num_rows) for name, table in tables.items())
+    plan = tree.parse_plan(decomposition.super_plan)
+    if not build_side.smaller_builds(plan, rows):
+        return decomposition
+    return replace(decomposition, super_plan=plan.SerializeToString())
 
 
 def _run_as_planned(
@@ -442,7 +461,7 @@ def _take_session(partitions: int, pool_bytes: int) -> Any:
         idle = _idle_sessions.get((partitions, pool_bytes))
         if idle:
             return idle.pop()
-    return engine.session(partitions, pool_bytes)
+    return engine.session(partitions, pool_bytes, swap_joins=False)
 
 
 def _give_session(partitions: int, pool_bytes: int, ctx: Any) -> None:
