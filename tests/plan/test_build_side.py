@@ -39,6 +39,8 @@ QUERIES = [
     ("SELECT * FROM fact WHERE k IN (SELECT sk FROM small)", 1),
     ("SELECT * FROM fact WHERE NOT EXISTS (SELECT 1 FROM small WHERE sk = k)", 1),
     (f"{STAR} GROUP BY w, n", 2),
+    ("SELECT * FROM (SELECT * FROM fact ORDER BY v, k LIMIT 40) JOIN small ON k = sk", 1),
+    ("SELECT * FROM (SELECT * FROM fact ORDER BY v, k LIMIT 4) JOIN small ON k = sk", 0),
     ("SELECT * FROM small RIGHT JOIN fact ON k = sk", 0),  # the small side builds already
 ]
 

@@ -62,6 +62,15 @@ def field_index(expression: Expression) -> int | None:
     return segment.struct_field.field
 
 
+def literal_int(expression: Expression) -> int | None:
+    """The value of an integer literal (a fetch's count or offset), else None."""
+    if expression.WhichOneof("rex_type") != "literal":
+        return None
+    literal = expression.literal
+    which = literal.WhichOneof("literal_type")
+    return int(getattr(literal, which)) if which in ("i8", "i16", "i32", "i64") else None
+
+
 def function_name(expression: Expression, names: Mapping[int, str]) -> str | None:
     if expression.WhichOneof("rex_type") != "scalar_function":
         return None

@@ -20,7 +20,7 @@ from substrait import algebra_pb2
 
 from quarry import settings
 from quarry.errors import QueryError
-from quarry.plan import tree
+from quarry.plan import expressions, tree
 from quarry.plan.rowwise import GROUP_BYTES_MAX, rowwise_fragment
 from quarry.plan.spool import MIB
 
@@ -176,16 +176,11 @@ def _on_equal_keys(condition: algebra_pb2.Expression, functions: Mapping[int, st
 
 def _fetch_rows(fetch: algebra_pb2.FetchRel) -> str:
     """The rows a top-k keeps: its count plus offset, as DataFusion's producer writes them."""
-    count = _literal_int(fetch.count_expr) if fetch.HasField("count_expr") else None
-    offset = _literal_int(fetch.offset_expr) if fetch.HasField("offset_expr") else 0
+    count = expressions.literal_int(fetch.count_expr) if fetch.HasField("count_expr") else None
+    offset = expressions.literal_int(fetch.offset_expr) if fetch.HasField("offset_expr") else 0
     if count is None or count < 0 or offset is None:
         return "its"
     return f"{count + offset:,}"
-
-
-def _literal_int(expression: algebra_pb2.Expression) -> int | None:
-    kind = expression.literal.WhichOneof("literal_type")
-    return int(getattr(expression.literal, kind)) if kind in ("i8", "i16", "i32", "i64") else None
 
 
 def _reads_only(rel: algebra_pb2.Rel, fragments: set[str]) -> bool:

@@ -27,7 +27,7 @@ from collections.abc import Mapping
 
 from substrait import algebra_pb2, plan_pb2
 
-from quarry.plan import tree
+from quarry.plan import expressions, tree
 from quarry.plan.join_filters import width
 
 Expression = algebra_pb2.Expression
@@ -73,7 +73,7 @@ def reckoned(rel: algebra_pb2.Rel, rows: Mapping[str, int]) -> int | None:
         return reckoned(tree.single_input(rel), rows)  # type: ignore[arg-type]
     if kind == "fetch":
         below = reckoned(rel.fetch.input, rows)
-        count = rel.fetch.count if rel.fetch.HasField("count") else None
+        count = expressions.literal_int(rel.fetch.count_expr)
         return below if count is None or below is None else min(below, count)
     if kind == "aggregate":
         if not rel.aggregate.groupings and not rel.aggregate.grouping_expressions:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from substrait import algebra_pb2
 
-from quarry.plan import tree
+from quarry.plan import expressions, tree
 from quarry.plan.cut import Cut, FragmentDraft
 from quarry.plan.rules import Rule, rewrite_sites
 
@@ -26,19 +26,11 @@ def _row_count_max(fetch: algebra_pb2.FetchRel) -> int | None:
     """offset + count, when both are literal; None when there is no count (offset only)."""
     if not fetch.HasField("count_expr"):
         return None
-    count = _literal_int(fetch.count_expr)
-    offset = _literal_int(fetch.offset_expr) if fetch.HasField("offset_expr") else 0
+    count = expressions.literal_int(fetch.count_expr)
+    offset = expressions.literal_int(fetch.offset_expr) if fetch.HasField("offset_expr") else 0
     if count is None or offset is None or count < 0:
         return None
     return offset + count
-
-
-def _literal_int(expression: algebra_pb2.Expression) -> int | None:
-    if expression.WhichOneof("rex_type") != "literal":
-        return None
-    literal = expression.literal
-    which = literal.WhichOneof("literal_type")
-    return getattr(literal, which) if which in ("i8", "i16", "i32", "i64") else None
 
 
 def _limited(fragment_rel: algebra_pb2.Rel, rows_max: int) -> algebra_pb2.Rel:
