@@ -53,49 +53,58 @@ ONE_SIDE = frozenset(
 def smaller_builds(plan: plan_pb2.Plan, rows: Mapping[str, int]) -> int:
     """Turn round, in place, each join of ``plan`` whose left input is reckoned to hold more rows
     than its right; ``rows`` are the delivered rows of the tables its reads name. How many
-    joins were turned."""
-    turned = 0
-    # Inputs before the joins above them: turning a join copies its inputs, so a join below
-    # one already turned would no longer be where the walk found it.
-    for rel in reversed(list(tree.iter_rels(plan))):
-        if tree.kind(rel) == "join" and _turn(rel.join, rows):
-            turned += 1
-    return turned
+    joins were turned. Joins inside a subquery expression are left as they are (the walk
+    follows relations' inputs only: a super-plan's subqueries are already joins)."""
+    walk = _Walk(rows)
+    for relation in plan.relations:
+        walk.rows_of(relation.root.input if relation.HasField("root") else relation.rel)
+    return walk.turned
 
 
-def reckoned(rel: algebra_pb2.Rel, rows: Mapping[str, int]) -> int | None:
-    """The rows ``rel`` is reckoned to output (None: not reckoned)."""
-    kind = tree.kind(rel)
-    if kind == "read":
-        name = tree.named_table(rel)
-        return None if name is None else rows.get(".".join(name))
-    if kind in ("filter", "project", "sort"):
-        return reckoned(tree.single_input(rel), rows)  # type: ignore[arg-type]
-    if kind == "fetch":
-        below = reckoned(rel.fetch.input, rows)
-        count = expressions.literal_int(rel.fetch.count_expr)
-        return below if count is None or below is None else min(below, count)
-    if kind == "aggregate":
-        if not rel.aggregate.groupings and not rel.aggregate.grouping_expressions:
-            return 1
-        return reckoned(rel.aggregate.input, rows)
-    if kind == "join":
-        return _larger(reckoned(rel.join.left, rows), reckoned(rel.join.right, rows))
-    if kind == "set":
-        counts = [reckoned(part, rows) for part in rel.set.inputs]
-        return None if None in counts else sum(counts)  # type: ignore[arg-type]
-    return None
+class _Walk:
+    """One pass, inputs before the relations above them: each relation's reckoned rows, and
+    each join turned once its inputs are reckoned (turning copies them, so a join is turned
+    only after everything below it is done)."""
+
+    def __init__(self, rows: Mapping[str, int]):
+        self.rows = rows
+        self.turned = 0
+
+    def rows_of(self, rel: algebra_pb2.Rel) -> int | None:
+        """The rows ``rel`` is reckoned to output (None: not reckoned)."""
+        kind = tree.kind(rel)
+        if kind == "read":
+            name = tree.named_table(rel)
+            return None if name is None else self.rows.get(".".join(name))
+        if kind == "join":
+            left, right = self.rows_of(rel.join.left), self.rows_of(rel.join.right)
+            self.turned += _turn(rel.join, left, right)
+            return None if left is None or right is None else max(left, right)
+        if kind == "set":
+            counts = [self.rows_of(part) for part in rel.set.inputs]
+            return None if None in counts else sum(counts)  # type: ignore[arg-type]
+        if kind == "cross":
+            self.rows_of(rel.cross.left), self.rows_of(rel.cross.right)
+            return None
+        below = tree.single_input(rel)
+        if below is None and "input" in tree.body(rel).DESCRIPTOR.fields_by_name:
+            below = tree.body(rel).input  # a window, an expand: joins below are turned too
+        counted = None if below is None else self.rows_of(below)
+        if kind in ("filter", "project", "sort"):
+            return counted
+        if kind == "fetch":
+            count = expressions.literal_int(rel.fetch.count_expr)
+            return counted if count is None or counted is None else min(counted, count)
+        if kind == "aggregate":
+            grouped = rel.aggregate.groupings or rel.aggregate.grouping_expressions
+            return counted if grouped else 1
+        return None
 
 
-def _larger(left: int | None, right: int | None) -> int | None:
-    return None if left is None or right is None else max(left, right)
-
-
-def _turn(join: algebra_pb2.JoinRel, rows: Mapping[str, int]) -> bool:
-    if join.type not in MIRRORED or _has_subquery(join):
-        return False
-    left_rows, right_rows = reckoned(join.left, rows), reckoned(join.right, rows)
+def _turn(join: algebra_pb2.JoinRel, left_rows: int | None, right_rows: int | None) -> bool:
     if left_rows is None or right_rows is None or left_rows <= right_rows:
+        return False
+    if join.type not in MIRRORED or _has_subquery(join):
         return False
     left_width, right_width = width(join.left), width(join.right)
     if left_width is None or right_width is None:
