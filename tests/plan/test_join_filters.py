@@ -262,3 +262,31 @@ def test_a_build_cut_only_by_the_probes_own_keys_does_not_cut_it_again(tpch) -> 
         "tpch/partsupp by tpch/part: __quarry_fragment_3.ps_partkey IN (keys of "
         "__quarry_fragment_0.p_partkey)",
     ]
+
+
+def test_a_build_filtered_by_a_subquerys_value_runs_through_the_host_with_its_reads() -> None:
+    """TPC-DS Q6's dates are those whose month is a subquery's value: the devices cannot know
+    it, the host can once the subquery's fragment is in. The pair runs the build's filter on
+    the host, reading that fragment too, and the large side waits for its keys."""
+    sql = (
+        "SELECT sum(v) FROM d.big b JOIN d.small s ON b.k = s.k "
+        "WHERE s.tag = (SELECT max(tag) FROM d.small WHERE k < 10)"
+    )
+    decomposition = decompose(sql, SCHEMAS, "always")
+    fragments = {f.name: f for f in decomposition.fragments}
+    (pair,) = join_filters(decomposition, ROWS)
+    assert fragments[pair.probe].dataset == "d/big" and pair.through
+    (extra,) = pair.through_reads
+    assert extra != pair.build and fragments[extra].dataset == "d/small"
+    assert fragments[extra].device_filter  # the subquery's own filter still goes down
+
+
+def test_a_subquerys_reads_count_as_waits() -> None:
+    """Two pairs where the build's subquery of one reads the other's probe, which waits for the
+    first's probe: together they would wait in a circle, so one is left out."""
+    fragments = {"a": _side(1_000_000), "b": _side(1_000, 0.5), "c": _side(1_000_000)}
+    c_waits_for_a = JoinFilter("c", 0, "a", 0, b"plan", 0)
+    a_by_b_reading_c = JoinFilter("a", 0, "b", 0, b"other", 0, through_reads=("c",))
+    assert len(_chosen({c_waits_for_a, a_by_b_reading_c}, fragments)) == 1
+    a_by_b = JoinFilter("a", 0, "b", 0, b"other", 0)
+    assert _chosen({c_waits_for_a, a_by_b}, fragments) == {c_waits_for_a, a_by_b}

@@ -63,6 +63,7 @@ import functools
 from collections import Counter, defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from substrait import algebra_pb2, plan_pb2
 
@@ -117,6 +118,9 @@ class JoinFilter:
     through_column: int = -1
     # the build column is not the join's own but equal to it through an inner join below
     equal: bool = False
+    # other fragments ``through`` reads, in subqueries of its filter (``d_month_seq = (SELECT
+    # ...)``): it runs once they are in too
+    through_reads: tuple[str, ...] = ()
 
     def describe(self, fragments: Mapping[str, Fragment]) -> str:
         probe = fragments[self.probe].output_schema.names[self.probe_column]
@@ -200,6 +204,8 @@ def _order(pair: JoinFilter) -> tuple:
 def _may_cut(pair: JoinFilter, fragments: Mapping[str, _Side]) -> bool:
     if pair.probe == pair.build or pair.probe not in fragments or pair.build not in fragments:
         return False
+    if not all(name in fragments for name in pair.through_reads):
+        return False
     probe = fragments[pair.probe]
     # a scan engine runs the filter stage only: its stream is not the output
     return probe.capabilities == "full" and Stage.FULL in probe.device_stages
@@ -216,7 +222,7 @@ def _chosen(found: set[JoinFilter], fragments: Mapping[str, _Side]) -> set[JoinF
     waiting for the orders its HAVING cuts)."""
     kept: set[JoinFilter] = set()
     for pair in sorted((p for p in found if p.through), key=_order):
-        if not _waits_for(kept, pair.build, pair.probe):
+        if not any(_waits_for(kept, b, pair.probe) for b in (pair.build, *pair.through_reads)):
             kept.add(pair)
     while True:
         estimates = _estimates(kept, fragments)
@@ -298,7 +304,9 @@ def _waits_for(pairs: set[JoinFilter], probe: str, build: str) -> bool:
             return True
         if name not in seen:
             seen.add(name)
-            frontier.extend(p.build for p in pairs if p.probe == name)
+            for p in pairs:
+                if p.probe == name:
+                    frontier.extend((p.build, *p.through_reads))
     return False
 
 
@@ -327,13 +335,12 @@ def _pairs(
             if build is None:
                 continue
             builds = [(build, _through(*ends[build_side], plan), False)]
-            builds += [
-                (equal, (b"", -1), True) for equal in _equal_builds(*ends[build_side], names)
-            ]
+            builds += [(equal, {}, True) for equal in _equal_builds(*ends[build_side], names)]
             for (name, column), read in _probes(*ends[probe_side], names):
                 for (fragment, key), through, equal in builds:
-                    pair = JoinFilter(name, column, fragment, key, *through, equal=equal)
-                    found.append((pair, read))
+                    pair = JoinFilter(name, column, fragment, key, equal=equal, **through)
+                    if name not in pair.through_reads:
+                        found.append((pair, read))
     return found
 
 
@@ -375,22 +382,40 @@ def _equalities(join: algebra_pb2.JoinRel, names: Mapping[int, str]) -> list[tup
     return found
 
 
-def _through(
-    rel: algebra_pb2.Rel, index: int, plan: plan_pb2.Plan | None
-) -> tuple[bytes, int] | tuple[()]:
+def _through(rel: algebra_pb2.Rel, index: int, plan: plan_pb2.Plan | None) -> dict[str, Any]:
     """The build side as a plan of its own, when the host filters the build fragment's output
-    before the join (``HAVING``): its keys are then fewer than the fragment's. Only for a side
-    that reads one fragment once and joins nothing."""
+    before the join (``HAVING``, or a comparison with a subquery's value the devices cannot
+    know: TPC-DS Q6's ``d_month_seq = (SELECT DISTINCT d_month_seq ...)``): its keys are then
+    fewer than the fragment's. Only for a side that reads one fragment and joins nothing; its
+    subqueries may read other fragments (returned: the plan runs once they are in too) but
+    join nothing either. The pair's fields that say so; none when it is not such a side."""
     if plan is None:
-        return ()
-    kinds: list[str] = []
-    for r in tree.iter_rels(rel):  # stops at the first join: a deep join tree is not walked
-        kinds.append(tree.kind(r))
-        if kinds[-1] not in _THROUGH_KINDS or kinds.count("read") > 1:
-            return ()
-    if "filter" not in kinds or kinds.count("read") != 1:
-        return ()
-    return tree.make_plan(plan, rel).SerializeToString(), index
+        return {}
+    chain: list[algebra_pb2.Rel] = []  # the side's own relations, down its inputs to the read
+    below: algebra_pb2.Rel | None = rel
+    while below is not None:
+        chain.append(below)
+        if tree.kind(below) not in _THROUGH_KINDS:
+            return {}
+        below = tree.single_input(below)
+    kinds = [tree.kind(r) for r in chain]
+    if "filter" not in kinds or kinds[-1] != "read":
+        return {}
+    own = {id(r) for r in chain}
+    extra: set[str] = set()
+    for r in tree.iter_rels(rel):  # what subqueries of the side's expressions read
+        if id(r) in own:
+            continue
+        name = tree.named_table(r)
+        if tree.kind(r) not in _THROUGH_KINDS or (tree.kind(r) == "read" and name is None):
+            return {}
+        if name is not None:
+            extra.add(".".join(name))
+    return {
+        "through": tree.make_plan(plan, rel).SerializeToString(),
+        "through_column": index,
+        "through_reads": tuple(sorted(extra)),
+    }
 
 
 def _probes(

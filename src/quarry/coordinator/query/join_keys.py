@@ -19,10 +19,11 @@ What each pair did (keys sent, or why not) is reported in EXPLAIN ANALYZE (``out
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import pyarrow as pa
+from substrait import plan_pb2
 
 from quarry.errors import QueryCancelled
 from quarry.plan import engine, keys, merge, tree
@@ -50,6 +51,12 @@ class KeyCollector:
         self._bytes = 0
         self._completed = False
         self._leader: KeyCollector | None = None
+        # the other fragments a through pair's subqueries read, each tapped on its own thread;
+        # the keys are taken once the last tap ends
+        self._extras: dict[str, list[pa.RecordBatch]] = {n: [] for n in pair.through_reads}
+        self._taps_open = 1 + len(self._extras)
+        self._extras_whole = True
+        self._lock = threading.Lock()
 
     @property
     def follows(self) -> bool:
@@ -63,38 +70,65 @@ class KeyCollector:
 
     def tap(self, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         """``batches`` as they are, their build column kept on the way."""
+        completed = False
         try:
             for batch in batches:
                 self._keep(batch)
                 yield batch
-            self._completed = True
+            completed = self._completed = True
         finally:
-            self._finish()
-            if not self._completed:
-                close = getattr(batches, "close", None)
-                if close is not None:
-                    close()
+            self._tap_ended()
+            if not completed:
+                _close(batches)
+
+    def tap_extra(self, name: str, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        """``batches`` of fragment ``name``, which a through pair's subquery reads, kept whole
+        on the way (within the same bound as the build's rows)."""
+        completed = False
+        try:
+            for batch in batches:
+                with self._lock:
+                    self._bytes += batch.nbytes
+                    if self._bytes <= through_bytes_max():
+                        self._extras[name].append(batch)
+                    else:
+                        self._parts = None
+                yield batch
+            completed = True
+        finally:
+            with self._lock:
+                self._extras_whole &= completed
+            self._tap_ended()
+            if not completed:
+                _close(batches)
 
     def _keep(self, batch: pa.RecordBatch) -> None:
-        if self._parts is None:
-            return
-        self._rows += batch.num_rows
-        self._bytes += batch.nbytes
-        if self.pair.through and self._bytes > through_bytes_max():
-            self._parts = None
-        elif self.pair.through:
-            self._parts.append(batch)
-        elif self._rows > BUILD_ROWS_MAX:
-            self._parts = None
-        else:
-            self._parts.append(batch.column(self.pair.build_column))
+        with self._lock:
+            if self._parts is None:
+                return
+            self._rows += batch.num_rows
+            self._bytes += batch.nbytes
+            if self.pair.through and self._bytes > through_bytes_max():
+                self._parts = None
+            elif self.pair.through:
+                self._parts.append(batch)
+            elif self._rows > BUILD_ROWS_MAX:
+                self._parts = None
+            else:
+                self._parts.append(batch.column(self.pair.build_column))
 
-    def _finish(self) -> None:
-        if self._completed and self._parts is None:
+    def _tap_ended(self) -> None:
+        """The last tap to end takes the keys (or gives them up) and wakes the probes."""
+        with self._lock:
+            self._taps_open -= 1
+            if self._taps_open:
+                return
+            self._completed &= self._extras_whole
+            parts, self._parts = self._parts, None
+        if self._completed and parts is None:
             self.outcome = self._too_large()
         elif self._completed:
-            self._distinct(self._parts or [])
-        self._parts = None
+            self._distinct(parts or [])
         self.done.set()
 
     def _too_large(self) -> str:
@@ -107,7 +141,8 @@ class KeyCollector:
 
     def _distinct(self, parts: list[pa.Array | pa.RecordBatch]) -> None:
         if self.pair.through and parts:
-            self.computed = run_through(self.pair, parts, self.cores)  # type: ignore[arg-type]
+            batches: list[pa.RecordBatch] = parts  # type: ignore[assignment]
+            self.computed = run_through(self.pair, batches, self._extras, self.cores)
             parts = [self.computed.column(self.pair.through_column).combine_chunks()]
         if not parts:
             self.encoded = keys.encode(pa.array([], pa.int64()))
@@ -153,19 +188,47 @@ def through_bytes_max() -> int:
     return MemoryBudget.of().spool_memory_bytes_max
 
 
-def run_through(pair: JoinFilter, batches: list[pa.RecordBatch], cores: int = 1) -> pa.Table:
+def run_through(
+    pair: JoinFilter,
+    batches: list[pa.RecordBatch],
+    extras: Mapping[str, list[pa.RecordBatch]],
+    cores: int = 1,
+) -> pa.Table:
     """The pair's part of the super-plan (its keys are column ``through_column``), run over the
-    build fragment's rows (in memory: they are at most ``through_bytes_max``) on ``cores``
-    partitions. Every probe waits for it and the devices have nothing else to do: TPC-H SF 10
-    Q18 merges 15 million partial sums here, 5 s of its 10 on one partition."""
+    build fragment's rows and those of the fragments its subqueries read (in memory: they are
+    at most ``through_bytes_max``) on ``cores`` partitions. Every probe waits for it and the
+    devices have nothing else to do: TPC-H SF 10 Q18 merges 15 million partial sums here, 5 s
+    of its 10 on one partition."""
     plan = tree.parse_plan(pair.through)
     ctx = engine.session(cores)
     merge.register_merge_functions(ctx, tuple(tree.function_names(plan).values()))
     engine.register_batches(ctx, pair.build, batches[0].schema, batches, cores)
+    for name, schema in _extra_schemas(plan, extras).items():
+        engine.register_batches(ctx, name, schema, extras[name], cores)
     frame = engine.consume(ctx, plan)
     table = frame.to_arrow_table()
     declared = frame.schema()  # the part's types as the super-plan has them (no view types)
     return table if table.schema.equals(declared) else table.cast(declared)
+
+
+def _extra_schemas(
+    plan: plan_pb2.Plan, extras: Mapping[str, list[pa.RecordBatch]]
+) -> dict[str, pa.Schema]:
+    """Each extra fragment's schema: its batches', or, where none came, the plan's read's."""
+    schemas = {name: batches[0].schema for name, batches in extras.items() if batches}
+    for rel in tree.iter_rels(plan):
+        name = tree.named_table(rel)
+        table = ".".join(name) if name is not None else None
+        if table in extras and table not in schemas:
+            typed = engine.read_arrow_schema(rel.read)
+            schemas[table] = pa.schema([(n, t or pa.null()) for n, t in typed.items()])
+    return schemas
+
+
+def _close(batches: Iterable[pa.RecordBatch]) -> None:
+    close = getattr(batches, "close", None)
+    if close is not None:
+        close()
 
 
 @dataclass
@@ -225,6 +288,8 @@ def wire(
     for collector in collectors:
         if not collector.follows:
             outputs[collector.pair.build] = collector.tap(outputs[collector.pair.build])
+            for name in collector.pair.through_reads:
+                outputs[name] = collector.tap_extra(name, outputs[name])
     return collectors
 
 
