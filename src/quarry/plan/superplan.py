@@ -281,21 +281,21 @@ def _run(
             decomposition, tables = substituted(decomposition, hooks.computed())
         kept = temp_directory is None  # spills of a kept session go where it was made
         with clock.timing(process=True):
+            decomposition, swap = _small_builds(decomposition, spooled, tables)
             if kept:
-                ctx = _take_session(partitions, budget.pool_bytes)
+                ctx = _take_session(partitions, budget.pool_bytes, swap)
             else:
                 ctx = engine.session(
-                    partitions, budget.pool_bytes, spool.directory, swap_joins=False
+                    partitions, budget.pool_bytes, spool.directory, swap_joins=swap
                 )
             _register(ctx, decomposition, spooled, partitions, tables)
-            decomposition = _small_builds(decomposition, spooled, tables)
             decomposition, tables = _common_once(
                 ctx, decomposition, tables, spool, spooled, partitions, hooks.cut
             )
         exhausted = yield from _run_as_planned(ctx, decomposition, budget, pace, clock)
         if exhausted is None:
             if kept:  # read to its end: the session goes back, holding none of this query's rows
-                _give_back(ctx, [*spooled, *tables], partitions, budget.pool_bytes)
+                _give_back(ctx, [*spooled, *tables], (partitions, budget.pool_bytes, swap))
             return
         del ctx  # the failed run's session and whatever its operators still held
         if hooks.reran is not None:
@@ -332,15 +332,19 @@ def _small_builds(
     decomposition: Decomposition,
     spooled: Mapping[str, SpooledFragment],
     tables: Mapping[str, pa.Table],
-) -> Decomposition:
+) -> tuple[Decomposition, bool]:
     """The super-plan with each join building on its input of fewer delivered rows
-    (``rules.build_side``)."""
+    (``rules.build_side``), and whether DataFusion may still swap its joins (it may where the
+    rule could not judge them all)."""
     rows = {name: output.rows for name, output in spooled.items()}
     rows.update((name, table.num_rows) for name, table in tables.items())
     plan = tree.parse_plan(decomposition.super_plan)
-    if not build_side.smaller_builds(plan, rows):
-        return decomposition
-    return replace(decomposition, super_plan=plan.SerializeToString())
+    turned = build_side.smaller_builds(plan, rows)
+    if turned is None:
+        return decomposition, True
+    if not turned:
+        return decomposition, False
+    return replace(decomposition, super_plan=plan.SerializeToString()), False
 
 
 def _run_as_planned(
@@ -428,11 +432,11 @@ def _execute(
         yield conform(batch.to_pyarrow(), schema)
 
 
-def _give_back(ctx: Any, names: Iterable[str], partitions: int, pool_bytes: int) -> None:
+def _give_back(ctx: Any, names: Iterable[str], kind: tuple[int, int, bool]) -> None:
     for name in names:
         for registered in engine.spooled_names(name):
             ctx.deregister_table(registered)
-    _give_session(partitions, pool_bytes, ctx)
+    _give_session(kind, ctx)
 
 
 @dataclass(frozen=True)
@@ -452,21 +456,21 @@ class _Hooks:
 # run read to its end, with every table it registered let go of; its spills go to a directory
 # of its own, which DataFusion empties as each spill ends and removes with the session.
 SESSIONS_KEPT_MAX = 4  # idle sessions per (cores, pool size)
-_idle_sessions: dict[tuple[int, int], list[Any]] = {}
+_idle_sessions: dict[tuple[int, int, bool], list[Any]] = {}  # by (cores, pool, swap joins)
 _sessions_lock = threading.Lock()
 
 
-def _take_session(partitions: int, pool_bytes: int) -> Any:
+def _take_session(partitions: int, pool_bytes: int, swap_joins: bool) -> Any:
     with _sessions_lock:
-        idle = _idle_sessions.get((partitions, pool_bytes))
+        idle = _idle_sessions.get((partitions, pool_bytes, swap_joins))
         if idle:
             return idle.pop()
-    return engine.session(partitions, pool_bytes, swap_joins=False)
+    return engine.session(partitions, pool_bytes, swap_joins=swap_joins)
 
 
-def _give_session(partitions: int, pool_bytes: int, ctx: Any) -> None:
+def _give_session(kind: tuple[int, int, bool], ctx: Any) -> None:
     with _sessions_lock:
-        idle = _idle_sessions.setdefault((partitions, pool_bytes), [])
+        idle = _idle_sessions.setdefault(kind, [])
         if len(idle) < SESSIONS_KEPT_MAX:
             idle.append(ctx)
 
