@@ -556,8 +556,8 @@ def test_a_build_through_the_hosts_filter_runs_on_every_host_core(tpch_cluster, 
     runs = []
     real = join_keys.run_through
 
-    def counted(pair, batches, extras, cores=1):
-        here, on_one = real(pair, batches, extras, cores), real(pair, batches, extras)
+    def counted(pair, batches, cores=1, extras=None):
+        here, on_one = real(pair, batches, cores, extras), real(pair, batches, extras=extras)
         runs.append((cores, sorted(here.to_pylist(), key=str), sorted(on_one.to_pylist(), key=str)))
         return here
 

@@ -142,7 +142,7 @@ class KeyCollector:
     def _distinct(self, parts: list[pa.Array | pa.RecordBatch]) -> None:
         if self.pair.through and parts:
             batches: list[pa.RecordBatch] = parts  # type: ignore[assignment]
-            self.computed = run_through(self.pair, batches, self._extras, self.cores)
+            self.computed = run_through(self.pair, batches, self.cores, self._extras)
             parts = [self.computed.column(self.pair.through_column).combine_chunks()]
         if not parts:
             self.encoded = keys.encode(pa.array([], pa.int64()))
@@ -191,8 +191,8 @@ def through_bytes_max() -> int:
 def run_through(
     pair: JoinFilter,
     batches: list[pa.RecordBatch],
-    extras: Mapping[str, list[pa.RecordBatch]],
     cores: int = 1,
+    extras: Mapping[str, list[pa.RecordBatch]] | None = None,
 ) -> pa.Table:
     """The pair's part of the super-plan (its keys are column ``through_column``), run over the
     build fragment's rows and those of the fragments its subqueries read (in memory: they are
@@ -203,6 +203,7 @@ def run_through(
     ctx = engine.session(cores)
     merge.register_merge_functions(ctx, tuple(tree.function_names(plan).values()))
     engine.register_batches(ctx, pair.build, batches[0].schema, batches, cores)
+    extras = extras or {}
     for name, schema in _extra_schemas(plan, extras).items():
         engine.register_batches(ctx, name, schema, extras[name], cores)
     frame = engine.consume(ctx, plan)
