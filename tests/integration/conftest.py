@@ -13,6 +13,18 @@ def _ingest_tpch(cluster, tpch) -> None:  # noqa: F811
         cluster.ingest(tpch.data[f"tpch/{name}"], f"tpch/{name}")
 
 
+@pytest.fixture
+def small_probes_pay(monkeypatch):
+    """Join keys sent to probes of 10,000 rows and more (``PROBE_ROWS_MIN``): SF 0.1's fact
+    tables are under the size that pays; the pairs worked out before and after are forgotten."""
+    from quarry.plan import join_filters
+
+    monkeypatch.setattr(join_filters, "PROBE_ROWS_MIN", 10_000)
+    join_filters._join_filters.cache_clear()
+    yield
+    join_filters._join_filters.cache_clear()
+
+
 @pytest.fixture(scope="module")
 def tpch_cluster(tpch):  # noqa: F811
     """Four host-profile devices holding TPC-H at SF 0.1."""

@@ -411,21 +411,14 @@ def test_a_joins_keys_cut_its_probe_and_never_the_answer(tpch_cluster, tpch, num
 
 @pytest.mark.parametrize("number", [2, 11])
 def test_a_fragment_read_twice_is_cut_for_both_reads_and_never_the_answer(
-    tpch_cluster, tpch, number, monkeypatch
+    tpch_cluster, tpch, number, small_probes_pay
 ):
     """Q2 and Q11 read a fragment in the query and in its subquery (partsupp, supplier); a
     cut of it serves both. Their probes are under the size that pays at SF 0.1: lowered here."""
-    from quarry.plan import join_filters
-
-    monkeypatch.setattr(join_filters, "PROBE_ROWS_MIN", 10_000)
-    join_filters._join_filters.cache_clear()
-    try:
-        sql = tpch.queries[number]
-        planned = tpch_cluster.query(sql, pushdown="always")
-        result = planned.execute().read_all()
-        outcomes = [f.outcome for f in planned.explain(True).join_filters]
-    finally:
-        join_filters._join_filters.cache_clear()
+    sql = tpch.queries[number]
+    planned = tpch_cluster.query(sql, pushdown="always")
+    result = planned.execute().read_all()
+    outcomes = [f.outcome for f in planned.explain(True).join_filters]
     assert_same_rows(result, tpch.expected(number), ordered=_ordered(sql), context=f"Q{number}")
     assert outcomes and all(o.startswith("sent") for o in outcomes), outcomes
 

@@ -53,23 +53,16 @@ def test_a_subquerys_value_cuts_the_sales_by_the_dates_it_leaves(
     tpcds_cluster,
     tpcds,  # noqa: F811
     number,
-    monkeypatch,
+    small_probes_pay,
 ):
     """Q6, Q54 and Q58 keep the dates of a month or week that a subquery names: the host runs
     that filter once the date fragments are in, and sends the dates' keys to the sales'
     devices (at SF 1, 165 MB of Q58's store sales shipped whole before). Their sales are under
     the size that pays at SF 0.1: lowered here. DuckDB's answer, whatever was cut."""
-    from quarry.plan import join_filters
-
-    monkeypatch.setattr(join_filters, "PROBE_ROWS_MIN", 10_000)
-    join_filters._join_filters.cache_clear()
-    try:
-        sql = tpcds.queries[number]
-        planned = tpcds_cluster.query(sql, pushdown="auto")
-        result = planned.execute().read_all()
-        shown = planned.explain(analyze=True).join_filters
-    finally:
-        join_filters._join_filters.cache_clear()
+    sql = tpcds.queries[number]
+    planned = tpcds_cluster.query(sql, pushdown="auto")
+    result = planned.execute().read_all()
+    shown = planned.explain(analyze=True).join_filters
     assert_same_rows(
         result,
         tpcds.expected(number),
