@@ -11,7 +11,9 @@ ending with the build's error.
 A pair ``through`` the host's filter (``HAVING``) keeps the build's whole rows (at most the
 spool's share of the host's memory budget) and runs that part of the super-plan over them once
 they are in; the keys are its output's. Pairs through the same part of the same build share one
-run, and pairs of the same column of the same build one key set (``follow``).
+run, and pairs of the same column of the same build one key set (``follow``). A part whose
+filter compares with a subquery (TPC-DS Q6's month) also keeps the rows of the fragments that
+subquery reads, tapped the same way, and runs once the last of them is in.
 
 What each pair did (keys sent, or why not) is reported in EXPLAIN ANALYZE (``outcome``).
 """
@@ -129,6 +131,7 @@ class KeyCollector:
             self.outcome = self._too_large()
         elif self._completed:
             self._distinct(parts or [])
+        self._extras = {}  # the subqueries' rows: read, or given up
         self.done.set()
 
     def _too_large(self) -> str:

@@ -16,9 +16,10 @@ the larger input, as a key-to-key join of a fact and a dimension keeps; a union 
 join whose left input is reckoned larger than its right is turned round: inputs swapped, its
 condition's references moved along, the output put back in its order by the join's emit, so
 nothing above it changes; a left join becomes a right one, a semi or anti join keeps the same
-side under its mirrored name. A join over an input it cannot reckon is left as it came, and so
-is one whose condition holds a subquery. The session then keeps DataFusion from turning the
-joins back (``engine.super_session``).
+side under its mirrored name; one whose condition holds a subquery is left as it came. The
+session then keeps DataFusion from turning the joins back (``engine.session`` without
+``swap_joins``). A plan with a join over an input that cannot be reckoned (a grouped
+aggregate's output) is left whole, to DataFusion's own choices (``smaller_builds``).
 """
 
 from __future__ import annotations
