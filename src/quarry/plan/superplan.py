@@ -455,7 +455,7 @@ class _Hooks:
 # operators let go of what they reserved when the plan ends); a session goes back only from a
 # run read to its end, with every table it registered let go of; its spills go to a directory
 # of its own, which DataFusion empties as each spill ends and removes with the session.
-SESSIONS_KEPT_MAX = 4  # idle sessions per (cores, pool size)
+SESSIONS_KEPT_MAX = 4  # idle sessions per (cores, pool size, whether DataFusion swaps joins)
 _idle_sessions: dict[tuple[int, int, bool], list[Any]] = {}  # by (cores, pool, swap joins)
 _sessions_lock = threading.Lock()
 
