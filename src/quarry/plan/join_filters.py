@@ -402,6 +402,7 @@ def _through(rel: algebra_pb2.Rel, index: int, plan: plan_pb2.Plan | None) -> di
     if "filter" not in kinds or kinds[-1] != "read":
         return {}
     own = {id(r) for r in chain}
+    build = tree.named_table(chain[-1])
     extra: set[str] = set()
     for r in tree.iter_rels(rel):  # what subqueries of the side's expressions read
         if id(r) in own:
@@ -409,7 +410,7 @@ def _through(rel: algebra_pb2.Rel, index: int, plan: plan_pb2.Plan | None) -> di
         name = tree.named_table(r)
         if tree.kind(r) not in _THROUGH_KINDS or (tree.kind(r) == "read" and name is None):
             return {}
-        if name is not None:
+        if name is not None and name != build:  # the build's own rows are kept already
             extra.add(".".join(name))
     return {
         "through": tree.make_plan(plan, rel).SerializeToString(),

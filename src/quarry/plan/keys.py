@@ -212,7 +212,7 @@ def keep_named(batch: pa.RecordBatch, cuts: Sequence[tuple[str, KeyCut]]) -> pa.
     (``keep_in`` over one batch)."""
     if not cuts or not batch.num_rows:
         return batch
-    kept = keep_in([batch], cuts).combine_chunks().to_batches()
+    kept = keep_in([batch], cuts).to_batches()  # one chunk already
     return kept[0] if kept else batch.slice(0, 0)
 
 
