@@ -7,7 +7,7 @@ import pyarrow as pa
 import pytest
 
 from quarry.plan import keys
-from quarry.plan.keys import KeyCut, keep
+from quarry.plan.keys import KeyCut, keep, keep_in
 
 
 def _expected(values: pa.Array, key_set: pa.Array) -> list[bool]:
@@ -56,6 +56,41 @@ def test_keep_ands_several_cuts_and_keys_travel_as_ipc() -> None:
     kept = keep(batch, [KeyCut(0, first), KeyCut(1, second)])
     a, b = batch.column(0).to_numpy(), batch.column(1).to_numpy()
     assert kept.num_rows == int((np.isin(a, [1, 2, 3, 50]) & np.isin(b, [0, 9])).sum())
+
+
+def test_a_chunk_is_cut_fewest_first_and_keeps_the_same_rows_in_any_order() -> None:
+    """Three cuts over a chunk of 40 slices (a twelfth, a tenth, a fiftieth of the rows, as
+    TPC-DS Q96's store sales): whichever order they come in, the rows kept are the same, and
+    the cut that keeps fewest goes first."""
+    rng = np.random.default_rng(11)
+    slices = [
+        pa.record_batch(
+            {
+                "store": rng.integers(0, 12, 5000),
+                "household": rng.integers(0, 7200, 5000),
+                "time": rng.integers(0, 86400, 5000),
+                "price": rng.random(5000),
+            }
+        )
+        for _ in range(40)
+    ]
+    cuts = [
+        ("store", KeyCut(0, pa.array([3]))),
+        ("household", KeyCut(1, pa.array(rng.choice(7200, 720, replace=False)))),
+        ("time", KeyCut(2, pa.array(np.arange(73800, 75528)))),
+    ]
+    assert [name for name, _ in keys._fewest_first(pa.Table.from_batches(slices), cuts)][0] == (
+        "time"
+    )
+    whole = pa.Table.from_batches(slices)
+    wanted = (
+        np.isin(whole["store"].to_numpy(), [3])
+        & np.isin(whole["household"].to_numpy(), cuts[1][1].keys.to_numpy())
+        & np.isin(whole["time"].to_numpy(), np.arange(73800, 75528))
+    )
+    expected = whole.filter(pa.array(wanted)).sort_by("price")
+    for order in (cuts, cuts[::-1], cuts[1:] + cuts[:1]):
+        assert keep_in(slices, order).sort_by("price").equals(expected)
 
 
 def test_a_malformed_or_oversized_key_set_is_refused(monkeypatch) -> None:

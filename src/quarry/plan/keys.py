@@ -35,6 +35,12 @@ BYTE_RANGE_MAX = 1 << 24
 # order keys: 0.1 s a partition, Q21 0.49 to 1.64 s), and so many keys leave few slices out
 PRUNING_KEYS_MAX = 1 << 16
 INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
+# a chunk's cuts are ordered by what each keeps of a sample: this many rows of each of this
+# many of its slices (a sample's mask costs a few microseconds; a wrong order, half the cuts')
+SAMPLED_ROWS = 256
+SAMPLED_PIECES = 8
+# rows a cut keeps, from which they are made one chunk before the next cut looks at them
+COMBINED_ROWS_MIN = 1 << 16
 
 
 def distinct(values: pa.ChunkedArray) -> pa.Array:
@@ -220,12 +226,38 @@ def keep_in(batches: Sequence[pa.RecordBatch], cuts: Sequence[tuple[str, KeyCut]
     """Rows of a chunk's slices (batches of one schema) that every cut keeps, as one table:
     each cut looks at its column across them all at once (a slice at a time, the calls cost
     more than the work: 220 slices of 13,000 rows for TPC-DS Q42), and filters before the
-    next looks (a join's keys usually keep few rows: Q42's 30 dates of 1,800)."""
+    next looks (a join's keys usually keep few rows: Q42's 30 dates of 1,800), the cut that
+    keeps fewest first (``_fewest_first``)."""
     table = pa.Table.from_batches(batches)
-    for name, cut in cuts:
+    ordered = _fewest_first(table, cuts)
+    for at, (name, cut) in enumerate(ordered):
         if not table.num_rows:
             break
-        # what a cut keeps is made one chunk: the next cut's calls then go once over each
-        # column, not once over each slice's piece of it (Q17's 54 slices: 9.2 -> 5.8 ms)
-        table = table.filter(cut.mask(table.column(name).combine_chunks())).combine_chunks()
+        table = table.filter(cut.mask(table.column(name).combine_chunks()))
+        if at + 1 < len(ordered) and table.num_rows >= COMBINED_ROWS_MIN:
+            # many rows kept are made one chunk: the next cut's filter then goes once over
+            # each column, not once over each slice's piece of it (Q17's 54 slices: 9.2 ->
+            # 5.8 ms); few rows cost less as they are than copied
+            table = table.combine_chunks()
     return table
+
+
+def _fewest_first(
+    table: pa.Table, cuts: Sequence[tuple[str, KeyCut]]
+) -> Sequence[tuple[str, KeyCut]]:
+    """The cuts ordered by the share of rows each keeps of a sample (a few hundred rows of
+    up to ``SAMPLED_PIECES`` slices, spread over the chunk): every cut after the first looks
+    only at what the ones before kept, so the first should keep least. TPC-DS Q96's store
+    sales, cut by a store (a twelfth), household profiles (a tenth) and half an hour of the
+    day (a fiftieth): 15.9 ms a partition's chunk in that order, 8.6 fewest first."""
+    if len(cuts) < 2 or not table.num_rows:
+        return cuts
+    chunks = table.column(0).num_chunks  # every column is chunked alike: a chunk a slice
+    sampled = range(0, chunks, max(1, chunks // SAMPLED_PIECES))
+
+    def kept(cut: tuple[str, KeyCut]) -> int:
+        column = table.column(cut[0])
+        sample = pa.concat_arrays([column.chunk(n).slice(0, SAMPLED_ROWS) for n in sampled])
+        return pc.sum(cut[1].mask(sample)).as_py() or 0
+
+    return sorted(cuts, key=kept)
