@@ -179,6 +179,25 @@ def test_a_build_is_sized_by_what_its_filter_keeps_and_by_the_cuts_before_it() -
         assert _chosen({by_customer, by_orders}, q3) == chosen, scale
 
 
+def test_a_build_cutting_several_columns_of_a_probe_keeps_its_share_once() -> None:
+    """As TPC-DS Q17 and Q29: store sales are cut by the item, customer and ticket of the
+    returns of some quarters, and by some dates. The returns' three cuts keep the sales of
+    those returns, once: counted three times over, the sales looked smaller than the dates,
+    the dates were cut by the sales' keys, and the sales waited for the returns alone."""
+    q17 = {
+        "sales": _side(2_880_404),
+        "returns": _side(287_867),
+        "dates": _side(73_049, 2_000 / 73_049),
+        "quarters": _side(73_049, 273 / 73_049),
+    }
+    by_returns = {JoinFilter("sales", column, "returns", column) for column in (1, 2, 3)}
+    by_dates = JoinFilter("sales", 0, "dates", 0)
+    dates_by_sales = JoinFilter("dates", 0, "sales", 0)
+    returns_by_quarters = JoinFilter("returns", 0, "quarters", 0)
+    chosen = _chosen({*by_returns, by_dates, dates_by_sales, returns_by_quarters}, q17)
+    assert chosen == {*by_returns, by_dates, returns_by_quarters}
+
+
 def test_a_cut_goes_down_to_the_stored_column_its_key_comes_from() -> None:
     """The probe's key column traced through its sub-plan to what the device reads: through a
     group key and a projection that passes it on, not through a computed value."""

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
@@ -15,9 +16,11 @@ from quarry.cost.model import DeviceFigures, SubPlanFigures
 from quarry.device.controller import PUSHBACK_NOTICE_SLICES
 from quarry.device.units.substrait import read_columns, run_on_host
 from quarry.errors import CorruptSlice, DeviceUnavailable
-from quarry.protocol.control import CalibrationReport, LoadStatus, PartitionDescription
+from quarry.plan.prune import slice_may_match
+from quarry.protocol.control import CalibrationReport, LoadStatus, PartitionDescription, ZoneMap
 from quarry.protocol.stage import Stage
 from quarry.store.partition import column_bytes
+from quarry.store.zonemap import zone_map_from_json
 
 if TYPE_CHECKING:
     from quarry.coordinator.membership.catalog import DatasetEntry
@@ -25,6 +28,8 @@ if TYPE_CHECKING:
     from quarry.plan.decompose import Fragment
 
 SAMPLE_REPEAT = 2
+# slices sampled at most for the share of rows a filter keeps, while none is kept
+KEPT_SLICES_SAMPLED = 4
 
 
 def _ipc_bytes(batches: list[pa.RecordBatch]) -> int:
@@ -32,28 +37,37 @@ def _ipc_bytes(batches: list[pa.RecordBatch]) -> int:
 
 
 def sample_slice(
-    cluster: Membership, entry: DatasetEntry
+    cluster: Membership, entry: DatasetEntry, at: tuple[int, int] | None = None
 ) -> tuple[list[pa.RecordBatch], PartitionDescription]:
-    """The slice the host samples a dataset by (the first of its largest partition), as stored,
-    with its partition's description; kept per dataset version (``Membership.slices``) for the
-    sub-plans and filters of every query over it."""
+    """The slice the host samples a dataset by (the first of its largest partition, or slice
+    ``at``: a partition's number and the slice's), as stored, with its partition's
+    description; kept per dataset version (``Membership.slices``) for the sub-plans and
+    filters of every query over it."""
+    if at is None:
+        # a lost erasure-coded partition is not sampled: its rows are rebuilt on the host
+        largest = max(entry.partitions, key=lambda p: (not p.lost, p.rows))
+        at = (largest.partition, 0)
+    partition = next(p for p in entry.partitions if p.partition == at[0])
+    number = at[1]
 
     def fetch() -> tuple[list[pa.RecordBatch], PartitionDescription]:
-        # a lost erasure-coded partition is not sampled: its rows are rebuilt on the host
-        partition = max(entry.partitions, key=lambda p: (not p.lost, p.rows))
         live = [cluster.devices[d] for d in partition.devices if d not in cluster.down]
         if not live:
             raise DeviceUnavailable(f"no replica of {entry.qualified}'s sampled slice answers")
         for device in live:  # a damaged copy is never sampled: the next replica's is
             try:
-                reader = device.scan(entry.domain, entry.name, partition.partition, 0, 1)
+                reader = device.scan(
+                    entry.domain, entry.name, partition.partition, number, number + 1
+                )
                 batches = device.guard(lambda reader=reader: [c.data for c in reader])
                 return batches, device.describe(entry.domain, entry.name, partition.partition)
             except CorruptSlice as error:
                 if device is live[-1] and partition.stripe is not None:  # from its stripe
                     rebuilt = Rebuilder.of(cluster, partition)
                     batches = list(
-                        rebuilt.scan(entry.domain, entry.name, partition.partition, 0, 1)
+                        rebuilt.scan(
+                            entry.domain, entry.name, partition.partition, number, number + 1
+                        )
                     )
                     return batches, device.describe(entry.domain, entry.name, partition.partition)
                 if device is live[-1]:
@@ -63,7 +77,22 @@ def sample_slice(
                     ) from None
         raise AssertionError("unreachable: the last replica returns or raises")
 
-    return cluster.slices.get((entry.qualified, entry.version), fetch)[0]
+    key = (entry.qualified, entry.version, at)
+    return cluster.slices.get(key, fetch)[0]
+
+
+def described(cluster: Membership, entry: DatasetEntry, partition: int) -> PartitionDescription:
+    """A partition's description (its slices' rows and zone maps) from a replica that
+    answers; kept per dataset version as the sampled slices are."""
+
+    def fetch() -> PartitionDescription:
+        holders = next(p for p in entry.partitions if p.partition == partition).devices
+        live = [cluster.devices[d] for d in holders if d not in cluster.down]
+        if not live:
+            raise DeviceUnavailable(f"no replica of {entry.qualified}'s partition answers")
+        return live[0].describe(entry.domain, entry.name, partition)
+
+    return cluster.slices.get((entry.qualified, entry.version, "described", partition), fetch)[0]
 
 
 def sample_subplan(cluster: Membership, fragment: Fragment, entry: DatasetEntry) -> SubPlanFigures:
@@ -86,8 +115,6 @@ def sample_subplan(cluster: Membership, fragment: Fragment, entry: DatasetEntry)
     full_s, full_out = timed(Stage.FULL)
     filter_s, filter_out = timed(Stage.FILTER)
     raw_bytes = _ipc_bytes([b.select(fragment.raw_schema.names) for b in batches])
-    rows = max(1, sum(b.num_rows for b in batches))
-    kept = max(1, sum(b.num_rows for b in filter_out)) / rows  # none kept: fewer than one
     return SubPlanFigures(
         full_s_per_byte=full_s / stored_bytes,
         filter_s_per_byte=filter_s / stored_bytes,
@@ -95,8 +122,57 @@ def sample_subplan(cluster: Membership, fragment: Fragment, entry: DatasetEntry)
         filter_ratio=_ipc_bytes(filter_out) / stored_bytes,
         output_ratio=_ipc_bytes(full_out) / stored_bytes,
         read_ratio=read / stored_bytes,
-        kept_rows=min(1.0, kept),
+        kept_rows=_kept_rows(cluster, fragment, entry, batches, filter_out, meta),
     )
+
+
+def _kept_rows(
+    cluster: Membership,
+    fragment: Fragment,
+    entry: DatasetEntry,
+    sampled: list[pa.RecordBatch],
+    kept: list[pa.RecordBatch],
+    meta: PartitionDescription,
+) -> float:
+    """The share of rows the fragment's filter keeps: its share of the slices sampled, of
+    those the zone maps say may hold rows it keeps (in any partition), times the share of
+    rows in such slices. The first such slice is sampled, and where its rows are none of
+    those kept, up to ``KEPT_SLICES_SAMPLED`` spread over the rest. The first slice alone
+    said TPC-DS's year 2000 kept 4 dates in 73,049 (it holds the years 1900 to 1948): the
+    sales cut by them looked small, and the join keys made the customer profiles wait for
+    the sales they should have cut (Q7: 540,000 sales shipped of the 7,400 that match)."""
+    first = (meta.summary.partition, 0)
+    if fragment.predicates:
+        rows_of = {
+            (p.partition, n): s.rows
+            for p in entry.partitions
+            if not p.lost
+            for n, s in enumerate(described(cluster, entry, p.partition).slices)
+            if slice_may_match(fragment.predicates, _zone_map(s.zone_map))
+        }
+    else:
+        rows_of = {(meta.summary.partition, n): s.rows for n, s in enumerate(meta.slices)}
+    total = max(1, entry.rows)
+    if not rows_of:
+        return 1 / total  # none anywhere: fewer than one
+    matching = sorted(rows_of, key=lambda at: (at != first, at))
+    step = max(1, len(matching) // KEPT_SLICES_SAMPLED)
+    rows = kept_rows = 0
+    for at in matching[::step][:KEPT_SLICES_SAMPLED]:
+        if at != first:
+            sampled, _ = sample_slice(cluster, entry, at)
+            kept = list(run_on_host(fragment.stages[Stage.FILTER], entry.schema, sampled))
+        rows += sum(b.num_rows for b in sampled)
+        kept_rows += sum(b.num_rows for b in kept)
+        if kept_rows:
+            break
+    share = sum(rows_of.values()) / total if fragment.predicates else 1.0
+    return min(1.0, max(1, kept_rows) / max(1, rows) * share)  # none kept: fewer than one
+
+
+def _zone_map(described: Mapping[str, ZoneMap]) -> dict[str, dict[str, Any]]:
+    """A slice's zone map as the devices prune by it (values untagged)."""
+    return zone_map_from_json({column: asdict(entry) for column, entry in described.items()})
 
 
 def calibration_of(cluster: Membership, name: str) -> CalibrationReport | None:
