@@ -36,6 +36,11 @@ def _expected(values: pa.Array, key_set: pa.Array) -> list[bool]:
         ),
         (pa.array(range(-5, 30), pa.int64()).slice(7, 20), pa.array([3, 4, 22, 40])),  # offset
         (pa.array(["a", None, "c"]), pa.array(["c", "z"])),
+        (  # every integer between two keys: two comparisons, bounds past a narrow column's
+            pa.array([None, 4, 5, 9, 10, -(2**31), 2**31 - 1], pa.int32()),
+            pa.array([5, 6, 7, 8, 9], pa.int64()),
+        ),
+        (pa.array([2**31 - 1, 0, None], pa.int32()), pa.array([2**31 - 1, 2**31, 2**31 + 1])),
         (pa.array([1, 2, 3], pa.uint32()), pa.array([], pa.int64())),
     ],
 )

@@ -103,6 +103,8 @@ class KeyCut:
 
     def mask(self, values: pa.Array) -> pa.Array:
         if _fits_int64(values.type) and _fits_int64(self.keys.type) and len(self.keys):
+            if self._span is not None:
+                return _within(values, *self._span)
             if self._table is not None:
                 return _looked_up(values, *self._table)
             return _searched(values, self._sorted)
@@ -134,6 +136,18 @@ class KeyCut:
         return at < len(keys) and int(keys[at]) <= high
 
     @functools.cached_property
+    def _span(self) -> tuple[int, int] | None:
+        """(lowest, highest) when the keys are every integer between: a join's dates (a
+        month, a quarter, a year) most often are, and two comparisons cost half a lookup."""
+        if self._table is None:
+            return None
+        low, table, bits = self._table
+        entries = len(self.keys) + 2  # an empty entry at either end
+        if bits or len(table) != entries or not table[1:-1].all():
+            return None
+        return low + 1, low + entries - 2
+
+    @functools.cached_property
     def _table(self) -> tuple[int, np.ndarray, bool] | None:
         """The keys as a table over their range: a byte per value up to ``BYTE_RANGE_MAX``
         values, a bit per value beyond, so a batch is cut by one vectorised gather however
@@ -154,7 +168,12 @@ class KeyCut:
     @functools.cached_property
     def _sorted(self) -> np.ndarray:
         """The keys sorted, for integers spanning too wide a range for a table: a binary
-        search over them, built once (``is_in`` builds its hash again for every batch)."""
+        search over them, built once (``is_in`` builds its hash again for every batch); and
+        for judging zone maps, read off a table of a byte a value where there is one (sorting
+        TPC-DS Q7's 27,000 customer profiles took each partition's request 2 ms)."""
+        if len(self.keys) and self._table is not None and not self._table[2]:
+            low, table, _ = self._table
+            return np.flatnonzero(table) + low
         return np.unique(self.keys.to_numpy(zero_copy_only=False).astype(np.int64, copy=False))
 
 
@@ -173,6 +192,11 @@ def _looked_up(values: pa.Array, low: int, table: np.ndarray, bits: bool) -> pa.
         np.clip(at, 0, len(table) - 1, out=at)
         found = np.take(table, at)
     return _mask(values, found)
+
+
+def _within(values: pa.Array, low: int, high: int) -> pa.Array:
+    numbers = _integers(values)  # bounds as int64: never past what a narrower column holds
+    return _mask(values, (numbers >= np.int64(low)) & (numbers <= np.int64(high)))
 
 
 def _searched(values: pa.Array, keys_sorted: np.ndarray) -> pa.Array:
