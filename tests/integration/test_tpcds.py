@@ -71,3 +71,24 @@ def test_a_subquerys_value_cuts_the_sales_by_the_dates_it_leaves(
     )
     through = [f for f in shown if "after the host's filter" in f.filter]
     assert through and all(f.outcome.startswith("sent") for f in through), shown
+
+
+@pytest.mark.parametrize("number", [31, 39])
+def test_a_sales_fragment_read_for_several_joins_is_cut_by_their_keys_as_one_set(
+    tpcds_cluster,
+    tpcds,  # noqa: F811
+    number,
+    small_probes_pay,
+):
+    """Q31 joins its store and web sales to three quarters' dates, Q39 its inventory to two
+    months': each fragment is read once, its devices sent the union of the builds' keys (one
+    key set), and every read of it on the host joins its own. DuckDB's answer."""
+    sql = tpcds.queries[number]
+    planned = tpcds_cluster.query(sql, pushdown="auto")
+    result = planned.execute().read_all()
+    shown = planned.explain(analyze=True).join_filters
+    assert_same_rows(
+        result, tpcds.expected(number), ordered=_ordered(sql), context=f"TPC-DS Q{number}"
+    )
+    united = [f for f in shown if "more builds'" in (f.outcome or "")]
+    assert united and all(f.outcome.startswith("sent") for f in united), shown

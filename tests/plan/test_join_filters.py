@@ -6,6 +6,7 @@ import pyarrow as pa
 
 from quarry.plan import decompose
 from quarry.plan.join_filters import JoinFilter, _chosen, _Side, join_filters
+from quarry.plan.rules.read_once import read_each_once
 from quarry.protocol.stage import Stage
 
 SCHEMAS = {
@@ -309,3 +310,27 @@ def test_a_subquerys_reads_count_as_waits() -> None:
     assert len(_chosen({c_waits_for_a, a_by_b_reading_c}, fragments)) == 1
     a_by_b = JoinFilter("a", 0, "b", 0, b"other", 0)
     assert _chosen({c_waits_for_a, a_by_b}, fragments) == {c_waits_for_a, a_by_b}
+
+
+def _union_pairs(kept_share: float) -> list[str]:
+    """Big read once for two joins, each to small rows of its own tag (TPC-DS Q31's store
+    sales, joined to each of three quarters' dates)."""
+    sql = (
+        "WITH a AS (SELECT b.k, b.v FROM d.big b JOIN d.small s ON b.k = s.k WHERE s.tag = 'x'),"
+        " c AS (SELECT b.k, b.v FROM d.big b JOIN d.small s ON b.k = s.k WHERE s.tag = 'y')"
+        " SELECT a.k, c.v FROM a JOIN c ON a.v = c.v"
+    )
+    decomposition = read_each_once(decompose(sql, SCHEMAS, "always"))
+    fragments = {f.name: f for f in decomposition.fragments}
+    assert sum(f.dataset == "d/big" for f in fragments.values()) == 1, "read once"
+    kept = {n: kept_share for n, f in fragments.items() if f.dataset == "d/small"}
+    return [p.describe(fragments) for p in join_filters(decomposition, ROWS, kept)]
+
+
+def test_a_fragment_read_for_several_joins_is_cut_by_the_union_of_their_keys() -> None:
+    """No one build cuts big at both its reads; the two together do, as one key set. Where
+    what they keep is much of big (two fifths here), every read of it would join all of that
+    on the host: big is left whole, to be read apart (``split_alike_by_join_keys``)."""
+    (union,) = _union_pairs(0.01)
+    assert union.startswith("__quarry_fragment_0.k IN (keys of ") and " ∪ " in union
+    assert _union_pairs(0.2) == []

@@ -73,6 +73,7 @@ from quarry.protocol.stage import Stage
 
 PROBE_ROWS_RATIO = 5
 PROBE_ROWS_MIN = 500_000
+UNION_SHARE_MAX = 0.2  # of its rows a probe read once for several builds may keep
 SHAPES_KEPT_MAX = 256  # super-plans whose pairs are kept
 J = algebra_pb2.JoinRel
 # The sides of a join whose rows the join drops when unmatched (a probe may be cut there)...
@@ -121,22 +122,44 @@ class JoinFilter:
     # other fragments ``through`` reads, in subqueries of its filter (``d_month_seq = (SELECT
     # ...)``): it runs once they are in too
     through_reads: tuple[str, ...] = ()
+    # more builds (fragment, column) whose keys join the build's in one set: the probe is one
+    # fragment read at several joins, each read cut by a build of its own (``_unions``)
+    also: tuple[tuple[str, int], ...] = ()
+
+    @property
+    def builds(self) -> tuple[str, ...]:
+        """Every fragment whose keys the cut takes."""
+        return (self.build, *(name for name, _ in self.also))
+
+    def members(self) -> tuple[JoinFilter, ...]:
+        """A union's pairs, one a build (itself, for a pair of one build)."""
+        if not self.also:
+            return (self,)
+        return tuple(
+            JoinFilter(self.probe, self.probe_column, name, column)
+            for name, column in ((self.build, self.build_column), *self.also)
+        )
 
     def describe(self, fragments: Mapping[str, Fragment]) -> str:
         probe = fragments[self.probe].output_schema.names[self.probe_column]
-        build = fragments[self.build].output_schema.names[self.build_column]
+        builds = " ∪ ".join(
+            f"{m.build}.{fragments[m.build].output_schema.names[m.build_column]}"
+            for m in self.members()
+        )
         after = " after the host's filter" if self.through else ""
-        return f"{self.probe}.{probe} IN (keys of {self.build}.{build}{after})"
+        return f"{self.probe}.{probe} IN (keys of {builds}{after})"
 
 
 def join_filters(
     decomposition: Decomposition,
     rows: Mapping[str, int],
     kept: Mapping[str, float] | None = None,
+    spans: Mapping[str, Mapping[str, int]] | None = None,
 ) -> tuple[JoinFilter, ...]:
     """The pairs worth cutting, for datasets of ``rows`` rows of which each fragment's filter
-    keeps the share ``kept`` says (by fragment name; all of them when it does not say). Worked
-    out once per super-plan and what they depend on of its fragments (``_Side``): walking the
+    keeps the share ``kept`` says (by fragment name; all of them when it does not say), whose
+    integer columns hold values over the ``spans`` given (by dataset and column). Worked out
+    once per super-plan and what they depend on of its fragments (``_Side``): walking the
     super-plan for every query took a sixth of the host's CPU on TPC-H's small queries."""
     if len(decomposition.fragments) < 2 or decomposition.host_sql:  # DuckDB's joins: unseen
         return ()
@@ -150,11 +173,21 @@ def join_filters(
                 bool(f.device_filter or f.host_filter),
                 rows.get(f.dataset, 0),
                 (kept or {}).get(f.name, 1.0),
+                _output_spans(f, (spans or {}).get(f.dataset, {})),
             ),
         )
         for f in decomposition.fragments
     )
     return _join_filters(decomposition.super_plan, sides)
+
+
+def _output_spans(fragment: Fragment, spans: Mapping[str, int]) -> tuple[int | None, ...]:
+    """Per output column of the fragment, the span of the stored column it comes from."""
+    if not spans:
+        return ()
+    plan = tree.parse_plan(fragment.stages[Stage.FULL])
+    columns = (stored_column(plan, i) for i in range(len(fragment.output_schema)))
+    return tuple(None if column is None else spans.get(column) for column in columns)
 
 
 @dataclass(frozen=True)
@@ -167,11 +200,15 @@ class _Side:
     filtered: bool
     rows: int  # its dataset's
     kept: float  # the share of them its filter keeps
+    spans: tuple[int | None, ...] = ()  # per output column: values between its least and most
 
     @property
     def own(self) -> float:
         """The rows it outputs, cut by no key set."""
         return self.rows * self.kept
+
+    def span(self, column: int) -> int | None:
+        return self.spans[column] if column < len(self.spans) else None
 
 
 @functools.lru_cache(maxsize=SHAPES_KEPT_MAX)
@@ -193,16 +230,62 @@ def _join_filters(
         for pair, at in covered.items()
         if len(at) == reads[pair.probe] and _may_cut(pair, fragments)
     }
-    chosen = _ending_large(_chosen(found, fragments), fragments)
+    found |= {u for u in _unions(covered, reads, found) if _may_cut(u, fragments)}
+    chosen = _ending_large(_thin_unions(_chosen(found, fragments), fragments), fragments)
     return tuple(sorted(chosen, key=_order))
 
 
+def _thin_unions(pairs: set[JoinFilter], fragments: Mapping[str, _Side]) -> set[JoinFilter]:
+    """The pairs without the unions whose probe keeps more than ``UNION_SHARE_MAX`` of its
+    rows, all cuts made. A union's probe is read once, but every read of it in the super-plan
+    goes over what all its builds keep: one scan of the probe saved on the devices against
+    that many more rows joined on the host, where a row costs some five times what a device's
+    scan of it does. TPC-DS Q11's two years of store sales (two fifths of them) took 150 ms
+    of the host's CPU read apart, 268 read once; Q75's two years of one category's sales, a
+    twenty-fifth, 293 ms of wall read apart, 200 once."""
+    unions = {p for p in pairs if p.also}
+    if not unions:
+        return pairs
+    estimates = _estimates(pairs, fragments, by_span=True)
+    thick = {
+        p for p in unions if estimates[p.probe] > UNION_SHARE_MAX * max(1.0, fragments[p.probe].own)
+    }
+    return pairs - thick
+
+
+def _unions(
+    covered: Mapping[JoinFilter, set[int]], reads: Mapping[str, int], found: set[JoinFilter]
+) -> set[JoinFilter]:
+    """For a probe column no one pair cuts at every read of its fragment, one pair of the
+    builds that together do: the union of their keys holds every key each read's join needs.
+    TPC-DS Q31 joins store sales by date to three quarters, once each: the three reads, alike,
+    were kept apart for their cuts (``split_alike_by_join_keys``) and the sales scanned three
+    times; read once, cut by the three quarters' dates, they are scanned once."""
+    whole = {(p.probe, p.probe_column) for p in found}
+    partial: dict[tuple[str, int], list[JoinFilter]] = defaultdict(list)
+    for pair, at in covered.items():
+        plain = not (pair.through or pair.equal)
+        if plain and (pair.probe, pair.probe_column) not in whole and len(at) < reads[pair.probe]:
+            partial[(pair.probe, pair.probe_column)].append(pair)
+    unions = set()
+    for (probe, column), pairs in partial.items():
+        if len(set().union(*(covered[p] for p in pairs))) < reads[probe]:
+            continue
+        first, *rest = sorted(pairs, key=_order)
+        also = tuple((p.build, p.build_column) for p in rest)
+        unions.add(JoinFilter(probe, column, first.build, first.build_column, also=also))
+    return unions
+
+
 def _order(pair: JoinFilter) -> tuple:
-    return (pair.probe, pair.probe_column, pair.build, pair.build_column)
+    return (pair.probe, pair.probe_column, pair.build, pair.build_column, pair.also)
 
 
 def _may_cut(pair: JoinFilter, fragments: Mapping[str, _Side]) -> bool:
-    if pair.probe == pair.build or pair.probe not in fragments or pair.build not in fragments:
+    builds = pair.builds
+    if pair.probe in builds or pair.probe not in fragments:
+        return False
+    if not all(name in fragments for name in builds):
         return False
     if not all(name in fragments for name in pair.through_reads):
         return False
@@ -228,12 +311,12 @@ def _chosen(found: set[JoinFilter], fragments: Mapping[str, _Side]) -> set[JoinF
         estimates = _estimates(kept, fragments)
         cut = {(p.probe, p.probe_column) for p in kept}
         paying = [
-            (estimates[p.build], _order(p), p)
+            (sum(estimates[b] for b in p.builds), _order(p), p)
             for p in found - kept
             if not p.through
             and (p.probe, p.probe_column) not in cut
             and _pays(p, estimates, kept, fragments)
-            and not _waits_for(kept, p.build, p.probe)
+            and not any(_waits_for(kept, b, p.probe) for b in p.builds)
             and not _same_keys_again(p, kept, fragments)
         ]
         direct = {(p.probe, p.probe_column) for _, _, p in paying if not p.equal}
@@ -253,7 +336,7 @@ def _same_keys_again(
     another column, and its probe would wait for them. Q9's partsupp, cut by the green parts
     whose lineitems it joins (``equal``), holds nearly every supplier: cutting those lineitems'
     ``l_suppkey`` by them would drop nothing, and make orders' cut by lineitem look worth it."""
-    if fragments[pair.build].filtered or _waits_for(kept, pair.probe, pair.build):
+    if pair.also or fragments[pair.build].filtered or _waits_for(kept, pair.probe, pair.build):
         return False
     cutting_build = [p for p in kept if p.probe == pair.build]
     cutting_probe = {p.build for p in kept if p.probe == pair.probe}
@@ -266,33 +349,51 @@ def _pays(
     kept: set[JoinFilter],
     fragments: Mapping[str, _Side],
 ) -> bool:
-    """The build is filtered or cut (an uncut build's keys are all of them), its keys may be
-    sent, and they are at most a ``PROBE_ROWS_RATIO``th of the rows its probe ships uncut."""
-    build = fragments[pair.build]
-    if not (build.filtered or any(p.probe == pair.build for p in kept)):
-        return False
-    rows = estimates[pair.build]
+    """Every build is filtered or cut (an uncut build's keys are all of them), their keys may
+    be sent, and they are at most a ``PROBE_ROWS_RATIO``th of the rows its probe ships uncut."""
+    for name in pair.builds:
+        if not (fragments[name].filtered or any(p.probe == name for p in kept)):
+            return False
+    rows = sum(estimates[name] for name in pair.builds)
     return rows <= keys.KEYS_MAX and fragments[pair.probe].own >= PROBE_ROWS_RATIO * rows
 
 
-def _estimates(kept: set[JoinFilter], fragments: Mapping[str, _Side]) -> dict[str, float]:
+def _estimates(
+    kept: set[JoinFilter], fragments: Mapping[str, _Side], by_span: bool = False
+) -> dict[str, float]:
     """Each fragment's rows after its filter and the cuts ``kept``: each build that cuts it
     keeps the share of it that the build keeps of its own dataset (the build column a key of
     it, its rows spread evenly), once however many columns it cuts: TPC-DS Q17's store sales
     cut by the item, customer and ticket of the same returns keep the rows of those returns,
     not that share cubed (which made them look smaller than a quarter's dates, and the dates
-    wait for them). A cut through the host's filter is not estimated."""
+    wait for them). ``by_span``: a share of the values the probe column holds (``_share``).
+    Pairs are chosen without: judged by their spans, the sales a year of dates cuts are as
+    many as they are, and no longer cut the customers that TPC-DS Q4, Q11 and Q78 join them
+    to (Q4: 389 -> 671 ms). A cut through the host's filter is not estimated."""
     found: dict[str, float] = {}
 
     def estimate(name: str) -> float:
         if name not in found:
-            rows = fragments[name].own
-            for build in {p.build for p in kept if p.probe == name and not p.through}:
-                rows *= min(1.0, estimate(build) / max(fragments[build].rows, 1))
+            side = fragments[name]
+            rows = side.own
+            cuts = {(p.builds, p.probe_column) for p in kept if p.probe == name and not p.through}
+            for builds in {b for b, _ in cuts}:  # a build's cut of several columns: once
+                sized = [(estimate(b), fragments[b]) for b in builds]
+                spans = [side.span(c) if by_span else None for b, c in cuts if b == builds]
+                rows *= min(_share(span, sized) for span in spans)
             found[name] = rows
         return found[name]
 
     return {name: estimate(name) for name in fragments}
+
+
+def _share(span: int | None, builds: list[tuple[float, _Side]]) -> float:
+    """The share of a probe its builds' keys keep: of the values its column holds (``span``,
+    or each build's dataset's rows when unknown), the builds' keys, every one taken to be
+    among them (TPC-DS's year of dates keeps a fifth of the sales: 366 of the 1,823 dates they
+    were sold on, not 0.5% of date_dim's 73,049)."""
+    held = sum(rows / max(1, min(side.rows, span or side.rows)) for rows, side in builds)
+    return min(1.0, held)
 
 
 def _waits_for(pairs: set[JoinFilter], probe: str, build: str) -> bool:
@@ -306,7 +407,7 @@ def _waits_for(pairs: set[JoinFilter], probe: str, build: str) -> bool:
             seen.add(name)
             for p in pairs:
                 if p.probe == name:
-                    frontier.extend((p.build, *p.through_reads))
+                    frontier.extend((*p.builds, *p.through_reads))
     return False
 
 
@@ -314,7 +415,7 @@ def _ending_large(pairs: set[JoinFilter], fragments: Mapping[str, _Side]) -> set
     """Pairs whose probe is large, or a build of a pair kept (to a fixed point)."""
     kept = {p for p in pairs if fragments[p.probe].rows >= PROBE_ROWS_MIN}
     while True:
-        builds = {p.build for p in kept}
+        builds = {b for p in kept for b in p.builds}
         more = {p for p in pairs - kept if p.probe in builds}
         if not more:
             return kept

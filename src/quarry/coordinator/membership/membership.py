@@ -49,6 +49,9 @@ PROBE_WORKERS_MAX = 16
 # sampled slices kept (one per dataset version a query planned over lately): a TPC-H lineitem
 # slice of every column is about 5 MB
 SAMPLE_SLICES_KEPT_MAX = 16
+# partitions' descriptions and datasets' value spans kept (what the join filters judge a key
+# set's share by, asked for every query): a few kB each
+DESCRIPTIONS_KEPT_MAX = 1024
 # ``auto``'s cost model reads each device's load: one a pulse said this recently is as good as
 # a new one (a device's load is its slots' use over the last two seconds, BUSY_WINDOW_S), so a
 # query need not wait for its own pulse to choose its cut
@@ -129,6 +132,7 @@ class Membership:
         self.workload = Workload()  # the host's turns for long queries
         self.plans: Kept[Any] = Kept()  # planning.plan's decompositions, per catalog version
         self.slices: Kept[Any] = Kept(SAMPLE_SLICES_KEPT_MAX)  # figures.sample_slice's
+        self.descriptions: Kept[Any] = Kept(DESCRIPTIONS_KEPT_MAX)  # cost_inputs.described's
         self.loads = Loads()  # each device's last said load
         self._refresh_lock = threading.Lock()
         # devices whose heartbeat went silent or answered again since the catalog was read:

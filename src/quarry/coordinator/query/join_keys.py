@@ -39,8 +39,9 @@ WAIT_STEP_S = 0.1  # how often a waiting probe checks whether the query was canc
 class KeyCollector:
     """The distinct non-null values of one output column of a build fragment."""
 
-    def __init__(self, pair: JoinFilter, cores: int = 1):
+    def __init__(self, pair: JoinFilter, cores: int = 1, union: JoinFilter | None = None):
         self.pair = pair
+        self.union = union  # the pair of several builds this one's keys are a part of
         self.cores = cores  # the host's, for the part of the super-plan a through pair runs
         self.done = threading.Event()
         self.encoded: bytes | None = None  # the keys on the wire (``plan.keys``), if sent
@@ -250,12 +251,20 @@ class Deferred(Iterator[pa.RecordBatch]):
         self._items = self._run()
 
     def _run(self) -> Iterator[pa.RecordBatch]:
-        key_sets = []
         for collector in self.collectors:
             if not collector.wait(self._stop, self.cancelled):
                 return
-            if collector.encoded is not None:
+        key_sets = []
+        unions: dict[JoinFilter, list[KeyCollector]] = {}
+        for collector in self.collectors:
+            if collector.union is not None:
+                unions.setdefault(collector.union, []).append(collector)
+            elif collector.encoded is not None:
                 key_sets.append((collector.pair.probe_column, collector.encoded))
+        for union, members in unions.items():
+            encoded = _united(members)
+            if encoded is not None:
+                key_sets.append((union.probe_column, encoded))
         self._started = self.start(key_sets)
         yield from self._started
 
@@ -269,6 +278,31 @@ class Deferred(Iterator[pa.RecordBatch]):
             close()
 
 
+def _united(members: Sequence[KeyCollector]) -> bytes | None:
+    """One key set of the keys of every member of a union (each member's outcome says so);
+    None, and no cut, unless every member's keys are in and together few enough to send: a
+    cut by some of them would drop rows another read of the probe joins."""
+    if any(m.encoded is None for m in members):
+        told = next(m.outcome for m in members if m.encoded is None)
+        outcome = f"not sent: a set with {len(members) - 1} more builds' keys, one {told}"
+    else:
+        parts = [keys.decode(m.encoded) for m in members]  # type: ignore[arg-type]
+        if len({part.type for part in parts}) > 1:  # 32- and 64-bit integers: as 64
+            parts = [part.cast(pa.int64()) for part in parts]
+        unique = keys.distinct(pa.chunked_array(parts))
+        encoded = keys.encode(unique)
+        if len(unique) > keys.KEYS_MAX or len(encoded) > keys.KEY_SET_BYTES_MAX:
+            outcome = f"not sent: {len(unique):,} keys with {len(members) - 1} more builds'"
+        else:
+            outcome = f"sent: {len(unique):,} keys, one set with {len(members) - 1} more builds'"
+            for member in members:
+                member.outcome = outcome
+            return encoded
+    for member in members:
+        member.outcome = outcome
+    return None
+
+
 def wire(
     outputs: dict[str, Iterator[pa.RecordBatch]],
     pairs: Sequence[JoinFilter],
@@ -280,7 +314,11 @@ def wire(
     with the key sets), and a collector on each build's output (a build may itself be a probe
     whose own keys come first); one through the host's filter runs it on ``cores``. Returns
     the collectors, for EXPLAIN ANALYZE."""
-    collectors = [KeyCollector(pair, cores) for pair in pairs]
+    collectors = [
+        KeyCollector(member, cores, pair if pair.also else None)
+        for pair in pairs
+        for member in pair.members()
+    ]
     _share_runs(collectors)
     waits: dict[str, list[KeyCollector]] = {}
     for collector in collectors:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from quarry.coordinator.dispatch.dispatch import Task
-from quarry.coordinator.query.cost_inputs import device_figures, sample_subplan
+from quarry.coordinator.query.cost_inputs import device_figures, sample_subplan, value_spans
 from quarry.coordinator.query.explain import CutChosen
 from quarry.coordinator.query.selectivity import SampledSelectivity
 from quarry.coordinator.query.settled_cuts import Key
@@ -133,7 +133,9 @@ def _pairs_of(cluster: Membership, decomposition: Decomposition) -> tuple[JoinFi
     if len(decomposition.fragments) < 2:
         return ()
     rows = {name: entry.rows for name, entry in cluster.catalog.items()}
-    return join_filters(decomposition, rows, kept_rows(cluster, decomposition))
+    return join_filters(
+        decomposition, rows, kept_rows(cluster, decomposition), spans(cluster, decomposition)
+    )
 
 
 def device_for(cluster: Membership, entry: DatasetEntry, partition: PartitionEntry) -> str:
@@ -377,6 +379,21 @@ def sampled(cluster: Membership, fragment: Fragment, entry: DatasetEntry) -> Sub
             cluster.figures_cache.clear()
         cluster.figures_cache[key] = figures
     return figures
+
+
+def spans(cluster: Membership, decomposition: Decomposition) -> dict[str, dict[str, int]]:
+    """Per dataset the fragments read, its integer columns' value spans (``value_spans``); a
+    dataset that cannot be described now has none (its pairs are judged without them)."""
+    found = {}
+    for dataset in {f.dataset for f in decomposition.fragments}:
+        entry = cluster.entry(dataset)
+        if entry.unavailable or not entry.rows:
+            continue
+        try:
+            found[dataset] = value_spans(cluster, entry)
+        except DeviceUnavailable:
+            continue
+    return found
 
 
 def kept_rows(cluster: Membership, decomposition: Decomposition) -> dict[str, float]:
