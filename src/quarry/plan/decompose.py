@@ -8,7 +8,8 @@ them. The super-plan reads each fragment's output as a table named after it.
 Every rewrite is a named rule (``rules/``) in one of three ordered lists, run by
 ``optimizer.optimize``, which records the rules that fired (EXPLAIN VERBOSE):
 
-- ``PLAN_RULES``, over the query's Substrait plan before the cut (``decimal_scale``);
+- ``PLAN_RULES``, over the query's Substrait plan before the cut (``decimal_scale``,
+  ``inner_by_equality``);
 - ``RULES``, over the cut (the pushdowns; ``pushdown="never"`` runs none);
 - ``DECOMPOSITION_RULES``, over the finished decomposition (``read_once``; the coordinator runs
   ``split_alike_by_join_keys`` first, ``coordinator.query.planning.shared_rules``).
@@ -48,6 +49,7 @@ from quarry.plan.optimizer import Fired, optimize
 from quarry.plan.rules import Fixpoint, Rule, null_aware
 from quarry.plan.rules.decimal_scale import decimal_scale
 from quarry.plan.rules.holistic import holistic
+from quarry.plan.rules.inner_by_equality import inner_by_equality
 from quarry.plan.rules.null_divisor import null_divisor
 from quarry.plan.rules.prune_slices import prune_slices
 from quarry.plan.rules.push_filter import push_filter
@@ -67,7 +69,7 @@ PlanRules = Sequence[Rule[plan_pb2.Plan]]
 CutRules = Sequence[Rule[Cut] | Fixpoint[Cut]]
 DecompositionRules = Sequence[Rule["Decomposition"]]
 
-PLAN_RULES: PlanRules = (decimal_scale,)
+PLAN_RULES: PlanRules = (decimal_scale, inner_by_equality)
 # Filters and projections interleave in DataFusion plans; moving one can expose the other, so
 # they run in turn until neither moves anything. Each round that changes something moves at
 # least one operator down, so a plan settles in far fewer rounds than this.

@@ -67,8 +67,9 @@ from typing import Any
 
 from substrait import algebra_pb2, plan_pb2
 
-from quarry.plan import expressions, keys, tree
+from quarry.plan import keys, tree
 from quarry.plan.decompose import Decomposition, Fragment
+from quarry.plan.fields import equalities, step_down, unmapped, width
 from quarry.protocol.stage import Stage
 
 PROBE_ROWS_RATIO = 5
@@ -86,22 +87,10 @@ _CUT_SIDES = {
     J.JOIN_TYPE_LEFT_ANTI: ("right",),
     J.JOIN_TYPE_RIGHT_ANTI: ("left",),
 }
-# ...and the sides a filter on a column passes through unchanged, below the join that cuts.
-_PASS_SIDES = {
-    J.JOIN_TYPE_INNER: ("left", "right"),
-    J.JOIN_TYPE_LEFT: ("left",),
-    J.JOIN_TYPE_RIGHT: ("right",),
-    J.JOIN_TYPE_LEFT_SEMI: ("left",),
-    J.JOIN_TYPE_LEFT_ANTI: ("left",),
-    J.JOIN_TYPE_RIGHT_SEMI: ("right",),
-    J.JOIN_TYPE_RIGHT_ANTI: ("right",),
-}
 # What the host may run of a build side before its keys are taken (``through``).
 _THROUGH_KINDS = ("read", "filter", "project", "aggregate", "sort")
-_RIGHT_ONLY = (J.JOIN_TYPE_RIGHT_SEMI, J.JOIN_TYPE_RIGHT_ANTI)
 # set operations a filter on a column passes into every input of (a probe may be cut in each)
 _UNIONS = (algebra_pb2.SetRel.SET_OP_UNION_ALL, algebra_pb2.SetRel.SET_OP_UNION_DISTINCT)
-_LEFT_ONLY = (J.JOIN_TYPE_LEFT_SEMI, J.JOIN_TYPE_LEFT_ANTI)
 
 
 @dataclass(frozen=True)
@@ -428,7 +417,7 @@ def _pairs(
     """The pairs this join makes, each with the read of the probe fragment it cuts there."""
     sides = _CUT_SIDES.get(join.type, ())
     found = []
-    for low, high in _equalities(join, names) if sides else []:
+    for low, high in equalities(join, names) if sides else []:
         ends = {"left": (join.left, low), "right": (join.right, high)}
         for probe_side in sides:
             build_side = "right" if probe_side == "left" else "left"
@@ -456,30 +445,12 @@ def _equal_builds(
     lineitems' (too many to pay): 800,000 partsupp rows shipped before, 43,000 after."""
     found = []
     for join, side, column in _inner_joins_on_path(rel, index, probe=False):
-        for low, high in _equalities(join, names):
+        for low, high in equalities(join, names):
             mine, other, other_rel = (
                 (low, high, join.right) if side == "left" else (high, low, join.left)
             )
             if mine == column and (partner := trace(other_rel, other, probe=False)) is not None:
                 found.append(partner)
-    return found
-
-
-def _equalities(join: algebra_pb2.JoinRel, names: Mapping[int, str]) -> list[tuple[int, int]]:
-    """The join's ``left.a = right.b`` conjuncts, as (a, b) column positions of each side."""
-    left_width = width(join.left)
-    if left_width is None or not join.HasField("expression"):
-        return []
-    found = []
-    for part in expressions.conjuncts(join.expression, names):
-        if expressions.function_name(part, names) != "equal":
-            continue
-        fields = [expressions.field_index(a) for a in expressions.arguments(part)]
-        if len(fields) != 2 or None in fields:
-            continue
-        low, high = sorted(fields)  # type: ignore[type-var]
-        if low < left_width <= high:
-            found.append((low, high - left_width))
     return found
 
 
@@ -528,7 +499,7 @@ def _probes(
     other side's too."""
     found = _traced_branches(rel, index)
     for join, side, column in _inner_joins_on_path(rel, index):
-        for low, high in _equalities(join, names):
+        for low, high in equalities(join, names):
             mine, other, other_rel = (
                 (low, high, join.right) if side == "left" else (high, low, join.left)
             )
@@ -546,15 +517,15 @@ def _traced_branches(
     not trace is left whole; cutting the others is still right."""
     while tree.kind(rel) != "read":
         if tree.kind(rel) == "set":
-            here = _unmapped(rel, index)
+            here = unmapped(rel, index)
             if rel.set.op not in _UNIONS or here is None:
                 return []
             return [found for branch in rel.set.inputs for found in _traced_branches(branch, here)]
-        step = _step(rel, index, probe=True)
+        step = step_down(rel, index, probe=True)
         if step is None:
             return []
         rel, index = step
-    here = _unmapped(rel, index)
+    here = unmapped(rel, index)
     column = None if here is None else _read(rel.read, here)
     return [] if column is None else [(column, rel)]
 
@@ -566,13 +537,13 @@ def _inner_joins_on_path(
     follows it, for a probe or not), each with the side and column it comes from there."""
     found = []
     while tree.kind(rel) != "read":
-        here = _unmapped(rel, index)
+        here = unmapped(rel, index)
         if here is not None and tree.kind(rel) == "join" and rel.join.type == J.JOIN_TYPE_INNER:
             left_width = width(rel.join.left)
             if left_width is not None:
                 side = "left" if here < left_width else "right"
                 found.append((rel.join, side, here if side == "left" else here - left_width))
-        step = _step(rel, index, probe)
+        step = step_down(rel, index, probe)
         if step is None:
             return found
         rel, index = step
@@ -591,11 +562,11 @@ def _traced(
 ) -> tuple[tuple[str, int], algebra_pb2.Rel] | None:
     """``trace``, with the read it ends at."""
     while tree.kind(rel) != "read":
-        step = _step(rel, index, probe)
+        step = step_down(rel, index, probe)
         if step is None:
             return None
         rel, index = step
-    here = _unmapped(rel, index)
+    here = unmapped(rel, index)
     column = None if here is None else _read(rel.read, here)
     return None if column is None else (column, rel)
 
@@ -608,42 +579,16 @@ def stored_column(plan: plan_pb2.Plan, index: int) -> str | None:
     of 200,000 parts, is wanted for 204)."""
     rel = tree.root_rel(plan)
     while tree.kind(rel) != "read":
-        step = _step(rel, index, probe=True)
+        step = step_down(rel, index, probe=True)
         if step is None:
             return None
         rel, index = step
-    here = _unmapped(rel, index)
+    here = unmapped(rel, index)
     fields = tree.read_output_fields(rel.read)
     names = rel.read.base_schema.names
     if here is None or here >= len(fields) or len(names) != len(rel.read.base_schema.struct.types):
         return None  # a nested schema numbers its names apart from its fields
     return names[fields[here]]
-
-
-def _unmapped(rel: algebra_pb2.Rel, index: int) -> int | None:
-    """Field ``index`` of ``rel`` as the operator itself numbers it (before its emit)."""
-    mapping = _emit(rel)
-    if mapping is None:
-        return index
-    return mapping[index] if index < len(mapping) else None
-
-
-def _step(rel: algebra_pb2.Rel, index: int, probe: bool) -> tuple[algebra_pb2.Rel, int] | None:
-    """One operator down: the input, and its field, that field ``index`` of ``rel`` comes from
-    unchanged (None: it does not, or not through a filter on it for a ``probe``)."""
-    here = _unmapped(rel, index)
-    if here is None:
-        return None
-    kind = tree.kind(rel)
-    if kind in ("filter", "sort") or (kind == "fetch" and not probe):
-        return tree.single_input(rel), here  # type: ignore[return-value]
-    if kind == "project":
-        return _project(rel.project, here)
-    if kind == "aggregate":
-        return _aggregate(rel.aggregate, here)
-    if kind == "join":
-        return _join(rel.join, here, probe)
-    return None
 
 
 def _read(read: algebra_pb2.ReadRel, index: int) -> tuple[str, int] | None:
@@ -652,91 +597,3 @@ def _read(read: algebra_pb2.ReadRel, index: int) -> tuple[str, int] | None:
     if len(names) != 1 or index >= len(fields):
         return None
     return names[0], fields[index]
-
-
-def _project(project: algebra_pb2.ProjectRel, index: int) -> tuple[algebra_pb2.Rel, int] | None:
-    below = width(project.input)
-    if below is None:
-        return None
-    if index < below:
-        return project.input, index
-    field = expressions.field_index(project.expressions[index - below])
-    return None if field is None else (project.input, field)
-
-
-def _aggregate(
-    aggregate: algebra_pb2.AggregateRel, index: int
-) -> tuple[algebra_pb2.Rel, int] | None:
-    keys = _grouping_keys(aggregate)
-    if keys is None or index >= len(keys):
-        return None
-    field = expressions.field_index(keys[index])
-    return None if field is None else (aggregate.input, field)
-
-
-def _join(join: algebra_pb2.JoinRel, index: int, probe: bool) -> tuple[algebra_pb2.Rel, int] | None:
-    left_width = width(join.left)
-    if left_width is None:
-        return None
-    if join.type in _RIGHT_ONLY:
-        side, index = "right", index
-    elif join.type in _LEFT_ONLY or index < left_width:
-        side = "left"
-    else:
-        side, index = "right", index - left_width
-    if probe and side not in _PASS_SIDES.get(join.type, ()):
-        return None
-    return (join.left if side == "left" else join.right), index
-
-
-def width(rel: algebra_pb2.Rel) -> int | None:
-    """How many columns ``rel`` outputs (None: an operator this module does not follow)."""
-    mapping = _emit(rel)
-    if mapping is not None:
-        return len(mapping)
-    kind = tree.kind(rel)
-    if kind == "read":
-        return len(tree.read_output_fields(rel.read))
-    if kind in ("filter", "sort", "fetch"):
-        return width(tree.single_input(rel))  # type: ignore[arg-type]
-    if kind == "set" and rel.set.inputs:
-        return width(rel.set.inputs[0])
-    if kind == "project":
-        below = width(rel.project.input)
-        return None if below is None else below + len(rel.project.expressions)
-    if kind == "aggregate":
-        keys = _grouping_keys(rel.aggregate)
-        return None if keys is None else len(keys) + len(rel.aggregate.measures)
-    if kind == "join":
-        return _join_width(rel.join)
-    return None
-
-
-def _join_width(join: algebra_pb2.JoinRel) -> int | None:
-    left, right = width(join.left), width(join.right)
-    if left is None or right is None:
-        return None
-    if join.type in _LEFT_ONLY:
-        return left
-    if join.type in _RIGHT_ONLY:
-        return right
-    if join.type in (J.JOIN_TYPE_LEFT_MARK, J.JOIN_TYPE_RIGHT_MARK):
-        return None
-    return left + right
-
-
-def _grouping_keys(aggregate: algebra_pb2.AggregateRel) -> list | None:
-    """The grouping expressions, in output order; None for grouping sets."""
-    if len(aggregate.groupings) > 1:
-        return None
-    if not aggregate.groupings:
-        return []
-    grouping = aggregate.groupings[0]
-    return [aggregate.grouping_expressions[r] for r in grouping.expression_references]
-
-
-def _emit(rel: algebra_pb2.Rel) -> list[int] | None:
-    common = getattr(tree.body(rel), "common", None)
-    if common is None or not common.HasField("emit"):
-        return None
-    return list(common.emit.output_mapping)

@@ -29,7 +29,7 @@ from collections.abc import Mapping
 from substrait import algebra_pb2, plan_pb2
 
 from quarry.plan import expressions, tree
-from quarry.plan.join_filters import width
+from quarry.plan.fields import width
 
 Expression = algebra_pb2.Expression
 J = algebra_pb2.JoinRel
