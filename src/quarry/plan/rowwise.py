@@ -13,7 +13,9 @@ import functools
 from collections.abc import Iterable, Iterator
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.types as pt
 from substrait import algebra_pb2
 
 from quarry.plan import tree
@@ -105,3 +107,38 @@ def _joined(group: list[pa.RecordBatch]) -> list[pa.RecordBatch]:
         return [pa.concat_batches(group)]
     except pa.ArrowInvalid:
         return group
+
+
+def adjacent_once(batch: pa.RecordBatch) -> pa.RecordBatch:
+    """``batch`` without each row equal to the one before it, where every column is of fixed
+    width (else as it is). Rows of one ticket, order or day lie together as stored: TPC-DS
+    Q38's year of store sales, as (customer, day), is one row in ten so. A hash of every row
+    would find every repeat, at ten times the cost (10 to 34 ms a 540,000-row chunk against
+    about 1), more than the host's join of the rows it drops costs (Q14: 593 -> 685 ms)."""
+    if batch.num_rows < 2 or not all(_fixed_width(column.type) for column in batch.columns):
+        return batch
+    differs = np.zeros(batch.num_rows, dtype=np.bool_)
+    differs[0] = True
+    for column in batch.columns:
+        words = _words(column)
+        differs[1:] |= (words[1:] != words[:-1]).any(axis=1)
+        if column.null_count:  # a null's slot holds anything: null against value, or not
+            valid = column.is_valid().to_numpy(zero_copy_only=False)
+            differs[1:] |= valid[1:] != valid[:-1]
+    if differs.all():
+        return batch
+    return batch.filter(pa.array(differs))
+
+
+def _fixed_width(kind: pa.DataType) -> bool:
+    fixed = pt.is_integer(kind) or pt.is_floating(kind) or pt.is_temporal(kind)
+    return (fixed or pt.is_decimal(kind)) and kind.bit_width in (8, 16, 32, 64, 128)
+
+
+def _words(column: pa.Array) -> np.ndarray:
+    """The column's values, a row of unsigned words each (a 128-bit decimal: two)."""
+    width = column.type.bit_width // 8
+    data = np.frombuffer(column.buffers()[1], np.uint8)
+    rows = data[column.offset * width : (column.offset + len(column)) * width]
+    word = min(width, 8)
+    return rows.view(f"u{word}").reshape(len(column), width // word)

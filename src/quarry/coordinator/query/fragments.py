@@ -8,6 +8,7 @@ told that device of the host's costs. On the host the same unit completes whatev
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
@@ -57,13 +58,15 @@ def fragment_tasks(
     options: dict[str, Any] | None = None,
     key_sets: Sequence[tuple[int, bytes]] = (),
     only: Collection[int] | None = None,
+    distinct: bool = False,
 ) -> list[Task]:
     """One task per device, for the non-empty partitions it serves (an empty partition has no
     slices): one stream each, whose partitions the device runs at once, one per core (a
     stream costs a device about 7 ms of CPU; TPC-H Q6 at SF 1 over 16 partitions on 4 devices
     took 0.23 s as 16 streams, 0.18 s as 4). ``key_sets``: (output column, encoded keys) a join
     cuts the fragment's output by (``join_keys``); ``only``: these partitions, no others (a
-    scale-out engine's read task asks for one)."""
+    scale-out engine's read task asks for one); ``distinct``: its devices may drop repeated
+    rows (``plan.repeats``)."""
     entry = cluster.entry(fragment.dataset)
     stages, output_schema, complete_from = device_stages(fragment)
     host_stages = {Stage(name): data for name, data in fragment.stages.items()}
@@ -72,7 +75,8 @@ def fragment_tasks(
     # nothing answered from statistics (its output is rows, not the aggregate)
     unfiltered = fragment.unfiltered if complete_from is None else b""
     statistics = fragment.statistics if complete_from is None and not key_sets else ()
-    args = _args(fragment, stages, output_schema, key_sets, unfiltered, statistics).to_json()
+    args = _args(fragment, stages, output_schema, key_sets, unfiltered, statistics)
+    args = replace(args, distinct=distinct).to_json()
     payload = stages_payload(stages, [data for _, data in key_sets], unfiltered)
     partitions = [p for p in entry.partitions if p.rows and (only is None or p.partition in only)]
     if not partitions:

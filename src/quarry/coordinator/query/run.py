@@ -36,6 +36,7 @@ from quarry.errors import (
     only_quarry_errors,
     only_quarry_errors_in,
 )
+from quarry.plan import repeats
 from quarry.plan.decompose import Fragment
 from quarry.plan.explain import RuleFired
 from quarry.plan.join_filters import JoinFilter
@@ -372,7 +373,15 @@ class Query:
             self.forced,
             self.options,
             key_sets or (),
+            distinct=fragment.name in self._repeat_blind(),
         )
+
+    def _repeat_blind(self) -> frozenset[str]:
+        """The fragments whose devices may drop repeated rows (none under a DuckDB super-plan);
+        of the decomposition as it is now (judged once per super-plan: ``repeats``)."""
+        if self.decomposition.host_sql:
+            return frozenset()
+        return repeats.repeat_blind(self.decomposition.super_plan)
 
     def _output(self, name: str, tasks: list[Task]) -> Merged:
         """A fragment's output: its tasks run by the dispatch (under a span of the fragment's,

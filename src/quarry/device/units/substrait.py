@@ -32,7 +32,7 @@ from quarry.plan.join_filters import stored_column
 from quarry.plan.keys import KEY_SET_BYTES_MAX, KeyCut, keep, keep_in, keep_named
 from quarry.plan.keys import decode as decode_keys
 from quarry.plan.prune import slice_may_match, slice_must_match
-from quarry.plan.rowwise import coalesced, groups
+from quarry.plan.rowwise import adjacent_once, coalesced, groups
 from quarry.plan.shape import shape_of
 from quarry.plan.stage import prepare, run_stage
 from quarry.plan.statistics import STATISTICS_MAX, SliceStatistic, answer
@@ -71,6 +71,9 @@ class SubstraitArgs(Message):
     # that sub-plan as slice statistics (``Fragment.statistics``): slices every row of which
     # passes are answered from their zone maps, unread
     statistics: tuple[SliceStatistic, ...] = bounded(items_max=STATISTICS_MAX, default=())
+    # repeats of the sub-plan's output rows change nothing the query answers (``plan.repeats``:
+    # a DISTINCT above, the filtering side of a semi join): a device drops them, chunk by chunk
+    distinct: bool = False
 
 
 def stages_payload(
@@ -256,7 +259,10 @@ class SubstraitUnit(Unit):
             kept = keep_in(batches, self._input_cuts).to_batches()
             batches = coalesced(kept, ENGINE_BATCH_ROWS)
         output = _run(stage, schema, (batch for batch in batches if batch.num_rows))
-        return coalesced(self._kept(output, self._output_cuts), ENGINE_BATCH_ROWS)
+        kept = self._kept(output, self._output_cuts)
+        if self.args.distinct:
+            kept = [once for batch in kept if (once := adjacent_once(batch)).num_rows]
+        return coalesced(kept, ENGINE_BATCH_ROWS)
 
     def _full_for(self, chunk: Chunk) -> bytes:
         """The whole sub-plan, without its filter when every row of the chunk passes it by its
