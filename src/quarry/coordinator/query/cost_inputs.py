@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from collections.abc import Mapping
@@ -168,17 +169,19 @@ def _kept_rows(
     sales cut by them looked small, and the join keys made the customer profiles wait for
     the sales they should have cut (Q7: 540,000 sales shipped of the 7,400 that match)."""
     first = (meta.summary.partition, 0)
-    if fragment.predicates:
-        rows_of = {
-            (p.partition, n): s.rows
-            for p in entry.partitions
-            if not p.lost
-            for n, s in enumerate(described(cluster, entry, p.partition).slices)
-            if slice_may_match(fragment.predicates, _zone_map(s.zone_map))
-        }
-    else:
-        rows_of = {(meta.summary.partition, n): s.rows for n, s in enumerate(meta.slices)}
-    total = max(1, entry.rows)
+    partitions = [p.partition for p in entry.partitions if not p.lost]
+    described_now = {meta.summary.partition: meta}
+    # a partition whose devices cannot say now: judged by the sampled one's alone
+    with contextlib.suppress(DeviceUnavailable):
+        if fragment.predicates:
+            described_now = {n: described(cluster, entry, n) for n in partitions}
+    rows_of = {
+        (partition, n): s.rows
+        for partition, description in described_now.items()
+        for n, s in enumerate(description.slices)
+        if slice_may_match(fragment.predicates, _zone_map(s.zone_map))
+    }
+    total = max(1, sum(s.rows for d in described_now.values() for s in d.slices))
     if not rows_of:
         return 1 / total  # none anywhere: fewer than one
     matching = sorted(rows_of, key=lambda at: (at != first, at))
@@ -186,13 +189,16 @@ def _kept_rows(
     rows = kept_rows = 0
     for at in matching[::step][:KEPT_SLICES_SAMPLED]:
         if at != first:
-            sampled, _ = sample_slice(cluster, entry, at)
+            try:
+                sampled, _ = sample_slice(cluster, entry, at)
+            except (DeviceUnavailable, CorruptSlice):  # judged by the slices sampled so far
+                break
             kept = list(run_on_host(fragment.stages[Stage.FILTER], entry.schema, sampled))
         rows += sum(b.num_rows for b in sampled)
         kept_rows += sum(b.num_rows for b in kept)
         if kept_rows:
             break
-    share = sum(rows_of.values()) / total if fragment.predicates else 1.0
+    share = sum(rows_of.values()) / total
     return min(1.0, max(1, kept_rows) / max(1, rows) * share)  # none kept: fewer than one
 
 

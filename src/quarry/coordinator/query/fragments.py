@@ -8,7 +8,6 @@ told that device of the host's costs. On the host the same unit completes whatev
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence
-from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
@@ -75,8 +74,9 @@ def fragment_tasks(
     # nothing answered from statistics (its output is rows, not the aggregate)
     unfiltered = fragment.unfiltered if complete_from is None else b""
     statistics = fragment.statistics if complete_from is None and not key_sets else ()
-    args = _args(fragment, stages, output_schema, key_sets, unfiltered, statistics)
-    args = replace(args, distinct=distinct).to_json()
+    args = _args(
+        fragment, stages, output_schema, key_sets, unfiltered, statistics, distinct
+    ).to_json()
     payload = stages_payload(stages, [data for _, data in key_sets], unfiltered)
     partitions = [p for p in entry.partitions if p.rows and (only is None or p.partition in only)]
     if not partitions:
@@ -159,6 +159,7 @@ def _args(
     key_sets: Sequence[tuple[int, bytes]] = (),
     unfiltered: bytes = b"",
     statistics: tuple[SliceStatistic, ...] = (),
+    distinct: bool = False,
 ) -> SubstraitArgs:
     return SubstraitArgs(
         raw_bytes=len(stages[Stage.RAW]),
@@ -170,6 +171,7 @@ def _args(
         key_filters=tuple(KeyFilter(column, len(data)) for column, data in key_sets),
         unfiltered_bytes=len(unfiltered),
         statistics=statistics,
+        distinct=distinct,
     )
 
 

@@ -42,6 +42,7 @@ class KeyCollector:
     def __init__(self, pair: JoinFilter, cores: int = 1, union: JoinFilter | None = None):
         self.pair = pair
         self.union = union  # the pair of several builds this one's keys are a part of
+        self.united: str | None = None  # what that union sent (``_united``), shown for it
         self.cores = cores  # the host's, for the part of the super-plan a through pair runs
         self.done = threading.Event()
         self.encoded: bytes | None = None  # the keys on the wire (``plan.keys``), if sent
@@ -279,9 +280,10 @@ class Deferred(Iterator[pa.RecordBatch]):
 
 
 def _united(members: Sequence[KeyCollector]) -> bytes | None:
-    """One key set of the keys of every member of a union (each member's outcome says so);
-    None, and no cut, unless every member's keys are in and together few enough to send: a
-    cut by some of them would drop rows another read of the probe joins."""
+    """One key set of the keys of every member of a union (each member's ``united`` says so:
+    its own outcome stays its own, for a collector that follows it); None, and no cut, unless
+    every member's keys are in and together few enough to send: a cut by some of them would
+    drop rows another read of the probe joins."""
     if any(m.encoded is None for m in members):
         told = next(m.outcome for m in members if m.encoded is None)
         outcome = f"not sent: a set with {len(members) - 1} more builds' keys, one {told}"
@@ -296,10 +298,10 @@ def _united(members: Sequence[KeyCollector]) -> bytes | None:
         else:
             outcome = f"sent: {len(unique):,} keys, one set with {len(members) - 1} more builds'"
             for member in members:
-                member.outcome = outcome
+                member.united = outcome
             return encoded
     for member in members:
-        member.outcome = outcome
+        member.united = outcome
     return None
 
 

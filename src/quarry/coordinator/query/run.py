@@ -449,7 +449,7 @@ class Query:
         fragments = {f.name: f for f in self.decomposition.fragments}
         if analyze and self.started:
             return tuple(
-                explaining.JoinFilterShown(c.pair.describe(fragments), c.outcome)
+                explaining.JoinFilterShown(c.pair.describe(fragments), c.united or c.outcome)
                 for c in self.collectors
             )
         return tuple(explaining.JoinFilterShown(p.describe(fragments)) for p in self._pairs())
