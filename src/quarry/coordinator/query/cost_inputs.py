@@ -84,14 +84,20 @@ def sample_slice(
 
 def described(cluster: Membership, entry: DatasetEntry, partition: int) -> PartitionDescription:
     """A partition's description (its slices' rows and zone maps) from a replica that
-    answers; kept per dataset version."""
+    answers with a good copy (a damaged metadata slice is never read: the next replica's is);
+    kept per dataset version. ``DeviceUnavailable`` when none does."""
 
     def fetch() -> PartitionDescription:
         holders = next(p for p in entry.partitions if p.partition == partition).devices
-        live = [cluster.devices[d] for d in holders if d not in cluster.down]
-        if not live:
-            raise DeviceUnavailable(f"no replica of {entry.qualified}'s partition answers")
-        return live[0].describe(entry.domain, entry.name, partition)
+        why = "none answers"
+        for name in (d for d in holders if d not in cluster.down):
+            try:
+                return cluster.devices[name].describe(entry.domain, entry.name, partition)
+            except (CorruptSlice, DeviceUnavailable) as error:
+                why = str(error)
+        raise DeviceUnavailable(
+            f"no replica of partition {partition} of {entry.qualified} describes it: {why}"
+        )
 
     return cluster.descriptions.get((entry.qualified, entry.version, partition), fetch)[0]
 
