@@ -174,9 +174,16 @@ def _output_spans(fragment: Fragment, spans: Mapping[str, int]) -> tuple[int | N
     """Per output column of the fragment, the span of the stored column it comes from."""
     if not spans:
         return ()
-    plan = tree.parse_plan(fragment.stages[Stage.FULL])
-    columns = (stored_column(plan, i) for i in range(len(fragment.output_schema)))
+    columns = _stored_columns(fragment.stages[Stage.FULL], len(fragment.output_schema))
     return tuple(None if column is None else spans.get(column) for column in columns)
+
+
+@functools.lru_cache(maxsize=SHAPES_KEPT_MAX)
+def _stored_columns(stage: bytes, width: int) -> tuple[str | None, ...]:
+    """Each output column's stored column (``stored_column``), once per sub-plan: asked for
+    every fragment of every query, before the pairs' own cache is looked in."""
+    plan = tree.parse_plan(stage)
+    return tuple(stored_column(plan, i) for i in range(width))
 
 
 @dataclass(frozen=True)
