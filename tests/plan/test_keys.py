@@ -136,6 +136,38 @@ def test_a_zone_map_that_holds_no_key_says_so_and_doubt_keeps_the_slice() -> Non
     assert not KeyCut(0, pa.array([], pa.int64())).may_hold(stats(0, 99))  # no key, no row
 
 
+def test_every_slice_is_judged_at_once_as_each_is_alone() -> None:
+    """``may_hold_each`` over a partition's zone maps as arrays says what ``may_hold`` says
+    of each map in turn: maps missing, all null, float or text bounds, past 64 bits."""
+    from quarry.store.zonemap import integer_bounds
+
+    rng = np.random.default_rng(3)
+
+    def stats() -> dict | None:
+        pick = rng.integers(0, 8)
+        if pick == 0:
+            return None
+        if pick == 1:
+            return {"min": None, "max": None, "rows": 4, "null_count": 4}
+        if pick == 2:
+            return {"min": 1.5, "max": 9.5, "rows": 4, "null_count": 0}
+        if pick == 3:
+            return {"min": "a", "max": "z"}
+        if pick == 4:
+            return {"min": 0, "max": 1 << 64, "rows": 4, "null_count": 1}
+        low = int(rng.integers(-50, 150))
+        return {"min": low, "max": low + int(rng.integers(0, 30)), "rows": 4, "null_count": 0}
+
+    for trial in range(60):
+        chosen = rng.choice(np.arange(0, 100), int(rng.integers(0, 12)), replace=False)
+        kind = pa.int64() if trial % 5 else pa.string()
+        values = chosen.tolist() if kind == pa.int64() else [str(v) for v in chosen]
+        cut = KeyCut(0, pa.array(values, kind))
+        maps = [stats() for _ in range(40)]
+        each = cut.may_hold_each(integer_bounds(maps))
+        assert each.tolist() == [cut.may_hold(m) for m in maps], trial
+
+
 def test_too_many_keys_are_not_judged_against_zone_maps(monkeypatch) -> None:
     from quarry.plan import keys
 

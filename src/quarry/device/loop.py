@@ -215,7 +215,8 @@ class Counters:
 
     def count(self, **counts: float) -> None:
         """Add to counters by name (a name not declared fails here)."""
-        self.counted = self.counted.plus(WorkCounters(**counts))
+        counted = self.counted
+        self.counted = replace(counted, **{k: getattr(counted, k) + v for k, v in counts.items()})
 
     def push_back(self, why: PushBack, slices: int) -> None:
         """Slices pushed back, counted in the total and under their reason."""
@@ -528,7 +529,8 @@ class PartitionRun:
         if cache is None or not cache.capacity_bytes:
             return False
         columns = self.unit.columns()
-        read = sum(partitions.read_bytes(self.meta, n, columns) for n in self.candidates)
+        sizes = partitions.whole_read_bytes(self.meta, columns)
+        read = sum(sizes[n] for n in self.candidates)
         return read * len(self.request.partitions) <= cache.capacity_bytes // 2
 
     def _execute(

@@ -33,7 +33,13 @@ from quarry.errors import (
 )
 from quarry.store import checksum, codec, naming
 from quarry.store.kv import KeyValueStore, Snapshot
-from quarry.store.zonemap import zone_map, zone_map_from_json, zone_map_to_json
+from quarry.store.zonemap import (
+    IntegerBounds,
+    integer_bounds,
+    zone_map,
+    zone_map_from_json,
+    zone_map_to_json,
+)
 
 LEASE_S_DEFAULT = 60.0  # a pending partition outlives a coordinator that stopped renewing it
 CLUSTER_BYTES_MAX = 2 << 30  # a clustered partition is sorted in memory: at most this much
@@ -107,6 +113,12 @@ class PartitionMeta:
     _columns: dict[tuple[int, ...], codec.Columns] = field(
         default_factory=dict, repr=False, compare=False
     )
+    # what a whole-slice read of each set of columns takes, per slice (``read_bytes``)
+    _read_sizes: dict[tuple[str, ...] | None, tuple[int, ...]] = field(
+        default_factory=dict, repr=False, compare=False
+    )
+    # each column's zone maps over the slices as arrays (``zone_bounds``)
+    _zone_bounds: dict[str, IntegerBounds] = field(default_factory=dict, repr=False, compare=False)
 
     def columns(self, indices: list[int]) -> codec.Columns:
         """Decoding these columns (schema positions) of any slice of the partition."""
@@ -903,13 +915,38 @@ def read_bytes(
     info = meta.slices[number]
     span = info.block_span(rows) if info.columns is not None else None
     if span is None:
-        return column_bytes(meta.schema, info.columns, info.bytes_stored, columns)
+        return whole_read_bytes(meta, columns)[number]
     assert info.blocks is not None
     total = 0
     for i in column_indices(meta, columns):
         lengths = info.blocks[i]
         total += lengths[0] + sum(lengths[1 + span[0] : 1 + span[1]])
     return total
+
+
+def whole_read_bytes(meta: PartitionMeta, columns: list[str] | None) -> tuple[int, ...]:
+    """Bytes a read of these columns of each whole slice takes, worked out once per set of
+    columns: a device asks for every slice of every request it runs (a chunk's size, the
+    cache's admission, each slice's read), and a partition's metadata outlives requests."""
+    key = None if columns is None else tuple(columns)
+    sizes = meta._read_sizes.get(key)
+    if sizes is None or len(sizes) != len(meta.slices):  # a writer's metadata grows
+        sizes = tuple(
+            column_bytes(meta.schema, info.columns, info.bytes_stored, columns)
+            for info in meta.slices
+        )
+        meta._read_sizes[key] = sizes
+    return sizes
+
+
+def zone_bounds(meta: PartitionMeta, column: str) -> IntegerBounds:
+    """A column's zone maps over every slice as arrays, made once per column of a partition's
+    metadata (which outlives requests: ``device.loop.Metas``)."""
+    bounds = meta._zone_bounds.get(column)
+    if bounds is None or len(bounds.known) != len(meta.slices):  # a writer's metadata grows
+        bounds = integer_bounds([(info.zone_map or {}).get(column) for info in meta.slices])
+        meta._zone_bounds[column] = bounds
+    return bounds
 
 
 def column_bytes(

@@ -13,14 +13,18 @@ from __future__ import annotations
 import datetime
 import decimal
 import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 # A dataset with many columns (a wide expression matrix) gets zone maps for the first columns only:
 # the metadata slice must stay small enough to read on every query.
 ZONE_MAP_COLUMNS_MAX = 256
+INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
 
 
 def _orderable(type_: pa.DataType) -> bool:
@@ -116,3 +120,39 @@ def zone_map_from_json(entries: dict[str, dict[str, Any]]) -> dict[str, dict[str
         column: {key: from_json_value(value) for key, value in entry.items()}
         for column, entry in entries.items()
     }
+
+
+@dataclass(frozen=True)
+class IntegerBounds:
+    """One column's zone maps over a partition's slices, as arrays (a slice per entry): for
+    judging every slice at once against a join's keys (``keys.KeyCut.may_hold_each``), where
+    a request judged each slice's map in turn (a few microseconds each, 55 slices a TPC-DS
+    fact partition, every request)."""
+
+    known: np.ndarray  # bool: integer min and max recorded
+    low: np.ndarray  # int64: the min where known (clamped to 64 bits), 0 elsewhere
+    high: np.ndarray  # int64: the max where known (clamped to 64 bits), 0 elsewhere
+    empty: np.ndarray  # bool: every row null there
+    mapped: np.ndarray  # bool: the slice has a zone map of the column at all
+
+
+def integer_bounds(maps: Sequence[Mapping[str, Any] | None]) -> IntegerBounds:
+    """``maps``: one column's zone map of each slice (None where there is none)."""
+    count = len(maps)
+    known, empty, mapped = (np.zeros(count, np.bool_) for _ in range(3))
+    low, high = np.zeros(count, np.int64), np.zeros(count, np.int64)
+    for n, stats in enumerate(maps):
+        if not stats:
+            continue
+        mapped[n] = True
+        rows, nulls = stats.get("rows"), stats.get("null_count")
+        empty[n] = rows is not None and nulls is not None and nulls >= rows
+        least, most = stats.get("min"), stats.get("max")
+        if isinstance(least, int) and isinstance(most, int):
+            known[n], low[n], high[n] = True, _clamped(least), _clamped(most)
+    return IntegerBounds(known, low, high, empty, mapped)
+
+
+def _clamped(value: int) -> int:
+    """Within 64 bits: a bound past them says the same of 64-bit keys as the nearest end."""
+    return min(max(value, INT64_MIN), INT64_MAX)

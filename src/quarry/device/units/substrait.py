@@ -16,6 +16,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 
 from quarry.device.unit import Chunk, Skipped, Unit, conform, register
@@ -41,7 +42,7 @@ from quarry.plan.superplan import conform as typed
 from quarry.protocol.message import Message, bounded
 from quarry.protocol.stage import Skip, Stage
 from quarry.protocol.work import SliceRange, ranges_of
-from quarry.store.partition import PartitionMeta, read_bytes
+from quarry.store.partition import PartitionMeta, whole_read_bytes, zone_bounds
 
 STAGE_BYTES_MAX = 64 << 20
 PREDICATES_MAX = 10_000
@@ -179,7 +180,7 @@ class SubstraitUnit(Unit):
         if not meta.slices:
             return 1
         columns = self.columns()
-        read = sum(read_bytes(meta, n, columns) for n in range(len(meta.slices)))
+        read = sum(whole_read_bytes(meta, columns))
         per_slice = max(1, read // len(meta.slices))
         return max(1, min(self.CHUNK_SLICES_MAX, self.CHUNK_READ_BYTES // per_slice))
 
@@ -206,14 +207,10 @@ class SubstraitUnit(Unit):
         if not self._input_cuts:
             return []
         left = [n for n in range(len(meta.slices)) if n not in not_here]
-        keyless = [
-            n
-            for n in left
-            if not all(
-                cut.may_hold((meta.slices[n].zone_map or {}).get(column))
-                for column, cut in self._input_cuts
-            )
-        ]
+        holds = np.ones(len(meta.slices), np.bool_)
+        for column, cut in self._input_cuts:
+            holds &= cut.may_hold_each(zone_bounds(meta, column))
+        keyless = [n for n in left if not holds[n]]
         if not keyless:
             return []
         runs_before = len(ranges_of(left))
