@@ -128,3 +128,18 @@ def test_a_slower_host_holds_on_after_every_batch_and_answers_the_same(small, sq
     assert all(seconds >= 0 for seconds in stretched)
     actual = pa.Table.from_batches(batches, schema=reader.schema)
     assert_same_rows(actual, small.expected(sql), ordered="ORDER BY" in sql, float_absolute=1e-9)
+
+
+def test_a_small_super_plan_runs_in_one_partition_and_a_large_or_spilled_one_on_every_core(
+    tmp_path,
+) -> None:
+    from quarry.plan.spool import SpooledFragment
+    from quarry.plan.superplan import ONE_PARTITION_ROWS_MAX, engine_partitions
+
+    schema = pa.schema([("k", pa.int64())])
+    small = [SpooledFragment("a", schema, rows_in_memory=10), SpooledFragment("b", schema)]
+    assert engine_partitions(small, 4) == 1
+    many = [SpooledFragment("a", schema, rows_in_memory=ONE_PARTITION_ROWS_MAX + 1)]
+    assert engine_partitions(many, 4) == 4
+    spilled = [SpooledFragment("a", schema, directory=tmp_path, rows_on_disk=1)]
+    assert engine_partitions(spilled, 4) == 4

@@ -152,6 +152,11 @@ def test_columns_read_as_byte_ranges(tmp_path, compression, slice_rows):
             assert read < info.bytes_stored
         assert partitions.read_bytes(meta, number) == info.bytes_stored
     assert any(info.stripes > 1 for info in meta.slices) == (slice_rows == 10_000)
+    # worked out once per set of columns, again when a writer's metadata has grown
+    sizes = partitions.whole_read_bytes(meta, ["v"])
+    assert sizes == tuple(partitions.read_bytes(meta, n, ["v"]) for n in range(len(sizes)))
+    meta.slices.append(meta.slices[0])
+    assert len(partitions.whole_read_bytes(meta, ["v"])) == len(sizes) + 1
 
 
 def test_a_damaged_column_range_is_a_corrupt_slice(tmp_path):
