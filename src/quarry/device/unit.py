@@ -228,9 +228,39 @@ class Chunk:
             return iter(self.preloaded)
         return self._read()
 
+    def joined_batches(self) -> list[pa.RecordBatch]:
+        """The chunk's rows as ``batches`` gives them, but as one batch when the cache holds
+        every column read of every slice end to end (``ColumnCache.get_joined``): no copy, and
+        whatever runs over the chunk goes once over each column rather than once per slice."""
+        if self.preloaded is None and self.cache is not None:
+            joined = self._joined()
+            if joined is not None:
+                return [joined]
+        return list(self.batches())
+
+    def _joined(self) -> pa.RecordBatch | None:
+        if self.rows_of is not None and any(self.rows_of(n) is not None for n in self.numbers):
+            return None  # some slice is read in part
+        with self.read_time.timing():
+            keys = [self._cache_keys(number, None) for number in self.numbers]
+            if not all(keys):
+                return None
+            arrays = self.cache.get_joined(keys)  # type: ignore[union-attr]
+        if arrays is None:
+            return None
+        sizes = partitions.whole_read_bytes(self.meta, self.columns)
+        read = sum(sizes[n] for n in self.numbers)
+        self.rows_read += len(arrays[0])
+        self.bytes_read += read
+        self.bytes_cached += read
+        self.verified += len(self.numbers)
+        schema = self.meta.columns([key.column for key in keys[0]]).schema
+        return pa.RecordBatch.from_arrays(arrays, schema=schema)
+
     def _read(self) -> Iterator[pa.RecordBatch]:
         # One snapshot for the chunk, read in place: its batches hold it open while they live.
         snapshot = self.store.snapshot()
+        missed: list[tuple[list[ColumnKey], list[pa.Array]]] = []  # enter the cache as a run
         for number in self.numbers:
             info = self.meta.slices[number]
             rows = self.rows_of(number) if self.rows_of is not None else None
@@ -264,9 +294,11 @@ class Chunk:
             self.bytes_read += read
             self.verified += info.checksums is not None  # checked by ``decode_read``
             if keys and self.cache_admits:
-                with self.decode_time.timing():
-                    self.cache.put(keys, batch.columns)  # type: ignore[union-attr]
+                missed.append((keys, batch.columns))
             yield batch
+        if missed:
+            with self.decode_time.timing():
+                self.cache.put_run(missed)  # type: ignore[union-attr]
 
     def _cache_keys(self, number: int, rows: tuple[int, int] | None) -> list[ColumnKey]:
         """The cache's keys of the columns read of a slice; none where it keeps nothing: no

@@ -283,19 +283,20 @@ def keep_in(batches: Sequence[pa.RecordBatch], cuts: Sequence[tuple[str, KeyCut]
 def _fewest_first(
     table: pa.Table, cuts: Sequence[tuple[str, KeyCut]]
 ) -> Sequence[tuple[str, KeyCut]]:
-    """The cuts ordered by the share of rows each keeps of a sample (a few hundred rows of
-    up to ``SAMPLED_PIECES`` slices, spread over the chunk): every cut after the first looks
+    """The cuts ordered by the share of rows each keeps of a sample (a few hundred rows at
+    each of ``SAMPLED_PIECES`` places spread over the chunk): every cut after the first looks
     only at what the ones before kept, so the first should keep least. TPC-DS Q96's store
     sales, cut by a store (a twelfth), household profiles (a tenth) and half an hour of the
     day (a fiftieth): 15.9 ms a partition's chunk in that order, 8.6 fewest first."""
     if len(cuts) < 2 or not table.num_rows:
         return cuts
-    chunks = table.column(0).num_chunks  # every column is chunked alike: a chunk a slice
-    sampled = range(0, chunks, max(1, chunks // SAMPLED_PIECES))
+    rows = table.num_rows  # pieces spread over the rows, however they are chunked
+    starts = range(0, rows, max(1, rows // SAMPLED_PIECES))
 
     def kept(cut: tuple[str, KeyCut]) -> int:
         column = table.column(cut[0])
-        sample = pa.concat_arrays([column.chunk(n).slice(0, SAMPLED_ROWS) for n in sampled])
+        pieces = [column.slice(at, SAMPLED_ROWS) for at in starts]
+        sample = pa.concat_arrays([c for piece in pieces for c in piece.chunks])
         return pc.sum(cut[1].mask(sample)).as_py() or 0
 
     return sorted(cuts, key=kept)

@@ -245,7 +245,7 @@ class SubstraitUnit(Unit):
     def execute(self, chunk: Chunk) -> list[pa.RecordBatch]:
         # Read first: the read costs the same whatever is decided, so the drive's time for the
         # decision is the work that follows it.
-        batches = list(chunk.batches())
+        batches = chunk.joined_batches()
         stage, schema = self._full_for(chunk), chunk.meta.schema
         return self.context.compute(lambda: self._executed(stage, schema, batches))
 
