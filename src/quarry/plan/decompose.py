@@ -9,7 +9,7 @@ Every rewrite is a named rule (``rules/``) in one of three ordered lists, run by
 ``optimizer.optimize``, which records the rules that fired (EXPLAIN VERBOSE):
 
 - ``PLAN_RULES``, over the query's Substrait plan before the cut (``decimal_scale``,
-  ``inner_by_equality``);
+  ``inner_by_equality``, ``semi_join_down``);
 - ``RULES``, over the cut (the pushdowns; ``pushdown="never"`` runs none);
 - ``DECOMPOSITION_RULES``, over the finished decomposition (``read_once``; the coordinator runs
   ``split_alike_by_join_keys`` first, ``coordinator.query.planning.shared_rules``).
@@ -56,6 +56,7 @@ from quarry.plan.rules.push_filter import push_filter
 from quarry.plan.rules.push_limit import push_limit
 from quarry.plan.rules.push_projection import push_projection
 from quarry.plan.rules.read_once import read_once
+from quarry.plan.rules.semi_join_down import semi_join_down
 from quarry.plan.rules.split_aggregate import split_aggregate
 from quarry.plan.rules.split_predicate_by_capability import split_predicate_by_capability
 from quarry.plan.statistics import SliceStatistic, answerable
@@ -69,7 +70,7 @@ PlanRules = Sequence[Rule[plan_pb2.Plan]]
 CutRules = Sequence[Rule[Cut] | Fixpoint[Cut]]
 DecompositionRules = Sequence[Rule["Decomposition"]]
 
-PLAN_RULES: PlanRules = (decimal_scale, inner_by_equality)
+PLAN_RULES: PlanRules = (decimal_scale, inner_by_equality, semi_join_down)
 # Filters and projections interleave in DataFusion plans; moving one can expose the other, so
 # they run in turn until neither moves anything. Each round that changes something moves at
 # least one operator down, so a plan settles in far fewer rounds than this.
