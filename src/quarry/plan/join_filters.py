@@ -69,7 +69,7 @@ from substrait import algebra_pb2, plan_pb2
 
 from quarry.plan import keys, tree
 from quarry.plan.decompose import Decomposition, Fragment
-from quarry.plan.fields import LEFT_ONLY, equalities, step_down, unmapped, width
+from quarry.plan.fields import equalities, step_down, unmapped, width
 from quarry.protocol.stage import Stage
 
 PROBE_ROWS_RATIO = 5
@@ -474,20 +474,20 @@ def _through(rel: algebra_pb2.Rel, index: int, plan: plan_pb2.Plan | None) -> di
     below: algebra_pb2.Rel | None = rel
     while below is not None:
         chain.append(below)
-        if not _passes_through(below):
+        if tree.kind(below) not in _THROUGH_KINDS:
             return {}
-        below = below.join.left if _filtering_join(below) else tree.single_input(below)
-    kinds = [_through_kind(r) for r in chain]
+        below = tree.single_input(below)
+    kinds = [tree.kind(r) for r in chain]
     if "filter" not in kinds or kinds[-1] != "read":
         return {}
     own = {id(r) for r in chain}
     build = tree.named_table(chain[-1])
     extra: set[str] = set()
-    for r in tree.iter_rels(rel):  # what subqueries of the side's expressions (or semi joins) read
+    for r in tree.iter_rels(rel):  # what subqueries of the side's expressions read
         if id(r) in own:
             continue
         name = tree.named_table(r)
-        if not _passes_through(r) or (tree.kind(r) == "read" and name is None):
+        if tree.kind(r) not in _THROUGH_KINDS or (tree.kind(r) == "read" and name is None):
             return {}
         if name is not None and name != build:  # the build's own rows are kept already
             extra.add(".".join(name))
@@ -496,30 +496,6 @@ def _through(rel: algebra_pb2.Rel, index: int, plan: plan_pb2.Plan | None) -> di
         "through_column": index,
         "through_reads": tuple(sorted(extra)),
     }
-
-
-def _filtering_join(rel: algebra_pb2.Rel) -> bool:
-    """A semi or anti join: it filters its left input by what its right one holds, as a
-    filter with a subquery does (``rules.semi_join_down`` moves one onto its build's read)."""
-    return tree.kind(rel) == "join" and rel.join.type in LEFT_ONLY
-
-
-def _through_kind(rel: algebra_pb2.Rel) -> str:
-    """What a relation on a build's way down to its read does to it: a semi or anti join
-    filters, unless what it compares with is one fragment's read (a join's keys cut the build
-    on its devices by those values already: TPC-DS Q56's items ``IN`` the items of three
-    colours, whose keys the host took in 0.5 ms more, and 20 more of waiting, when it ran the
-    semi join itself)."""
-    if _filtering_join(rel):
-        right = list(tree.iter_rels(rel.join.right))
-        kinds = [tree.kind(r) for r in right]
-        plain = kinds.count("read") == 1 and set(kinds) <= {"read", "filter", "project"}
-        return "project" if plain else "filter"
-    return tree.kind(rel)
-
-
-def _passes_through(rel: algebra_pb2.Rel) -> bool:
-    return tree.kind(rel) in _THROUGH_KINDS or _filtering_join(rel)
 
 
 def _probes(

@@ -1,6 +1,6 @@
 """semi_join_down: a semi or anti join whose condition reads, of its left input, only columns of
 one side of an inner join below moves onto that side. A rule over the query's Substrait plan,
-before the cut (``decompose.PLAN_RULES``), so the join keys see where the rows are filtered.
+before the cut (``decompose.PLAN_RULES``).
 
 ``d_date IN (SELECT d_date FROM date_dim WHERE d_week_seq IN (...))`` (TPC-DS Q83; Q33, Q56 and
 Q60 with ``i_item_id IN (SELECT ...)``) becomes a semi join, and DataFusion leaves it above the
@@ -8,10 +8,11 @@ joins of its query: over returns joined to items and dates. Whether a row passes
 that row's ``d_date`` alone, a column of the dates, so it filters the dates as well before the
 join as after it, for the same rows: ``(A join B) semi C = A join (B semi C)`` when the semi
 join's condition reads of ``A join B`` only columns of ``B`` (an anti join, even a null-aware
-one, alike: what it keeps of a row of ``B`` depends on that row and on ``C`` alone). Below, the
-dates it keeps are a build of their own (``join_filters``: a build "through the host's
-filter"), whose keys cut the returns on their devices: Q83 shipped every return, 14 MB at SF 1,
-to join them to every date before this.
+one, alike: what it keeps of a row of ``B`` depends on that row and on ``C`` alone). The host
+then joins the returns to the dates of those weeks alone, not to every date before dropping
+most of what that made (SF 1: 82 -> 58 ms). The dates' keys do not cut the returns through
+the host's filter (``join_filters``): such pairs are chosen before every other, and TPC-DS Q95's
+web sales then waited for 42,000 returned orders' keys instead of a fortnight of dates'.
 
 Only a filter of a table by a subquery over that same table moves, and only onto that table's
 read: a subquery over other tables (TPC-H Q18's orders ``IN`` the keys a ``HAVING`` over lineitem
