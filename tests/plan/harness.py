@@ -185,6 +185,22 @@ def duckdb_answer(table: pa.Table, name: str, sql: str) -> pa.Table:
     return connection.execute(sql).fetch_arrow_table()
 
 
+def duckdb_schema_answer(tables: Mapping[str, pa.Table], sql: str) -> pa.Table:
+    """What DuckDB answers for ``sql`` over ``tables`` named ``schema/table`` (read as
+    ``schema.table``)."""
+    import duckdb
+
+    connection = duckdb.connect()
+    for schema in {name.split("/")[0] for name in tables}:
+        connection.execute(f"CREATE SCHEMA {schema}")
+    for name, table in tables.items():
+        connection.register(name.replace("/", "_"), table)
+        connection.execute(
+            f"CREATE VIEW {name.replace('/', '.')} AS SELECT * FROM {name.replace('/', '_')}"
+        )
+    return connection.execute(sql).fetch_arrow_table()
+
+
 def assert_same_rows(
     actual: pa.Table,
     expected: pa.Table,

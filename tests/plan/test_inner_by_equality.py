@@ -3,14 +3,13 @@
 
 from __future__ import annotations
 
-import duckdb
 import pyarrow as pa
 import pytest
 from substrait import algebra_pb2
 
 from quarry.plan import decompose, tree
 
-from .harness import assert_same_rows, execute
+from .harness import assert_same_rows, duckdb_schema_answer, execute
 
 J = algebra_pb2.JoinRel
 ROWS = 400
@@ -45,17 +44,6 @@ def _decomposed(tables, sql: str):
 def _join_types(decomposition) -> list[int]:
     plan = tree.parse_plan(decomposition.super_plan)
     return sorted(rel.join.type for rel in tree.iter_rels(plan) if tree.kind(rel) == "join")
-
-
-def _duckdb(tables, sql: str) -> pa.Table:
-    connection = duckdb.connect()
-    connection.execute("CREATE SCHEMA d")
-    for name, table in tables.items():
-        connection.register(name.replace("/", "_"), table)
-        connection.execute(
-            f"CREATE VIEW {name.replace('/', '.')} AS SELECT * FROM {name.replace('/', '_')}"
-        )
-    return connection.execute(sql).fetch_arrow_table()
 
 
 Q93 = (  # TPC-DS Q93's shape
@@ -99,4 +87,4 @@ def test_an_outer_join_an_equality_above_rejects_the_nulls_of_is_inner(
     assert (J.JOIN_TYPE_LEFT in _join_types(decomposition)) is not turned
     for choice, seed in (("full", 0), ("random", 5)):
         answer = execute(decomposition, tables, choice, seed=seed)
-        assert_same_rows(answer, _duckdb(tables, sql), ordered=False)
+        assert_same_rows(answer, duckdb_schema_answer(tables, sql), ordered=False)

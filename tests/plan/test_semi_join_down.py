@@ -3,14 +3,13 @@ moves onto that side, and the answer is DuckDB's whatever the devices do."""
 
 from __future__ import annotations
 
-import duckdb
 import pyarrow as pa
 import pytest
 from substrait import algebra_pb2
 
 from quarry.plan import decompose, tree
 
-from .harness import assert_same_rows, execute
+from .harness import assert_same_rows, duckdb_schema_answer, execute
 
 J = algebra_pb2.JoinRel
 ROWS = 600
@@ -52,17 +51,6 @@ def _semi_depths(decomposition) -> list[tuple[int, int]]:
 
     walk(tree.root_rel(plan), 0)
     return found
-
-
-def _duckdb(tables, sql: str) -> pa.Table:
-    connection = duckdb.connect()
-    connection.execute("CREATE SCHEMA d")
-    for name, table in tables.items():
-        connection.register(name.replace("/", "_"), table)
-        connection.execute(
-            f"CREATE VIEW {name.replace('/', '.')} AS SELECT * FROM {name.replace('/', '_')}"
-        )
-    return connection.execute(sql).fetch_arrow_table()
 
 
 Q83 = (  # TPC-DS Q83's shape: dates of the weeks some dates fall in
@@ -110,4 +98,4 @@ def test_a_semi_join_moves_onto_the_side_it_reads_and_answers_the_same(
         assert all(depth > 0 for _, depth in _semi_depths(decomposition))
     for choice, seed in (("full", 0), ("random", 5)):
         answer = execute(decomposition, tables, choice, seed=seed)
-        assert_same_rows(answer, _duckdb(tables, sql), ordered=False)
+        assert_same_rows(answer, duckdb_schema_answer(tables, sql), ordered=False)
