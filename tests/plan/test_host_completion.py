@@ -56,3 +56,29 @@ def test_a_sub_plan_that_filters_still_runs_the_engine(small):
     (fragment,) = decompose("SELECT id FROM t WHERE i > 0", small.schemas).fragments
     unit = _host_unit("test", "t", fragment, fragment.stages, ())
     assert isinstance(unit, SubstraitUnit) and not unit._reads_only
+
+
+def executed(small, sql: str, engine: bool, key_sets=()) -> pa.Table:
+    """The device's path: a chunk's rows (key-cut, as a device cuts them) through the unit."""
+    (fragment,) = decompose(sql, small.schemas).fragments
+    unit = _host_unit("test", "t", fragment, fragment.stages, key_sets)
+    if engine:
+        unit.__dict__["_reads_only"] = False
+    batches = small.table.to_batches(max_chunksize=700)
+    out = unit._executed(fragment.stages[Stage.FULL], small.table.schema, batches)
+    return pa.Table.from_batches(out, schema=fragment.output_schema)
+
+
+def test_a_device_hands_a_read_only_sub_plans_rows_on_without_the_engine(small, monkeypatch):
+    """On a device as on the host: the rows a chunk's key cuts keep are the output of a
+    sub-plan that only reads, the same rows as the engine's run over them."""
+    sql = "SELECT id, k FROM t ORDER BY id"
+    wanted = keys.encode(pa.array(np.arange(0, 3000, 7), pa.int64()))
+    expected = executed(small, sql, engine=True, key_sets=[(0, wanted)])
+
+    def no_engine(*args, **kwargs):
+        raise AssertionError("the engine ran a sub-plan that only reads")
+
+    monkeypatch.setattr("quarry.device.units.substrait.run_stage", no_engine)
+    assert executed(small, sql, engine=False, key_sets=[(0, wanted)]).equals(expected)
+    assert expected.num_rows == len(range(0, 3000, 7))
