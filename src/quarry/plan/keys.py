@@ -20,7 +20,7 @@ import pyarrow.compute as pc
 import pyarrow.types as pt
 
 from quarry.store import checks
-from quarry.store.zonemap import IntegerBounds
+from quarry.store.zonemap import IntegerBounds, integer_bounds
 
 # distinct keys a build may send; more, and the probe goes uncut. TPC-H SF 10 Q3's 1.4
 # million orders cut its lineitem fragment from 1.3 GB shipped to 63 MB (3.6 s to 2.1); 2
@@ -121,24 +121,12 @@ class KeyCut:
         """Whether a slice whose zone map of the cut column is ``stats`` may hold a row the cut
         keeps: false only for integer keys none of which lies in [min, max], or a column all
         null there. Unsure (no statistics, other types, more than ``PRUNING_KEYS_MAX`` keys):
-        true."""
-        if not stats:
-            return True
-        rows, nulls = stats.get("rows"), stats.get("null_count")
-        if rows is not None and nulls is not None and nulls >= rows:
-            return False
-        low, high = stats.get("min"), stats.get("max")
-        if not (_fits_int64(self.keys.type) and isinstance(low, int) and isinstance(high, int)):
-            return True
-        if len(self.keys) > PRUNING_KEYS_MAX:
-            return True
-        keys = self._sorted
-        at = int(np.searchsorted(keys, low))
-        return at < len(keys) and int(keys[at]) <= high
+        true. One slice's ``may_hold_each``."""
+        return bool(self.may_hold_each(integer_bounds([stats]))[0])
 
     def may_hold_each(self, bounds: IntegerBounds) -> np.ndarray:
         """``may_hold`` for every slice at once, from its zone maps as arrays: one binary
-        search over the keys for all of them."""
+        search over the keys for all of them (a device judges a partition's slices so)."""
         holds = ~(bounds.mapped & bounds.empty)
         if not _fits_int64(self.keys.type) or len(self.keys) > PRUNING_KEYS_MAX:
             return holds
