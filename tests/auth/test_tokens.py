@@ -119,3 +119,36 @@ def test_too_many_peers_are_refused(tmp_path):
     held = Revocations(PUBLIC)
     with pytest.raises(ProtocolError):
         held.take(sign(KEY, 2, ()), tuple(f"grpc://p:{i}" for i in range(2000)))
+
+
+def test_a_verifier_keeps_a_checked_token_yet_refuses_it_once_revoked(tmp_path):
+    held = Revocations(PUBLIC, tmp_path / "held.json")
+    verifier = Verifier(PUBLIC, held)
+    token = mint(KEY, Role.READER)
+    assert verifier.check(token) == verifier.check(token)  # the second from what it kept
+    identifier = read_claims(token).id
+    assert held.take(sign(KEY, 1, (RevokedToken(identifier, time.time() + 60),)))
+    with pytest.raises(Unauthenticated, match="was revoked"):
+        verifier.check(token)
+
+
+def test_a_kept_token_still_expires(monkeypatch):
+    verifier = Verifier(PUBLIC)
+    token = mint(KEY, Role.READER, ttl_s=60)
+    assert verifier.check(token).role is Role.READER
+    later = time.time() + 120
+    monkeypatch.setattr(time, "time", lambda: later)
+    with pytest.raises(Unauthenticated, match="expired"):
+        verifier.check(token)
+
+
+def test_a_verifier_keeps_a_bounded_number_of_tokens():
+    verifier = Verifier(PUBLIC)
+    tokens = [mint(KEY, Role.READER) for _ in range(Verifier.VERIFIED_KEPT_MAX + 5)]
+    for token in tokens:
+        verifier.check(token)
+    assert len(verifier._verified) == Verifier.VERIFIED_KEPT_MAX
+    assert tokens[0] not in verifier._verified and tokens[-1] in verifier._verified
+    body, signature = tokens[-1].split(".")
+    with pytest.raises(Unauthenticated, match="bad signature"):  # another text: checked anew
+        verifier.check(f"{body}.{signature[:-2]}AA")

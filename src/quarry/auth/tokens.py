@@ -156,7 +156,14 @@ def verify(
         raise Unauthenticated(
             "this token was not issued for this cluster (bad signature)"
         ) from None
-    claims = read_claims(token)
+    return still_good(read_claims(token), revoked, now)
+
+
+def still_good(
+    claims: Claims, revoked: frozenset[str] = frozenset(), now: float | None = None
+) -> Claims:
+    """``claims`` of a token whose signature was checked, once its expiry and revocation are:
+    ``Unauthenticated`` saying which failed."""
     now = time.time() if now is None else now
     if claims.expires_at <= now:
         raise Unauthenticated(
