@@ -41,6 +41,11 @@ def _expected(values: pa.Array, key_set: pa.Array) -> list[bool]:
             pa.array([5, 6, 7, 8, 9], pa.int64()),
         ),
         (pa.array([2**31 - 1, 0, None], pa.int32()), pa.array([2**31 - 1, 2**31, 2**31 + 1])),
+        (pa.array([2**31 - 1, 0], pa.int32()), pa.array([2**31, 2**31 + 1, 2**31 + 2])),  # above
+        (pa.array([-(2**31), 0], pa.int32()), pa.array([-(2**31) - 3, -(2**31) - 2])),  # below
+        (pa.array([-128, 5, 6, 127, None], pa.int8()), pa.array([126, 127, 128, 129])),
+        (pa.array([0, 3, 4, 2**32 - 1], pa.uint32()), pa.array([-1, 0, 1, 2, 3])),  # below 0
+        (pa.array([7, 8, 9, 10], pa.int16()).slice(1, 2), pa.array([8, 9, 10])),  # offset
         (pa.array([1, 2, 3], pa.uint32()), pa.array([], pa.int64())),
     ],
 )
