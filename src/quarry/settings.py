@@ -196,13 +196,10 @@ DEVICE_EXCHANGES_MAX: Setting[int | None] = Setting(
     lower=1,
     unset="2 per core of the device's profile, at least 4",
 )
-# 1 GiB: what a device of four holds of the columns TPC-H SF 10's heavier queries read (Q6,
-# Q12, Q3, Q10, Q18: 0.5 to 0.9 GB each), read again a query later; at 256 MiB none of them
-# stayed, and every run read, checked and decoded them again (docs/architecture.md).
 DEVICE_CACHE_MIB: Setting[int] = Setting(
     "QUARRY_DEVICE_CACHE_MIB",
     int,
-    1024,
+    256,
     "MiB",
     "Memory each device keeps for decoded columns it read, so a column read again is not read, "
     "checked and decoded again (a profile may set its own; an emulated drive keeps none). 0: "
