@@ -380,9 +380,11 @@ class Together(Echo):
     # chunks after the failing one wait for this (the quarantine entered): on a loaded machine
     # the other lane could otherwise run every later chunk before the failure is seen
     after_failure: Callable[[], bool] | None = None
+    failed = False  # the failing chunk raised
 
     def execute(self, chunk: Chunk):
         if chunk.numbers[0] == self.fail_at:
+            type(self).failed = True
             raise type(self).error(f"chunk at slice {chunk.numbers[0]} broke")
         after_failure = type(self).after_failure
         if after_failure is not None and chunk.numbers[0] > self.fail_at:
@@ -406,6 +408,7 @@ def together(runtime, monkeypatch):
     Together.fail_at = None
     Together.error = ValueError
     Together.after_failure = None
+    Together.failed = False
     runtime.emulator = Emulator(replace(get_profile("host"), name="two-cores", cores=2))
     return runtime
 
@@ -503,6 +506,9 @@ def test_a_plan_the_device_cannot_run_goes_back_and_the_rest_with_it(together, e
     of memory: that chunk alone goes back, for ``memory``. Neither is quarantined."""
     together.quarantine = Quarantine(together.store.path, "dev0")
     Together.fail_at, Together.error = 3 * Together.CHUNK_SLICES_MAX, error
+    # the chunks after it wait for the failure: on a loaded machine the other lane could run
+    # every later chunk before it is seen, and nothing would be left to go back (one run in ~50)
+    Together.after_failure = lambda: Together.failed
     slices = _slices(together)
     writer = _run(together, unit=Together.NAME, args={"shape": "s1"})
     (report,) = writer.done.partitions
