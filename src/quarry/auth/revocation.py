@@ -180,7 +180,8 @@ class Verifier:
     0.2 ms a call, every request and pulse). So the claims of a token whose signature checked
     are kept, by the token's exact text, for ``VERIFIED_KEPT_MAX`` tokens: a call with the
     same text is the same signed claims. Expiry and revocation are checked on every call,
-    kept or not; a token that fails either is not kept."""
+    kept or not: a token refused at its first check is not kept, and a kept one that expires or
+    is revoked is refused as any other."""
 
     VERIFIED_KEPT_MAX = 1024
 
