@@ -38,22 +38,26 @@ def test_no_room_keeps_nothing() -> None:
     assert small.get([_key(0)]) is None and small.bytes_held == 0
 
 
-def test_a_run_of_slices_comes_back_joined_without_a_copy() -> None:
+def test_a_run_of_slices_comes_back_joined_without_a_copy_and_runs_apart_as_pieces() -> None:
     """A chunk's slices enter as a run: read again, each column of the run is one array, a
-    view of the run's buffer; a slice missing, or kept apart, and they are not joined."""
+    view of the run's buffer; slices kept in two runs come back as two pieces; a slice
+    missing, and none."""
     pieces = [pa.array(range(n * 100, n * 100 + 100), pa.int64()) for n in range(6)]
     keys = [[ColumnKey("d/t", 0, n, 0, 1), ColumnKey("d/t", 0, n, 1, 1)] for n in range(6)]
     cache = ColumnCache(capacity_bytes=1 << 20)
     cache.put_run([(k, [p, p]) for k, p in zip(keys[:4], pieces, strict=False)])
-    joined = cache.get_joined(keys[:4])
-    assert joined is not None and len(joined) == 2
+    (joined,) = cache.get_runs(keys[:4])  # type: ignore[misc]
+    assert len(joined) == 2
     assert joined[0].equals(pa.concat_arrays(pieces[:4])) and joined[1].equals(joined[0])
     (one,) = cache.get([keys[1][0]])
     assert one.equals(pieces[1])  # a slice alone as ever
     assert joined[0].buffers()[1].address == one.buffers()[1].address  # the same buffer
-    assert cache.get_joined(keys[1:3]) is not None  # any stretch of the run
+    assert len(cache.get_runs(keys[1:3]) or []) == 1  # any stretch of the run
     cache.put(keys[4], [pieces[4], pieces[4]])  # a run of its own
-    assert cache.get_joined(keys[3:5]) is None and cache.get_joined(keys[4:6]) is None
+    apart = cache.get_runs(keys[3:5])  # two runs: two pieces, in order
+    assert apart is not None and [len(piece[0]) for piece in apart] == [100, 100]
+    assert pa.concat_arrays([piece[0] for piece in apart]).equals(pa.concat_arrays(pieces[3:5]))
+    assert cache.get_runs(keys[4:6]) is None  # one missing: none
     assert cache.bytes_held == 5 * 2 * 800
 
 
@@ -63,7 +67,8 @@ def test_a_run_larger_than_an_eighth_enters_in_runs_that_are_not() -> None:
     cache = ColumnCache(capacity_bytes=8 * 2_400)  # a run holds at most three
     cache.put_run([(k, [p]) for k, p in zip(keys, pieces, strict=True)])
     assert all(cache.get(k) is not None for k in keys[-2:])
-    assert cache.get_joined(keys[:3]) is not None and cache.get_joined(keys[:4]) is None
+    assert len(cache.get_runs(keys[:3]) or []) == 1
+    assert len(cache.get_runs(keys[:4]) or []) == 2
 
 
 def test_an_emulated_drive_keeps_no_cache_and_the_host_its_setting() -> None:

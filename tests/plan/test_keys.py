@@ -5,6 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from quarry.plan import keys
 from quarry.plan.keys import KeyCut, keep, keep_in
@@ -101,6 +103,64 @@ def test_a_chunk_is_cut_fewest_first_and_keeps_the_same_rows_in_any_order() -> N
     expected = whole.filter(pa.array(wanted)).sort_by("price")
     for order in (cuts, cuts[::-1], cuts[1:] + cuts[:1]):
         assert keep_in(slices, order).sort_by("price").equals(expected)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    sizes=st.lists(st.integers(0, 40), min_size=1, max_size=6),
+    offset=st.integers(0, 9),
+    wanted=st.lists(
+        st.tuples(st.sampled_from(["a", "b", "t"]), st.lists(st.integers(-3, 30), max_size=12)),
+        min_size=1,
+        max_size=3,
+    ),
+    seed=st.integers(0, 2**16),
+)
+def test_a_chunk_in_any_pieces_keeps_the_rows_every_cut_keeps_in_order(
+    sizes, offset, wanted, seed
+) -> None:
+    """Slices of any sizes (empty ones too, views at an offset), integer and text columns with
+    nulls, one to three cuts: the rows kept are those every cut keeps, in their order, every
+    column's values and nulls as they were."""
+    rng = np.random.default_rng(seed)
+    total = sum(sizes) + offset
+
+    def column(kind: pa.DataType) -> pa.Array:
+        numbers = rng.integers(-3, 30, total)
+        nulls = rng.random(total) < 0.2
+        if kind == pa.string():
+            return pa.array([None if n else f"k{v}" for v, n in zip(numbers, nulls, strict=True)])
+        return pa.array(numbers, kind, mask=nulls)
+
+    whole = pa.table(
+        {
+            "a": column(pa.int64()),
+            "b": column(pa.int32()),
+            "t": column(pa.string()),
+            "p": pa.array(rng.random(total), pa.float64(), mask=rng.random(total) < 0.3),
+            "d": pa.array(
+                [None if v < 0 else int(v) for v in rng.integers(-5, 10**6, total)],
+                pa.decimal128(9, 2),
+            ),
+        }
+    ).slice(offset)
+    batches, at = [], 0
+    for size in sizes:  # views of the table's buffers, an empty one included
+        (batch,) = whole.slice(at, size).to_batches() or [_empty(whole.schema)]
+        batches.append(batch)
+        at += size
+    cuts = []
+    for name, values in wanted:
+        key_set = [f"k{v}" for v in values] if name == "t" else values
+        cuts.append((name, KeyCut(0, pa.array(key_set, pa.string() if name == "t" else None))))
+    expected = np.ones(whole.num_rows, np.bool_)
+    for name, cut in cuts:
+        expected &= np.array(_expected(whole.column(name).combine_chunks(), cut.keys), np.bool_)
+    assert keep_in(batches, cuts).equals(whole.filter(pa.array(expected)).combine_chunks())
+
+
+def _empty(schema: pa.Schema) -> pa.RecordBatch:
+    return pa.record_batch([pa.array([], field.type) for field in schema], schema=schema)
 
 
 def test_a_malformed_or_oversized_key_set_is_refused(monkeypatch) -> None:

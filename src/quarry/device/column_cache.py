@@ -70,30 +70,29 @@ class ColumnCache:
             self.hits += 1
             return [entry.array for entry in held]  # type: ignore[union-attr]
 
-    def get_joined(self, slices: list[list[ColumnKey]]) -> list[pa.Array] | None:
-        """The columns of a run of slices (each its keys, the same columns in the same order)
-        as one array each, without a copy: when the cache holds each column of them end to
-        end in one run's buffer (``put_run``); None otherwise (some missing, or kept apart)."""
+    def get_runs(self, slices: list[list[ColumnKey]]) -> list[list[pa.Array]] | None:
+        """The columns of a chunk's slices (each its keys, the same columns in the same order)
+        in as few pieces as the cache holds them, without a copy: each piece the columns of a
+        stretch of slices kept end to end in one run's buffer (``put_run``), one array each.
+        None if some column of some slice is not here."""
         if not slices:
             return None
         with self._lock:
-            joined = []
-            for column in zip(*slices, strict=True):
-                first = self._entries.get(column[0])
-                if first is None:
-                    return None
-                end = first.start
-                for key in column:
-                    held = self._entries.get(key)
-                    if held is None or held.run is not first.run or held.start != end:
-                        return None
-                    end += len(held.array)
-                joined.append(first.run.slice(first.start, end - first.start))
+            held = [[self._entries.get(key) for key in keys] for keys in slices]
+            if any(entry is None for entries in held for entry in entries):
+                return None
+            pieces: list[list[pa.Array]] = []
+            first = 0
+            for end in range(1, len(held) + 1):
+                if end < len(held) and _follows(held[end - 1], held[end]):
+                    continue
+                pieces.append(_piece(held[first:end]))  # type: ignore[arg-type]
+                first = end
             for keys in slices:
                 for key in keys:
                     self._entries.move_to_end(key)
             self.hits += len(slices)
-            return joined
+            return pieces
 
     def put(self, keys: list[ColumnKey], arrays: list[pa.Array]) -> None:
         """Keep copies of these columns, if they fit; the least recently used go to make room."""
@@ -135,6 +134,23 @@ class ColumnCache:
         with self._lock:
             self._entries.clear()
             self._bytes = 0
+
+
+def _follows(before: list[_Held], after: list[_Held]) -> bool:
+    """Whether each column of a slice lies right after the slice before's in the same run."""
+    return all(
+        b.run is a.run and b.start + len(b.array) == a.start
+        for b, a in zip(before, after, strict=True)
+    )
+
+
+def _piece(slices: list[list[_Held]]) -> list[pa.Array]:
+    """Slices whose columns follow one another in one run: each column, one view of it."""
+    first, last = slices[0], slices[-1]
+    return [
+        start.run.slice(start.start, end.start + len(end.array) - start.start)
+        for start, end in zip(first, last, strict=True)
+    ]
 
 
 def _runs(

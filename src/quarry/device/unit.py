@@ -229,33 +229,34 @@ class Chunk:
         return self._read()
 
     def joined_batches(self) -> list[pa.RecordBatch]:
-        """The chunk's rows as ``batches`` gives them, but as one batch when the cache holds
-        every column read of every slice end to end (``ColumnCache.get_joined``): no copy, and
-        whatever runs over the chunk goes once over each column rather than once per slice."""
+        """The chunk's rows as ``batches`` gives them, but in as few batches as the cache holds
+        the columns of its slices end to end (``ColumnCache.get_runs``; one for a chunk that
+        entered as one run): no copy, and whatever runs over the chunk goes once over each
+        piece of a column rather than once per slice."""
         if self.preloaded is None and self.cache is not None:
             joined = self._joined()
             if joined is not None:
-                return [joined]
+                return joined
         return list(self.batches())
 
-    def _joined(self) -> pa.RecordBatch | None:
+    def _joined(self) -> list[pa.RecordBatch] | None:
         if self.rows_of is not None and any(self.rows_of(n) is not None for n in self.numbers):
             return None  # some slice is read in part
         with self.read_time.timing():
             keys = [self._cache_keys(number, None) for number in self.numbers]
             if not all(keys):
                 return None
-            arrays = self.cache.get_joined(keys)  # type: ignore[union-attr]
-        if arrays is None:
+            pieces = self.cache.get_runs(keys)  # type: ignore[union-attr]
+        if pieces is None:
             return None
         sizes = partitions.whole_read_bytes(self.meta, self.columns)
         read = sum(sizes[n] for n in self.numbers)
-        self.rows_read += len(arrays[0])
+        self.rows_read += sum(len(arrays[0]) for arrays in pieces)
         self.bytes_read += read
         self.bytes_cached += read
         self.verified += len(self.numbers)
         schema = self.meta.columns([key.column for key in keys[0]]).schema
-        return pa.RecordBatch.from_arrays(arrays, schema=schema)
+        return [pa.RecordBatch.from_arrays(arrays, schema=schema) for arrays in pieces]
 
     def _read(self) -> Iterator[pa.RecordBatch]:
         # One snapshot for the chunk, read in place: its batches hold it open while they live.
