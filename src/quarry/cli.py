@@ -1042,8 +1042,10 @@ def device_serve(
     ] = None,
 ) -> None:
     """Run one device: an Arrow Flight server over an LMDB key-value store."""
+    from quarry.device.__main__ import without_huge_pages
     from quarry.device.server import serve_with
 
+    without_huge_pages()
     serve_with(
         data,
         port,

@@ -5,6 +5,7 @@ mistaken for one that runs."""
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
@@ -36,3 +37,14 @@ def test_a_process_that_is_not_a_device_is_left_alone(tmp_path):
     assert stop_device(this) == "was not running"
     assert not (tmp_path / "ready.json").exists()  # it would look like a live start
     assert stop_device(DeviceSpec("dev1", "grpc://127.0.0.1:7001")) == "was not running"
+
+
+def test_a_device_process_asks_for_no_transparent_huge_pages(cluster):
+    """Its buffers live milliseconds: a huge page zeroed at each first touch of a fresh region
+    cost more than it saved (``quarry.device.__main__.without_huge_pages``)."""
+    status = Path("/proc/self/status")
+    if not status.exists() or "THP_enabled" not in status.read_text():
+        pytest.skip("this kernel does not say whether a process takes transparent huge pages")
+    for process in cluster.processes.values():
+        lines = Path(f"/proc/{process.pid}/status").read_text().splitlines()
+        assert "THP_enabled:\t0" in lines, process.args
