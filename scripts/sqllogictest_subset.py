@@ -24,7 +24,7 @@ FILES = {
     "test/select2.test": 20,
     "test/select3.test": 20,
     "test/select4.test": 20,
-    "test/select5.test": 10,
+    "test/select5.test": 20,
     "test/random/aggregates/slt_good_0.test": 100,
     "test/random/aggregates/slt_good_1.test": 100,
 }
