@@ -55,6 +55,7 @@ from quarry.device.unit import (
     lookup,
 )
 from quarry.errors import PlanNotSupported, StageFailed
+from quarry.lazy import cached_property
 from quarry.protocol.control import LoadStatus, QuarantineCause
 from quarry.protocol.counters import WorkCounters, pushed_back
 from quarry.protocol.stage import PushBack, Skip, Stage
@@ -495,7 +496,7 @@ class PartitionRun:
             count += 1
         return count
 
-    @functools.cached_property
+    @cached_property
     def _chunk_limit(self) -> int:
         return self.unit.chunk_slices(self.meta) or len(self.meta.slices)
 
@@ -520,7 +521,7 @@ class PartitionRun:
             cache_admits=self._cache_admits,
         )
 
-    @functools.cached_property
+    @cached_property
     def _cache_admits(self) -> bool:
         """Whether the columns this run reads may enter the device's column cache: not for a
         request that reads more than half of it (a scan larger than the cache would push out

@@ -23,7 +23,6 @@ A new kind of work is one module: a ``Unit`` subclass decorated with ``@register
 
 from __future__ import annotations
 
-import functools
 import importlib
 import os
 import pkgutil
@@ -39,6 +38,7 @@ from quarry.auth.tokens import Role
 from quarry.device.column_cache import ColumnCache, ColumnKey
 from quarry.device.emulation import Emulator
 from quarry.errors import KeyNotFound, QuarryError
+from quarry.lazy import cached_property
 from quarry.protocol.stage import Skip, Stage
 from quarry.protocol.work import SliceRange, WorkRequest
 from quarry.store import naming
@@ -316,7 +316,7 @@ class Chunk:
             for i in self._column_indices
         ]
 
-    @functools.cached_property
+    @cached_property
     def _column_indices(self) -> list[int]:
         """Schema positions of the columns read: the same for every slice of the chunk."""
         return partitions.column_indices(self.meta, self.columns)

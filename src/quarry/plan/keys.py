@@ -10,7 +10,6 @@ gather per batch), a binary search over them sorted when they span a wider range
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -19,6 +18,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.types as pt
 
+from quarry.lazy import cached_property
 from quarry.store import checks
 from quarry.store.zonemap import IntegerBounds, integer_bounds
 
@@ -157,7 +157,7 @@ class KeyCut:
         inside = (at < len(keys)) & (keys[np.minimum(at, len(keys) - 1)] <= bounds.high)
         return holds & (inside | ~(bounds.mapped & bounds.known))
 
-    @functools.cached_property
+    @cached_property
     def _span(self) -> tuple[int, int] | None:
         """(lowest, highest) when the keys are every integer between: a join's dates (a
         month, a quarter, a year) most often are, and two comparisons cost half a lookup."""
@@ -169,7 +169,7 @@ class KeyCut:
             return None
         return low + 1, low + entries - 2
 
-    @functools.cached_property
+    @cached_property
     def _table(self) -> tuple[int, np.ndarray, bool] | None:
         """The keys as a table over their range: a byte per value up to ``BYTE_RANGE_MAX``
         values, a bit per value beyond, so a batch is cut by one vectorised gather however
@@ -187,7 +187,7 @@ class KeyCut:
             return low, table, False
         return low, np.packbits(table, bitorder="little"), True
 
-    @functools.cached_property
+    @cached_property
     def _sorted(self) -> np.ndarray:
         """The keys sorted, for integers spanning too wide a range for a table: a binary
         search over them, built once (``is_in`` builds its hash again for every batch); and

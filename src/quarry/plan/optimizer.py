@@ -12,11 +12,11 @@ ordinary query pays for a serialization per rule that fired, never for the text.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
+from quarry.lazy import cached_property
 from quarry.plan.rules import Fixpoint, Rule, RuleDidNotSettle
 
 Subject = TypeVar("Subject")
@@ -35,7 +35,7 @@ class Fired:
     rule: str
     after: Snapshot
 
-    @functools.cached_property
+    @cached_property
     def plan(self) -> str:
         return self.after.render()
 

@@ -11,7 +11,6 @@ quarantines the plan's shape (``shape``) after a panic.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -27,6 +26,7 @@ from quarry.errors import (
     QueryError,
     StageFailed,
 )
+from quarry.lazy import cached_property
 from quarry.plan import tree
 from quarry.plan.errors import StageError
 from quarry.plan.join_filters import stored_column
@@ -150,23 +150,23 @@ class SubstraitUnit(Unit):
     # fragment, to complete whatever its device hands back, and most hand nothing back
     # (decoding a probe's key sets and placing its cuts: 0.12 ms of the host's CPU a task).
 
-    @functools.cached_property
+    @cached_property
     def args(self) -> SubstraitArgs:
         return SubstraitArgs.from_json(self.request.args)
 
-    @functools.cached_property
+    @cached_property
     def stages(self) -> dict[Stage, bytes]:
         return split_payload(self.args, self.payload)
 
-    @functools.cached_property
+    @cached_property
     def unfiltered(self) -> bytes:
         return unfiltered_stage(self.args, self.payload)
 
-    @functools.cached_property
+    @cached_property
     def cuts(self) -> list[KeyCut]:
         return key_cuts(self.args, self.payload)
 
-    @functools.cached_property
+    @cached_property
     def _placed(self) -> tuple[list[tuple[str, KeyCut]], list[KeyCut]]:
         """On the device, cuts on a stored column cut what is read (``placed_cuts``)."""
         return placed_cuts(self.stages[Stage.FULL], self.cuts)
@@ -190,7 +190,7 @@ class SubstraitUnit(Unit):
     def columns(self) -> list[str] | None:
         return self._columns
 
-    @functools.cached_property
+    @cached_property
     def _columns(self) -> list[str] | None:
         """Worked out once per request: the loop asks for every chunk it reads."""
         try:
@@ -318,7 +318,7 @@ class SubstraitUnit(Unit):
                 lambda group=group: self._kept(_host_errors(complete_group(stage, group)))
             )
 
-    @functools.cached_property
+    @cached_property
     def _reads_only(self) -> bool:
         """Whether the sub-plan is its read (41 fragments of the 22 TPC-H queries: nation,
         supplier, a key-cut lineitem): then the rows as read are its output, and the host has
