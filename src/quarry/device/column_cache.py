@@ -101,7 +101,7 @@ class ColumnCache:
     def put_run(self, slices: list[tuple[list[ColumnKey], list[pa.Array]]]) -> None:
         """Keep copies of the columns of a run of slices (each its keys and its arrays, the
         same columns in the same order), each column of the run copied into one buffer and
-        each slice's entry a view of it: read again, ``get_joined`` gives the run's columns as
+        each slice's entry a view of it: read again, ``get_runs`` gives the run's columns as
         one array each without a copy (a chunk's key cuts and its engine run then go once
         over each column instead of once over each slice's piece of it: TPC-DS SF 1 Q52's
         store sales, 55 slices a partition, cut by dates and items 3.3 -> 1.7 ms). A run
