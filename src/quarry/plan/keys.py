@@ -305,7 +305,7 @@ def keep_in(batches: Sequence[pa.RecordBatch], cuts: Sequence[tuple[str, KeyCut]
     assert rows is not None
     if len(rows) == table.num_rows:
         return table  # ascending positions, as many as rows: every one, in order
-    return pa.Table.from_batches(_taken(table.to_batches(), rows), table.schema)
+    return pa.Table.from_batches(_taken(batches, rows), table.schema)
 
 
 def _taken(pieces: Sequence[Any], rows: np.ndarray) -> list[Any]:
