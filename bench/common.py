@@ -13,7 +13,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from quarry import settings
+from quarry import machine, settings
+from quarry.device.profile import BUILTIN
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -31,9 +32,16 @@ def environment() -> dict[str, Any]:
         "datafusion": datafusion.__version__,
         "duckdb": duckdb.__version__,
         "date": time.strftime("%Y-%m-%d %H:%M:%S"),
-        # each device's column cache (0: none; warm runs read decoded columns from it)
-        "device_cache_mib": settings.DEVICE_CACHE_MIB.get(),
+        # each host-profile device's column cache (0: none; warm runs read decoded columns
+        # from it), and the machine's memory it is sized from when the setting is unset
+        "device_cache_mib": _host_device_cache_mib(),
+        "machine_memory_mib": machine.memory_bytes() >> 20,
     }
+
+
+def _host_device_cache_mib() -> int:
+    mib = settings.DEVICE_CACHE_MIB.get()
+    return BUILTIN["host"].cache_bytes(None if mib is None else mib << 20) >> 20
 
 
 def write_json(name: str, payload: dict[str, Any]) -> Path:

@@ -196,16 +196,17 @@ DEVICE_EXCHANGES_MAX: Setting[int | None] = Setting(
     lower=1,
     unset="2 per core of the device's profile, at least 4",
 )
-DEVICE_CACHE_MIB: Setting[int] = Setting(
+DEVICE_CACHE_MIB: Setting[int | None] = Setting(
     "QUARRY_DEVICE_CACHE_MIB",
     int,
-    256,
+    None,
     "MiB",
     "Memory each device keeps for decoded columns it read, so a column read again is not read, "
     "checked and decoded again (a profile may set its own; an emulated drive keeps none). 0: "
     "none",
     lower=0,
     upper=1 << 20,
+    unset="an eighth of the machine's memory",
 )
 DEVICE_QUEUED_MIB_MAX: Setting[float] = Setting(
     "QUARRY_DEVICE_QUEUED_MIB_MAX",

@@ -7,6 +7,7 @@ import pyarrow as pa
 import pytest
 
 import quarry
+from quarry import machine
 from quarry.device.column_cache import ColumnCache, ColumnKey
 from quarry.device.profile import BUILTIN
 
@@ -75,6 +76,29 @@ def test_an_emulated_drive_keeps_no_cache_and_the_host_its_setting() -> None:
     assert BUILTIN["kinetic"].cache_bytes(256 << 20) == 0
     assert BUILTIN["scaleflux"].cache_bytes(256 << 20) == 0
     assert BUILTIN["host"].cache_bytes(256 << 20) == 256 << 20
+    assert BUILTIN["host"].cache_bytes(None) == machine.memory_bytes() // 8  # unset: the machine's
+
+
+def test_a_machine_short_of_memory_stops_the_cache_growing() -> None:
+    """Every device on a machine sizes its cache from the machine's memory, so none may take
+    what the machine no longer has: while too little is to spare, a run enters only in place
+    of older entries, and once memory is back the cache grows again."""
+    spare = {"bytes": 1 << 30}
+    cache = ColumnCache(
+        capacity_bytes=1 << 20, spare_bytes=lambda: spare["bytes"], spare_bytes_min=1 << 28
+    )
+    column = pa.array(range(1000), pa.int64())  # 8,000 bytes
+    cache.put([_key(0)], [column])
+    spare["bytes"] = 1 << 20  # short now
+    cache.put([_key(1)], [column])
+    assert cache.bytes_held == 8_000  # did not grow: the newer replaced the older
+    assert cache.get([_key(0)]) is None and cache.get([_key(1)]) is not None
+    spare["bytes"] = 1 << 30
+    cache.put([_key(2)], [column])
+    assert cache.bytes_held == 16_000 and cache.get([_key(1)]) is not None
+    unknown = ColumnCache(1 << 20, spare_bytes=lambda: None, spare_bytes_min=1 << 28)
+    unknown.put([_key(0)], [column])  # a system that does not say: the bound alone
+    assert unknown.bytes_held == 8_000
 
 
 @pytest.fixture(scope="module")

@@ -14,17 +14,24 @@ is not seen by queries that find the column here: their answer is the one the by
 it was checked, the right one; the scrub reads the store itself (``device/scrub.py``).
 
 Bounded in bytes, least recently used out first: ``QUARRY_DEVICE_CACHE_MIB``, or the profile's
-own figure (an emulated drive's profile keeps none: its calibrations are of the drive reading).
+own figure (an emulated drive's profile keeps none: its calibrations are of the drive reading),
+else an eighth of the machine's memory. Every device on a machine sizes its own, so the cache
+also gives way to the machine: while less than an eighth of the machine's memory is to spare
+(``MemAvailable``), it does not grow, and a column enters only in place of older ones.
 """
 
 from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import NamedTuple
 
 import pyarrow as pa
+
+from quarry import machine
+
+SPARE_SHARE = 8  # the cache grows only while this fraction of the machine's memory is to spare
 
 
 class ColumnKey(NamedTuple):
@@ -45,9 +52,16 @@ class _Held(NamedTuple):
 
 
 class ColumnCache:
-    def __init__(self, capacity_bytes: int):
+    def __init__(
+        self,
+        capacity_bytes: int,
+        spare_bytes: Callable[[], int | None] = machine.available_bytes,
+        spare_bytes_min: int = machine.memory_bytes() // SPARE_SHARE,
+    ):
         assert capacity_bytes >= 0
         self.capacity_bytes = capacity_bytes
+        self._spare_bytes = spare_bytes
+        self._spare_bytes_min = spare_bytes_min
         self._entries: OrderedDict[ColumnKey, _Held] = OrderedDict()
         self._bytes = 0
         self._lock = threading.Lock()
@@ -118,7 +132,9 @@ class ColumnCache:
             for n, array in enumerate(column):
                 views[n].append(_Held(whole.slice(at, len(array)), whole, at))
                 at += len(array)
+        short = self._short_of_memory()
         with self._lock:
+            bytes_max = min(self.capacity_bytes, self._bytes) if short else self.capacity_bytes
             for (keys, _), held in zip(slices, views, strict=True):
                 for key, entry in zip(keys, held, strict=True):
                     old = self._entries.pop(key, None)
@@ -126,9 +142,13 @@ class ColumnCache:
                         self._bytes -= old.array.nbytes
                     self._entries[key] = entry
                     self._bytes += entry.array.nbytes
-            while self._bytes > self.capacity_bytes and self._entries:
+            while self._bytes > bytes_max and self._entries:
                 _, dropped = self._entries.popitem(last=False)
                 self._bytes -= dropped.array.nbytes
+
+    def _short_of_memory(self) -> bool:
+        spare = self._spare_bytes()
+        return spare is not None and spare < self._spare_bytes_min
 
     def clear(self) -> None:
         with self._lock:

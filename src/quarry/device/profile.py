@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from quarry import machine
 from quarry.errors import UnknownProfile
 
 MiB = 1 << 20
@@ -21,6 +22,10 @@ PCIE3_X4_BYTES_PER_S = 3.5e9  # usable of 3.94 GB/s raw
 
 # What a device can evaluate of a sub-plan.
 CAPABILITIES = ("full", "scan_filter", "kernels")
+# The column cache takes at most this fraction of the memory it is sized from (the machine's, or
+# a profile's): on a machine of four devices, half its memory, the rest left to the page cache,
+# the host's queries and the devices' own work.
+CACHE_MEMORY_SHARE = 8
 
 
 @dataclass(frozen=True)
@@ -52,17 +57,19 @@ class Profile:
             and self.external_bytes_per_s is None
         )
 
-    def cache_bytes(self, default_bytes: int) -> int:
+    def cache_bytes(self, default_bytes: int | None) -> int:
         """Memory for decoded columns: the profile's figure, else none for an emulated drive
         (its calibrations, and the papers' experiments it reproduces, are of the drive reading
-        every time), else ``default_bytes`` (``QUARRY_DEVICE_CACHE_MIB``), at most an eighth of
-        the device's memory."""
+        every time), else ``default_bytes`` (``QUARRY_DEVICE_CACHE_MIB``; None: an eighth of
+        the machine's memory), at most an eighth of the device's memory."""
         if self.column_cache_bytes is not None:
             return self.column_cache_bytes
         if self.emulated:
             return 0
+        if default_bytes is None:
+            default_bytes = machine.memory_bytes() // CACHE_MEMORY_SHARE
         if self.memory_bytes is not None:
-            return min(default_bytes, self.memory_bytes // 8)
+            return min(default_bytes, self.memory_bytes // CACHE_MEMORY_SHARE)
         return default_bytes
 
     def to_json(self) -> dict[str, Any]:

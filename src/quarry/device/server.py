@@ -431,7 +431,7 @@ class DeviceServer(Service):
             self.admission,
             on_work_done=self.metrics.work_done,
             quarantine=self.quarantine,
-            cache=ColumnCache(profile.cache_bytes(settings.DEVICE_CACHE_MIB.get() << 20)),
+            cache=ColumnCache(profile.cache_bytes(_cache_setting_bytes())),
         )
         self._ingesting = 0  # ingest streams open now (``StatsReply.ingesting``)
         self._ingesting_lock = threading.Lock()
@@ -854,6 +854,12 @@ class DeviceServer(Service):
                 yield batch
 
         return schema, batches(), small
+
+
+def _cache_setting_bytes() -> int | None:
+    """``QUARRY_DEVICE_CACHE_MIB`` in bytes; None unset (the profile sizes it to the machine)."""
+    mib = settings.DEVICE_CACHE_MIB.get()
+    return None if mib is None else mib << 20
 
 
 def _one_batch(reader: flight.MetadataRecordBatchReader) -> pa.RecordBatch:

@@ -11,14 +11,13 @@ keys).
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from substrait import algebra_pb2
 
-from quarry import settings
+from quarry import machine, settings
 from quarry.errors import QueryError
 from quarry.plan import expressions, tree
 from quarry.plan.rowwise import GROUP_BYTES_MAX, rowwise_fragment
@@ -37,20 +36,12 @@ QUERY_HOST_MEMORY_BYTES_LOW = 512 * MIB
 QUERY_HOST_MEMORY_BYTES_HIGH = 4096 * MIB
 
 
-def machine_memory_bytes() -> int:
-    """The machine's physical memory (0 where the system does not say)."""
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):
-        return 0
-
-
 def query_host_memory_bytes(machine_bytes: int) -> int:
     share = machine_bytes // QUERY_HOST_MEMORY_SHARE // MIB * MIB
     return min(max(share, QUERY_HOST_MEMORY_BYTES_LOW), QUERY_HOST_MEMORY_BYTES_HIGH)
 
 
-QUERY_HOST_MEMORY_BYTES_MAX = query_host_memory_bytes(machine_memory_bytes())
+QUERY_HOST_MEMORY_BYTES_MAX = query_host_memory_bytes(machine.memory_bytes())
 COMPLETION_MEMORY_BYTES = 128 * MIB  # set aside for completion, queues and the scans' buffers
 SUPER_PLAN_MEMORY_BYTES_MAX = QUERY_HOST_MEMORY_BYTES_MAX - COMPLETION_MEMORY_BYTES
 # The spool's in-memory share is 1 / SPOOL_MEMORY_SHARE of the budget; the pool gets the rest.
