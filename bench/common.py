@@ -13,7 +13,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from quarry import machine, settings
+from quarry import machine
+from quarry.device import column_cache
 from quarry.device.profile import BUILTIN
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -34,14 +35,9 @@ def environment() -> dict[str, Any]:
         "date": time.strftime("%Y-%m-%d %H:%M:%S"),
         # each host-profile device's column cache (0: none; warm runs read decoded columns
         # from it), and the machine's memory it is sized from when the setting is unset
-        "device_cache_mib": _host_device_cache_mib(),
+        "device_cache_mib": BUILTIN["host"].cache_bytes(column_cache.setting_bytes()) >> 20,
         "machine_memory_mib": machine.memory_bytes() >> 20,
     }
-
-
-def _host_device_cache_mib() -> int:
-    mib = settings.DEVICE_CACHE_MIB.get()
-    return BUILTIN["host"].cache_bytes(None if mib is None else mib << 20) >> 20
 
 
 def write_json(name: str, payload: dict[str, Any]) -> Path:

@@ -29,9 +29,16 @@ from typing import NamedTuple
 
 import pyarrow as pa
 
-from quarry import machine
+from quarry import machine, settings
 
 SPARE_SHARE = 8  # the cache grows only while this fraction of the machine's memory is to spare
+
+
+def setting_bytes() -> int | None:
+    """``QUARRY_DEVICE_CACHE_MIB`` in bytes; None unset (``Profile.cache_bytes`` sizes the
+    cache to the machine)."""
+    mib = settings.DEVICE_CACHE_MIB.get()
+    return None if mib is None else mib << 20
 
 
 class ColumnKey(NamedTuple):

@@ -25,11 +25,11 @@ from typing import Any
 import pyarrow as pa
 from pyarrow import flight
 
-from quarry import auth, settings, tracing
+from quarry import auth, tracing
 from quarry.auth.enrollment import DeviceLabels
 from quarry.auth.middleware import needed
 from quarry.auth.revocation import Verifier
-from quarry.device import admission, calibration, faults, loop
+from quarry.device import admission, calibration, column_cache, faults, loop
 from quarry.device import identity as identity_file
 from quarry.device.admission import Admission
 from quarry.device.column_cache import ColumnCache
@@ -431,7 +431,7 @@ class DeviceServer(Service):
             self.admission,
             on_work_done=self.metrics.work_done,
             quarantine=self.quarantine,
-            cache=ColumnCache(profile.cache_bytes(_cache_setting_bytes())),
+            cache=ColumnCache(profile.cache_bytes(column_cache.setting_bytes())),
         )
         self._ingesting = 0  # ingest streams open now (``StatsReply.ingesting``)
         self._ingesting_lock = threading.Lock()
@@ -854,12 +854,6 @@ class DeviceServer(Service):
                 yield batch
 
         return schema, batches(), small
-
-
-def _cache_setting_bytes() -> int | None:
-    """``QUARRY_DEVICE_CACHE_MIB`` in bytes; None unset (the profile sizes it to the machine)."""
-    mib = settings.DEVICE_CACHE_MIB.get()
-    return None if mib is None else mib << 20
 
 
 def _one_batch(reader: flight.MetadataRecordBatchReader) -> pa.RecordBatch:
